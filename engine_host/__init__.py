@@ -1,0 +1,4 @@
+"""gpuchef's LLM engine: paged KV cache, a two-mode scheduler, Llama-family models, the host thread.
+
+This package imports nothing else of gpuchef: the engine never knows a dashboard exists.
+"""

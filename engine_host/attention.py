@@ -1,0 +1,178 @@
+"""Attention over the paged KV pool: the per-step metadata and the PyTorch reference backend.
+
+Every backend reads the same pool: one tensor per layer of shape
+``[num_blocks, 2, block_size, num_kv_heads, head_dim]`` (FlashInfer's ``NHD`` layout; index 0 of
+dim 1 is K, 1 is V). A step's batch is laid out request-major with all decode requests first
+(one query row each), then prefill chunks; this is the order FlashInfer's split into a decode and
+a prefill wrapper wants.
+
+Causal rule (FlashInfer's, aligned to the end of the KV): query row ``i`` of a request with
+``qo_len`` new tokens and ``kv_len`` tokens of KV (this step's included) sees keys
+``0 … kv_len − qo_len + i``. The step's K/V are written into the pages before attention runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's batch, in the page-table form that FlashInfer's ``plan`` takes.
+
+    Index tensors are int32 on the CPU (FlashInfer plans from host memory), except
+    ``slot_mapping`` and ``positions`` (int64, on the model's device).
+
+    - ``qo_indptr`` [B+1]: query rows of request b are ``qo_indptr[b]:qo_indptr[b+1]``.
+    - ``kv_indptr`` [B+1], ``kv_indices`` [nnz_pages], ``kv_last_page_len`` [B] (1..block_size):
+      the CSR page table after this step's tokens are appended.
+    - ``kv_lens``: KV length per request after the append (tokens).
+    - ``slot_mapping`` [T]: flat slot ``block * block_size + offset`` for each new token.
+    - ``positions`` [T]: the position of each new token in its sequence.
+    - ``num_decodes``: the first ``num_decodes`` requests have exactly one query row each.
+    """
+
+    block_size: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor
+    kv_lens: list[int]
+    qo_lens: list[int]
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    num_decodes: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.kv_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_decodes == self.num_reqs
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter new K/V rows into the pages, in place.
+
+    kv_cache: [num_blocks, 2, block_size, Hkv, D]; k, v: [T, Hkv, D]; slot_mapping: int64 [T]
+    (flat slot ``block * block_size + offset``).
+    """
+    bs = kv_cache.shape[2]
+    blk = torch.div(slot_mapping, bs, rounding_mode="floor")
+    off = slot_mapping - blk * bs
+    kv_cache[blk, 0, off] = k.to(kv_cache.dtype)
+    kv_cache[blk, 1, off] = v.to(kv_cache.dtype)
+
+
+class AttentionBackend:
+    """Interface: ``begin_step`` once per step (plan), then ``forward`` once per layer."""
+
+    name = "base"
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        """Append k, v at ``meta.slot_mapping`` then attend.
+
+        q: [T, Hq, D]; k, v: [T, Hkv, D]; kv_cache: [num_blocks, 2, block_size, Hkv, D].
+        Returns [T, Hq, D] in q's dtype. Softmax scale is 1/sqrt(D).
+        """
+        raise NotImplementedError
+
+
+class ReferenceAttention(AttentionBackend):
+    """Plain PyTorch attention over the paged pool, one request at a time.
+
+    Scores and softmax are computed in float32 (float64 when the inputs are float64), keys are
+    gathered page by page from the block table, GQA by repeating each KV head
+    ``Hq / Hkv`` times. Used on CPU and as the oracle for the FlashInfer backend.
+    """
+
+    name = "reference"
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+        self._qo = meta.qo_indptr.tolist()
+        self._kvp = meta.kv_indptr.tolist()
+        self._pages = meta.kv_indices.to(torch.long)
+        self._mask_cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _causal_mask(self, qo_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+        key = (qo_len, kv_len)
+        m = self._mask_cache.get(key)
+        if m is None:
+            rows = torch.arange(qo_len, device=device).unsqueeze(1)
+            cols = torch.arange(kv_len, device=device).unsqueeze(0)
+            m = cols <= (kv_len - qo_len) + rows  # True = may attend
+            self._mask_cache[key] = m
+        return m
+
+    def forward(self, layer, q, k, v, kv_cache):
+        meta = self.meta
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        T, hq, d = q.shape
+        hkv = kv_cache.shape[3]
+        bs = meta.block_size
+        group = hq // hkv
+        acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        scale = 1.0 / math.sqrt(d)
+        out = torch.empty_like(q)
+        pages = self._pages.to(kv_cache.device)
+        for b, kv_len in enumerate(meta.kv_lens):
+            q0, q1 = self._qo[b], self._qo[b + 1]
+            p0, p1 = self._kvp[b], self._kvp[b + 1]
+            blk = pages[p0:p1]
+            kb = kv_cache[blk, 0].reshape(-1, hkv, d)[:kv_len].to(acc_dtype)  # [kv_len, Hkv, D]
+            vb = kv_cache[blk, 1].reshape(-1, hkv, d)[:kv_len].to(acc_dtype)
+            if group > 1:
+                kb = kb.repeat_interleave(group, dim=1)
+                vb = vb.repeat_interleave(group, dim=1)
+            qb = q[q0:q1].to(acc_dtype)  # [L, Hq, D]
+            scores = torch.einsum("lhd,khd->hlk", qb, kb) * scale  # [Hq, L, kv_len]
+            mask = self._causal_mask(q1 - q0, kv_len, q.device)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out[q0:q1] = torch.einsum("hlk,khd->lhd", probs, vb).to(q.dtype)
+        return out
+
+
+def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
+    """Return the attention backend ``name`` ("auto", "reference", "flashinfer").
+
+    "auto" picks "flashinfer" on CUDA when it imports, else "reference". Raises ValueError for an
+    unknown name, RuntimeError when "flashinfer" is asked for where it cannot run.
+    """
+    dev = torch.device(device)
+    if name == "auto":
+        if dev.type == "cuda":
+            try:
+                from .flashinfer_backend import FlashInferAttention  # noqa: F401
+                name = "flashinfer"
+            except Exception:  # flashinfer missing or broken: the reference still works
+                name = "reference"
+        else:
+            name = "reference"
+    if name == "reference":
+        return ReferenceAttention()
+    if name == "flashinfer":
+        if dev.type != "cuda":
+            raise RuntimeError("--attention-backend flashinfer needs a CUDA device; "
+                               f"this run is on {dev.type} (use reference)")
+        try:
+            from .flashinfer_backend import FlashInferAttention
+        except ImportError as e:
+            raise RuntimeError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
+                               "install the [gpu] extra or use reference") from e
+        return FlashInferAttention(dev)
+    raise ValueError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")

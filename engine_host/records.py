@@ -1,0 +1,139 @@
+"""What the engine emits: one StepRecord per step, one RequestRecord per finished request, and
+an EngineEvent for each command applied between steps.
+
+These are the contract between the engine and everything above it (probes, dashboard, traces).
+They are plain frozen dataclasses of ints, floats and strings so that they can be handed across
+threads and written as JSON without copies of tensors. Times are ``time.monotonic_ns()`` (ns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step, emitted at the scheduler/runner boundary (DESIGN.md "StepRecord").
+
+    ``t_start_ns``/``t_end_ns``: monotonic ns around schedule + forward + sample + bookkeeping.
+    ``gpu_ms``: the forward pass in ms, from CUDA events on GPU, wall time on CPU.
+    Token counts are the tokens computed this step: a decode request contributes one token, a
+    prefill request its chunk. ``num_partial_prefills`` counts requests left mid-prefill after the
+    step. ``num_preempted`` counts preemptions made while scheduling this step. Queue sizes are
+    after scheduling. KV figures are in blocks of ``block_size`` tokens, after the step.
+    """
+
+    step: int
+    t_start_ns: int
+    t_end_ns: int
+    gpu_ms: float
+    mode: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    long_prefill_token_threshold: int
+    max_num_partial_prefills: int
+    num_prefill_reqs: int
+    num_prefill_tokens: int
+    num_decode_reqs: int
+    num_partial_prefills: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_finished: int = 0
+    cuda_graph: bool = False
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decode_reqs
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_reqs
+
+    @property
+    def wall_ms(self) -> float:
+        return (self.t_end_ns - self.t_start_ns) / 1e6
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A finished (or aborted) request, with the timestamps that latency metrics need.
+
+    ``arrival_ns``: when the request reached the engine (``add_request``), or its scheduled arrival
+    time from the load generator when that is given. ``token_times_ns``: when each output token
+    was produced (end of the step that sampled it); the first is the first-token time.
+    ``finish_reason``: "length" (forced/max length reached), "stop" (EOS), "abort", or "error".
+    Latency definitions follow ``vllm bench serve``: TTFT = first token − arrival,
+    TPOT = (e2e − TTFT)/(output_len − 1), ITL = each gap between tokens, E2EL = last token − arrival.
+    """
+
+    request_id: str
+    arrival_ns: int
+    prompt_len: int
+    output_len: int
+    token_times_ns: tuple[int, ...]
+    finish_reason: str
+    num_preemptions: int = 0
+    max_tokens: int = 0
+    error: str = ""
+    output_token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if not self.token_times_ns:
+            return None
+        return (self.token_times_ns[0] - self.arrival_ns) / 1e6
+
+    @property
+    def e2el_ms(self) -> float | None:
+        if not self.token_times_ns:
+            return None
+        return (self.token_times_ns[-1] - self.arrival_ns) / 1e6
+
+    @property
+    def tpot_ms(self) -> float | None:
+        n = len(self.token_times_ns)
+        if n < 2:
+            return None
+        return (self.token_times_ns[-1] - self.token_times_ns[0]) / 1e6 / (n - 1)
+
+    @property
+    def itls_ms(self) -> list[float]:
+        t = self.token_times_ns
+        return [(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t))]
+
+    def as_dict(self, with_tokens: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d["token_times_ns"] = list(self.token_times_ns)
+        if with_tokens:
+            d["output_token_ids"] = list(self.output_token_ids)
+        else:
+            d.pop("output_token_ids")
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvent:
+    """A command that took effect (or was refused) between steps.
+
+    ``kind``: "knob" (a knob changed), "mode" (mode switched), "pause", "resume", "mark" (a label
+    from above, e.g. an A/B window), "warning", "error" (a command refused: ``message`` says why).
+    ``step``: the id of the first step that runs with the change in force.
+    """
+
+    kind: str
+    step: int
+    t_ns: int
+    name: str = ""
+    old: Any = None
+    new: Any = None
+    message: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

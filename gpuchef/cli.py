@@ -1,0 +1,28 @@
+"""The `gpuchef` command line (click). Each command imports its heavy modules lazily so that
+`gpuchef --help` is instant."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="gpuchef")
+def cli() -> None:
+    """gpuchef: watch and steer continuous batching vs chunked prefill on a live LLM engine."""
+
+
+def _register() -> None:
+    from .bench_cmd import bench
+    cli.add_command(bench)
+    try:
+        from .bench_attention import bench_attention
+    except ImportError:  # not written yet / optional
+        pass
+    else:
+        cli.add_command(bench_attention)
+
+
+def main() -> None:
+    _register()
+    cli()
