@@ -20,8 +20,8 @@ class StepRecord:
     ``gpu_ms``: the forward pass in ms, from CUDA events on GPU, wall time on CPU.
     Token counts are the tokens computed this step: a decode request contributes one token, a
     prefill request its chunk. ``num_partial_prefills`` counts requests left mid-prefill after the
-    step. ``num_preempted`` counts preemptions made while scheduling this step. Queue sizes are
-    after scheduling. KV figures are in blocks of ``block_size`` tokens, after the step.
+    step. ``num_preempted`` counts preemptions made while scheduling this step. Queue sizes and KV
+    figures (blocks of ``block_size`` tokens) are taken after the step, finished requests gone.
     """
 
     step: int

@@ -1,0 +1,240 @@
+"""The engine: ``add_request`` / ``step`` / ``abort`` over scheduler, KV cache, runner and model.
+
+Single-threaded by design; ``EngineHost`` (host.py) runs it in a background thread and applies
+commands between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .attention import make_backend
+from .config import ConfigError, EngineConfig, SchedulerConfig
+from .kv_cache import KVCacheManager, cdiv
+from .loader import LoadedModel, load_model
+from .records import RequestRecord, StepRecord
+from .request import Request, RequestStatus, SamplingParams
+from .runner import ModelRunner
+from .scheduler import Scheduler
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+DEFAULT_MAX_MODEL_LEN = 8192
+CPU_DEFAULT_BLOCKS = 4096
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" → cuda when available, else cpu. Raises ConfigError for CUDA where there is none."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available to this torch "
+                          f"({torch.__version__}); use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r} is not supported: use auto, cpu, cuda or cuda:N")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto" → bfloat16 on CUDA, float32 on CPU. Raises ConfigError for unknown names."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass
+class StepResult:
+    """What one call of ``step()`` produced: its record (None when there was nothing to run)
+    and the requests that finished in it."""
+
+    record: StepRecord | None
+    finished: list[RequestRecord] = field(default_factory=list)
+
+
+class LLMEngine:
+    """A Llama-family engine with a paged KV cache and a two-mode scheduler.
+
+    Raises ConfigError at construction for a bad device, dtype, model or cache size.
+    """
+
+    def __init__(self, config: EngineConfig,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.loaded: LoadedModel = load_model(config.model, dtype=self.dtype, device=self.device,
+                                              seed=config.seed, progress=progress)
+        mc = self.model_config = self.loaded.config
+        limit = mc.max_position_embeddings
+        self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if not 2 <= self.max_model_len <= limit:
+            raise ConfigError(f"--max-model-len {self.max_model_len} is out of range for "
+                              f"{self.loaded.name}: allowed [2, {limit}]")
+        bs = config.cache.block_size
+        self.num_blocks = self._num_blocks()
+        self.kv = KVCacheManager(mc.num_hidden_layers, self.num_blocks, bs,
+                                 mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
+        self.attn = make_backend(config.attention_backend, self.device)
+        if hasattr(self.attn, "configure"):
+            self.attn.configure(num_qo_heads=mc.num_attention_heads,
+                                num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+                                dtype=self.dtype, block_size=bs)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(self.loaded.model, self.kv, self.attn, self.device, config.seed)
+        self.requests: dict[str, Request] = {}
+        self.step_id = 0
+        self._preempted_total = 0
+
+    # -- sizing ----------------------------------------------------------------------------
+    def _num_blocks(self) -> int:
+        cc = self.config.cache
+        mc = self.model_config
+        per_block = KVCacheManager.bytes_per_block(mc.num_hidden_layers, cc.block_size,
+                                                   mc.num_key_value_heads, mc.head_dim, self.dtype)
+        if cc.num_gpu_blocks is not None:
+            n = cc.num_gpu_blocks
+        elif cc.kv_cache_memory_gb is not None:
+            n = int(cc.kv_cache_memory_gb * 2**30) // per_block
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # keep room for activations and the logits of a full budget (≈3 GiB at 8B shapes)
+            usable = int(total * cc.gpu_memory_utilization) - (total - free) - 3 * 2**30
+            n = usable // per_block
+        else:
+            n = CPU_DEFAULT_BLOCKS
+        need = cdiv(self.max_model_len, cc.block_size)
+        if n < need:
+            raise ConfigError(f"KV cache of {n} blocks ({n * cc.block_size} tokens) cannot hold one "
+                              f"request of max_model_len {self.max_model_len}: allowed ≥ {need} "
+                              "blocks (raise the KV memory or lower --max-model-len)")
+        return n
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.scheduler.config
+
+    def set_scheduler_config(self, cfg: SchedulerConfig) -> None:
+        """Put ``cfg`` in force from the next step on."""
+        self.scheduler.config = cfg
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    sampling: SamplingParams | None = None, arrival_ns: int | None = None) -> Request:
+        """Queue a request. ``arrival_ns`` (monotonic ns) defaults to now.
+
+        Raises ConfigError — and changes nothing — for a duplicate id, an empty prompt, a token
+        id outside ``[0, vocab_size)``, a prompt that leaves no room in ``max_model_len``, or a
+        request that could not fit in the whole KV cache.
+        """
+        sampling = sampling or SamplingParams()
+        if request_id in self.requests:
+            raise ConfigError(f"request id {request_id!r} is already in the engine")
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise ConfigError(f"request {request_id!r}: the prompt is empty (need ≥ 1 token)")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError(f"request {request_id!r}: token id {bad} is outside the vocabulary "
+                              f"[0, {vocab})")
+        if len(prompt) >= self.max_model_len:
+            raise ConfigError(f"request {request_id!r}: prompt of {len(prompt)} tokens is longer "
+                              f"than the context allows: max_model_len {self.max_model_len} needs "
+                              f"prompt ≤ {self.max_model_len - 1}")
+        total = min(len(prompt) + sampling.max_tokens, self.max_model_len)
+        usable = self.num_blocks - self.scheduler.watermark_blocks
+        if cdiv(total, self.kv.block_size) > usable:
+            raise ConfigError(f"request {request_id!r}: {total} tokens need "
+                              f"{cdiv(total, self.kv.block_size)} KV blocks, the cache has "
+                              f"{usable} usable")
+        req = Request(request_id, prompt, sampling,
+                      arrival_ns if arrival_ns is not None else time.monotonic_ns())
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> RequestRecord | None:
+        """Stop a request and free its blocks. Returns its record, None if it is unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = "abort"
+        return self._record(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """Schedule, run and sample one step. Returns its record and the finished requests;
+        ``record`` is None (and the step id unchanged) when there is nothing to run."""
+        t_start = time.monotonic_ns()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return StepResult(None)
+        sampled, gpu_ms = self.runner.execute(out)
+        now = time.monotonic_ns()
+        for r in out.decodes:
+            r.num_computed_tokens += 1
+        for r, n in out.prefills:
+            r.num_computed_tokens += n
+        finished: list[RequestRecord] = []
+        eos = self.model_config.eos_token_ids
+        for r, tok in sampled:
+            r.output_token_ids.append(tok)
+            r.token_times_ns.append(now)
+            sp = r.sampling
+            if len(r.output_token_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len:
+                r.finish_reason = "length"
+            elif not sp.ignore_eos and tok in eos:
+                r.finish_reason = "stop"
+            else:
+                continue
+            self.scheduler.remove(r)
+            r.status = RequestStatus.FINISHED
+            del self.requests[r.request_id]
+            finished.append(self._record(r))
+        cfg = out.config
+        usage = self.kv.usage()
+        rec = StepRecord(
+            step=self.step_id, t_start_ns=t_start, t_end_ns=time.monotonic_ns(), gpu_ms=gpu_ms,
+            mode=cfg.mode, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+            max_num_partial_prefills=cfg.max_num_partial_prefills,
+            num_prefill_reqs=len(out.prefills), num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_reqs=len(out.decodes), num_partial_prefills=out.num_partial_prefills,
+            num_running=self.num_running, num_waiting=self.num_waiting,
+            num_preempted=len(out.preempted), kv_blocks_used=usage.used,
+            kv_blocks_total=usage.total, num_finished=len(finished),
+        )
+        self.step_id += 1
+        return StepResult(rec, finished)
+
+    @staticmethod
+    def _record(r: Request) -> RequestRecord:
+        return RequestRecord(
+            request_id=r.request_id, arrival_ns=r.arrival_ns, prompt_len=r.prompt_len,
+            output_len=len(r.output_token_ids), token_times_ns=tuple(r.token_times_ns),
+            finish_reason=r.finish_reason, num_preemptions=r.num_preemptions,
+            max_tokens=r.sampling.max_tokens, output_token_ids=tuple(r.output_token_ids))

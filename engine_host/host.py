@@ -1,0 +1,300 @@
+"""EngineHost: the engine's step loop in a background thread, fed by a load schedule and steered
+by commands that take effect between steps.
+
+Everything the host emits goes through three listeners, called on the engine thread, which must
+be cheap (append to a ring buffer or a queue): ``on_step(StepRecord)``,
+``on_request(RequestRecord)``, ``on_event(EngineEvent)``. The host never knows who listens.
+
+Usage::
+
+    host = EngineHost(engine, on_step=timeline.add_step, on_request=..., on_event=...)
+    host.set_workload(generate(workload_cfg))
+    host.start()
+    host.set_knob("max_num_batched_tokens", 512)   # validated now, in force from the next step
+    host.wait_done(); host.stop()
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .config import ConfigError, parse_knob, parse_mode
+from .engine import LLMEngine
+from .records import EngineEvent, RequestRecord, StepRecord
+from .request import SamplingParams
+
+# vLLM runs its engine core in another process to keep the GIL away from it; gpuchef hosts it
+# in-process, and a short switch interval gives the engine thread the GIL back promptly after
+# each synchronize (REFERENCE.md §4b: 61 % → 87 % of the engine's steps/s beside a busy UI).
+DEFAULT_SWITCH_INTERVAL_S = 0.0005
+
+
+@dataclass(frozen=True)
+class _Command:
+    kind: str  # "set", "pause", "resume", "pause_load", "resume_load", "mark", "abort"
+    changes: tuple[tuple[str, Any], ...] = ()
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    """A request due at ``arrival_ns`` (monotonic ns), from the workload or ``submit``."""
+
+    arrival_ns: int
+    seq: int
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+    def __lt__(self, other: "_Arrival") -> bool:
+        return (self.arrival_ns, self.seq) < (other.arrival_ns, other.seq)
+
+
+def _noop(_: Any) -> None:
+    pass
+
+
+class EngineHost:
+    """Runs ``engine.step()`` in a daemon thread; thread-safe ``submit`` and commands.
+
+    Commands are validated in the caller's thread (ConfigError naming the value and the allowed
+    range; nothing changes) and applied by the engine thread before the next step, which the
+    EngineEvent names. Requests the engine refuses (too long, bad ids) become RequestRecords
+    with ``finish_reason="error"`` plus an "error" event; the others go on.
+    """
+
+    def __init__(self, engine: LLMEngine, *,
+                 on_step: Callable[[StepRecord], None] = _noop,
+                 on_request: Callable[[RequestRecord], None] = _noop,
+                 on_event: Callable[[EngineEvent], None] = _noop,
+                 switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S) -> None:
+        self.engine = engine
+        self.on_step = on_step
+        self.on_request = on_request
+        self.on_event = on_event
+        self.switch_interval_s = switch_interval_s
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._arrivals: list[_Arrival] = []  # heap, engine thread only after start
+        self._incoming: queue.SimpleQueue[_Arrival] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self.paused = False
+        self.load_paused = False
+        self._load_paused_at = 0
+        self.workload_total = 0
+        self.submitted = 0
+        self.error: BaseException | None = None
+        self.t0_ns = 0
+
+    # -- load ------------------------------------------------------------------------------
+    def set_workload(self, specs: Iterable[Any], t0_ns: int | None = None) -> None:
+        """Schedule workload requests (objects with ``request_id``, ``arrival_s``,
+        ``prompt_token_ids``, ``output_len``) at ``t0_ns + arrival_s``; ``t0_ns`` defaults to
+        the moment the host starts. Each is replayed with greedy sampling, ``ignore_eos`` and its
+        forced output length. Call before ``start``."""
+        self._pending_specs = list(specs)
+        self._pending_t0 = t0_ns
+        self.workload_total += len(self._pending_specs)
+
+    def submit(self, request_id: str, prompt_token_ids: Iterable[int],
+               sampling: SamplingParams | None = None, arrival_ns: int | None = None) -> None:
+        """Queue one request from any thread; it reaches the engine before the next step."""
+        a = _Arrival(arrival_ns if arrival_ns is not None else time.monotonic_ns(),
+                     self._next_seq(), request_id, tuple(prompt_token_ids),
+                     sampling or SamplingParams())
+        self._incoming.put(a)
+        self._wake.set()
+
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            self._seq += 1
+            return self._seq
+
+    # -- commands --------------------------------------------------------------------------
+    def set_knob(self, name: str, value: Any) -> Any:
+        """Validate now, apply between steps. Returns the parsed value; raises ConfigError."""
+        v = parse_mode(value) if name == "mode" else parse_knob(name, value)
+        self._command(_Command("set", ((name, v),)))
+        return v
+
+    def set_config(self, **changes: Any) -> dict[str, Any]:
+        """Several knobs (and/or ``mode``) at once, in force from the same step."""
+        parsed = {k: (parse_mode(v) if k == "mode" else parse_knob(k, v)) for k, v in changes.items()}
+        self._command(_Command("set", tuple(parsed.items())))
+        return parsed
+
+    def set_mode(self, mode: str) -> str:
+        return self.set_knob("mode", mode)
+
+    def pause(self) -> None:
+        """Stop stepping (queued requests wait; their latency keeps counting)."""
+        self._command(_Command("pause"))
+
+    def resume(self) -> None:
+        self._command(_Command("resume"))
+
+    def pause_load(self) -> None:
+        """Stop new arrivals; on resume the rest of the schedule is shifted by the pause."""
+        self._command(_Command("pause_load"))
+
+    def resume_load(self) -> None:
+        self._command(_Command("resume_load"))
+
+    def mark(self, label: str) -> None:
+        """Put a labelled mark (e.g. an A/B window edge) at the next step."""
+        self._command(_Command("mark", label=label))
+
+    def abort(self, request_id: str) -> None:
+        self._command(_Command("abort", label=request_id))
+
+    def _command(self, c: _Command) -> None:
+        self._commands.put(c)
+        self._wake.set()
+
+    # -- thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("EngineHost already started")
+        if self.switch_interval_s:
+            sys.setswitchinterval(self.switch_interval_s)
+        self.t0_ns = time.monotonic_ns()
+        specs = getattr(self, "_pending_specs", [])
+        t0 = self._pending_t0 if getattr(self, "_pending_t0", None) is not None else self.t0_ns
+        for s in specs:
+            heapq.heappush(self._arrivals, _Arrival(
+                t0 + int(s.arrival_s * 1e9), self._next_seq(), s.request_id,
+                tuple(s.prompt_token_ids),
+                SamplingParams(max_tokens=max(1, int(s.output_len)), ignore_eos=True)))
+        self._pending_specs = []
+        self._thread = threading.Thread(target=self._run, name="gpuchef-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop after the current step and join the thread."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until every workload request has finished (or the loop died). True if done."""
+        return self._done.wait(timeout)
+
+    @property
+    def step_id(self) -> int:
+        return self.engine.step_id
+
+    @property
+    def scheduler_config(self):
+        return self.engine.scheduler_config
+
+    def _emit(self, kind: str, name: str = "", old: Any = None, new: Any = None,
+              message: str = "") -> None:
+        self.on_event(EngineEvent(kind, self.engine.step_id, time.monotonic_ns(), name, old, new,
+                                  message))
+
+    def _apply(self, c: _Command) -> None:
+        eng = self.engine
+        if c.kind == "set":
+            old = eng.scheduler_config
+            try:
+                new = old.with_changes(**dict(c.changes))
+            except ConfigError as e:
+                self._emit("error", message=str(e))
+                return
+            eng.set_scheduler_config(new)
+            for k, v in c.changes:
+                prev = getattr(old, k)
+                if prev != v:
+                    self._emit("mode" if k == "mode" else "knob", k, prev, v)
+        elif c.kind == "pause":
+            if not self.paused:
+                self.paused = True
+                self._emit("pause", "engine")
+        elif c.kind == "resume":
+            if self.paused:
+                self.paused = False
+                self._emit("resume", "engine")
+        elif c.kind == "pause_load":
+            if not self.load_paused:
+                self.load_paused = True
+                self._load_paused_at = time.monotonic_ns()
+                self._emit("pause", "load")
+        elif c.kind == "resume_load":
+            if self.load_paused:
+                shift = time.monotonic_ns() - self._load_paused_at
+                self._arrivals = [_Arrival(a.arrival_ns + shift, a.seq, a.request_id,
+                                           a.prompt_token_ids, a.sampling) for a in self._arrivals]
+                heapq.heapify(self._arrivals)
+                self.load_paused = False
+                self._emit("resume", "load")
+        elif c.kind == "mark":
+            self._emit("mark", c.label)
+        elif c.kind == "abort":
+            rec = eng.abort(c.label)
+            if rec is not None:
+                self.on_request(rec)
+
+    def _admit_due(self, now: int) -> None:
+        while True:
+            try:
+                heapq.heappush(self._arrivals, self._incoming.get_nowait())
+            except queue.Empty:
+                break
+        if self.load_paused:
+            return
+        while self._arrivals and self._arrivals[0].arrival_ns <= now:
+            a = heapq.heappop(self._arrivals)
+            self.submitted += 1
+            try:
+                self.engine.add_request(a.request_id, a.prompt_token_ids, a.sampling, a.arrival_ns)
+            except ConfigError as e:
+                self._emit("error", a.request_id, message=str(e))
+                self.on_request(RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids),
+                                              0, (), "error", max_tokens=a.sampling.max_tokens,
+                                              error=str(e)))
+
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while not self._stop.is_set():
+                while True:
+                    try:
+                        self._apply(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                self._admit_due(time.monotonic_ns())
+                if self.paused or not eng.has_unfinished():
+                    if not eng.has_unfinished() and not self._arrivals and self._incoming.empty() \
+                            and self.submitted >= self.workload_total:
+                        self._done.set()
+                    timeout = 0.05
+                    if self._arrivals and not self.load_paused and not self.paused:
+                        timeout = min(timeout, max(0.0, (self._arrivals[0].arrival_ns
+                                                         - time.monotonic_ns()) / 1e9))
+                    self._wake.wait(timeout)
+                    self._wake.clear()
+                    continue
+                res = eng.step()
+                if res.record is not None:
+                    self.on_step(res.record)
+                else:  # nothing could be scheduled (all blocked): don't spin
+                    self._wake.wait(0.001)
+                    self._wake.clear()
+                for f in res.finished:
+                    self.on_request(f)
+        except BaseException as e:  # surface, don't swallow: the UI shows it
+            self.error = e
+            self._emit("error", "engine", message=f"engine thread died: {type(e).__name__}: {e}")
+            self._done.set()
+            raise

@@ -1,0 +1,96 @@
+"""A request's sampling parameters and its state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each output token, and when to stop.
+
+    ``temperature`` 0 = greedy. ``top_k`` 0 = off, ``top_p`` 1.0 = off (vLLM's conventions).
+    ``seed`` makes a request's samples reproducible whatever it is batched with (each request
+    draws from its own generator). ``ignore_eos`` with ``max_tokens`` forces the output length,
+    as trace replay needs (``vllm bench``'s ``ignore_eos``).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"temperature={self.temperature!r} must be a finite number >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p={self.top_p!r} is out of range: allowed (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's state. Token bookkeeping follows vLLM V1's single rule: each step a request
+    is given ``n`` of its not-yet-computed tokens ``all_token_ids[num_computed_tokens:]``; when
+    ``num_computed_tokens`` reaches ``num_tokens`` the step samples its next token.
+
+    ``prefill_target``: tokens to compute before the first sample since the request was last
+    admitted (the prompt; prompt + outputs so far after a preemption, which recomputes them).
+    While ``num_computed_tokens < prefill_target`` the request is in prefill, after that a decode.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_ns: int
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    prefill_target: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    token_times_ns: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    finish_reason: str = ""
+    generator: object = None  # torch.Generator, created lazily by the sampler
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < self.prefill_target
+
+    @property
+    def remaining_prefill(self) -> int:
+        return max(0, self.prefill_target - self.num_computed_tokens)
+
+    def token_slice(self, start: int, n: int) -> list[int]:
+        """Token ids ``[start, start + n)`` of prompt + outputs."""
+        p = self.prompt_len
+        if start + n <= p:
+            return self.prompt_token_ids[start:start + n]
+        return (self.prompt_token_ids + self.output_token_ids)[start:start + n]

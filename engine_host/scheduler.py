@@ -1,0 +1,200 @@
+"""One scheduler, two policies, switchable between steps (DESIGN.md "Scheduler modes").
+
+``continuous`` — vLLM V0's ``_schedule_default``: "First, it batches as many prefill requests as
+possible" and "Don't schedule decodes if prefills are scheduled". Prompts are never split (a
+request that was left mid-prefill by ``chunked`` gets its whole remainder). A prompt longer than
+the token budget is admitted only as the step's first prefill, and then runs alone: V0 would
+refuse it outright, which a live budget change must not do to queued requests.
+
+``chunked`` — Sarathi-Serve's stall-free batching (vLLM V1 with chunked prefill): every running
+decode first (one token each), then continuing prefill chunks, then new prefills, until the
+token budget ``max_num_batched_tokens`` is spent. ``long_prefill_token_threshold`` caps one
+request's chunk; ``max_num_partial_prefills`` caps the prompts left mid-prefill after a step.
+
+Both: at most ``max_num_seqs`` running requests; new requests are admitted FCFS and not in a
+step that preempted (vLLM V1); when a decode needs a block and none is free, the most recently
+admitted running request is preempted by recompute (its blocks freed, requeued at the front).
+Admission keeps a watermark of 1 % of the blocks free for running decodes (vLLM V0's default
+``watermark=0.01``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .config import SchedulerConfig
+from .kv_cache import KVCacheManager, cdiv
+from .request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work: ``decodes`` get one token each, ``prefills`` are ``(request, chunk)``
+    pairs. Runner order is decodes first, then prefills."""
+
+    decodes: list[Request] = field(default_factory=list)
+    prefills: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_partial_prefills: int = 0
+    config: SchedulerConfig | None = None
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefills)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + self.num_prefill_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    """Holds the waiting queue and the running list; ``schedule()`` picks one step's batch.
+
+    ``running`` is in admission order (the tail is preempted first). The engine calls
+    ``schedule()``, runs the batch, then updates each request's ``num_computed_tokens``.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.watermark_blocks = max(1, kv.num_blocks // 100) if kv.num_blocks >= 100 else 0
+
+    # -- queue management --------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Drop ``req`` from whichever queue holds it and free its blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self.kv.free(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        victim.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+
+    def _admit(self, req: Request) -> None:
+        self.waiting.popleft()
+        req.prefill_target = req.num_tokens
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+
+    # -- the step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        out = SchedulerOutput(config=cfg)
+        policy = self._schedule_continuous if cfg.mode == "continuous" else self._schedule_chunked
+        policy(out)
+        # Running requests all mid-prefill with no block free: nothing could move. Preempt
+        # from the tail until something fits (only happens when the pool is nearly full).
+        while out.is_empty and len(self.running) > 1:
+            self._preempt(self.running[-1], out)
+            policy(out)
+        return out
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """Give every running decode one token, in admission order, while the budget lasts;
+        preempt from the tail when a decode needs a block. Returns the budget left."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if req.is_prefill:
+                i += 1
+                continue
+            while not self.kv.can_grow(req, 1):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break  # preempted itself: everyone after it is gone too
+            self.kv.grow(req, 1)
+            out.decodes.append(req)
+            budget -= 1
+            i += 1
+        return budget
+
+    def _schedule_chunked(self, out: SchedulerOutput) -> None:
+        cfg = self.config
+        budget = self._schedule_decodes(out, cfg.max_num_batched_tokens)
+        limit = cfg.chunk_limit
+        partial = 0
+        # continuing chunks, in admission order
+        for req in self.running:
+            if not req.is_prefill:
+                continue
+            n = min(req.remaining_prefill, budget, limit, self.kv.tokens_that_fit(req))
+            if n > 0:
+                self.kv.grow(req, n)
+                out.prefills.append((req, n))
+                budget -= n
+            if n < req.remaining_prefill:
+                partial += 1
+        # new prefills, FCFS, not in a step that preempted
+        while (self.waiting and budget > 0 and not out.preempted
+               and len(self.running) < cfg.max_num_seqs):
+            req = self.waiting[0]
+            remaining = req.num_tokens
+            n = min(remaining, budget, limit)
+            if n < remaining and partial >= cfg.max_num_partial_prefills:
+                break
+            if cdiv(n, self.kv.block_size) > self.kv.pool.num_free - self.watermark_blocks:
+                break
+            self._admit(req)
+            self.kv.grow(req, n)
+            out.prefills.append((req, n))
+            budget -= n
+            if n < remaining:
+                partial += 1
+        out.num_partial_prefills = partial
+
+    def _schedule_continuous(self, out: SchedulerOutput) -> None:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        used = 0
+        # running requests left mid-prefill (by chunked mode) finish their prompt whole
+        for req in self.running:
+            if not req.is_prefill:
+                continue
+            n = req.remaining_prefill
+            if (out.prefills and used + n > budget) or not self.kv.can_grow(req, n):
+                break
+            self.kv.grow(req, n)
+            out.prefills.append((req, n))
+            used += n
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            n = req.num_tokens
+            if out.prefills and used + n > budget:
+                break
+            if cdiv(n, self.kv.block_size) > self.kv.pool.num_free - self.watermark_blocks:
+                break
+            self._admit(req)
+            self.kv.grow(req, n)
+            out.prefills.append((req, n))
+            used += n
+        if not out.prefills:
+            self._schedule_decodes(out, budget)
+        out.num_partial_prefills = sum(1 for r in self.running if r.is_prefill) - len(out.prefills)
