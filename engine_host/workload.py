@@ -1,0 +1,597 @@
+"""The load generator's request stream: when each request arrives, how long it is, its token ids.
+
+Pure data: no threads, no engine. ``generate(cfg)`` turns a ``WorkloadConfig`` into a list of
+``RequestSpec`` sorted by arrival time; whoever drives the engine sleeps until each ``arrival_s``
+and submits it.
+
+Two sources of load:
+
+* ``dataset="random"``: arrivals from a gamma process (``request_rate``, ``burstiness``; 1.0 is
+  Poisson) or evenly spaced (``arrival="constant"``), lengths uniform in
+  ``[len*(1-r), len*(1+r)]`` — the definitions of ``vllm bench serve`` (vllm/benchmarks/serve.py
+  ``get_request``, vllm/benchmarks/datasets.py ``RandomDataset``).
+* a trace (``dataset="azure-conv"`` or a CSV path with ``TIMESTAMP,ContextTokens,GeneratedTokens``):
+  arrivals replayed from the timestamps, time-scaled by ``trace_speed``; lengths from the file.
+
+Everything is seeded: the same config gives the same stream, token ids included, so both arms of
+an A/B experiment see identical requests.
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ConfigError
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+#: Named trace datasets bundled with gpuchef (name -> file under ``engine_host/data``).
+BUNDLED_DATASETS: dict[str, str] = {"azure-conv": "azure_conv.csv"}
+#: Every dataset name ``WorkloadConfig.dataset`` accepts besides a path to a CSV file.
+DATASET_NAMES: tuple[str, ...] = ("random", *BUNDLED_DATASETS)
+ARRIVALS: tuple[str, ...] = ("poisson", "constant")
+TRACE_COLUMNS: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+#: Request ids: ``req-<i>`` for the load, ``PROBE_ID_PREFIX + <k>`` for probes (metrics use it
+#: to keep probes out of the load's latency figures).
+REQUEST_ID_PREFIX = "req-"
+PROBE_ID_PREFIX = "probe-"
+
+#: Smallest token id drawn: ids below it are often special tokens (BOS/EOS/PAD) in Llama-family
+#: vocabularies, and an EOS in a prompt would change what the model does.
+MIN_TOKEN_ID = 10
+#: Sanity cap on the number of requests one workload may hold.
+MAX_REQUESTS = 1_000_000
+#: A trace timestamp may step back by this much (s) — rounding in the source — and is then
+#: clamped to the previous one; more than that is an error.
+BACKWARDS_TOLERANCE_S = 1e-3
+
+# Independent random streams, so that e.g. asking for more prompts never changes the token ids
+# of the first ones.
+_STREAM_ARRIVALS, _STREAM_LENGTHS, _STREAM_PROMPT, _STREAM_PROBE = 0, 1, 2, 3
+
+
+class PromptTokens(Sequence):
+    """A prompt's token ids, drawn on demand from a seeded generator (``Sequence[int]``).
+
+    Holding 19k trace prompts as Python ints would cost ~1 GB, so ids are generated when read:
+    ``numpy.random.default_rng(seed_key).integers(MIN_TOKEN_ID, vocab_size, size=length)``.
+    Reads are deterministic. ``list(p)``, ``tuple(p)``, ``len(p)``, ``p[i]``, ``np.asarray(p)``
+    work; ``p.to_numpy()`` gives an int64 array (the fast path into ``torch.from_numpy``).
+    Two PromptTokens compare equal to each other or to any sequence with the same ids.
+    """
+
+    __slots__ = ("_key", "_length", "_vocab")
+
+    def __init__(self, seed_key: Sequence[int], length: int, vocab_size: int) -> None:
+        self._key = tuple(int(k) for k in seed_key)
+        self._length = int(length)
+        self._vocab = int(vocab_size)
+
+    def to_numpy(self) -> np.ndarray:
+        """The ids as a fresh ``int64`` array of shape ``[len(self)]``."""
+        rng = np.random.default_rng(list(self._key))
+        return rng.integers(MIN_TOKEN_ID, self._vocab, size=self._length, dtype=np.int64)
+
+    def tolist(self) -> list[int]:
+        return self.to_numpy().tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.to_numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return tuple(self.tolist()[index])
+        n = self._length
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"prompt token index {index} out of range for length {n}")
+        return int(self.to_numpy()[i])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptTokens):
+            if (self._key, self._length, self._vocab) == (other._key, other._length, other._vocab):
+                return True
+            return self._length == other._length and self.tolist() == other.tolist()
+        if isinstance(other, (tuple, list)):
+            return self._length == len(other) and self.tolist() == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.tolist()))
+
+    def __repr__(self) -> str:
+        return f"PromptTokens(len={self._length}, vocab_size={self._vocab}, key={self._key})"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of the load.
+
+    ``arrival_s``: seconds from load start. ``prompt_token_ids``: the prompt (a tuple, or a lazy
+    ``PromptTokens`` from ``generate``; both are ``Sequence[int]``). ``output_len``: the forced
+    number of output tokens (the engine runs with ``ignore_eos``). ``is_probe``: a one-token probe
+    request that measures how long a new request waits (stall), kept out of the load's metrics.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_token_ids: Sequence[int]
+    output_len: int
+    is_probe: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt length (tokens)."""
+        return len(self.prompt_token_ids)
+
+
+def _num(name: str, value: Any, *, allow_inf: bool = False) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    return v
+
+
+def _int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer {rng}, got {value!r}") from None
+    if not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ConfigError(f"{name}={value} is out of range: allowed {rng}")
+    return value
+
+
+@dataclass
+class WorkloadConfig:
+    """What load to send. Field names follow ``vllm bench serve``'s flags where one exists.
+
+    Source of requests:
+      ``dataset``: "random", "azure-conv" (the bundled Azure LLM inference trace 2023,
+      conversation service), or a path to a CSV with ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+
+    Arrivals (random dataset only; a trace brings its own times, so ``request_rate``,
+    ``burstiness`` and ``arrival`` are ignored for it):
+      ``request_rate`` (req/s; ``inf`` = every request at t=0; vllm's default),
+      ``burstiness`` (gamma shape; 1.0 = Poisson, < 1 burstier, > 1 smoother, ``inf`` = constant),
+      ``arrival``: "poisson" (gamma inter-arrival times) or "constant" (spacing 1/rate).
+
+    Lengths (random dataset): ``input_len``/``output_len`` (tokens; vllm's defaults 1024/128)
+    drawn uniformly from the integers in ``[floor(len*(1-r)), ceil(len*(1+r))]`` with
+    ``r = range_ratio`` in [0, 1) (vllm ``RandomDataset``; output length at least 1).
+
+    Trace replay: ``trace_speed`` (2.0 = twice as fast: arrivals are divided by it), ``skip``
+    (start at data row ``skip``, 0-based; arrivals count from that row).
+
+    Clipping (every dataset): ``max_input_len`` and ``max_output_len`` cap each length;
+    ``max_model_len`` then shortens the prompt (and, if the output alone does not fit, the
+    output) so that prompt + output <= it, as the REFERENCE §4b baseline did.
+
+    Size: ``num_prompts`` and/or ``duration_s`` (s of arrivals); with both, whichever is reached
+    first. The random dataset needs one of them; a trace with neither is replayed whole.
+
+    Probes: with ``probe_interval_s`` set, a probe request (``probe_input_len`` prompt tokens,
+    1 output token) arrives every ``probe_interval_s`` s from t = ``probe_interval_s`` up to the
+    load's horizon (``duration_s`` if given, else the last load arrival).
+
+    Token ids: uniform in ``[10, vocab_size)`` (set ``vocab_size`` to the model's), seeded by
+    ``seed``; request *i*'s prompt depends only on (seed, i, its length).
+
+    Raises ConfigError (at construction and in ``validate``) naming the value and allowed range.
+    """
+
+    dataset: str = "random"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    arrival: str = "poisson"
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0
+    num_prompts: int | None = None
+    duration_s: float | None = None
+    trace_speed: float = 1.0
+    skip: int = 0
+    max_input_len: int | None = None
+    max_output_len: int | None = None
+    max_model_len: int | None = None
+    vocab_size: int = 32000
+    seed: int = 0
+    probe_interval_s: float | None = None
+    probe_input_len: int = 16
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check and normalise every field in place. Raises ConfigError on the first bad one."""
+        ds = str(self.dataset).strip()
+        if not ds:
+            raise ConfigError(f"--dataset {self.dataset!r} is empty: use one of "
+                              f"{', '.join(DATASET_NAMES)} or a path to a CSV file")
+        self.dataset = ds
+        if not self.is_random:
+            dataset_path(ds)  # raises for an unknown name or a missing file
+
+        rate = _num("--request-rate", self.request_rate, allow_inf=True)
+        if not rate > 0:
+            raise ConfigError(f"--request-rate {self.request_rate!r} must be > 0 (req/s) or inf")
+        self.request_rate = rate
+        b = _num("--burstiness", self.burstiness, allow_inf=True)
+        if not b > 0:
+            raise ConfigError(f"--burstiness {self.burstiness!r} must be > 0 "
+                              "(1.0 = Poisson; < 1 burstier; > 1 smoother)")
+        self.burstiness = b
+        arr = str(self.arrival).strip().lower()
+        if arr == "gamma":  # the same process; vllm calls it Poisson/gamma
+            arr = "poisson"
+        if arr not in ARRIVALS:
+            raise ConfigError(f"--arrival {self.arrival!r} is not one of {', '.join(ARRIVALS)}")
+        self.arrival = arr
+
+        self.input_len = _int("--input-len", self.input_len, 1)
+        self.output_len = _int("--output-len", self.output_len, 1)
+        r = _num("--range-ratio", self.range_ratio)
+        if not 0.0 <= r < 1.0:
+            raise ConfigError(f"--range-ratio {self.range_ratio!r} is out of range: allowed [0, 1)")
+        self.range_ratio = r
+
+        if self.num_prompts is not None:
+            self.num_prompts = _int("--num-prompts", self.num_prompts, 1, MAX_REQUESTS)
+        if self.duration_s is not None:
+            d = _num("--duration", self.duration_s)
+            if not d > 0:
+                raise ConfigError(f"--duration {self.duration_s!r} must be > 0 (s)")
+            self.duration_s = d
+        ts = _num("--trace-speed", self.trace_speed)
+        if not ts > 0:
+            raise ConfigError(f"--trace-speed {self.trace_speed!r} must be > 0 "
+                              "(1.0 = real time, 2.0 = twice as fast)")
+        self.trace_speed = ts
+        self.skip = _int("--skip", self.skip, 0)
+
+        if self.max_input_len is not None:
+            self.max_input_len = _int("--max-input-len", self.max_input_len, 1)
+        if self.max_output_len is not None:
+            self.max_output_len = _int("--max-output-len", self.max_output_len, 1)
+        if self.max_model_len is not None:
+            self.max_model_len = _int("--max-model-len", self.max_model_len, 2)
+        self.vocab_size = _int("--vocab-size", self.vocab_size, MIN_TOKEN_ID + 1)
+        self.seed = _int("--seed", self.seed, 0, 2**63 - 1)
+        if self.probe_interval_s is not None:
+            p = _num("--probe-interval", self.probe_interval_s)
+            if not p > 0:
+                raise ConfigError(f"--probe-interval {self.probe_interval_s!r} must be > 0 (s)")
+            self.probe_interval_s = p
+        self.probe_input_len = _int("--probe-input-len", self.probe_input_len, 1)
+
+        if self.is_random:
+            if self.num_prompts is None and self.duration_s is None:
+                raise ConfigError("the random dataset needs --num-prompts or --duration "
+                                  "(neither was given)")
+            if self.num_prompts is None and math.isinf(rate):
+                raise ConfigError("--request-rate inf sends every request at t=0, so --duration "
+                                  "alone cannot bound it: give --num-prompts")
+            if self.num_prompts is None and self.duration_s * rate > MAX_REQUESTS:
+                raise ConfigError(f"--duration {self.duration_s} at --request-rate {rate} is about "
+                                  f"{self.duration_s * rate:.0f} requests: allowed <= {MAX_REQUESTS}")
+
+    @property
+    def is_random(self) -> bool:
+        return self.dataset == "random"
+
+
+def dataset_path(name: str) -> Path:
+    """The CSV file of a trace dataset: a bundled name ("azure-conv") or a path to a file.
+
+    Raises ConfigError for "random" (it has no file), for an unknown name (listing the allowed
+    ones), or for a path that is not an existing file.
+    """
+    key = str(name).strip()
+    if key in BUNDLED_DATASETS:
+        return DATA_DIR / BUNDLED_DATASETS[key]
+    if key == "random":
+        raise ConfigError("dataset 'random' is generated, it has no file")
+    p = Path(key).expanduser()
+    looks_like_path = p.suffix.lower() == ".csv" or "/" in key or "\\" in key or p.exists()
+    if not looks_like_path:
+        raise ConfigError(f"--dataset {name!r} is not known: use one of "
+                          f"{', '.join(DATASET_NAMES)} or a path to a CSV file "
+                          f"({', '.join(TRACE_COLUMNS)})")
+    if not p.is_file():
+        raise ConfigError(f"--dataset {name!r}: no such file")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace CSV
+
+_DT_RE = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})[ T](\d{1,2}):(\d{1,2}):(\d{1,2})(?:[.,](\d+))?"
+    r"\s*(Z|[+-]\d{2}:?\d{2})?")
+
+
+def _parse_timestamp(text: str) -> tuple[str, int, float]:
+    """("datetime"|"seconds", whole seconds, fraction). Raises ValueError.
+
+    Datetimes are parsed by hand because the Azure trace has 7 fractional digits, which
+    ``datetime.fromisoformat`` rejects before Python 3.11. A datetime without a zone is taken
+    as UTC: only differences matter, and UTC has no DST jumps.
+    """
+    s = text.strip()
+    m = _DT_RE.fullmatch(s)
+    if m:
+        y, mo, d, h, mi, sec = (int(g) for g in m.groups()[:6])
+        datetime(y, mo, d, h, mi, sec)  # range check (month 13, hour 25, ...)
+        whole = calendar.timegm((y, mo, d, h, mi, sec, 0, 0, 0))
+        frac = float("0." + m.group(7)) if m.group(7) else 0.0
+        tz = m.group(8)
+        if tz and tz != "Z":
+            sign = 1 if tz[0] == "+" else -1
+            hh, mm = int(tz[1:3]), int(tz[-2:])
+            whole -= sign * (hh * 3600 + mm * 60)
+        return "datetime", whole, frac
+    v = float(s)  # ValueError for anything else
+    if not math.isfinite(v):
+        raise ValueError("not finite")
+    whole = math.floor(v)
+    return "seconds", int(whole), v - whole
+
+
+def _parse_len(text: str) -> int:
+    s = text.strip()
+    try:
+        return int(s)
+    except ValueError:
+        v = float(s)  # "374.0" is fine; "abc" raises ValueError
+        if not v.is_integer():
+            raise ValueError("not an integer") from None
+        return int(v)
+
+
+def load_trace_csv(path: str | Path) -> list[tuple[float, int, int]]:
+    """Read a trace CSV into ``[(arrival_s, context_tokens, generated_tokens), ...]``.
+
+    Format (the Azure LLM inference trace's): a header with ``TIMESTAMP``, ``ContextTokens``,
+    ``GeneratedTokens`` (any order, case-insensitive; extra columns ignored), one row per request.
+    ``TIMESTAMP`` is a datetime (``2023-11-16 18:15:46.6805900``, any number of fractional digits,
+    optional ``T`` and zone) or a number of seconds; all rows must use the same form.
+    ``arrival_s`` is seconds since the first row (not time-scaled). Blank lines are skipped.
+
+    Raises ConfigError naming the file, the line number and the problem for: a missing file, an
+    empty file or one with no data rows, a header without the expected columns, a row with the
+    wrong number of fields, a non-numeric or non-integer field, a length < 1, or a timestamp that
+    goes back by more than ``BACKWARDS_TOLERANCE_S`` (smaller steps back are clamped).
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ConfigError(f"trace file {str(p)!r}: cannot read it ({e.strerror or e})") from None
+    return list(_load_trace_cached(str(p.resolve()), st.st_mtime_ns, st.st_size))
+
+
+@lru_cache(maxsize=4)
+def _load_trace_cached(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[float, int, int], ...]:
+    # Cached on (path, mtime, size): an A/B run reads the same 19k-row file twice.
+    where = f"trace file {path!r}"
+    try:
+        f = open(path, newline="", encoding="utf-8-sig")
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    with f:
+        reader = csv.reader(f)
+        numbered = []  # (line number, fields), blank lines left out
+        try:
+            for row in reader:
+                if any(c.strip() for c in row):
+                    numbered.append((reader.line_num, row))
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise ConfigError(f"{where}, line {reader.line_num + 1}: not readable as CSV "
+                              f"({e})") from None
+    expected = ", ".join(TRACE_COLUMNS)
+    if not numbered:
+        raise ConfigError(f"{where} is empty: expected a header line {expected} and one row "
+                          "per request")
+    hline, header = numbered[0]
+    names = [h.strip().lower() for h in header]
+    col = {}
+    for want in TRACE_COLUMNS:
+        if want.lower() not in names:
+            raise ConfigError(f"{where}, line {hline}: bad header {','.join(header)!r}: "
+                              f"expected the columns {expected}")
+        col[want] = names.index(want.lower())
+    if len(numbered) == 1:
+        raise ConfigError(f"{where} has a header but no requests")
+
+    out: list[tuple[float, int, int]] = []
+    kind0 = whole0 = frac0 = None
+    prev = -math.inf
+    for line, row in numbered[1:]:
+        if len(row) != len(header):
+            raise ConfigError(f"{where}, line {line}: expected {len(header)} fields "
+                              f"({','.join(h.strip() for h in header)}), got {len(row)}: "
+                              f"{','.join(row)!r}")
+        raw_ts = row[col["TIMESTAMP"]]
+        try:
+            kind, whole, frac = _parse_timestamp(raw_ts)
+        except ValueError:
+            raise ConfigError(f"{where}, line {line}: TIMESTAMP {raw_ts.strip()!r} is neither a "
+                              "datetime (YYYY-MM-DD HH:MM:SS[.fff]) nor a number of seconds") from None
+        if kind0 is None:
+            kind0, whole0, frac0 = kind, whole, frac
+        elif kind != kind0:
+            raise ConfigError(f"{where}, line {line}: TIMESTAMP {raw_ts.strip()!r} is a {kind} "
+                              f"value but the first row's is a {kind0} value")
+        t = (whole - whole0) + (frac - frac0)
+        if t < prev - BACKWARDS_TOLERANCE_S:
+            raise ConfigError(f"{where}, line {line}: TIMESTAMP {raw_ts.strip()!r} goes back "
+                              f"{prev - t:.6f} s from the previous row: rows must be in time order")
+        t = max(t, prev)
+        prev = t
+        lens = []
+        for name in ("ContextTokens", "GeneratedTokens"):
+            raw = row[col[name]]
+            try:
+                n = _parse_len(raw)
+            except ValueError:
+                raise ConfigError(f"{where}, line {line}: {name} {raw.strip()!r} is not an "
+                                  "integer number of tokens") from None
+            if n < 1:
+                raise ConfigError(f"{where}, line {line}: {name} {n} is out of range: "
+                                  "allowed >= 1 token")
+            lens.append(n)
+        out.append((round(t, 9), lens[0], lens[1]))  # ns: drops float noise of the subtraction
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+
+def _clip(cfg: WorkloadConfig, prompt: int, output: int) -> tuple[int, int]:
+    if cfg.max_input_len is not None:
+        prompt = min(prompt, cfg.max_input_len)
+    if cfg.max_output_len is not None:
+        output = min(output, cfg.max_output_len)
+    if cfg.max_model_len is not None and prompt + output > cfg.max_model_len:
+        # Shorten the prompt first (keep the forced output); leave it at least one token.
+        output = min(output, cfg.max_model_len - 1)
+        prompt = min(prompt, cfg.max_model_len - output)
+    return prompt, output
+
+
+def _gaps(cfg: WorkloadConfig, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` inter-arrival times (s): gamma(shape=burstiness, scale=1/(rate*burstiness)), mean
+    1/rate and CV² 1/burstiness (vllm ``get_request``); constant 1/rate; zeros for rate inf."""
+    rate, b = cfg.request_rate, cfg.burstiness
+    if math.isinf(rate):
+        return np.zeros(n)
+    if cfg.arrival == "constant" or math.isinf(b):
+        return np.full(n, 1.0 / rate)
+    return rng.gamma(shape=b, scale=1.0 / (rate * b), size=n)
+
+
+def _random_arrivals(cfg: WorkloadConfig) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, _STREAM_ARRIVALS])
+    if cfg.num_prompts is not None:
+        t = np.cumsum(_gaps(cfg, rng, cfg.num_prompts))
+        if t[-1] > 0:
+            # vllm get_request rescales so the last request lands at N/rate exactly, which
+            # steadies the achieved rate across seeds.
+            t *= (cfg.num_prompts / cfg.request_rate) / t[-1]
+        if cfg.duration_s is not None:
+            t = t[t < cfg.duration_s]
+        return t
+    # Duration only: draw in chunks until past the horizon (no rescaling: N is not fixed).
+    chunk = max(64, int(cfg.duration_s * cfg.request_rate * 1.1) + 1)
+    parts, total = [], 0.0
+    while total < cfg.duration_s:
+        t = total + np.cumsum(_gaps(cfg, rng, chunk))
+        parts.append(t)
+        total = float(t[-1])
+    t = np.concatenate(parts)
+    return t[t < cfg.duration_s]
+
+
+def _random_lengths(cfg: WorkloadConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([cfg.seed, _STREAM_LENGTHS])
+    r = cfg.range_ratio
+    in_lo = max(1, math.floor(cfg.input_len * (1 - r)))
+    in_hi = max(in_lo, math.ceil(cfg.input_len * (1 + r)))
+    out_lo = max(1, math.floor(cfg.output_len * (1 - r)))
+    out_hi = max(out_lo, math.ceil(cfg.output_len * (1 + r)))
+    return (rng.integers(in_lo, in_hi + 1, size=n), rng.integers(out_lo, out_hi + 1, size=n))
+
+
+def _trace_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
+    rows = load_trace_csv(dataset_path(cfg.dataset))
+    if cfg.skip >= len(rows):
+        raise ConfigError(f"--skip {cfg.skip} is out of range: the trace has {len(rows)} rows "
+                          f"(allowed [0, {len(rows) - 1}])")
+    rows = rows[cfg.skip:]
+    t0 = rows[0][0]
+    out = []
+    for t, ctx, gen in rows:
+        a = (t - t0) / cfg.trace_speed
+        if cfg.duration_s is not None and a >= cfg.duration_s:
+            break
+        out.append((a, ctx, gen))
+        if cfg.num_prompts is not None and len(out) >= cfg.num_prompts:
+            break
+    return out
+
+
+def generate(cfg: WorkloadConfig) -> list[RequestSpec]:
+    """The whole request stream of ``cfg``, probes included, sorted by ``arrival_s``.
+
+    Random dataset: arrivals are cumulative sums of gamma inter-arrival times (shape
+    ``burstiness``, scale ``1/(request_rate*burstiness)``, so mean interval 1/rate), rescaled when
+    ``num_prompts`` is given so that the last lands at ``num_prompts/request_rate``, as
+    ``vllm bench serve`` does; ``arrival="constant"`` spaces them by exactly 1/rate; rate ``inf``
+    puts every request at t=0. Trace: ``arrival_s = (timestamp - first timestamp)/trace_speed``
+    with the lengths from the file; ``request_rate``, ``burstiness``, ``arrival``, ``input_len``,
+    ``output_len`` and ``range_ratio`` are ignored. Both: lengths clipped (see WorkloadConfig);
+    stop at ``num_prompts`` or ``duration_s``, whichever comes first.
+
+    Deterministic: the same cfg (same ``seed``) gives an equal list, token ids included.
+    Request ids are ``req-<i>`` (0-based position in the load) and ``probe-<k>``.
+    Raises ConfigError for a bad config or a malformed trace file.
+    """
+    cfg.validate()
+    if cfg.is_random:
+        arrivals = _random_arrivals(cfg)
+        ins, outs = _random_lengths(cfg, len(arrivals))
+        items = list(zip(arrivals.tolist(), ins.tolist(), outs.tolist()))
+    else:
+        items = _trace_rows(cfg)
+
+    specs: list[RequestSpec] = []
+    for i, (a, p, o) in enumerate(items):
+        p, o = _clip(cfg, int(p), int(o))
+        ids = PromptTokens((cfg.seed, _STREAM_PROMPT, i), p, cfg.vocab_size)
+        specs.append(RequestSpec(f"{REQUEST_ID_PREFIX}{i}", float(a), ids, o, False))
+
+    if cfg.probe_interval_s is not None:
+        horizon = cfg.duration_s if cfg.duration_s is not None else (
+            specs[-1].arrival_s if specs else 0.0)
+        plen, _ = _clip(cfg, cfg.probe_input_len, 1)
+        n_probes = int(math.floor(horizon / cfg.probe_interval_s + 1e-9))
+        for k in range(n_probes):
+            ids = PromptTokens((cfg.seed, _STREAM_PROBE, k), plen, cfg.vocab_size)
+            specs.append(RequestSpec(f"{PROBE_ID_PREFIX}{k}", (k + 1) * cfg.probe_interval_s,
+                                     ids, 1, True))
+        # Stable sort: at equal times the load request comes before the probe.
+        specs.sort(key=lambda s: s.arrival_s)
+    return specs
