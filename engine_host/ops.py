@@ -1,0 +1,190 @@
+"""The fused-op seam: RMSNorm, residual-add + RMSNorm, SiLU-and-mul, rotary embedding (RoPE).
+
+PyTorch implementations that match Hugging Face transformers' Llama code op for op (the float32
+norm, the cos/sin computed in float32 then cast), so that logits agree with transformers to
+rounding. A GPU issue swaps FlashInfer kernels in behind these same functions
+(``flashinfer.rmsnorm``, ``fused_add_rmsnorm``, ``silu_and_mul``,
+``apply_rope_with_cos_sin_cache_inplace``); keep the signatures.
+
+Sources of the formulas:
+- RMSNorm: Zhang & Sennrich 2019; the dtype handling is transformers' ``LlamaRMSNorm``.
+- SwiGLU MLP: Shazeer 2020, ``down(silu(gate(x)) * up(x))`` as in ``LlamaMLP``.
+- RoPE: Su et al. 2021 (RoFormer), in the "rotate half" (GPT-NeoX, non-interleaved) layout that
+  transformers' ``apply_rotary_pos_emb`` uses; inverse frequencies and their scaling as in
+  transformers' ``modeling_rope_utils`` (``linear``; ``llama3`` from the Llama 3 paper, §3 and
+  Meta's reference code: wavelengths below ``orig/high_freq_factor`` kept, above
+  ``orig/low_freq_factor`` divided by ``factor``, smooth interpolation between).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .config import ConfigError
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+# ----------------------------------------------------------------------------- norms and MLP
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim: ``weight * (x / sqrt(mean(x²) + eps))``.
+
+    x: [..., H] any float dtype; weight: [H]. The statistics are computed in float32 and the
+    normalised value cast back to x.dtype before the weight multiply (transformers'
+    ``LlamaRMSNorm``; float64 inputs are normalised in float32 too, as there). Returns [..., H]
+    in the promoted dtype of x and weight (x.dtype when they match).
+    """
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    var = x32.pow(2).mean(-1, keepdim=True)
+    return weight * (x32 * torch.rsqrt(var + eps)).to(dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual = x + residual``, then ``rms_norm(residual)``.
+
+    x, residual: [T, H] in the same dtype; weight: [H]. Returns ``(normed, new_residual)``, both
+    [T, H]. The inputs are not modified (FlashInfer's kernel works in place; callers must not
+    rely on either behaviour).
+    """
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation: x [T, 2I] laid out ``[gate; up]`` → ``silu(gate) * up`` [T, I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def normalize_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Check a config's ``rope_scaling`` dict and return it with the key ``rope_type`` set.
+
+    Accepts transformers' spellings (``rope_type``, or the older ``type``); ``None`` or type
+    ``default`` → None. Raises ConfigError for an unsupported type (allowed: linear, llama3) or a
+    missing field, naming it.
+    """
+    if not rope_scaling:
+        return None
+    if not isinstance(rope_scaling, dict):
+        raise ConfigError(f"rope_scaling must be a JSON object or null, got {rope_scaling!r}")
+    rs = dict(rope_scaling)
+    rope_type = rs.get("rope_type", rs.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"rope_scaling rope_type {rope_type!r} is not supported; "
+                          f"allowed: {', '.join(ROPE_TYPES)}")
+    if rope_type == "default":
+        return None
+    need = ("factor",) if rope_type == "linear" else (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    for key in need:
+        if not isinstance(rs.get(key), (int, float)) or isinstance(rs.get(key), bool):
+            raise ConfigError(f"rope_scaling of type {rope_type!r} needs a number {key!r}, "
+                              f"got {rs.get(key)!r}")
+    rs["rope_type"] = rope_type
+    rs.pop("type", None)
+    rs.pop("rope_theta", None)  # transformers 5 keeps theta in the same dict; ours is separate
+    return rs
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float,
+                  rope_scaling: dict[str, Any] | None = None) -> torch.Tensor:
+    """Inverse frequencies ``theta ** (-2i / D)`` for i in [0, D/2), float32 [D/2], scaled.
+
+    ``linear``: divided by ``factor`` (Chen et al. 2023, position interpolation).
+    ``llama3``: per Llama 3.1 — with ``wavelen = 2π / f``, ``low = orig / low_freq_factor``,
+    ``high = orig / high_freq_factor``: f kept where wavelen < high, f / factor where wavelen >
+    low, else ``(1 − s)·f/factor + s·f`` with ``s = (orig / wavelen − low_freq_factor) /
+    (high_freq_factor − low_freq_factor)``. Computed in float32 on the CPU, as transformers does.
+    """
+    rs = normalize_rope_scaling(rope_scaling)
+    exps = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32)
+    inv_freq = 1.0 / (float(rope_theta) ** (exps / head_dim))
+    if rs is None:
+        return inv_freq
+    factor = float(rs["factor"])
+    if rs["rope_type"] == "linear":
+        return inv_freq / factor
+    lo_f, hi_f = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    orig = float(rs["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > orig / lo_f, inv_freq / factor, inv_freq)
+    smooth = (orig / wavelen - lo_f) / (hi_f - lo_f)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / hi_f) & (wavelen <= orig / lo_f)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin_cache(head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None,
+                       max_position: int) -> torch.Tensor:
+    """The cos/sin table for positions ``0 … max_position − 1``: float32 [max_position, D].
+
+    Row p is ``[cos(p·f) | sin(p·f)]`` over the D/2 inverse frequencies f (the layout of vLLM's
+    ``cos_sin_cache`` and FlashInfer's ``apply_rope_with_cos_sin_cache``). Built on the CPU.
+    """
+    inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+    pos = torch.arange(max_position, dtype=torch.int64, device="cpu").to(torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]  # float32 product, as transformers computes it
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k by their token's position ("rotate half" / NeoX layout).
+
+    q: [T, Hq, D], k: [T, Hkv, D]; positions: int64 [T]; cos_sin_cache: float32 [max_pos, D]
+    from ``rope_cos_sin_cache`` on q's device. ``x·cos + rotate_half(x)·sin`` with cos and sin
+    cast to x.dtype first, as transformers does. Returns new ``(q, k)`` of the same shapes/dtype.
+    """
+    cs = cos_sin_cache.index_select(0, positions)  # [T, D]
+    cos, sin = cs.chunk(2, dim=-1)
+    cos = torch.cat([cos, cos], dim=-1).to(q.dtype).unsqueeze(1)  # [T, 1, D]
+    sin = torch.cat([sin, sin], dim=-1).to(q.dtype).unsqueeze(1)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k
+
+
+class RotaryEmbedding:
+    """RoPE for one model: holds the float32 cos/sin table and applies it.
+
+    Not an ``nn.Module`` on purpose: the table is derived from the config, never loaded, and must
+    not be touched by ``model.to(dtype)`` or meta-device construction. It is built on the CPU and
+    copied to a device on first use there.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, rope_theta: float,
+                 rope_scaling: dict[str, Any] | None = None) -> None:
+        if head_dim % 2:
+            raise ConfigError(f"head_dim {head_dim} must be even for rotary embeddings")
+        self.head_dim = head_dim
+        self.max_position = max_position
+        self.cos_sin_cache = rope_cos_sin_cache(head_dim, rope_theta, rope_scaling, max_position)
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def cache_on(self, device: torch.device) -> torch.Tensor:
+        """The cos/sin table [max_position, D] float32 on ``device`` (copied once)."""
+        t = self._on_device.get(device)
+        if t is None:
+            t = self._on_device[device] = self.cos_sin_cache.to(device)
+        return t
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``apply_rope(q [T,Hq,D], k [T,Hkv,D], positions int64 [T]) -> (q, k)``."""
+        return apply_rope(q, k, positions, self.cache_on(q.device))
