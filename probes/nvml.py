@@ -1,0 +1,921 @@
+"""NVML + GPM sampler: one daemon thread samples every GPU (or ``--gpus``) at ``--sample-hz``.
+
+Layers, in the style of nvitop's ``api/`` (facts only, no code taken from it):
+
+* :class:`NvmlLibrary` — lazy ``nvmlInit`` under a lock, ``nvmlShutdown`` at exit (atexit), and
+  one query helper, :meth:`NvmlLibrary.query`, that turns "not supported here" into the
+  :data:`NA` sentinel for that field only (NotSupported, FunctionNotFound on an older driver,
+  NoPermission); every other NVML error is raised for the caller to judge.
+* :class:`GpuSample` — one reading of one GPU (frozen, slots; what the timeline and the trace keep).
+* :class:`NvmlSampler` — the thread. It never raises into the session: NVML missing, a GPU lost
+  mid-run or GPM counters held by another profiler end up as one line in :attr:`NvmlSampler.status`.
+
+Usage::
+
+    gpus = parse_gpus("0,1")                      # ConfigError names a bad index and the count
+    with NvmlSampler(gpus, sample_hz=20, on_sample=timeline.add_gpu_sample) as s:
+        s.wait_ready(2.0); print(s.status)        # "NVML: 2 GPUs (2× NVIDIA H200), GPM on"
+        ...
+
+Per tick and GPU the sampler makes 6 NVML calls (utilization, memory, power, SM clock, memory
+clock, temperature) plus, when a GPM window closes, ``nvmlGpmSampleGet`` and
+``nvmlGpmMetricsGet``; a field that answered NotSupported once is not asked again.
+
+Cadences that differ from ``--sample-hz`` (both facts from the NVML API reference):
+
+* **GPM**: NVML documents that two ``nvmlGpmSampleGet`` calls should be more than 100 ms apart
+  ("internal sample refresh rate"). The sampler keeps the previous GPM sample per GPU, and on the
+  first tick at least ``gpm_interval_s`` (default 0.1 s, less 2 ms of scheduling jitter) after it,
+  takes a new one and computes ``nvmlGpmMetricsGet`` against it, then swaps the two buffers.
+  Nothing sleeps inside a call. At 10 Hz that is every tick; at 50 Hz every 5th tick, and the ticks
+  in between repeat the last GPM values (each the mean over the last GPM window). Values older than
+  ``5 × gpm_interval_s`` are dropped to None.
+* **PCIe**: ``nvmlDeviceGetPcieThroughput`` measures a byte counter over a 20 ms window inside the
+  call, so one GPU's TX + RX costs ~40 ms — more than a whole 50 Hz tick. It therefore runs on a
+  second daemon thread every ``pcie_interval_s`` (default 1 s; 0 turns PCIe off) and the samples
+  carry its latest reading. ``NvmlSampler.pcie_query_ms`` holds the measured cost of the last pair.
+
+Power is ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1 s average on Ampere (except
+GA100) and newer, the instantaneous draw on older GPUs. GPU-Util / memory-Util are NVML's
+"percent of the sample period in which a kernel ran / memory was read or written" (REFERENCE §5):
+liveness, not saturation — SM active and tensor active (GPM) are the saturation signals.
+
+GPU indices are NVML's (as ``nvidia-smi`` numbers them), not CUDA's after CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuchef.engine_host.config import ConfigError
+
+from .host import PeriodicSampler, check_sample_hz
+
+# GPM metric ids (nvml.h nvmlGpmMetricId_t; REFERENCE §5). pynvml's constants are used when the
+# module has them; these literals are only the fallback for a stand-in module without them.
+GPM_METRICS: tuple[tuple[str, str, int], ...] = (
+    # (GpuSample field, pynvml constant name, id)
+    ("sm_active", "NVML_GPM_METRIC_SM_UTIL", 2),
+    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", 3),
+    ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5),
+    ("dram_bw_util", "NVML_GPM_METRIC_DRAM_BW_UTIL", 10),
+)
+GPM_FIELDS = tuple(f for f, _, _ in GPM_METRICS)
+
+SAMPLE_HZ_RANGE = (1.0, 100.0)
+DEFAULT_SAMPLE_HZ = 10.0
+DEFAULT_GPM_INTERVAL_S = 0.1   # NVML: GPM samples "should be more than 100 ms" apart
+GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next GPM window a tick out
+DEFAULT_PCIE_INTERVAL_S = 1.0
+GPM_MAX_FAILS = 50             # consecutive GPM errors before GPM is turned off for that GPU
+
+
+class _NotAvailable:
+    """The "not available" sentinel: falsy, prints as N/A, one instance (:data:`NA`)."""
+
+    _inst: "_NotAvailable | None" = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "N/A"
+
+
+NA = _NotAvailable()
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used in this process. ``str(e)`` is a reason fit for one status line."""
+
+
+class _Never(Exception):
+    """Stands in for an NVML error class a stand-in module lacks (never raised)."""
+
+
+def _err(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:
+    return tuple(getattr(nvml, n, _Never) for n in names)
+
+
+def describe_nvml_error(e: BaseException) -> str:
+    """A short human reason for an NVML error (used in status lines)."""
+    name = type(e).__name__
+    if name == "NVMLError_LibraryNotFound":
+        return "libnvidia-ml.so.1 not found (no NVIDIA driver on this machine)"
+    if name == "NVMLError_DriverNotLoaded":
+        return "the NVIDIA driver is not loaded"
+    if name == "NVMLError_NoPermission":
+        return "no permission to use NVML"
+    if name == "NVMLError_LibRmVersionMismatch":
+        return "NVML/driver version mismatch (reboot or reload the driver)"
+    msg = str(e) or name
+    return msg
+
+
+class NvmlLibrary:
+    """One NVML module (pynvml, or a stand-in for tests), initialised lazily and once.
+
+    ``init()`` is safe to call from any thread, any number of times (a lock guards the first
+    ``nvmlInit``); it registers ``shutdown`` with atexit. Raises NvmlUnavailable with a reason.
+    """
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self._lock = threading.Lock()
+        self._initialised = False
+        nv = module
+        self.na_errors = _err(nv, "NVMLError_NotSupported", "NVMLError_FunctionNotFound",
+                               "NVMLError_NoPermission")
+        self.lost_errors = _err(nv, "NVMLError_GpuIsLost", "NVMLError_Unknown",
+                                "NVMLError_ResetRequired")
+        # GPM calls: only GpuIsLost means lost; an Unknown there may be a too-early sample
+        self.gpm_lost_errors = _err(nv, "NVMLError_GpuIsLost")
+        self.busy_errors = _err(nv, "NVMLError_InUse", "NVMLError_InsufficientResources")
+        self.base_error: type[BaseException] = getattr(nv, "NVMLError", _Never)
+
+    @property
+    def initialised(self) -> bool:
+        return self._initialised
+
+    def init(self) -> None:
+        if self._initialised:
+            return
+        with self._lock:
+            if self._initialised:
+                return
+            try:
+                self.module.nvmlInit()
+            except self.base_error as e:
+                raise NvmlUnavailable(describe_nvml_error(e)) from e
+            except OSError as e:  # a broken install can fail below pynvml's error mapping
+                raise NvmlUnavailable(f"{type(e).__name__}: {e}") from e
+            self._initialised = True
+            atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown`` if initialised (errors ignored: this runs at exit)."""
+        with self._lock:
+            if not self._initialised:
+                return
+            self._initialised = False
+            try:
+                self.module.nvmlShutdown()
+            except Exception:
+                pass
+
+    def query(self, fn: Callable[..., Any] | str, *args: Any) -> Any:
+        """Call an NVML function; NotSupported / FunctionNotFound / NoPermission → :data:`NA`.
+
+        ``fn`` is a function or the name of one in the module (a missing name is NA too, for an
+        older pynvml). Other NVML errors propagate (GPU lost, in use, …).
+        """
+        if isinstance(fn, str):
+            fn = getattr(self.module, fn, None)
+            if fn is None:
+                return NA
+        try:
+            return fn(*args)
+        except self.na_errors:
+            return NA
+
+    def device_count(self) -> int:
+        self.init()
+        try:
+            return int(self.module.nvmlDeviceGetCount())
+        except self.base_error as e:
+            raise NvmlUnavailable(describe_nvml_error(e)) from e
+
+
+_LIBRARIES: dict[int, NvmlLibrary] = {}
+_LIBRARIES_LOCK = threading.Lock()
+
+
+def nvml_library(nvml: Any = None) -> NvmlLibrary:
+    """The shared :class:`NvmlLibrary` for ``nvml`` (default: ``import pynvml``, lazily).
+
+    Raises NvmlUnavailable when nvidia-ml-py is not installed.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError as e:
+            raise NvmlUnavailable(f"nvidia-ml-py (module pynvml) is not installed: {e}") from e
+    with _LIBRARIES_LOCK:
+        lib = _LIBRARIES.get(id(nvml))
+        if lib is None or lib.module is not nvml:
+            lib = _LIBRARIES[id(nvml)] = NvmlLibrary(nvml)
+        return lib
+
+
+def parse_gpus(spec: str | list[int] | None, *, device_count: int | None = None,
+               nvml: Any = None) -> list[int] | None:
+    """Parse ``--gpus``: ``"0,1"``, ``"0-3"``, ``"all"``/``""``/None (→ None = all GPUs).
+
+    Returns sorted NVML indices. Indices are checked against ``device_count`` (default: asked of
+    NVML). When NVML is not available the syntax is still checked but not the indices (the
+    sampler will report NVML missing). Raises ConfigError naming the bad value and the range.
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, (list, tuple)):
+        items = [str(x) for x in spec]
+    else:
+        s = str(spec).strip().lower()
+        if s in ("", "all"):
+            return None
+        items = [p for p in re.split(r"[,\s]+", s) if p]
+    out: set[int] = set()
+    for it in items:
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", it.strip())
+        if not m:
+            raise ConfigError(f"--gpus {spec!r}: {it!r} is not a GPU index "
+                              "(use e.g. 0,1 or 0-3 or all)")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a:
+            raise ConfigError(f"--gpus {spec!r}: range {it!r} runs backwards")
+        out.update(range(a, b + 1))
+    if not out:
+        raise ConfigError(f"--gpus {spec!r} names no GPU (use e.g. 0,1 or all)")
+    n = device_count
+    if n is None:
+        try:
+            n = nvml_library(nvml).device_count()
+        except NvmlUnavailable:
+            n = None
+    if n is not None:
+        bad = sorted(i for i in out if i >= n)
+        if bad:
+            allowed = f"[0, {n - 1}]" if n > 0 else "none (no GPU found)"
+            raise ConfigError(f"--gpus {spec!r}: GPU {bad[0]} does not exist; "
+                              f"{n} GPU(s) found, allowed indices {allowed}")
+    return sorted(out)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU. Any field but ``t_ns``/``gpu`` is None when not available.
+
+    ``t_ns``: ``time.monotonic_ns()`` (or the sampler's injected clock) when the tick began.
+    ``gpu``: NVML index. ``gpu_util`` / ``mem_util``: % of NVML's sample period (~200 ms on H200)
+    in which a kernel ran / device memory was read or written (``nvmlDeviceGetUtilizationRates``).
+    ``mem_used_bytes`` / ``mem_total_bytes``: device memory (bytes). ``power_w``: board power (W;
+    a 1 s average on Ampere+). ``sm_clock_mhz`` / ``mem_clock_mhz``: current clocks (MHz).
+    ``temp_c``: GPU temperature (°C). ``pcie_tx_kbps`` / ``pcie_rx_kbps``: PCIe throughput in
+    KB/s as NVML reports it (a 20 ms window, refreshed every ``pcie_interval_s``).
+    GPM (Hopper+), each % in [0, 100] over the last GPM window (≥ ~100 ms):
+    ``sm_active`` (SM_UTIL: share of SMs busy), ``sm_occupancy`` (active warps vs the maximum),
+    ``tensor_active`` (ANY_TENSOR_UTIL: SMs doing any tensor op), ``dram_bw_util`` (DRAM
+    bandwidth used vs the peak).
+    """
+
+    t_ns: int
+    gpu: int
+    gpu_util: int | None = None
+    mem_util: int | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    temp_c: int | None = None
+    pcie_tx_kbps: int | None = None
+    pcie_rx_kbps: int | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_bw_util: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _GpuLost(Exception):
+    pass
+
+
+class _Gpu:
+    """Per-GPU state owned by the sampling thread."""
+
+    __slots__ = ("index", "handle", "name", "off", "lost", "gpm_on", "gpm_prev", "gpm_cur",
+                 "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
+                 "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn")
+
+    def __init__(self, index: int, handle: Any, name: str) -> None:
+        self.index = index
+        self.handle = handle
+        self.name = name
+        self.off: set[str] = set()          # fields that answered "not available"
+        self.lost: str | None = None
+        self.gpm_on = False
+        self.gpm_prev = self.gpm_cur = self.gpm_req = None
+        self.gpm_slots: list[int] = []     # GPM_METRICS indices requested, in request order
+        self.gpm_have_prev = False
+        self.gpm_last_ns = 0
+        self.gpm_good_ns = 0
+        self.gpm_values: list[float | None] = [None] * len(GPM_METRICS)
+        self.gpm_fails = 0                  # consecutive failed GPM windows
+        self.pcie: tuple[int | None, int | None] = (None, None)
+        self.errors = 0
+        self.last_error = ""
+        self.temp_fn: Callable[..., Any] | None = None
+
+
+def _name(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+class NvmlSampler(PeriodicSampler):
+    """Samples GPUs through NVML (+ GPM on Hopper and newer) on a daemon thread.
+
+    ``gpus``: NVML indices (None = all; see :func:`parse_gpus`). ``sample_hz``: ticks per second,
+    in [1, 100] (ConfigError otherwise; default 10 as DESIGN.md's ``--sample-hz``).
+    ``nvml``: a stand-in for the pynvml module (tests); default ``import pynvml`` in the thread.
+    ``clock``: gives ``GpuSample.t_ns`` and times GPM windows (default ``time.monotonic_ns``).
+    ``on_sample(GpuSample)``: called on the sampler thread for every sample (keep it cheap).
+    ``on_status(str)``: called with the new status line whenever it changes (e.g. to record a
+    warning event in the trace). ``maxlen``: samples kept in ``samples`` (a bounded deque).
+    ``gpm_interval_s``: shortest GPM window (≥ 0.1 s, NVML's floor). ``pcie_interval_s``: PCIe
+    refresh period (0 = off).
+
+    NVML is initialised in the thread, so ``start()`` never blocks the caller; ``wait_ready()``
+    waits for set-up. Read ``status``, ``latest`` (dict gpu → newest sample), ``gpu_names``,
+    ``gpm_enabled`` and ``available`` from any thread.
+    """
+
+    thread_name = "gpuchef-nvml"
+
+    def __init__(self, gpus: list[int] | None = None, sample_hz: float = DEFAULT_SAMPLE_HZ,
+                 nvml: Any = None, clock: Callable[[], int] = time.monotonic_ns,
+                 on_sample: Callable[[GpuSample], None] | None = None, *,
+                 on_status: Callable[[str], None] | None = None, maxlen: int = 8192,
+                 gpm_interval_s: float = DEFAULT_GPM_INTERVAL_S,
+                 pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S) -> None:
+        hz = check_sample_hz(sample_hz, *SAMPLE_HZ_RANGE, flag="--sample-hz")
+        super().__init__(hz, maxlen=maxlen, on_sample=on_sample, clock=clock)
+        if gpm_interval_s < DEFAULT_GPM_INTERVAL_S:
+            raise ConfigError(f"gpm_interval_s {gpm_interval_s!r} is too short: NVML needs "
+                              f">= {DEFAULT_GPM_INTERVAL_S} s between GPM samples")
+        if pcie_interval_s != 0 and not 0.1 <= pcie_interval_s <= 3600:
+            raise ConfigError(f"pcie_interval_s {pcie_interval_s!r} is out of range: "
+                              "allowed 0 (off) or [0.1, 3600] s")
+        self.gpus_requested = None if gpus is None else [int(i) for i in gpus]
+        self._nvml_arg = nvml
+        self._lib: NvmlLibrary | None = None
+        self._nv: Any = None
+        self._gpus: list[_Gpu] = []
+        self._live: list[_Gpu] = []
+        self.on_status = on_status
+        self._summary = "NVML: starting"
+        self._problems: dict[tuple[str, int], str] = {}
+        self.status = self._summary
+        self.available = False
+        self.latest: dict[int, GpuSample] = {}
+        self.gpu_names: dict[int, str] = {}
+        self.gpm_enabled: dict[int, bool] = {}
+        self._gpm_interval_ns = int(gpm_interval_s * 1e9)
+        self._pcie_interval_s = float(pcie_interval_s)
+        self._pcie_thread: threading.Thread | None = None
+        self.pcie_query_ms: float | None = None
+        self._set_up = False
+
+    # ---- status ----------------------------------------------------------------------------
+    @property
+    def problems(self) -> list[str]:
+        return list(self._problems.values())
+
+    def _update_status(self) -> None:
+        new = "; ".join(self._problems.values()) if self._problems else self._summary
+        if new != self.status:
+            self.status = new
+            cb = self.on_status
+            if cb is not None:
+                try:
+                    cb(new)
+                except Exception:
+                    self.on_status = None
+
+    def _problem(self, key: tuple[str, int], line: str) -> None:
+        self._problems[key] = line
+        self._update_status()
+
+    def _make_summary(self) -> str:
+        n = len(self._gpus)
+        names = [g.name for g in self._gpus]
+        if len(set(names)) == 1:
+            desc = names[0] if n == 1 else f"{n}× {names[0]}"
+        else:
+            desc = ", ".join(names)
+        on = [g.index for g in self._gpus if g.gpm_on]
+        if not on:
+            gpm = "GPM off (not supported on this GPU)" if n == 1 else "GPM off (not supported)"
+        elif len(on) == n:
+            gpm = "GPM on"
+        else:
+            gpm = "GPM on GPU " + ",".join(map(str, on))
+        return f"NVML: {n} GPU{'s' if n != 1 else ''} ({desc}), {gpm}"
+
+    # ---- set-up / teardown (sampler thread) --------------------------------------------------
+    def _setup(self) -> bool:
+        if self._set_up:
+            return bool(self._live)
+        self._set_up = True
+        try:
+            lib = self._lib = nvml_library(self._nvml_arg)
+            self._nv = lib.module
+            count = lib.device_count()
+        except NvmlUnavailable as e:
+            self._summary = f"NVML not available: {e} — GPU panels off"
+            self._update_status()
+            return False
+        nv = self._nv
+        wanted = list(range(count)) if self.gpus_requested is None else self.gpus_requested
+        if not wanted:
+            self._summary = "NVML: no GPU found — GPU panels off" if count == 0 else \
+                "NVML: no GPU selected — GPU panels off"
+            self._update_status()
+            return False
+        for i in wanted:
+            if not 0 <= i < count:
+                self._problem(("missing", i), f"GPU {i} not found ({count} GPU(s)) — skipped")
+                continue
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                name = lib.query(nv.nvmlDeviceGetName, h)
+                g = _Gpu(i, h, "GPU" if name is NA else _name(name))
+            except lib.base_error as e:
+                self._problem(("lost", i), f"GPU {i} unusable: {describe_nvml_error(e)} — skipped")
+                continue
+            self._gpus.append(g)
+            g.temp_fn = self._pick_temperature_fn(h)
+            self._setup_gpm(g)
+            self.gpu_names[i] = g.name
+            self.gpm_enabled[i] = g.gpm_on
+        self._live = list(self._gpus)
+        if not self._live:
+            self._summary = "NVML: no usable GPU — GPU panels off"
+            self._update_status()
+            return False
+        self.available = True
+        self._summary = self._make_summary()
+        self._update_status()
+        if self._pcie_interval_s > 0 and hasattr(nv, "nvmlDeviceGetPcieThroughput"):
+            self._pcie_thread = threading.Thread(target=self._pcie_loop, name="gpuchef-nvml-pcie",
+                                                 daemon=True)
+            self._pcie_thread.start()
+        return True
+
+    def _pick_temperature_fn(self, h: Any) -> Callable[..., Any] | None:
+        # nvmlDeviceGetTemperature is deprecated ("removed in CUDA 14"); its successor
+        # nvmlDeviceGetTemperatureV is missing from older drivers (FunctionNotFound → NA).
+        nv = self._nv
+        for name in ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"):
+            fn = getattr(nv, name, None)
+            if fn is None:
+                continue
+            try:
+                if self._lib.query(fn, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)) is not NA:
+                    return fn
+            except self._lib.base_error:
+                return fn  # a transient error: the per-tick helper will judge
+        return None
+
+    def _setup_gpm(self, g: _Gpu) -> None:
+        nv, lib = self._nv, self._lib
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            return
+        try:
+            sup = lib.query(nv.nvmlGpmQueryDeviceSupport, g.handle)
+            if sup is NA or not getattr(sup, "isSupportedDevice", 0):
+                return
+            g.gpm_prev = nv.nvmlGpmSampleAlloc()
+            g.gpm_cur = nv.nvmlGpmSampleAlloc()
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = getattr(nv, "NVML_GPM_METRICS_GET_VERSION", 1)
+            g.gpm_req = req
+        except lib.base_error as e:
+            self._free_gpm(g)
+            self._problem(("gpm", g.index), f"GPU {g.index}: GPM unavailable "
+                                            f"({describe_nvml_error(e)}) — GPM fields off")
+            return
+        g.gpm_slots = list(range(len(GPM_METRICS)))
+        self._fill_gpm_request(g)
+        g.gpm_on = True
+
+    def _fill_gpm_request(self, g: _Gpu) -> None:
+        req = g.gpm_req
+        for j, k in enumerate(g.gpm_slots):
+            field, const, default_id = GPM_METRICS[k]
+            req.metrics[j].metricId = getattr(self._nv, const, default_id)
+        req.numMetrics = len(g.gpm_slots)
+
+    def _free_gpm(self, g: _Gpu) -> None:
+        for attr in ("gpm_prev", "gpm_cur"):
+            s = getattr(g, attr)
+            if s is not None:
+                try:
+                    self._nv.nvmlGpmSampleFree(s)
+                except Exception:
+                    pass
+                setattr(g, attr, None)
+        g.gpm_on = False
+        g.gpm_have_prev = False
+        g.gpm_values = [None] * len(GPM_METRICS)
+        self.gpm_enabled[g.index] = False
+
+    def _teardown(self) -> None:
+        self._stop.set()  # the PCIe thread shares the stop event
+        t = self._pcie_thread
+        if t is not None:
+            t.join(1.0)
+        for g in self._gpus:
+            self._free_gpm(g)
+
+    # ---- the tick ----------------------------------------------------------------------------
+    def sample_once(self) -> list[GpuSample]:
+        """One synchronous tick over all live GPUs (sets up on first use); returns its samples.
+
+        For tests and benchmarks: do not call it while the thread runs. Emits to ``samples``
+        and ``on_sample`` like the thread does.
+        """
+        if not self._set_up:
+            self._setup()
+        try:
+            out = self._tick()
+        except StopIteration:
+            return []
+        for s in out:
+            self._emit(s)
+        return out
+
+    def _tick(self) -> list[GpuSample]:
+        if not self._live:
+            raise StopIteration
+        t = self.clock()
+        out = []
+        for g in self._live:
+            try:
+                s = self._read(g, t)
+            except _GpuLost as e:
+                self._lose(g, str(e))
+                continue
+            self.latest[g.index] = s
+            out.append(s)
+        return out  # when the last GPU was lost, the next tick ends the thread
+
+    def _lose(self, g: _Gpu, reason: str) -> None:
+        g.lost = reason
+        self._live = [x for x in self._live if x is not g]
+        self._free_gpm(g)
+        self._problem(("lost", g.index), f"GPU {g.index} lost mid-run: {reason} — sampling stopped")
+
+    def _field(self, g: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if key in g.off:
+            return NA
+        try:
+            v = self._lib.query(fn, *args)
+        except self._lib.lost_errors as e:
+            raise _GpuLost(describe_nvml_error(e)) from e
+        except self._lib.base_error as e:  # transient (timeout, …): None this tick only
+            g.errors += 1
+            g.last_error = f"{key}: {describe_nvml_error(e)}"
+            return NA
+        if v is NA:
+            g.off.add(key)
+        return v
+
+    def _read(self, g: _Gpu, t: int) -> GpuSample:
+        nv, h = self._nv, g.handle
+        f = self._field
+        u = f(g, "util", nv.nvmlDeviceGetUtilizationRates, h)
+        m = f(g, "mem", nv.nvmlDeviceGetMemoryInfo, h)
+        p = f(g, "power", nv.nvmlDeviceGetPowerUsage, h)
+        smc = f(g, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        mmc = f(g, "mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+        tc = f(g, "temp", g.temp_fn, h, nv.NVML_TEMPERATURE_GPU) if g.temp_fn else NA
+        if g.gpm_on:
+            self._gpm(g, t)
+        gv = g.gpm_values
+        if g.gpm_good_ns and t - g.gpm_good_ns > 5 * self._gpm_interval_ns:
+            gv = g.gpm_values = [None] * len(GPM_METRICS)  # stale: GPM stopped answering
+            g.gpm_good_ns = 0
+        tx, rx = g.pcie
+        return GpuSample(
+            t, g.index,
+            None if u is NA else int(u.gpu), None if u is NA else int(u.memory),
+            None if m is NA else int(m.used), None if m is NA else int(m.total),
+            None if p is NA else p / 1000.0,  # NVML reports mW
+            None if smc is NA else int(smc), None if mmc is NA else int(mmc),
+            None if tc is NA else int(tc),
+            tx, rx, gv[0], gv[1], gv[2], gv[3],
+        )
+
+    def _gpm(self, g: _Gpu, t: int) -> None:
+        if g.gpm_have_prev and t - g.gpm_last_ns < self._gpm_interval_ns - GPM_JITTER_NS:
+            return  # window not closed yet: keep the last values
+        nv, lib = self._nv, self._lib
+        try:
+            nv.nvmlGpmSampleGet(g.handle, g.gpm_cur)
+            if g.gpm_have_prev:
+                req = g.gpm_req
+                req.sample1 = g.gpm_prev
+                req.sample2 = g.gpm_cur
+                nv.nvmlGpmMetricsGet(req)
+        except lib.gpm_lost_errors as e:
+            raise _GpuLost(describe_nvml_error(e)) from e
+        except lib.busy_errors as e:
+            self._free_gpm(g)
+            self._problem(("gpm", g.index), "GPM counters in use by another profiler "
+                          f"({describe_nvml_error(e)}) — GPM fields off"
+                          + (f" on GPU {g.index}" if len(self._gpus) > 1 else ""))
+            return
+        except lib.na_errors as e:
+            self._free_gpm(g)
+            self._problem(("gpm", g.index), f"GPU {g.index}: GPM {describe_nvml_error(e)} "
+                                            "— GPM fields off")
+            return
+        except lib.base_error as e:  # e.g. asked too soon: retry on the next tick
+            g.errors += 1
+            g.gpm_fails += 1
+            g.last_error = f"gpm: {describe_nvml_error(e)}"
+            if g.gpm_fails >= GPM_MAX_FAILS:
+                self._free_gpm(g)
+                self._problem(("gpm", g.index), f"GPU {g.index}: GPM failing "
+                                                f"({describe_nvml_error(e)}) — GPM fields off")
+            return
+        g.gpm_fails = 0
+        if g.gpm_have_prev:
+            self._read_gpm(g, t)
+        g.gpm_prev, g.gpm_cur = g.gpm_cur, g.gpm_prev
+        g.gpm_have_prev = True
+        g.gpm_last_ns = t
+
+    def _read_gpm(self, g: _Gpu, t: int) -> None:
+        nv = self._nv
+        ok = getattr(nv, "NVML_SUCCESS", 0)
+        unsupported = getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3)
+        vals = g.gpm_values
+        dropped = []
+        any_ok = False
+        for j, k in enumerate(g.gpm_slots):
+            mtr = g.gpm_req.metrics[j]
+            rc = mtr.nvmlReturn
+            if rc == ok:
+                vals[k] = float(mtr.value)
+                any_ok = True
+            else:
+                vals[k] = None
+                if rc == unsupported:
+                    dropped.append(k)
+        if any_ok:
+            g.gpm_good_ns = t
+        if dropped:  # stop asking for the metrics this GPU does not have
+            g.gpm_slots = [k for k in g.gpm_slots if k not in dropped]
+            names = ", ".join(GPM_METRICS[k][0] for k in dropped)
+            if not g.gpm_slots:
+                self._free_gpm(g)
+                self._problem(("gpm", g.index), f"GPU {g.index}: no GPM metric supported — "
+                                                "GPM fields off")
+            else:
+                self._fill_gpm_request(g)
+                self._problem(("gpm-metric", g.index),
+                              f"GPU {g.index}: GPM {names} not supported — those fields off")
+
+    # ---- PCIe thread ---------------------------------------------------------------------------
+    def _pcie_loop(self) -> None:
+        nv, lib = self._nv, self._lib
+        tx_c = getattr(nv, "NVML_PCIE_UTIL_TX_BYTES", 0)
+        rx_c = getattr(nv, "NVML_PCIE_UTIL_RX_BYTES", 1)
+        while not self._stop.is_set():
+            any_on = False
+            for g in list(self._live):
+                if "pcie" in g.off:
+                    continue
+                any_on = True
+                t0 = time.perf_counter()
+                try:
+                    tx = lib.query(nv.nvmlDeviceGetPcieThroughput, g.handle, tx_c)
+                    rx = lib.query(nv.nvmlDeviceGetPcieThroughput, g.handle, rx_c)
+                except Exception:  # loss is detected and reported by the main loop
+                    g.pcie = (None, None)
+                    continue
+                self.pcie_query_ms = (time.perf_counter() - t0) * 1e3
+                if tx is NA or rx is NA:
+                    g.off.add("pcie")
+                    g.pcie = (None, None)
+                else:
+                    g.pcie = (int(tx), int(rx))  # one tuple store: atomic for the reader
+            if not any_on or self._stop.wait(self._pcie_interval_s):
+                return
+
+
+
+# ---- a stand-in NVML for tests, benchmarks and demos without a GPU --------------------------------
+
+class _Obj:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class _FakeGpmMetricsGet:
+    """Python twin of pynvml's ``c_nvmlGpmMetricsGet_t`` (same attribute names)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1 = None
+        self.sample2 = None
+        self.metrics = [_Obj(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
+
+
+class _FakeGpmSample:
+    __slots__ = ("gpu", "t_ns", "counters", "freed")
+
+    def __init__(self) -> None:
+        self.gpu = -1
+        self.t_ns = 0
+        self.counters: dict[int, float] = {}
+        self.freed = False
+
+
+class FakeNvml:
+    """A stand-in for the ``pynvml`` module that raises pynvml's real exception classes.
+
+    Use: ``NvmlSampler(nvml=FakeNvml(2))``. It has the constants and ``NVMLError*`` classes of the
+    installed pynvml and fakes the functions the sampler calls. Knobs for tests:
+    ``init_error`` (an exception class raised by ``nvmlInit``), ``not_supported`` (names of
+    functions that raise NVMLError_NotSupported), ``gpm_supported``, ``gpm_unsupported_metrics``
+    (metric ids answered with NOT_SUPPORTED), ``gpm_busy`` (``nvmlGpmSampleGet`` raises
+    NVMLError_InUse), :meth:`lose` (a GPU raises NVMLError_GpuIsLost, or another class, from then on),
+    :meth:`set_load` (the GPM activity the next windows average), ``pcie_window_s`` (how long a
+    PCIe query blocks, 0.02 s like the real one). ``calls`` counts calls by name;
+    ``gpm_intervals_ns`` records the spacing of GPM samples per GPU.
+    """
+
+    def __init__(self, n_gpus: int = 1, name: str = "NVIDIA H200 (fake)", *, gpm: bool = True,
+                 clock: Callable[[], int] = time.monotonic_ns, pcie_window_s: float = 0.02,
+                 mem_total_bytes: int = 143_771_566_080) -> None:
+        import pynvml as real  # for the real error classes and constants
+        for k in dir(real):
+            if k.startswith(("NVML_", "NVMLError")):
+                setattr(self, k, getattr(real, k))
+        self.c_nvmlGpmMetricsGet_t = _FakeGpmMetricsGet
+        self.n_gpus = n_gpus
+        self.name = name
+        self.clock = clock
+        self.init_error: type[BaseException] | None = None
+        self.not_supported: set[str] = set()
+        self.gpm_supported = gpm
+        self.gpm_unsupported_metrics: set[int] = set()
+        self.gpm_busy = False
+        self.lost: dict[int, type[BaseException]] = {}
+        self.pcie_window_s = pcie_window_s
+        self.mem_total_bytes = mem_total_bytes
+        self.initialised = 0
+        self.calls: dict[str, int] = {}
+        self.gpm_intervals_ns: dict[int, list[int]] = {}
+        self.live_gpm_samples = 0
+        self._load: dict[int, dict[int, float]] = {i: {} for i in range(n_gpus)}
+        self._acc: dict[int, dict[int, float]] = {i: {} for i in range(n_gpus)}
+        self._acc_t: dict[int, int] = {i: clock() for i in range(n_gpus)}
+        self._last_gpm: dict[int, int] = {}
+
+    # -- knobs
+    def lose(self, gpu: int, error: type[BaseException] | None = None) -> None:
+        """From now on every call on ``gpu`` raises ``error`` (default NVMLError_GpuIsLost)."""
+        self.lost[gpu] = error or self.NVMLError_GpuIsLost
+
+    def set_load(self, gpu: int = 0, *, sm_active: float = 0.0, sm_occupancy: float = 0.0,
+                 tensor_active: float = 0.0, dram_bw_util: float = 0.0) -> None:
+        """Set the GPM activity (%, 0–100) from now on; GPM windows report its time average."""
+        self._accumulate(gpu)
+        self._load[gpu] = {2: sm_active, 3: sm_occupancy, 5: tensor_active, 10: dram_bw_util,
+                           1: min(100.0, sm_active * 1.05)}
+
+    def _accumulate(self, gpu: int) -> None:
+        now = self.clock()
+        dt = now - self._acc_t[gpu]
+        acc = self._acc[gpu]
+        for mid, pct in self._load[gpu].items():
+            acc[mid] = acc.get(mid, 0.0) + pct * dt
+        self._acc_t[gpu] = now
+
+    def _call(self, fn: str, h: Any = None) -> None:
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        if fn in self.not_supported:
+            raise self.NVMLError_NotSupported()
+        if h is not None and h.index in self.lost:
+            raise self.lost[h.index]()
+
+    # -- library
+    def nvmlInit(self) -> None:
+        self._call("nvmlInit")
+        if self.init_error is not None:
+            raise self.init_error()
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._call("nvmlShutdown")
+        self.initialised = max(0, self.initialised - 1)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._call("nvmlDeviceGetCount")
+        return self.n_gpus
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
+        self._call("nvmlDeviceGetHandleByIndex")
+        if not 0 <= i < self.n_gpus:
+            raise self.NVMLError_InvalidArgument()
+        return _Obj(index=i)
+
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        self._call("nvmlDeviceGetName", h)
+        return self.name
+
+    # -- per-tick fields
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        self._call("nvmlDeviceGetUtilizationRates", h)
+        busy = self._load[h.index].get(2, 0.0)
+        return _Obj(gpu=100 if busy > 0 else 0, memory=int(self._load[h.index].get(10, 0.0)))
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        self._call("nvmlDeviceGetMemoryInfo", h)
+        used = self.mem_total_bytes // 3
+        return _Obj(total=self.mem_total_bytes, used=used, free=self.mem_total_bytes - used)
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        self._call("nvmlDeviceGetPowerUsage", h)
+        return int(90_000 + 6_000 * self._load[h.index].get(2, 0.0))  # mW
+
+    def nvmlDeviceGetClockInfo(self, h: Any, which: int) -> int:
+        self._call("nvmlDeviceGetClockInfo", h)
+        return 1980 if which == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        self._call("nvmlDeviceGetTemperature", h)
+        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
+
+    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
+        self._call("nvmlDeviceGetTemperatureV", h)
+        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
+
+    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
+        self._call("nvmlDeviceGetPcieThroughput", h)
+        if self.pcie_window_s:
+            time.sleep(self.pcie_window_s)  # the real call measures a 20 ms window
+        return 1024 if counter == self.NVML_PCIE_UTIL_TX_BYTES else 2048  # KB/s
+
+    # -- GPM
+    def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:
+        self._call("nvmlGpmQueryDeviceSupport", h)
+        return _Obj(version=1, isSupportedDevice=int(self.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self) -> _FakeGpmSample:
+        self._call("nvmlGpmSampleAlloc")
+        self.live_gpm_samples += 1
+        return _FakeGpmSample()
+
+    def nvmlGpmSampleFree(self, s: _FakeGpmSample) -> None:
+        self._call("nvmlGpmSampleFree")
+        if not s.freed:
+            s.freed = True
+            self.live_gpm_samples -= 1
+
+    def nvmlGpmSampleGet(self, h: Any, s: _FakeGpmSample) -> _FakeGpmSample:
+        self._call("nvmlGpmSampleGet", h)
+        if self.gpm_busy:
+            raise self.NVMLError_InUse()
+        self._accumulate(h.index)
+        now = self._acc_t[h.index]
+        last = self._last_gpm.get(h.index)
+        if last is not None:
+            self.gpm_intervals_ns.setdefault(h.index, []).append(now - last)
+        self._last_gpm[h.index] = now
+        s.gpu, s.t_ns, s.counters = h.index, now, dict(self._acc[h.index])
+        return s
+
+    def nvmlGpmMetricsGet(self, req: _FakeGpmMetricsGet) -> _FakeGpmMetricsGet:
+        self._call("nvmlGpmMetricsGet")
+        a, b = req.sample1, req.sample2
+        dt = b.t_ns - a.t_ns
+        for j in range(req.numMetrics):
+            m = req.metrics[j]
+            if m.metricId in self.gpm_unsupported_metrics:
+                m.nvmlReturn, m.value = self.NVML_ERROR_NOT_SUPPORTED, 0.0
+            elif dt <= 0:
+                m.nvmlReturn, m.value = self.NVML_ERROR_INVALID_ARGUMENT, 0.0
+            else:
+                d = b.counters.get(m.metricId, 0.0) - a.counters.get(m.metricId, 0.0)
+                m.nvmlReturn, m.value = self.NVML_SUCCESS, d / dt
+        return req

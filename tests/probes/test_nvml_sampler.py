@@ -1,0 +1,359 @@
+"""NvmlSampler against FakeNvml, a stand-in that raises pynvml's real exception classes."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pynvml
+import pytest
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.probes.nvml import (GPM_FIELDS, NA, FakeNvml, GpuSample, NvmlLibrary, NvmlSampler,
+                                 nvml_library, parse_gpus)
+
+
+class ManualClock:
+    def __init__(self, t: int = 1_000_000_000) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += int(s * 1e9)
+
+
+def wait_for(cond, timeout: float = 3.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return cond()
+
+
+# ---- (a) NotSupported fields become None, the rest stay ------------------------------------
+
+def test_not_supported_fields_are_none_and_not_asked_again():
+    fake = FakeNvml(1, pcie_window_s=0)
+    fake.not_supported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperatureV",
+                          "nvmlDeviceGetTemperature"}
+    s = NvmlSampler(nvml=fake, pcie_interval_s=0)
+    for _ in range(3):
+        out = s.sample_once()
+    s.stop()
+    (x,) = out
+    assert x.power_w is None and x.temp_c is None
+    assert x.gpu == 0 and x.gpu_util is not None and x.mem_util is not None
+    assert x.mem_used_bytes > 0 and x.mem_total_bytes == fake.mem_total_bytes
+    assert x.sm_clock_mhz == 1980 and x.mem_clock_mhz == 2619
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1  # NotSupported once, then not asked
+    assert s.available and s.status.startswith("NVML: 1 GPU (")
+
+
+def test_query_helper_turns_not_supported_into_na_only():
+    fake = FakeNvml(1)
+    lib = NvmlLibrary(fake)
+
+    def boom(exc):
+        raise exc()
+
+    assert lib.query(boom, pynvml.NVMLError_NotSupported) is NA
+    assert lib.query(boom, pynvml.NVMLError_FunctionNotFound) is NA
+    assert lib.query("nvmlNoSuchFunction") is NA
+    assert not NA and repr(NA) == "N/A"
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        lib.query(boom, pynvml.NVMLError_GpuIsLost)
+    assert lib.query(lambda a: a + 1, 1) == 2
+
+
+# ---- (b) NVML missing at init: a status line, no exception, no thread crash -----------------
+
+@pytest.mark.parametrize("err", [pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded,
+                                 pynvml.NVMLError_NotFound, pynvml.NVMLError_NoPermission])
+def test_init_failure_gives_status_line(err):
+    fake = FakeNvml(1)
+    fake.init_error = err
+    seen = []
+    with NvmlSampler(nvml=fake, sample_hz=50, on_status=seen.append) as s:
+        assert s.wait_ready(2.0)
+        assert wait_for(lambda: not s.running)
+    assert s.status.startswith("NVML not available: ") and s.status.endswith("GPU panels off")
+    assert "\n" not in s.status
+    assert not s.available and len(s.samples) == 0 and s.latest == {}
+    assert seen and seen[-1] == s.status
+    if err is pynvml.NVMLError_LibraryNotFound:
+        assert "libnvidia-ml.so.1 not found" in s.status
+    if err is pynvml.NVMLError_DriverNotLoaded:
+        assert "driver is not loaded" in s.status
+
+
+def test_this_machine_without_driver_or_pynvml(monkeypatch):
+    # The real pynvml on a machine without a driver (this CPU box) or a missing pynvml.
+    s = NvmlSampler()
+    s.start()
+    assert s.wait_ready(5.0)
+    s.stop()
+    if not s.available:
+        assert s.status.startswith("NVML not available: ")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    s2 = NvmlSampler()
+    s2.start()
+    assert s2.wait_ready(2.0)
+    s2.stop()
+    assert "pynvml" in s2.status and "not installed" in s2.status
+
+
+def test_no_gpus():
+    s = NvmlSampler(nvml=FakeNvml(0))
+    assert s.sample_once() == []
+    s.stop()
+    assert "no GPU found" in s.status
+
+
+# ---- (c) GPU lost mid-run --------------------------------------------------------------------
+
+@pytest.mark.parametrize("err", [pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown])
+def test_gpu_lost_mid_run_stops_that_gpu_only(err):
+    fake = FakeNvml(2, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=50, pcie_interval_s=0.1)
+    with s:
+        assert s.wait_ready(2.0)
+        assert wait_for(lambda: len(s.samples) >= 6)
+        fake.lose(1, err)
+        assert wait_for(lambda: "GPU 1 lost mid-run" in s.status)
+        n0 = sum(1 for x in s.samples if x.gpu == 0)
+        assert wait_for(lambda: sum(1 for x in s.samples if x.gpu == 0) >= n0 + 5)
+        assert s.running
+        before = sum(1 for x in s.samples if x.gpu == 1)
+        time.sleep(0.1)
+        assert sum(1 for x in s.samples if x.gpu == 1) == before  # no more GPU 1 samples
+        assert s.status.endswith("sampling stopped")
+        fake.lose(0)
+        assert wait_for(lambda: not s.running)  # nothing left to sample: the thread ends
+    assert "GPU 0 lost mid-run: GPU is lost — sampling stopped" in s.status
+    assert fake.live_gpm_samples == 0
+
+
+def test_failing_on_sample_consumer_does_not_kill_sampler():
+    fake = FakeNvml(1, pcie_window_s=0)
+
+    def bad(_):
+        raise ValueError("consumer bug")
+
+    with NvmlSampler(nvml=fake, sample_hz=50, on_sample=bad, pcie_interval_s=0) as s:
+        assert wait_for(lambda: len(s.samples) >= 3)
+        assert s.running
+    assert "consumer bug" in s.status
+
+
+# ---- GPM ---------------------------------------------------------------------------------------
+
+def test_gpm_each_window_is_computed_against_the_previous_sample():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=50, clock=clk, pcie_interval_s=0)
+    first = s.sample_once()[0]
+    assert all(getattr(first, f) is None for f in GPM_FIELDS)  # no previous sample yet
+    fake.set_load(0, sm_active=50, tensor_active=40, dram_bw_util=10, sm_occupancy=20)
+    clk.advance(0.1)
+    x = s.sample_once()[0]
+    assert x.sm_active == pytest.approx(50) and x.tensor_active == pytest.approx(40)
+    assert x.dram_bw_util == pytest.approx(10) and x.sm_occupancy == pytest.approx(20)
+    fake.set_load(0, sm_active=90, tensor_active=80)
+    clk.advance(0.1)
+    y = s.sample_once()[0]
+    # against the previous sample: 90, not the 70 a fixed first sample would give
+    assert y.sm_active == pytest.approx(90) and y.tensor_active == pytest.approx(80)
+    # 50 Hz: the next ticks fall inside the 100 ms GPM window -> no new GPM sample, values held
+    gets = fake.calls["nvmlGpmSampleGet"]
+    for _ in range(4):
+        clk.advance(0.02)
+        z = s.sample_once()[0]
+        if fake.calls["nvmlGpmSampleGet"] == gets:
+            assert z.sm_active == y.sm_active
+    assert fake.calls["nvmlGpmSampleGet"] == gets  # 80 ms < 100 ms - 2 ms
+    clk.advance(0.02)
+    s.sample_once()
+    assert fake.calls["nvmlGpmSampleGet"] == gets + 1
+    s.stop()
+    assert fake.live_gpm_samples == 0  # both buffers freed at stop
+
+
+def test_gpm_values_go_stale_when_gpm_stops_answering():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=10, clock=clk, pcie_interval_s=0)
+    fake.set_load(0, sm_active=30)
+    s.sample_once()
+    clk.advance(0.1)
+    assert s.sample_once()[0].sm_active == pytest.approx(30)
+    orig = fake.nvmlGpmSampleGet
+
+    def flaky(h, smp):
+        raise pynvml.NVMLError_Timeout()
+
+    fake.nvmlGpmSampleGet = flaky
+    clk.advance(0.1)
+    assert s.sample_once()[0].sm_active == pytest.approx(30)  # one failed window: held
+    for _ in range(6):
+        clk.advance(0.1)
+        last = s.sample_once()[0]
+    assert last.sm_active is None and last.gpu_util is not None
+    fake.nvmlGpmSampleGet = orig
+    s.stop()
+
+
+def test_gpm_unsupported_metric_turns_off_only_that_field():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    fake.gpm_unsupported_metrics = {pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL}
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    fake.set_load(0, sm_active=60, dram_bw_util=50)
+    s.sample_once()
+    clk.advance(0.1)
+    x = s.sample_once()[0]
+    assert x.dram_bw_util is None and x.sm_active == pytest.approx(60)
+    assert "dram_bw_util not supported" in s.status
+    clk.advance(0.1)
+    y = s.sample_once()[0]
+    assert y.sm_active == pytest.approx(60) and y.dram_bw_util is None
+    s.stop()
+
+
+def test_gpm_counters_in_use_turns_off_gpm_fields_only():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    fake.gpm_busy = True
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    x = s.sample_once()[0]
+    clk.advance(0.1)
+    y = s.sample_once()[0]
+    for smp in (x, y):
+        assert all(getattr(smp, f) is None for f in GPM_FIELDS)
+        assert smp.gpu_util is not None and smp.power_w is not None
+    assert s.status.startswith("GPM counters in use by another profiler")
+    assert s.status.endswith("GPM fields off")
+    assert fake.live_gpm_samples == 0 and s.gpm_enabled == {0: False}
+    s.stop()
+
+
+def test_gpm_not_supported_device():
+    s = NvmlSampler(nvml=FakeNvml(1, gpm=False), pcie_interval_s=0)
+    x = s.sample_once()[0]
+    s.stop()
+    assert x.sm_active is None and x.gpu_util is not None
+    assert "GPM off" in s.status
+
+
+# ---- rate, cost, lifecycle --------------------------------------------------------------------
+
+def test_sample_rate_is_honoured_at_50hz():
+    fake = FakeNvml(1, pcie_window_s=0.02)
+    got = []
+    s = NvmlSampler(nvml=fake, sample_hz=50, on_sample=got.append)
+    with s:
+        assert s.wait_ready(2.0)
+        t0 = time.monotonic()
+        n0 = len(got)
+        time.sleep(0.5)
+        n = len(got) - n0
+        dt = time.monotonic() - t0
+    assert 0.6 * 50 * dt <= n <= 1.3 * 50 * dt + 2, n
+    assert s.status.startswith("NVML: 1 GPU (NVIDIA H200 (fake)), GPM on")
+    # GPM windows respect NVML's ~100 ms floor even at 50 Hz
+    assert min(fake.gpm_intervals_ns[0]) >= 98_000_000
+    # the 20 ms PCIe query ran on its own thread and reached the samples
+    assert any(x.pcie_tx_kbps == 1024 and x.pcie_rx_kbps == 2048 for x in got)
+    assert s.pcie_query_ms is not None and s.pcie_query_ms >= 35
+    assert s.mean_tick_us < 5_000  # the 40 ms PCIe call stays out of the tick
+    assert s.cpu_percent == s.cpu_percent  # measured (not NaN)
+    assert not s.running and fake.live_gpm_samples == 0
+
+
+def test_samples_are_bounded_and_latest_kept():
+    fake = FakeNvml(2, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, maxlen=10, pcie_interval_s=0)
+    for _ in range(20):
+        s.sample_once()
+    s.stop()
+    assert len(s.samples) == 10
+    assert set(s.latest) == {0, 1} and isinstance(s.latest[1], GpuSample)
+    assert s.gpu_names == {0: "NVIDIA H200 (fake)", 1: "NVIDIA H200 (fake)"}
+    assert s.status == "NVML: 2 GPUs (2× NVIDIA H200 (fake)), GPM on"
+
+
+def test_gpus_subset():
+    fake = FakeNvml(4, pcie_window_s=0)
+    s = NvmlSampler([1, 3], nvml=fake, pcie_interval_s=0)
+    out = s.sample_once()
+    s.stop()
+    assert [x.gpu for x in out] == [1, 3]
+
+
+@pytest.mark.parametrize("hz", [0, 0.5, 101, float("nan"), "fast", True, None])
+def test_sample_hz_out_of_range(hz):
+    with pytest.raises(ConfigError) as e:
+        NvmlSampler(nvml=FakeNvml(1), sample_hz=hz)
+    assert "--sample-hz" in str(e.value) and "[1, 100]" in str(e.value)
+
+
+@pytest.mark.parametrize("hz", [1, 10, 50, 100, "20"])
+def test_sample_hz_in_range(hz):
+    NvmlSampler(nvml=FakeNvml(1), sample_hz=hz)
+
+
+def test_parse_gpus():
+    assert parse_gpus("0,1", device_count=2) == [0, 1]
+    assert parse_gpus("1, 0", device_count=2) == [0, 1]
+    assert parse_gpus("0-3", device_count=8) == [0, 1, 2, 3]
+    assert parse_gpus("all", device_count=2) is None
+    assert parse_gpus(None) is None and parse_gpus("") is None
+    assert parse_gpus("1", nvml=FakeNvml(2)) == [1]
+    with pytest.raises(ConfigError, match=r"GPU 2 does not exist; 2 GPU\(s\) found, allowed "
+                                          r"indices \[0, 1\]"):
+        parse_gpus("0,2", device_count=2)
+    with pytest.raises(ConfigError, match="GPU 5 does not exist"):
+        parse_gpus("5", nvml=FakeNvml(2))
+    for bad in ("x", "0,,a", "-1", "3-1", "1.5"):
+        with pytest.raises(ConfigError, match="--gpus"):
+            parse_gpus(bad, device_count=4)
+    nodrv = FakeNvml(1)
+    nodrv.init_error = pynvml.NVMLError_DriverNotLoaded
+    assert parse_gpus("3", nvml=nodrv) == [3]  # unverifiable: the sampler reports NVML missing
+
+
+def test_lazy_init_once_under_lock_and_shutdown():
+    fake = FakeNvml(1)
+    lib = nvml_library(fake)
+    assert nvml_library(fake) is lib and fake.calls.get("nvmlInit", 0) == 0  # lazy
+    barrier = threading.Barrier(8)
+
+    def go():
+        barrier.wait()
+        lib.init()
+
+    ts = [threading.Thread(target=go) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert fake.calls["nvmlInit"] == 1 and lib.initialised
+    a = NvmlSampler(nvml=fake, pcie_interval_s=0)
+    b = NvmlSampler(nvml=fake, pcie_interval_s=0)
+    a.sample_once(), b.sample_once()
+    a.stop(), b.stop()
+    assert fake.calls["nvmlInit"] == 1
+    lib.shutdown()
+    lib.shutdown()
+    assert fake.calls["nvmlShutdown"] == 1 and fake.initialised == 0
+
+
+def test_sample_as_dict_round_trips():
+    fake = FakeNvml(1, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, pcie_interval_s=0)
+    x = s.sample_once()[0]
+    s.stop()
+    assert GpuSample(**x.as_dict()) == x
