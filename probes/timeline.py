@@ -1,0 +1,563 @@
+"""Rolling timelines: bounded ring buffers of everything measured, and window statistics over them.
+
+Producers (the engine thread, the samplers) call ``add_step`` / ``add_request`` /
+``add_gpu_sample`` / ``add_host_sample`` / ``add_event``: O(1), no lock — a ``deque.append``,
+which is atomic under the GIL. The UI thread calls :meth:`Timeline.snapshot` (~10 times a
+second) and computes from the immutable :class:`TimelineSnapshot`: rolling windows
+(:meth:`TimelineSnapshot.window`), fixed ranges for an A/B view (:meth:`~TimelineSnapshot.stats_between`)
+and the binned step waveform (:meth:`~TimelineSnapshot.step_waveform`). Latency and throughput
+definitions are ``probes.metrics.summarize``'s (vllm bench serve's); nothing is redefined here.
+
+Memory stays flat: every buffer has a maximum length, and finished requests also a budget of
+output tokens (their ``token_times_ns`` are most of their size). Defaults keep ~100 MB at most:
+65 536 steps (~430 B each), 65 536 GPU samples (~250 B), 16 384 requests / 1 M output tokens
+(~40 B a token), 8 192 host samples and events. At 100 steps/s that is the last ~11 minutes of
+steps, at 10 Hz × 1 GPU the last ~1.8 hours of GPU samples; the trace file keeps everything.
+
+Window membership (half-open ``[t0, t1)``, monotonic ns): a step by ``t_end_ns``, a sample or
+event by ``t_ns``, a request by when it finished (its last token, or its arrival if it has none),
+made non-decreasing in arrival order so that it can be searched by bisection.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+
+from .host import HostSample
+from .metrics import DEFAULT_PERCENTILES, BenchMetrics, summarize
+from .nvml import GpuSample
+
+NAN = float("nan")
+
+GPU_AGGREGATES = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw_util", "power_w",
+                  "gpu_util", "mem_util")
+
+
+def fanout(*callables: Callable[[Any], None]) -> Callable[[Any], None]:
+    """One listener that calls each of ``callables`` in order (e.g. a timeline and a recorder).
+
+    Use for EngineHost's ``on_step``/``on_request``/``on_event`` and a sampler's ``on_sample``.
+    """
+    fns = tuple(c for c in callables if c is not None)
+    if len(fns) == 1:
+        return fns[0]
+
+    def call(x: Any) -> None:
+        for f in fns:
+            f(x)
+
+    return call
+
+
+def _copy(d: deque) -> tuple:
+    """An atomic copy of a deque: ``tuple(d)`` runs in C without releasing the GIL; the retry
+    only matters on an interpreter without a GIL (a concurrent append raises RuntimeError)."""
+    for _ in range(100):
+        try:
+            return tuple(d)
+        except RuntimeError:
+            continue
+    return tuple(list(d))
+
+
+def _req_finish_ns(r: RequestRecord) -> int:
+    t = r.token_times_ns
+    return t[-1] if t else r.arrival_ns
+
+
+@dataclass(frozen=True)
+class Waveform:
+    """Step activity binned into equal time slices of ``[t0_ns, t1_ns)``.
+
+    ``edges_ns``: int64 (n_bins + 1,), monotonic ns. ``busy``: float64 (n_bins,), share of each
+    bin in [0, 1] covered by model compute (each step's ``gpu_ms`` spread evenly over its wall
+    span ``[t_start_ns, t_end_ns]``). ``prefill_tokens`` / ``decode_tokens``: float64 (n_bins,),
+    tokens computed in each bin (a step's tokens spread evenly over its span, so the sums equal
+    the window's totals for steps inside it). ``steps``: int64 (n_bins,), steps that ended in
+    each bin. The dashboard's step waveform draws ``busy`` and the prefill/decode split.
+    """
+
+    t0_ns: int
+    t1_ns: int
+    edges_ns: np.ndarray
+    busy: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    steps: np.ndarray
+
+    @property
+    def bin_s(self) -> float:
+        return (self.t1_ns - self.t0_ns) / 1e9 / max(1, len(self.busy))
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Statistics of one time range ``[t0_ns, t1_ns)``; comparable between two ranges (A/B).
+
+    ``duration_s``: the range clipped to the timeline's start and the snapshot time (s); rates
+    divide by it. ``metrics``: the full ``probes.metrics.BenchMetrics`` of the requests that
+    finished in the range and the steps that ended in it (vllm bench serve's definitions).
+    Latency percentiles (ms) are dicts percentile → value, e.g. ``ttft_ms[99]``; NaN when there
+    is no data. ``busy_fraction``: model compute (sum of the steps' ``gpu_ms`` overlapping the
+    range) / range length, in [0, 1] — unlike ``metrics.busy_fraction``, idle time before the
+    first or after the last step counts as not busy. GPU aggregates are means over the samples
+    in the range of all sampled GPUs, skipping missing values (NaN when none): SM active, SM
+    occupancy, tensor active, DRAM bandwidth, GPU-Util, memory-Util (%), power (W).
+    """
+
+    t0_ns: int
+    t1_ns: int
+    duration_s: float
+    metrics: BenchMetrics | None
+    num_completed: int = 0
+    num_failed: int = 0
+    request_throughput: float = NAN
+    output_throughput: float = NAN
+    total_token_throughput: float = NAN
+    ttft_ms: dict[float, float] = field(default_factory=dict)
+    tpot_ms: dict[float, float] = field(default_factory=dict)
+    itl_ms: dict[float, float] = field(default_factory=dict)
+    e2el_ms: dict[float, float] = field(default_factory=dict)
+    mean_ttft_ms: float = NAN
+    mean_tpot_ms: float = NAN
+    mean_itl_ms: float = NAN
+    mean_e2el_ms: float = NAN
+    num_steps: int = 0
+    steps_per_s: float = NAN
+    mean_prefill_tokens_per_step: float = NAN
+    mean_decode_tokens_per_step: float = NAN
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    busy_fraction: float = NAN
+    num_mixed_steps: int = 0
+    preemptions: int = 0
+    mean_num_running: float = NAN
+    mean_num_waiting: float = NAN
+    mean_kv_usage: float = NAN
+    modes: tuple[str, ...] = ()
+    num_gpu_samples: int = 0
+    mean_sm_active: float = NAN
+    mean_sm_occupancy: float = NAN
+    mean_tensor_active: float = NAN
+    mean_dram_bw_util: float = NAN
+    mean_power_w: float = NAN
+    mean_gpu_util: float = NAN
+    mean_mem_util: float = NAN
+    mean_process_cpu_pct: float = NAN
+    max_rss_bytes: int | None = None
+    num_events: int = 0
+
+    def percentile(self, metric: str, q: float) -> float:
+        """``metric`` in ttft/tpot/itl/e2el, ``q`` one of the window's percentiles (ms)."""
+        d = getattr(self, f"{metric}_ms")
+        if q not in d:
+            raise ConfigError(f"percentile {q!r} was not computed for this window: "
+                              f"available {', '.join(f'{p:g}' for p in d) or 'none'}")
+        return d[q]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready dict (NaN → None; percentiles as ``p99_ttft_ms`` keys)."""
+        out: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            if k == "metrics":
+                continue
+            if isinstance(v, dict):
+                stem = k[:-3]
+                for p, x in v.items():
+                    out[f"p{p:g}_{stem}_ms"] = None if math.isnan(x) else x
+            elif isinstance(v, float) and math.isnan(v):
+                out[k] = None
+            elif isinstance(v, tuple):
+                out[k] = list(v)
+            else:
+                out[k] = v
+        return out
+
+
+def _nanmean(vals: list[float]) -> float:
+    return float(np.mean(vals)) if vals else NAN
+
+
+class TimelineSnapshot:
+    """An immutable view of a :class:`Timeline` cut at ``t_ns``: tuples, oldest first.
+
+    ``steps``, ``gpu_samples``, ``host_samples``, ``requests``, ``events``: what the buffers held
+    at the cut (records stamped after ``t_ns`` are left out, so streams agree on one instant).
+    ``totals``: records ever added per stream (``totals[k] - len(...)`` fell out of the ring).
+    Cheap to take (~1 ms for 100 k records); all window methods work on it, so a UI frame that
+    draws several panels takes one snapshot and computes them all from it.
+    """
+
+    def __init__(self, t_ns: int, origin_ns: int, steps: tuple, gpu_samples: tuple,
+                 host_samples: tuple, req_pairs: tuple, events: tuple,
+                 totals: dict[str, int], percentiles: tuple[float, ...]) -> None:
+        self.t_ns = t_ns
+        self.origin_ns = origin_ns
+        self.steps: tuple[StepRecord, ...] = steps
+        self.gpu_samples: tuple[GpuSample, ...] = gpu_samples
+        self.host_samples: tuple[HostSample, ...] = host_samples
+        self._req_pairs = req_pairs  # ((monotone finish ns, RequestRecord), ...)
+        self.events: tuple[EngineEvent, ...] = events
+        self.totals = totals
+        self.percentiles = percentiles
+
+    @cached_property
+    def requests(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for _, r in self._req_pairs)
+
+    # ---- range selection (bisection on each stream's time key) -------------------------------
+    def steps_between(self, t0_ns: int, t1_ns: int) -> tuple[StepRecord, ...]:
+        """Steps with ``t0 <= t_end_ns < t1``."""
+        s = self.steps
+        return s[bisect_left(s, t0_ns, key=_t_end):bisect_left(s, t1_ns, key=_t_end)]
+
+    def gpu_samples_between(self, t0_ns: int, t1_ns: int,
+                            gpu: int | None = None) -> tuple[GpuSample, ...]:
+        s = self.gpu_samples
+        out = s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
+        return out if gpu is None else tuple(x for x in out if x.gpu == gpu)
+
+    def host_samples_between(self, t0_ns: int, t1_ns: int) -> tuple[HostSample, ...]:
+        s = self.host_samples
+        return s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
+
+    def events_between(self, t0_ns: int, t1_ns: int) -> tuple[EngineEvent, ...]:
+        s = self.events
+        return s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
+
+    def requests_between(self, t0_ns: int, t1_ns: int) -> tuple[RequestRecord, ...]:
+        """Requests that finished in ``[t0, t1)`` (see the module docstring)."""
+        p = self._req_pairs
+        i, j = bisect_left(p, t0_ns, key=_first), bisect_left(p, t1_ns, key=_first)
+        return tuple(r for _, r in p[i:j])
+
+    # ---- statistics --------------------------------------------------------------------------
+    def window(self, seconds: float, now_ns: int | None = None, *,
+               percentiles: Sequence[float] | None = None) -> WindowStats:
+        """Statistics of the last ``seconds`` before ``now_ns`` (default: the snapshot time).
+
+        Raises ConfigError for ``seconds`` not > 0.
+        """
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ConfigError(f"window length {seconds!r} s must be a number > 0")
+        t1 = self.t_ns if now_ns is None else int(now_ns)
+        return self.stats_between(t1 - int(seconds * 1e9), t1, percentiles=percentiles)
+
+    def stats_between(self, t0_ns: int, t1_ns: int, *,
+                      percentiles: Sequence[float] | None = None) -> WindowStats:
+        """:class:`WindowStats` of ``[t0_ns, t1_ns)`` (monotonic ns), e.g. the A and B phases of
+        an A/B run. The duration is clipped to ``[origin, snapshot time]`` so that a window
+        reaching before the session began does not dilute the rates. Raises ConfigError when
+        ``t1_ns <= t0_ns``."""
+        t0, t1 = int(t0_ns), int(t1_ns)
+        if t1 <= t0:
+            raise ConfigError(f"time range [{t0}, {t1}) ns is empty: t1 must be after t0")
+        pcts = tuple(self.percentiles if percentiles is None else percentiles)
+        a, b = max(t0, self.origin_ns), min(t1, self.t_ns)
+        dur_s = (b - a) / 1e9
+        steps = self.steps_between(t0, t1)
+        reqs = self.requests_between(t0, t1)
+        kw: dict[str, Any] = {}
+        metrics = None
+        if dur_s > 0:
+            metrics = summarize(reqs, dur_s, percentiles=pcts, steps=steps or None)
+            kw.update(
+                num_completed=metrics.completed, num_failed=metrics.failed,
+                request_throughput=metrics.request_throughput,
+                output_throughput=metrics.output_throughput,
+                total_token_throughput=metrics.total_token_throughput,
+                mean_ttft_ms=metrics.mean_ttft_ms, mean_tpot_ms=metrics.mean_tpot_ms,
+                mean_itl_ms=metrics.mean_itl_ms, mean_e2el_ms=metrics.mean_e2el_ms,
+                **{f"{m}_ms": dict(getattr(metrics, f"percentiles_{m}_ms"))
+                   for m in ("ttft", "tpot", "itl", "e2el")},
+            )
+            if steps:
+                kw.update(
+                    mean_prefill_tokens_per_step=metrics.mean_prefill_tokens_per_step,
+                    mean_decode_tokens_per_step=metrics.mean_decode_tokens_per_step,
+                    num_mixed_steps=metrics.num_mixed_steps,
+                    preemptions=metrics.num_preemptions,
+                )
+        if steps:
+            n = len(steps)
+            kw.update(
+                num_steps=n,
+                steps_per_s=n / dur_s if dur_s > 0 else NAN,
+                prefill_tokens=sum(s.num_prefill_tokens for s in steps),
+                decode_tokens=sum(s.num_decode_reqs for s in steps),
+                mean_num_running=sum(s.num_running for s in steps) / n,
+                mean_num_waiting=sum(s.num_waiting for s in steps) / n,
+                mean_kv_usage=_nanmean([s.kv_blocks_used / s.kv_blocks_total
+                                        for s in steps if s.kv_blocks_total > 0]),
+                modes=tuple(sorted({s.mode for s in steps})),
+            )
+        if dur_s > 0:
+            kw["busy_fraction"] = min(1.0, self._busy_ms(a, b) / (dur_s * 1e3))
+        gs = self.gpu_samples_between(t0, t1)
+        if gs:
+            kw["num_gpu_samples"] = len(gs)
+            for name in GPU_AGGREGATES:
+                vals = [v for v in (getattr(s, name) for s in gs) if v is not None]
+                kw[f"mean_{name}"] = _nanmean(vals)
+        hs = self.host_samples_between(t0, t1)
+        if hs:
+            kw["mean_process_cpu_pct"] = _nanmean([h.process_cpu_pct for h in hs
+                                                   if h.process_cpu_pct is not None])
+            kw["max_rss_bytes"] = max(h.rss_bytes for h in hs)
+        kw["num_events"] = len(self.events_between(t0, t1))
+        return WindowStats(t0, t1, dur_s, metrics, **kw)
+
+    def _busy_ms(self, a: int, b: int) -> float:
+        """Compute ms inside ``[a, b)``: each step's ``gpu_ms`` times its overlap share."""
+        s = self.steps
+        i = bisect_left(s, a, key=_t_end)  # first step ending at or after a
+        busy = 0.0
+        for st in s[i:]:
+            if st.t_start_ns >= b:
+                break
+            wall = st.t_end_ns - st.t_start_ns
+            if wall <= 0:
+                if a <= st.t_end_ns < b:
+                    busy += st.gpu_ms
+                continue
+            ov = min(st.t_end_ns, b) - max(st.t_start_ns, a)
+            if ov > 0:
+                busy += st.gpu_ms * ov / wall
+        return busy
+
+    def step_waveform(self, t0_ns: int, t1_ns: int, n_bins: int) -> Waveform:
+        """Bin the steps overlapping ``[t0_ns, t1_ns)`` into ``n_bins`` equal slices.
+
+        Returns a :class:`Waveform`. Raises ConfigError for ``n_bins`` outside [1, 100 000] or
+        an empty range.
+        """
+        t0, t1 = int(t0_ns), int(t1_ns)
+        if t1 <= t0:
+            raise ConfigError(f"time range [{t0}, {t1}) ns is empty: t1 must be after t0")
+        if not (isinstance(n_bins, (int, np.integer)) and 1 <= n_bins <= 100_000):
+            raise ConfigError(f"n_bins {n_bins!r} is out of range: allowed [1, 100000]")
+        edges = np.linspace(t0, t1, int(n_bins) + 1).astype(np.int64)
+        edges[-1] = t1
+        s = self.steps
+        i = bisect_left(s, t0, key=_t_end)
+        sel = []
+        for st in s[i:]:
+            if st.t_start_ns >= t1:
+                break
+            sel.append(st)
+        zeros = np.zeros(n_bins)
+        if not sel:
+            return Waveform(t0, t1, edges, zeros, zeros.copy(), zeros.copy(),
+                            np.zeros(n_bins, dtype=np.int64))
+        ts = np.fromiter((x.t_start_ns for x in sel), np.int64, len(sel))
+        te = np.fromiter((x.t_end_ns for x in sel), np.int64, len(sel))
+        te = np.maximum(te, ts)
+        gpu = np.fromiter((x.gpu_ms for x in sel), np.float64, len(sel)) * 1e6  # ns
+        wall = (te - ts).astype(np.float64)
+        gpu = np.minimum(gpu, np.where(wall > 0, wall, gpu))  # compute cannot exceed its span
+        pre = np.fromiter((x.num_prefill_tokens for x in sel), np.float64, len(sel))
+        dec = np.fromiter((x.num_decode_reqs for x in sel), np.float64, len(sel))
+        # Each quantity spread evenly over its step's span: its cumulative sum is piecewise
+        # linear with knots at the step boundaries, so a bin's share is F(edge1) - F(edge0).
+        order = np.argsort(ts, kind="stable")
+        ts, te, gpu, pre, dec = ts[order], te[order], gpu[order], pre[order], dec[order]
+        # steps never overlap in one engine; should they, squash them so the knots stay sorted
+        te = np.maximum.accumulate(np.maximum(te, ts))
+        ts[1:] = np.maximum(ts[1:], te[:-1])
+        te = np.maximum(te, ts)
+        knots = np.empty(2 * len(ts), dtype=np.float64)
+        knots[0::2], knots[1::2] = ts, te
+        x = (knots - t0).astype(np.float64)
+        xe = (edges - t0).astype(np.float64)
+
+        def binned(v: np.ndarray) -> np.ndarray:
+            c = np.cumsum(v)
+            y = np.empty_like(knots)
+            y[0::2] = c - v
+            y[1::2] = c
+            f = np.interp(xe, x, y, left=0.0, right=float(c[-1]))
+            return np.diff(f)
+
+        bin_ns = np.diff(edges).astype(np.float64)
+        busy = np.clip(binned(gpu) / np.where(bin_ns > 0, bin_ns, 1.0), 0.0, 1.0)
+        te_sel = np.fromiter((x.t_end_ns for x in sel), np.int64, len(sel))
+        inside = (te_sel >= t0) & (te_sel < t1)
+        idx = np.searchsorted(edges, te_sel[inside], side="right") - 1
+        steps = np.bincount(np.clip(idx, 0, n_bins - 1), minlength=n_bins).astype(np.int64)
+        return Waveform(t0, t1, edges, busy, binned(pre), binned(dec), steps)
+
+    def sample_waveform(self, field_name: str, t0_ns: int, t1_ns: int, n_bins: int,
+                        gpu: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean of a GpuSample field (e.g. "sm_active") per bin of ``[t0, t1)``.
+
+        Returns ``(edges_ns int64 (n_bins+1,), means float64 (n_bins,))``, NaN where a bin has no
+        value. ``gpu`` None pools all GPUs. Raises ConfigError for an unknown field.
+        """
+        if field_name not in GpuSample.__dataclass_fields__ or field_name in ("t_ns", "gpu"):
+            raise ConfigError(f"{field_name!r} is not a GPU sample field")
+        t0, t1 = int(t0_ns), int(t1_ns)
+        if t1 <= t0 or not 1 <= int(n_bins) <= 100_000:
+            raise ConfigError(f"bad waveform range [{t0}, {t1}) or n_bins {n_bins!r}")
+        edges = np.linspace(t0, t1, int(n_bins) + 1).astype(np.int64)
+        edges[-1] = t1
+        pts = [(s.t_ns, v) for s in self.gpu_samples_between(t0, t1, gpu)
+               if (v := getattr(s, field_name)) is not None]
+        if not pts:
+            return edges, np.full(n_bins, NAN)
+        t = np.fromiter((p[0] for p in pts), np.int64, len(pts))
+        v = np.fromiter((p[1] for p in pts), np.float64, len(pts))
+        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, n_bins - 1)
+        sums = np.bincount(idx, weights=v, minlength=n_bins)
+        cnts = np.bincount(idx, minlength=n_bins)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(cnts > 0, sums / np.maximum(cnts, 1), NAN)
+        return edges, means
+
+
+def _t_end(s: StepRecord) -> int:
+    return s.t_end_ns
+
+
+def _t(s: Any) -> int:
+    return s.t_ns
+
+
+def _first(p: tuple) -> int:
+    return p[0]
+
+
+class Timeline:
+    """Bounded ring buffers of steps, finished requests, GPU and host samples and events.
+
+    ``max_steps``, ``max_requests``, ``max_gpu_samples``, ``max_host_samples``, ``max_events``:
+    ring lengths (each >= 1). ``max_request_tokens``: budget of output tokens over the kept
+    requests (older requests are dropped first). ``percentiles``: default percentiles of window
+    statistics (vllm's default 99 plus the median). ``clock``: gives the snapshot time
+    (default ``time.monotonic_ns``); ``origin_ns``: session start (default: now).
+
+    Thread-safety: any thread may call the ``add_*`` methods (one producer per stream keeps the
+    ``totals`` counts exact); any thread may take snapshots. No locks.
+    """
+
+    def __init__(self, *, max_steps: int = 65_536, max_requests: int = 16_384,
+                 max_request_tokens: int = 1_000_000, max_gpu_samples: int = 65_536,
+                 max_host_samples: int = 8_192, max_events: int = 8_192,
+                 percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 origin_ns: int | None = None) -> None:
+        for name, v in (("max_steps", max_steps), ("max_requests", max_requests),
+                        ("max_request_tokens", max_request_tokens),
+                        ("max_gpu_samples", max_gpu_samples),
+                        ("max_host_samples", max_host_samples), ("max_events", max_events)):
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} {v!r} must be an integer >= 1")
+        self.clock = clock
+        self.origin_ns = clock() if origin_ns is None else int(origin_ns)
+        self.percentiles = tuple(float(p) for p in percentiles)
+        self._steps: deque[StepRecord] = deque(maxlen=max_steps)
+        self._gpu: deque[GpuSample] = deque(maxlen=max_gpu_samples)
+        self._host: deque[HostSample] = deque(maxlen=max_host_samples)
+        self._events: deque[EngineEvent] = deque(maxlen=max_events)
+        self._reqs: deque[tuple[int, RequestRecord]] = deque()  # bounded by hand: count + tokens
+        self.max_requests = max_requests
+        self.max_request_tokens = max_request_tokens
+        self._req_tokens = 0
+        self._req_key = -(1 << 62)
+        self._n = {"step": 0, "request": 0, "gpu_sample": 0, "host_sample": 0, "event": 0}
+
+    # ---- producers ---------------------------------------------------------------------------
+    def add_step(self, rec: StepRecord) -> None:
+        self._steps.append(rec)
+        self._n["step"] += 1
+
+    def add_gpu_sample(self, s: GpuSample) -> None:
+        self._gpu.append(s)
+        self._n["gpu_sample"] += 1
+
+    def add_host_sample(self, s: HostSample) -> None:
+        self._host.append(s)
+        self._n["host_sample"] += 1
+
+    def add_event(self, ev: EngineEvent) -> None:
+        self._events.append(ev)
+        self._n["event"] += 1
+
+    def add_request(self, rec: RequestRecord) -> None:
+        """Keep a finished request (token ids are dropped to save memory; times are kept)."""
+        if rec.output_token_ids:
+            rec = replace(rec, output_token_ids=())
+        key = _req_finish_ns(rec)
+        if key < self._req_key:
+            key = self._req_key  # keep keys sorted for bisection
+        self._req_key = key
+        d = self._reqs
+        d.append((key, rec))
+        self._req_tokens += len(rec.token_times_ns)
+        while len(d) > 1 and (len(d) > self.max_requests
+                              or self._req_tokens > self.max_request_tokens):
+            _, old = d.popleft()
+            self._req_tokens -= len(old.token_times_ns)
+        self._n["request"] += 1
+
+    def add(self, rec: Any) -> None:
+        """Dispatch any record to its buffer (for replaying a trace). TypeError for others."""
+        fn = self._dispatch.get(type(rec))
+        if fn is None:
+            raise TypeError(f"Timeline cannot keep a {type(rec).__name__}")
+        fn(self, rec)
+
+    _dispatch: dict[type, Callable[["Timeline", Any], None]] = {
+        StepRecord: add_step, RequestRecord: add_request, GpuSample: add_gpu_sample,
+        HostSample: add_host_sample, EngineEvent: add_event,
+    }
+
+    # ---- readers -----------------------------------------------------------------------------
+    @property
+    def totals(self) -> dict[str, int]:
+        return dict(self._n)
+
+    def __len__(self) -> int:
+        return len(self._steps) + len(self._gpu) + len(self._host) + len(self._events) + \
+            len(self._reqs)
+
+    def snapshot(self, now_ns: int | None = None) -> TimelineSnapshot:
+        """A consistent immutable view cut at ``now_ns`` (default: the clock now)."""
+        t = self.clock() if now_ns is None else int(now_ns)
+        steps = _cut(_copy(self._steps), t, _t_end)
+        gpu = _cut(_copy(self._gpu), t, _t)
+        host = _cut(_copy(self._host), t, _t)
+        events = _cut(_copy(self._events), t, _t)
+        reqs = _cut(_copy(self._reqs), t, _first)
+        return TimelineSnapshot(t, self.origin_ns, steps, gpu, host, reqs, events,
+                                dict(self._n), self.percentiles)
+
+    def window(self, seconds: float, now_ns: int | None = None) -> WindowStats:
+        """``snapshot(now_ns).window(seconds)``: the last ``seconds`` of the session."""
+        return self.snapshot(now_ns).window(seconds)
+
+    def stats_between(self, t0_ns: int, t1_ns: int) -> WindowStats:
+        """``snapshot().stats_between(t0_ns, t1_ns)``."""
+        return self.snapshot().stats_between(t0_ns, t1_ns)
+
+    def step_waveform(self, t0_ns: int, t1_ns: int, n_bins: int) -> Waveform:
+        """``snapshot().step_waveform(t0_ns, t1_ns, n_bins)``."""
+        return self.snapshot().step_waveform(t0_ns, t1_ns, n_bins)
+
+
+def _cut(items: tuple, t: int, key: Callable[[Any], int]) -> tuple:
+    """Drop the tail stamped after ``t`` (appended between the clock read and the copy)."""
+    if not items or key(items[-1]) <= t:
+        return items
+    return items[:bisect_left(items, t + 1, key=key)]

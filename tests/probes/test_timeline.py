@@ -1,0 +1,243 @@
+"""Timeline: ring buffers, snapshots under a concurrent producer, window statistics, waveform."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes.host import HostSample
+from gpuchef.probes.nvml import GpuSample
+from gpuchef.probes.timeline import Timeline, fanout
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+def step(i: int, t0: int, t1: int, *, gpu_ms: float | None = None, prefill: int = 0,
+         decode: int = 0, preempted: int = 0, mode: str = "chunked") -> StepRecord:
+    return StepRecord(i, t0, t1, (t1 - t0) / MS if gpu_ms is None else gpu_ms, mode, 2048, 256, 0,
+                      1, 1 if prefill else 0, prefill, decode, 0, decode, 0, preempted, 10, 100)
+
+
+def request(i: int, arrival: int, times: list[int], reason: str = "length") -> RequestRecord:
+    return RequestRecord(f"r{i}", arrival, 100, len(times), tuple(times), reason,
+                         output_token_ids=tuple(range(len(times))))
+
+
+def gpu(t: int, g: int = 0, **kw) -> GpuSample:
+    return GpuSample(t, g, **kw)
+
+
+def test_window_percentiles_match_numpy_on_known_data():
+    rng = np.random.default_rng(0)
+    tl = Timeline(clock=lambda: 0, origin_ns=0, percentiles=(50, 90, 99))
+    ttfts, tpots, itls, e2els = [], [], [], []
+    t = 0
+    for i in range(300):
+        arrival = t
+        ttft = int(rng.uniform(5, 200) * MS)
+        n = int(rng.integers(1, 12))
+        gaps = [int(g * MS) for g in rng.uniform(5, 40, size=n - 1)]
+        times = [arrival + ttft]
+        for g in gaps:
+            times.append(times[-1] + g)
+        tl.add_request(request(i, arrival, times))
+        ttfts.append(ttft / MS)
+        e2els.append((times[-1] - arrival) / MS)
+        itls.extend(g / MS for g in gaps)
+        if n > 1:
+            tpots.append((times[-1] - times[0]) / MS / (n - 1))
+        t += 10 * MS
+    end = max(r.token_times_ns[-1] for r in tl.snapshot(10**12).requests) + 1
+    w = tl.snapshot(end).stats_between(0, end)
+    assert w.num_completed == 300
+    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        for q in (50, 90, 99):
+            assert w.percentile(name, q) == pytest.approx(np.percentile(vals, q), rel=1e-9)
+        assert getattr(w, f"mean_{name}_ms") == pytest.approx(np.mean(vals))
+    assert w.request_throughput == pytest.approx(300 / (end / S))
+    assert w.output_throughput == pytest.approx(sum(len(r.token_times_ns) for r in
+                                                    tl.snapshot(end).requests) / (end / S))
+    assert w.metrics is not None and w.metrics.completed == 300
+    with pytest.raises(ConfigError, match="percentile 75"):
+        w.percentile("ttft", 75)
+
+
+def test_step_statistics_busy_fraction_and_ab_ranges():
+    tl = Timeline(clock=lambda: 0, origin_ns=0)
+    t = 0
+    # phase A: 1 s of 10 ms steps, 8 ms compute, a 512-token prefill every 10th step
+    for i in range(100):
+        tl.add_step(step(i, t, t + 8 * MS, prefill=512 if i % 10 == 0 else 0, decode=10))
+        t += 10 * MS
+    # phase B: 1 s of 10 ms steps fully busy, all mixed, one preemption
+    for i in range(100, 200):
+        tl.add_step(step(i, t, t + 10 * MS, prefill=64, decode=20, preempted=int(i == 150),
+                         mode="continuous"))
+        t += 10 * MS
+    tl.add_gpu_sample(gpu(500 * MS, sm_active=40.0, tensor_active=30.0, power_w=300.0))
+    tl.add_gpu_sample(gpu(600 * MS, sm_active=60.0, tensor_active=None, power_w=500.0))
+    tl.add_gpu_sample(gpu(1500 * MS, sm_active=95.0, tensor_active=90.0))
+    tl.add_host_sample(HostSample(100 * MS, 50.0, 1000, 10.0))
+    tl.add_event(EngineEvent("mode", 100, S, "mode", "chunked", "continuous"))
+    snap = tl.snapshot(2 * S + 1)
+    a, b = snap.stats_between(0, S), snap.stats_between(S, 2 * S + 1)  # the last step ends at 2 s
+    assert a.num_steps == b.num_steps == 100
+    assert a.steps_per_s == pytest.approx(100) and b.steps_per_s == pytest.approx(100)
+    assert a.busy_fraction == pytest.approx(0.8) and b.busy_fraction == pytest.approx(1.0)
+    assert a.mean_prefill_tokens_per_step == pytest.approx(51.2)
+    assert a.mean_decode_tokens_per_step == pytest.approx(10)
+    assert b.mean_prefill_tokens_per_step == pytest.approx(64)
+    assert a.num_mixed_steps == 10 and b.num_mixed_steps == 100
+    assert a.preemptions == 0 and b.preemptions == 1
+    assert a.modes == ("chunked",) and b.modes == ("continuous",)
+    assert a.mean_sm_active == pytest.approx(50) and a.mean_tensor_active == pytest.approx(30)
+    assert a.mean_power_w == pytest.approx(400) and b.mean_sm_active == pytest.approx(95)
+    assert np.isnan(a.mean_dram_bw_util) and a.num_gpu_samples == 2
+    assert a.mean_process_cpu_pct == 50 and a.max_rss_bytes == 1000
+    assert a.num_events == 0 and b.num_events == 1
+    assert a.prefill_tokens == 5120 and a.decode_tokens == 1000
+    d = a.as_dict()
+    assert d["p99_ttft_ms"] is None and d["busy_fraction"] == pytest.approx(0.8)
+    # a half step at the range edge counts by its overlap
+    assert snap.stats_between(5 * MS, S).busy_fraction == pytest.approx(
+        (800 - 5) / 995, rel=1e-9)  # step 0 keeps 3 of its 8 ms
+
+
+def test_window_is_clipped_to_session_start():
+    tl = Timeline(clock=lambda: 0, origin_ns=10 * S)
+    t = 10 * S
+    for i in range(100):
+        tl.add_step(step(i, t, t + 5 * MS))
+        t += 10 * MS
+    w = tl.window(60, now_ns=11 * S)
+    assert w.duration_s == pytest.approx(1.0)
+    assert w.steps_per_s == pytest.approx(100) and w.busy_fraction == pytest.approx(0.5)
+    before = tl.snapshot(11 * S).stats_between(0, 10 * S)
+    assert before.duration_s == 0 and before.metrics is None and before.num_steps == 0
+    with pytest.raises(ConfigError):
+        tl.snapshot(11 * S).window(0)
+    with pytest.raises(ConfigError):
+        tl.snapshot(11 * S).stats_between(5, 5)
+
+
+def test_step_waveform_sums_and_shape():
+    tl = Timeline(clock=lambda: 0, origin_ns=0)
+    t = 0
+    # continuous-batching-like: a 40 ms prefill burst then 60 ms idle, ten times
+    for i in range(10):
+        tl.add_step(step(i, t, t + 40 * MS, prefill=2000))
+        t += 100 * MS
+    wf = tl.snapshot(S).step_waveform(0, S, 20)
+    assert wf.busy.shape == wf.prefill_tokens.shape == wf.decode_tokens.shape == (20,)
+    assert wf.edges_ns.shape == (21,) and wf.edges_ns.dtype == np.int64
+    assert wf.busy.tolist() == pytest.approx([0.8, 0.0] * 10)  # |****____| per 100 ms
+    assert wf.prefill_tokens.sum() == pytest.approx(20000)
+    assert wf.steps.sum() == 10 and wf.bin_s == pytest.approx(0.05)
+    # a bin that cuts a step in half gets half its tokens
+    half = tl.snapshot(S).step_waveform(0, 20 * MS, 1)
+    assert half.prefill_tokens[0] == pytest.approx(1000) and half.busy[0] == pytest.approx(1.0)
+    empty = tl.snapshot(S).step_waveform(5 * S, 6 * S, 4)
+    assert empty.busy.tolist() == [0.0] * 4
+    with pytest.raises(ConfigError, match="n_bins"):
+        tl.snapshot(S).step_waveform(0, S, 0)
+
+
+def test_sample_waveform():
+    tl = Timeline(clock=lambda: 0, origin_ns=0)
+    for k in range(10):
+        tl.add_gpu_sample(gpu(k * 100 * MS, sm_active=float(k * 10)))
+    edges, m = tl.snapshot(S).sample_waveform("sm_active", 0, S, 5)
+    assert m.tolist() == pytest.approx([5, 25, 45, 65, 85])
+    _, m2 = tl.snapshot(S).sample_waveform("tensor_active", 0, S, 5)
+    assert np.isnan(m2).all()
+    with pytest.raises(ConfigError):
+        tl.snapshot(S).sample_waveform("nope", 0, S, 5)
+
+
+def test_ring_buffers_stay_bounded_after_100k_appends():
+    tl = Timeline(max_steps=1000, max_requests=500, max_request_tokens=2000, max_gpu_samples=700,
+                  max_host_samples=50, max_events=30)
+    for i in range(100_000):
+        tl.add_step(step(i, i * MS, i * MS + MS // 2))
+        tl.add_gpu_sample(gpu(i * MS))
+        tl.add_host_sample(HostSample(i * MS, 1.0, 1, 1.0))
+        tl.add_event(EngineEvent("mark", i, i * MS))
+        tl.add_request(request(i, i * MS, [i * MS + k for k in range(1, 4 + i % 5)]))
+    snap = tl.snapshot(10**15)
+    assert len(snap.steps) == 1000 and snap.steps[-1].step == 99_999
+    assert len(snap.gpu_samples) == 700 and len(snap.host_samples) == 50
+    assert len(snap.events) == 30
+    assert len(snap.requests) <= 500
+    assert sum(len(r.token_times_ns) for r in snap.requests) <= 2000
+    assert snap.requests[-1].request_id == "r99999"
+    assert all(r.output_token_ids == () for r in snap.requests)  # ids dropped to save memory
+    assert snap.totals == {"step": 100_000, "request": 100_000, "gpu_sample": 100_000,
+                           "host_sample": 100_000, "event": 100_000}
+
+
+def test_snapshot_is_consistent_under_a_concurrent_producer():
+    tl = Timeline(max_steps=5000, max_gpu_samples=5000)
+    stop = threading.Event()
+    produced = [0]
+
+    def produce():
+        i = 0
+        clock = tl.clock
+        while not stop.is_set():
+            t = clock()
+            tl.add_step(step(i, t - 1000, t))
+            tl.add_gpu_sample(gpu(t))
+            i += 1
+        produced[0] = i
+
+    th = threading.Thread(target=produce)
+    th.start()
+    try:
+        for _ in range(200):
+            snap = tl.snapshot()
+            ids = [s.step for s in snap.steps]
+            assert ids == list(range(ids[0], ids[0] + len(ids))) if ids else True  # no gaps
+            assert len(ids) <= 5000
+            assert all(s.t_end_ns <= snap.t_ns for s in snap.steps)  # one cut for all streams
+            assert all(g.t_ns <= snap.t_ns for g in snap.gpu_samples)
+            assert isinstance(snap.steps, tuple)
+            snap.window(0.05)  # computing from a snapshot while the producer runs
+    finally:
+        stop.set()
+        th.join()
+    assert produced[0] > 0 and tl.totals["step"] == produced[0]
+
+
+def test_requests_out_of_finish_order_are_still_found():
+    tl = Timeline(clock=lambda: 0, origin_ns=0)
+    tl.add_request(request(0, 0, [500 * MS]))
+    tl.add_request(RequestRecord("err", 100 * MS, 10, 0, (), "error"))  # finished "earlier"
+    tl.add_request(request(2, 0, [700 * MS]))
+    snap = tl.snapshot(S)
+    w = snap.stats_between(0, S)
+    assert w.num_completed == 2 and w.num_failed == 1
+    assert [r.request_id for r in snap.requests_between(0, S)] == ["r0", "err", "r2"]
+
+
+def test_fanout_and_add_dispatch():
+    tl = Timeline()
+    seen = []
+    f = fanout(tl.add, seen.append)
+    recs = [step(0, 0, 1), request(0, 0, [1]), gpu(1), HostSample(1, None, 1, None),
+            EngineEvent("mark", 0, 1)]
+    for r in recs:
+        f(r)
+    assert seen == recs and len(tl) == 5
+    assert fanout(seen.append) == seen.append
+    with pytest.raises(TypeError):
+        tl.add("nope")
+
+
+def test_bad_sizes():
+    with pytest.raises(ConfigError, match="max_steps"):
+        Timeline(max_steps=0)
