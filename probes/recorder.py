@@ -1,0 +1,609 @@
+"""The session trace: a streaming, schema-versioned JSON Lines file (docs/trace-format.md).
+
+One typed record a line: a ``meta`` record first (schema, version, versions of gpuchef/torch/
+python, GPUs, model, config, the clock origin), then ``step``, ``gpu_sample``, ``host_sample``,
+``request`` and ``event`` records as they happen, and an ``end`` record when the recorder is
+closed (its absence means the writer was killed). Producers only append to a queue; a writer
+thread serialises, writes and flushes at least every ``flush_interval_s`` (default 0.5 s), so a
+killed process (SIGKILL) loses at most the last ~second. Flushing hands the bytes to the OS, which
+survives the process; ``fsync=True`` also survives a power cut, at ~1–10 ms of disk time a flush.
+
+Wiring into a bench command (5 lines)::
+
+    rec = TraceRecorder(args.trace, meta={"command": "bench", "model": cfg.model,
+                                           "config": config_dict, "gpus": sampler.gpu_names})
+    host = EngineHost(engine, on_step=fanout(timeline.add_step, rec.record_step),
+                      on_request=fanout(timeline.add_request, rec.record_request),
+                      on_event=fanout(timeline.add_event, rec.record_event))
+    sampler = NvmlSampler(gpus, hz, on_sample=fanout(timeline.add_gpu_sample, rec.record_gpu_sample))
+    ...; rec.close()                      # drains the queue, writes the end record
+
+(``fanout`` is in ``probes/timeline.py``.) ``TraceRecorder(...)`` raises ConfigError naming the
+path when it cannot be opened; after that nothing raises into producers: a write error (disk full)
+is kept in ``recorder.error`` and later records are counted in ``dropped``.
+
+Reading: :func:`read_trace` returns a :class:`Trace` (typed records + ``problems``);
+:func:`iter_trace` streams :class:`TraceRecord` s. A corrupt or truncated line is reported with its
+line number and skipped; the rest is read. A file that does not start with a gpuchef meta record
+raises :class:`TraceReadError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import queue
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+
+from .host import HostSample
+from .nvml import GpuSample
+
+NAN = float("nan")
+TRACE_SCHEMA = "gpuchef-trace"
+TRACE_VERSION = 1
+
+# record type name <-> class; the order is the order of the docs
+RECORD_TYPES: dict[str, type] = {
+    "step": StepRecord,
+    "gpu_sample": GpuSample,
+    "host_sample": HostSample,
+    "request": RequestRecord,
+    "event": EngineEvent,
+}
+_TYPE_OF: dict[type, str] = {cls: name for name, cls in RECORD_TYPES.items()}
+_FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls))
+                                        for cls in RECORD_TYPES.values()}
+_TOKEN_FIELDS = ("output_token_ids", "prompt_token_ids")  # written only with trace_prompts
+_RESERVED_META = ("type", "schema", "version")
+
+
+class TraceReadError(Exception):
+    """The file is not a readable gpuchef trace (message names the file and why)."""
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    torch = sys.modules.get("torch")  # do not import torch just to name its version
+    return {
+        "gpuchef": dist("gpuchef"),
+        "python": platform.python_version(),
+        "torch": getattr(torch, "__version__", None) or dist("torch"),
+        "numpy": dist("numpy"),
+        "nvidia-ml-py": dist("nvidia-ml-py"),
+    }
+
+
+def clock_origin() -> dict[str, int]:
+    """Both clocks read back to back (the monotonic one twice, averaged), so that
+    ``wall_ns = t_ns - monotonic_ns + time_ns`` maps any trace time to Unix time (ns)."""
+    m0 = time.monotonic_ns()
+    w = time.time_ns()
+    m1 = time.monotonic_ns()
+    return {"monotonic_ns": (m0 + m1) // 2, "time_ns": w, "uncertainty_ns": m1 - m0}
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=str)
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "as_dict"):
+        return o.as_dict()
+    return str(o)
+
+
+def _dumps(d: dict[str, Any]) -> str:
+    try:
+        return json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default)
+    except ValueError:  # NaN/inf somewhere: strict JSON has none, write null
+        return json.dumps(_finite(d), separators=(",", ":"), default=_json_default)
+
+
+def encode_record(rec: Any, *, trace_prompts: bool = False) -> str:
+    """One record as its JSON line (no newline): ``{"type": ..., <fields>}``.
+
+    Faster than ``as_dict`` (which deep-copies through ``dataclasses.asdict``). Token ids are
+    left out unless ``trace_prompts``. Raises TypeError for an object of no known record type.
+    """
+    cls = type(rec)
+    names = _FIELDS.get(cls)
+    if names is None:
+        raise TypeError(f"not a trace record: {cls.__name__}")
+    d: dict[str, Any] = {"type": _TYPE_OF[cls]}
+    for n in names:
+        d[n] = getattr(rec, n)
+    if cls is RequestRecord:
+        d["token_times_ns"] = list(rec.token_times_ns)
+    for n in _TOKEN_FIELDS:
+        if n in d:
+            if trace_prompts:
+                d[n] = list(d[n])
+            else:
+                del d[n]
+    return _dumps(d)
+
+
+class _Cmd:
+    __slots__ = ("kind", "arg", "done", "result")
+
+    def __init__(self, kind: str, arg: Any = None) -> None:
+        self.kind = kind
+        self.arg = arg
+        self.done = threading.Event()
+        self.result: Any = None
+
+
+class TraceRecorder:
+    """Writes a session trace from any number of producer threads.
+
+    ``path``: the file (created or truncated; parent folders are created). ``meta``: JSON-able
+    facts for the meta record, e.g. ``{"command": "bench", "model": ..., "config": {...},
+    "gpus": {0: "NVIDIA H200"}}`` (keys ``type``/``schema``/``version`` are reserved).
+    ``flush_interval_s`` in (0, 1]: the longest a written record waits for a flush (default 0.5).
+    ``trace_prompts``: also write token ids (``--trace-prompts``); off by default.
+    ``fsync``: ``os.fsync`` after each flush (survives power loss; costs disk time).
+    ``max_pending``: records queued but not yet written beyond which new ones are dropped
+    (counted in ``dropped``) rather than grow memory without bound.
+
+    Producers call ``record(obj)`` or the typed ``record_step`` / ``record_request`` /
+    ``record_event`` / ``record_gpu_sample`` / ``record_host_sample`` — a queue put, ~1 µs, never
+    raises. ``flush()`` blocks until everything queued is flushed; ``rotate(new_path)`` finishes
+    this file and goes on in another; ``close()`` drains and writes the ``end`` record.
+    Raises ConfigError when ``path`` cannot be opened for writing or an argument is out of range.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None, *,
+                 flush_interval_s: float = 0.5, trace_prompts: bool = False, fsync: bool = False,
+                 max_pending: int = 1_000_000) -> None:
+        if not 0 < flush_interval_s <= 1.0:
+            raise ConfigError(f"flush_interval_s {flush_interval_s!r} is out of range: "
+                              "allowed (0, 1] s (the trace promises a flush at least once a second)")
+        if max_pending < 1:
+            raise ConfigError(f"max_pending {max_pending!r} must be >= 1")
+        bad = [k for k in (meta or {}) if k in _RESERVED_META]
+        if bad:
+            raise ConfigError(f"trace meta key(s) {', '.join(bad)} are reserved")
+        self.flush_interval_s = float(flush_interval_s)
+        self.trace_prompts = bool(trace_prompts)
+        self.fsync = bool(fsync)
+        self.max_pending = int(max_pending)
+        self.session_id = uuid.uuid4().hex
+        self.clock = clock_origin()
+        self._user_meta = dict(meta or {})
+        self.error: str | None = None
+        self.dropped = 0
+        self.counts: dict[str, int] = {k: 0 for k in RECORD_TYPES}
+        self.part = 0
+        self.flushes = 0
+        self.flush_ns_total = 0
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.path = Path(path)
+        self._f = self._open(self.path, previous=None)
+        self._thread = threading.Thread(target=self._run, name="gpuchef-trace", daemon=True)
+        self._thread.start()
+
+    # ---- meta ------------------------------------------------------------------------------
+    def meta_record(self, previous: str | None = None) -> dict[str, Any]:
+        """The meta record for the current part (what the first line holds)."""
+        d: dict[str, Any] = {
+            "type": "meta", "schema": TRACE_SCHEMA, "version": TRACE_VERSION,
+            "session_id": self.session_id, "part": self.part,
+            "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "clock": dict(self.clock),
+            "versions": _versions(),
+            "host": {"hostname": socket.gethostname(), "pid": os.getpid(),
+                     "platform": platform.platform()},
+            "trace_prompts": self.trace_prompts,
+            "flush_interval_s": self.flush_interval_s,
+        }
+        if previous is not None:
+            d["previous_part"] = previous
+        for k, v in self._user_meta.items():
+            d[k] = v
+        return d
+
+    def _open(self, path: Path, previous: str | None):
+        try:
+            if path.parent and not path.parent.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "w", encoding="utf-8", newline="\n", buffering=1 << 20)
+        except OSError as e:
+            raise ConfigError(f"--trace {str(path)!r}: cannot open for writing: "
+                              f"{e.strerror or e}") from None
+        try:
+            f.write(_dumps(self.meta_record(previous)) + "\n")
+            f.flush()
+        except OSError as e:
+            f.close()
+            raise ConfigError(f"--trace {str(path)!r}: cannot write: {e.strerror or e}") from None
+        return f
+
+    # ---- producers (any thread; cheap; never raise) ----------------------------------------
+    def record(self, rec: Any) -> None:
+        """Queue any record (StepRecord, RequestRecord, EngineEvent, GpuSample, HostSample)."""
+        if self._closed:
+            self.dropped += 1
+            return
+        if self._q.qsize() >= self.max_pending:
+            self.dropped += 1
+            return
+        self._q.put(rec)
+
+    record_step = record
+    record_request = record
+    record_event = record
+    record_gpu_sample = record
+    record_host_sample = record
+
+    # ---- control (any thread but the writer) ------------------------------------------------
+    def _command(self, kind: str, arg: Any = None, timeout: float | None = 10.0) -> Any:
+        if not self._thread.is_alive():
+            return None
+        c = _Cmd(kind, arg)
+        self._q.put(c)
+        c.done.wait(timeout)
+        if isinstance(c.result, BaseException):
+            raise c.result
+        return c.result
+
+    def flush(self, timeout: float | None = 10.0) -> None:
+        """Block until every record queued before this call is written and flushed."""
+        self._command("flush", timeout=timeout)
+
+    def rotate(self, new_path: str | os.PathLike[str], timeout: float | None = 10.0) -> Path:
+        """Finish the current file (all records queued so far, then an ``end`` record) and go on
+        writing to ``new_path``, which starts with its own meta record (same ``session_id``,
+        ``part`` + 1, ``previous_part`` naming the old file). Returns the finished file's path.
+        Raises ConfigError when ``new_path`` cannot be opened (recording goes on in the old file).
+        """
+        if self._closed:
+            raise ConfigError("the trace recorder is closed")
+        return self._command("rotate", Path(new_path), timeout=timeout)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Write everything queued, the ``end`` record, flush and close. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._q.put(_Cmd("close"))
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "TraceRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def written(self) -> int:
+        return sum(self.counts.values())
+
+    # ---- the writer thread --------------------------------------------------------------------
+    def _end_record(self) -> str:
+        return _dumps({"type": "end", "t_ns": time.monotonic_ns(), "counts": dict(self.counts),
+                       "dropped": self.dropped, "error": self.error})
+
+    def _flush(self) -> None:
+        t0 = time.perf_counter_ns()
+        self._f.flush()
+        if self.fsync:
+            os.fsync(self._f.fileno())
+        self.flushes += 1
+        self.flush_ns_total += time.perf_counter_ns() - t0
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        if self.error is not None:
+            self.dropped += len(lines)
+            return
+        try:
+            self._f.write("\n".join(lines) + "\n")
+        except (OSError, ValueError) as e:
+            self.error = f"trace write failed: {e}"
+            self.dropped += len(lines)
+
+    def _do_flush(self) -> None:
+        if self.error is None:
+            try:
+                self._flush()
+            except OSError as e:
+                self.error = f"trace flush failed: {e}"
+
+    def _run(self) -> None:
+        q = self._q
+        interval_ns = int(self.flush_interval_s * 1e9)
+        last_flush = time.monotonic_ns()
+        dirty = False
+        counts = self.counts
+        tp = self.trace_prompts
+        while True:
+            timeout = None if not dirty else max(0.0, (last_flush + interval_ns
+                                                        - time.monotonic_ns()) / 1e9)
+            try:
+                item = q.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            lines: list[str] = []
+            cmd: _Cmd | None = None
+            while item is not None:  # drain what is there into one write
+                if isinstance(item, _Cmd):
+                    cmd = item
+                    break
+                try:
+                    lines.append(encode_record(item, trace_prompts=tp))
+                    counts[_TYPE_OF[type(item)]] += 1
+                except Exception:  # an unknown object or an unserialisable value: skip it
+                    self.dropped += 1
+                if len(lines) >= 4096:
+                    break
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    item = None
+            if lines:
+                self._write(lines)
+                dirty = True
+            now = time.monotonic_ns()
+            if cmd is not None:
+                self._do_flush()
+                dirty, last_flush = False, now
+                if cmd.kind == "rotate":
+                    cmd.result = self._rotate(cmd.arg)
+                elif cmd.kind == "close":
+                    self._finish()
+                    cmd.done.set()
+                    return
+                cmd.done.set()
+            elif dirty and now - last_flush >= interval_ns:
+                self._do_flush()
+                dirty, last_flush = False, now
+
+    def _finish(self) -> None:
+        self._write([self._end_record()])
+        self._do_flush()
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+    def _rotate(self, new_path: Path) -> Any:
+        old = self.path
+        self.part += 1
+        try:
+            f = self._open(new_path, previous=str(old))
+        except ConfigError as e:
+            self.part -= 1
+            return e
+        self._finish()
+        self._f, self.path = f, new_path
+        self.counts = {k: 0 for k in RECORD_TYPES}
+        self.dropped = 0
+        self.error = None
+        return old
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One record read back: ``type`` ("meta", "step", …, "end"), ``line`` (1-based) and
+    ``record`` (a StepRecord / GpuSample / HostSample / RequestRecord / EngineEvent, or a dict
+    for ``meta`` and ``end``)."""
+
+    type: str
+    line: int
+    record: Any
+
+
+@dataclass
+class Trace:
+    """A whole trace in memory. ``problems``: one message per skipped line (with its number).
+    ``complete``: the file ends with an ``end`` record (the writer was closed, not killed)."""
+
+    path: Path
+    meta: dict[str, Any]
+    steps: list[StepRecord] = field(default_factory=list)
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    host_samples: list[HostSample] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+    events: list[EngineEvent] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.end is not None
+
+    def to_wall_ns(self, t_ns: int) -> int:
+        """A trace time (monotonic ns) as Unix time in ns, from the meta record's clock origin."""
+        c = self.meta["clock"]
+        return t_ns - c["monotonic_ns"] + c["time_ns"]
+
+
+def _type_ok(ann: str, v: Any) -> tuple[bool, Any]:
+    """Check ``v`` against a records.py annotation string; returns (ok, converted value)."""
+    opt = ann.endswith("| None")
+    base = ann[: -len("| None")].strip() if opt else ann
+    if v is None:
+        if base == "float" and not opt:
+            return True, NAN  # the writer turns NaN into null (strict JSON has no NaN)
+        return opt or base == "Any", v
+    if base == "int":
+        return isinstance(v, int) and not isinstance(v, bool), v
+    if base == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool), (float(v) if isinstance(
+            v, (int, float)) else v)
+    if base == "str":
+        return isinstance(v, str), v
+    if base == "bool":
+        return isinstance(v, bool), v
+    if base.startswith("tuple[int"):
+        if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return True, tuple(v)
+        return False, v
+    return True, v
+
+
+_REQUIRED: dict[type, tuple[str, ...]] = {}
+_ANN: dict[type, dict[str, str]] = {}
+for _cls in RECORD_TYPES.values():
+    _REQUIRED[_cls] = tuple(f.name for f in fields(_cls)
+                            if f.default is MISSING and f.default_factory is MISSING)
+    _ANN[_cls] = {f.name: str(f.type) for f in fields(_cls)}
+
+
+def decode_record(kind: str, d: dict[str, Any]) -> Any:
+    """Rebuild the typed record of type ``kind`` from its JSON dict.
+
+    Unknown keys are ignored (newer minor writers may add fields). Raises ValueError naming a
+    missing required field or a value of the wrong type.
+    """
+    cls = RECORD_TYPES[kind]
+    missing = [n for n in _REQUIRED[cls] if n not in d]
+    if missing:
+        raise ValueError(f"{kind} record lacks required field(s) {', '.join(missing)}")
+    kw: dict[str, Any] = {}
+    for n, ann in _ANN[cls].items():
+        if n not in d:
+            continue
+        ok, v = _type_ok(ann, d[n])
+        if not ok:
+            raise ValueError(f"{kind} field {n}={d[n]!r} is not {ann}")
+        kw[n] = v
+    return cls(**kw)
+
+
+def _check_meta(path: Path, line: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(line)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("type") != "meta" \
+            or meta.get("schema") != TRACE_SCHEMA:
+        raise TraceReadError(f"{path}: not a gpuchef trace (line 1 is not a "
+                             f'{{"type":"meta","schema":"{TRACE_SCHEMA}"}} record)')
+    v = meta.get("version")
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TraceReadError(f"{path}: meta record has no integer version")
+    if v > TRACE_VERSION:
+        raise TraceReadError(f"{path}: trace format version {v} is newer than this gpuchef reads "
+                             f"(up to {TRACE_VERSION}); upgrade gpuchef")
+    if v < 1:
+        raise TraceReadError(f"{path}: trace format version {v} is not valid")
+    return meta
+
+
+def iter_trace(path: str | os.PathLike[str],
+               on_problem: Callable[[str], None] | None = None) -> Iterator[TraceRecord]:
+    """Stream a trace: the meta record first, then each valid record in file order.
+
+    ``on_problem(message)`` is called for each skipped line ("<file> line N: ..."); default:
+    ``warnings.warn``. Raises TraceReadError when the file is missing, empty, not a gpuchef trace
+    or of a newer major version.
+    """
+    p = Path(path)
+    if on_problem is None:
+        import warnings
+
+        def on_problem(msg: str) -> None:
+            warnings.warn(msg, stacklevel=3)
+    try:
+        f = open(p, encoding="utf-8", errors="replace", newline="\n")
+    except OSError as e:
+        raise TraceReadError(f"{p}: cannot open: {e.strerror or e}") from None
+    with f:
+        first = f.readline()
+        if not first.strip():
+            raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
+        meta = _check_meta(p, first)
+        yield TraceRecord("meta", 1, meta)
+        for n, line in enumerate(f, start=2):
+            truncated = not line.endswith("\n")
+            s = line.strip()
+            if not s:
+                continue
+            try:
+                d = json.loads(s)
+            except ValueError as e:
+                if truncated:
+                    on_problem(f"{p} line {n}: truncated last record (the writer stopped "
+                               "mid-line) — skipped")
+                else:
+                    on_problem(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno}) "
+                               "— skipped")
+                continue
+            if not isinstance(d, dict):
+                on_problem(f"{p} line {n}: not a JSON object — skipped")
+                continue
+            kind = d.get("type")
+            if kind == "end":
+                yield TraceRecord("end", n, d)
+                continue
+            if kind == "meta":
+                on_problem(f"{p} line {n}: a second meta record — skipped")
+                continue
+            if kind not in RECORD_TYPES:
+                on_problem(f"{p} line {n}: unknown record type {kind!r} — skipped")
+                continue
+            try:
+                rec = decode_record(kind, d)
+            except (ValueError, TypeError) as e:
+                on_problem(f"{p} line {n}: {e} — skipped")
+                continue
+            yield TraceRecord(kind, n, rec)
+
+
+_LISTS = {"step": "steps", "gpu_sample": "gpu_samples", "host_sample": "host_samples",
+          "request": "requests", "event": "events"}
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read a whole trace into a :class:`Trace`; skipped lines are listed in ``problems``.
+
+    Raises TraceReadError as :func:`iter_trace` does.
+    """
+    problems: list[str] = []
+    it = iter_trace(path, problems.append)
+    first = next(it)
+    tr = Trace(Path(path), first.record, problems=problems)
+    for r in it:
+        if r.type == "end":
+            tr.end = r.record
+        else:
+            getattr(tr, _LISTS[r.type]).append(r.record)
+    return tr
