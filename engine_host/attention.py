@@ -135,15 +135,14 @@ class ReferenceAttention(AttentionBackend):
             blk = pages[p0:p1]
             kb = kv_cache[blk, 0].reshape(-1, hkv, d)[:kv_len].to(acc_dtype)  # [kv_len, Hkv, D]
             vb = kv_cache[blk, 1].reshape(-1, hkv, d)[:kv_len].to(acc_dtype)
-            if group > 1:
-                kb = kb.repeat_interleave(group, dim=1)
-                vb = vb.repeat_interleave(group, dim=1)
-            qb = q[q0:q1].to(acc_dtype)  # [L, Hq, D]
-            scores = torch.einsum("lhd,khd->hlk", qb, kb) * scale  # [Hq, L, kv_len]
-            mask = self._causal_mask(q1 - q0, kv_len, q.device)
-            scores = scores.masked_fill(~mask, float("-inf"))
+            L = q1 - q0
+            # GQA without copying K/V: query head h uses KV head h // group
+            qb = q[q0:q1].to(acc_dtype).view(L, hkv, group, d)
+            scores = torch.einsum("lhgd,khd->hglk", qb, kb) * scale  # [Hkv, G, L, kv_len]
+            if L > 1:
+                scores = scores.masked_fill(~self._causal_mask(L, kv_len, q.device), float("-inf"))
             probs = torch.softmax(scores, dim=-1)
-            out[q0:q1] = torch.einsum("hlk,khd->lhd", probs, vb).to(q.dtype)
+            out[q0:q1] = torch.einsum("hglk,khd->lhgd", probs, vb).reshape(L, hq, d).to(q.dtype)
         return out
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .config import ConfigError, parse_knob, parse_mode
 from .engine import LLMEngine
@@ -49,7 +49,7 @@ class _Arrival:
     arrival_ns: int
     seq: int
     request_id: str
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: Sequence[int]  # materialised only when the request is admitted
     sampling: SamplingParams
 
     def __lt__(self, other: "_Arrival") -> bool:
@@ -173,7 +173,7 @@ class EngineHost:
         for s in specs:
             heapq.heappush(self._arrivals, _Arrival(
                 t0 + int(s.arrival_s * 1e9), self._next_seq(), s.request_id,
-                tuple(s.prompt_token_ids),
+                s.prompt_token_ids,
                 SamplingParams(max_tokens=max(1, int(s.output_len)), ignore_eos=True)))
         self._pending_specs = []
         self._thread = threading.Thread(target=self._run, name="gpuchef-engine", daemon=True)

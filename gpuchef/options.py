@@ -1,0 +1,136 @@
+"""The click options shared by `bench`, `top` and `ab`, with vLLM's flag spellings, and the
+functions that turn them into engine and workload configs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import click
+
+from .engine_host.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+
+
+def _opts(*decorators: Callable) -> Callable:
+    def apply(f: Callable) -> Callable:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+engine_options = _opts(
+    click.option("--model", default="tiny", show_default=True,
+                 help="A preset (tiny, llama-3-8b, llama-3.1-8b, qwen2.5-7b, mistral-7b: random "
+                      "weights of the real shapes) or a local Hugging Face folder "
+                      "(config.json + *.safetensors)."),
+    click.option("--device", default="auto", show_default=True,
+                 help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
+    click.option("--dtype", default="auto", show_default=True,
+                 help="auto (bfloat16 on CUDA, float32 on CPU), float32, float64, bfloat16, float16."),
+    click.option("--seed", default=0, show_default=True, type=int,
+                 help="Seed for random weights, prompt token ids, arrivals and sampling."),
+    click.option("--max-model-len", default=None, type=int,
+                 help="Context length (prompt + output, tokens). Default: the model's, capped at 8192."),
+    click.option("--attention-backend", default="auto", show_default=True,
+                 type=click.Choice(["auto", "reference", "flashinfer"]),
+                 help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
+    click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (GPU only)."),
+    click.option("--block-size", default=16, show_default=True, type=int,
+                 help="KV cache page size in tokens (start-up only)."),
+    click.option("--num-gpu-blocks", "num_gpu_blocks", default=None, type=int,
+                 help="KV cache size in blocks (overrides the memory-based sizing)."),
+    click.option("--kv-cache-memory", "kv_cache_memory_gb", default=None, type=float,
+                 help="KV cache size in GiB. Default: from --gpu-memory-utilization on CUDA, "
+                      "4096 blocks on CPU."),
+    click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=float,
+                 help="Fraction of GPU memory the engine may use (weights + KV cache)."),
+)
+
+scheduler_options = _opts(
+    click.option("--mode", default="chunked", show_default=True,
+                 type=click.Choice(["continuous", "chunked"]),
+                 help="continuous: prefill-first, whole prompts, no decodes in a step that "
+                      "prefills (vLLM V0 default). chunked: stall-free, every decode first, then "
+                      "prefill chunks within the token budget (Sarathi-Serve, vLLM V1)."),
+    click.option("--max-num-batched-tokens", default=2048, show_default=True, type=int,
+                 help="Token budget per step."),
+    click.option("--max-num-seqs", default=256, show_default=True, type=int,
+                 help="Cap on running requests."),
+    click.option("--long-prefill-token-threshold", default=0, show_default=True, type=int,
+                 help="Chunk size: cap on one request's prefill tokens per step (0 = the budget)."),
+    click.option("--max-num-partial-prefills", default=1, show_default=True, type=int,
+                 help="Prompts that may be left mid-prefill at once (chunked mode)."),
+)
+
+workload_options = _opts(
+    click.option("--dataset", default="random", show_default=True,
+                 help="random, azure-conv (the bundled Azure LLM inference trace 2023, "
+                      "conversation) or a path to a CSV with TIMESTAMP,ContextTokens,GeneratedTokens."),
+    click.option("--request-rate", default="inf", show_default=True,
+                 help="Requests per second for random arrivals (inf = all at once). Ignored "
+                      "when replaying a trace: use --trace-speed."),
+    click.option("--burstiness", default=1.0, show_default=True, type=float,
+                 help="Gamma shape of inter-arrival times (1 = Poisson; lower = burstier)."),
+    click.option("--arrival", default="poisson", show_default=True,
+                 type=click.Choice(["poisson", "constant"]),
+                 help="Random arrivals: gamma/Poisson or constant spacing 1/rate."),
+    click.option("--input-len", default=1024, show_default=True, type=int,
+                 help="Random dataset: prompt length (tokens)."),
+    click.option("--output-len", default=128, show_default=True, type=int,
+                 help="Random dataset: forced output length (tokens)."),
+    click.option("--range-ratio", default=0.0, show_default=True, type=float,
+                 help="Random dataset: lengths uniform in [len·(1−r), len·(1+r)]."),
+    click.option("--num-prompts", default=None, type=int,
+                 help="Number of requests (random default: 100; trace default: the whole file "
+                      "unless --duration)."),
+    click.option("--duration", "duration_s", default=None, type=float,
+                 help="Send requests for this many seconds of the arrival schedule."),
+    click.option("--trace-speed", default=1.0, show_default=True, type=float,
+                 help="Trace replay time scale: 2 = twice as fast."),
+    click.option("--max-input-len", default=None, type=int,
+                 help="Clip trace prompt lengths to this many tokens (small machines)."),
+    click.option("--max-output-len", default=None, type=int,
+                 help="Clip forced output lengths to this many tokens."),
+    click.option("--probe-interval", "probe_interval_s", default=None, type=float,
+                 help="Send a probe request (short prompt, one output token) every N s; its "
+                      "latency is the stall a new request sees."),
+)
+
+
+def engine_config(o: dict[str, Any]) -> EngineConfig:
+    """EngineConfig from the parsed options. Raises ConfigError for a value out of range."""
+    return EngineConfig(
+        model=o["model"], device=o["device"], dtype=o["dtype"], seed=o["seed"],
+        max_model_len=o["max_model_len"], attention_backend=o["attention_backend"],
+        enforce_eager=o["enforce_eager"],
+        cache=CacheConfig(block_size=o["block_size"], num_gpu_blocks=o["num_gpu_blocks"],
+                          kv_cache_memory_gb=o["kv_cache_memory_gb"],
+                          gpu_memory_utilization=o["gpu_memory_utilization"]),
+        scheduler=SchedulerConfig(
+            mode=o["mode"], max_num_batched_tokens=o["max_num_batched_tokens"],
+            max_num_seqs=o["max_num_seqs"],
+            long_prefill_token_threshold=o["long_prefill_token_threshold"],
+            max_num_partial_prefills=o["max_num_partial_prefills"]),
+    )
+
+
+def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int):
+    """WorkloadConfig from the parsed options, sized to the model. Raises ConfigError."""
+    from .engine_host.workload import WorkloadConfig
+
+    try:
+        rate = float(o["request_rate"])
+    except ValueError:
+        raise ConfigError(f"--request-rate {o['request_rate']!r} must be a number > 0 or inf") from None
+    num_prompts = o["num_prompts"]
+    if num_prompts is None and o["duration_s"] is None and o["dataset"] == "random":
+        num_prompts = 100
+    return WorkloadConfig(
+        dataset=o["dataset"], request_rate=rate if not math.isnan(rate) else rate,
+        burstiness=o["burstiness"], arrival=o["arrival"], input_len=o["input_len"],
+        output_len=o["output_len"], range_ratio=o["range_ratio"], num_prompts=num_prompts,
+        duration_s=o["duration_s"], trace_speed=o["trace_speed"],
+        max_input_len=o["max_input_len"], max_output_len=o["max_output_len"],
+        max_model_len=max_model_len, vocab_size=vocab_size, seed=o["seed"],
+        probe_interval_s=o["probe_interval_s"])
