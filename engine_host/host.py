@@ -112,6 +112,7 @@ class EngineHost:
         a = _Arrival(arrival_ns if arrival_ns is not None else time.monotonic_ns(),
                      self._next_seq(), request_id, tuple(prompt_token_ids),
                      sampling or SamplingParams())
+        self._done.clear()
         self._incoming.put(a)
         self._wake.set()
 
@@ -187,7 +188,8 @@ class EngineHost:
             self._thread.join(timeout)
 
     def wait_done(self, timeout: float | None = None) -> bool:
-        """Block until every workload request has finished (or the loop died). True if done."""
+        """Block until every request given so far (workload and ``submit``) has finished, or
+        the loop died. True if done."""
         return self._done.wait(timeout)
 
     @property

@@ -1,0 +1,193 @@
+"""EngineHost: commands take effect between steps at the step they name; bad input is refused
+with a message and the engine keeps serving everyone else."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.engine import LLMEngine
+from gpuchef.engine_host.host import EngineHost
+from gpuchef.engine_host.request import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine_cfg():
+    return EngineConfig(model="tiny", device="cpu", max_model_len=512,
+                        cache=CacheConfig(num_gpu_blocks=512),
+                        scheduler=SchedulerConfig(mode="chunked", max_num_batched_tokens=256))
+
+
+class Collector:
+    def __init__(self):
+        self.steps, self.requests, self.events = [], [], []
+        self.lock = threading.Lock()
+
+    def on_step(self, r):
+        self.steps.append(r)
+
+    def on_request(self, r):
+        self.requests.append(r)
+
+    def on_event(self, e):
+        self.events.append(e)
+
+    def wait_steps(self, n, timeout=30.0):
+        t = time.monotonic() + timeout
+        while len(self.steps) < n:
+            assert time.monotonic() < t, f"only {len(self.steps)} steps"
+            time.sleep(0.005)
+
+
+def start_host(cfg, n=6, prompt=40, out=60):
+    c = Collector()
+    host = EngineHost(LLMEngine(cfg), on_step=c.on_step, on_request=c.on_request,
+                      on_event=c.on_event)
+    host.start()
+    for i in range(n):
+        host.submit(f"r{i}", list(range(10, 10 + prompt)),
+                    SamplingParams(max_tokens=out, ignore_eos=True))
+    return host, c
+
+
+def test_knob_change_takes_effect_at_the_named_step(engine_cfg):
+    host, c = start_host(engine_cfg)
+    try:
+        c.wait_steps(5)
+        host.set_knob("max_num_batched_tokens", 64)
+        host.set_config(mode="continuous", max_num_seqs=3)
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    ev = {e.name: e for e in c.events if e.kind in ("knob", "mode")}
+    assert ev["max_num_batched_tokens"].old == 256 and ev["max_num_batched_tokens"].new == 64
+    s = ev["max_num_batched_tokens"].step
+    for r in c.steps:
+        assert r.max_num_batched_tokens == (64 if r.step >= s else 256)
+    s2 = ev["mode"].step
+    assert ev["max_num_seqs"].step == s2 >= s
+    for r in c.steps:
+        assert r.mode == ("continuous" if r.step >= s2 else "chunked")
+        assert r.max_num_seqs == (3 if r.step >= s2 else 256)
+    # the mode switch under load kept every request alive
+    assert sorted(r.request_id for r in c.requests) == [f"r{i}" for i in range(6)]
+    assert all(r.finish_reason == "length" and r.output_len == 60 for r in c.requests)
+
+
+@pytest.mark.parametrize("name,value,allowed", [
+    ("max_num_batched_tokens", 0, "[1, 1048576]"),
+    ("max_num_seqs", "12x", "[1, 4096]"),
+    ("long_prefill_token_threshold", -1, "[0, 1048576]"),
+    ("max_num_partial_prefills", 1.5, "[1, 4096]"),
+    ("mode", "prefill-first", "continuous, chunked"),
+])
+def test_bad_knob_is_refused_and_nothing_changes(engine_cfg, name, value, allowed):
+    host, c = start_host(engine_cfg, n=2, out=20)
+    try:
+        with pytest.raises(ConfigError) as ei:
+            host.set_knob(name, value)
+        msg = str(ei.value)
+        assert str(value) in msg and allowed in msg
+        with pytest.raises(ConfigError, match="unknown knob 'chunk_size'"):
+            host.set_knob("chunk_size", 512)
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    assert not [e for e in c.events if e.kind in ("knob", "mode")]
+    assert {r.max_num_batched_tokens for r in c.steps} == {256}
+    assert len(c.requests) == 2
+
+
+def test_bad_request_is_refused_and_others_are_served(engine_cfg):
+    host, c = start_host(engine_cfg, n=3, out=10)
+    try:
+        host.submit("too-long", list(range(10, 10 + 600)), SamplingParams(max_tokens=4))
+        host.submit("bad-token", [5, 10 ** 9], SamplingParams(max_tokens=4))
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    by_id = {r.request_id: r for r in c.requests}
+    assert by_id["too-long"].finish_reason == "error"
+    assert "600" in by_id["too-long"].error and "max_model_len 512" in by_id["too-long"].error
+    assert by_id["bad-token"].finish_reason == "error" and "1000000000" in by_id["bad-token"].error
+    assert all(by_id[f"r{i}"].finish_reason == "length" for i in range(3))
+    assert sum(1 for e in c.events if e.kind == "error") == 2
+
+
+def test_pause_resume_and_mark(engine_cfg):
+    host, c = start_host(engine_cfg, n=2, out=200)
+    try:
+        c.wait_steps(3)
+        host.pause()
+        time.sleep(0.1)
+        n = len(c.steps)
+        time.sleep(0.3)
+        assert len(c.steps) == n, "the engine stepped while paused"
+        host.mark("A/B window 1: A")
+        host.resume()
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    kinds = [e.kind for e in c.events]
+    assert kinds.index("pause") < kinds.index("mark") < kinds.index("resume")
+    mark = next(e for e in c.events if e.kind == "mark")
+    assert mark.name == "A/B window 1: A"
+    # the gap in the step stream is the pause
+    gaps = [(b.t_start_ns - a.t_end_ns) / 1e9 for a, b in zip(c.steps, c.steps[1:])]
+    assert max(gaps) >= 0.3
+
+
+def test_workload_arrivals_are_scheduled_not_dumped(engine_cfg):
+    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    specs = generate(WorkloadConfig(dataset="random", request_rate=20.0, num_prompts=8,
+                                    input_len=16, output_len=4, vocab_size=4096, seed=3))
+    c = Collector()
+    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=c.on_request)
+    host.set_workload(specs)
+    host.start()
+    try:
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    assert len(c.requests) == 8
+    by_id = {r.request_id: r for r in c.requests}
+    for s in specs:
+        r = by_id[s.request_id]
+        # arrival is the scheduled time, relative to the host's start
+        assert abs((r.arrival_ns - host.t0_ns) / 1e9 - s.arrival_s) < 1e-6
+        assert r.token_times_ns[0] >= r.arrival_ns and r.output_len == 4
+
+
+def test_engine_errors_name_the_value():
+    with pytest.raises(ConfigError, match="llama-9b"):
+        LLMEngine(EngineConfig(model="llama-9b", device="cpu"))
+    with pytest.raises(ConfigError, match="/no/such/folder"):
+        LLMEngine(EngineConfig(model="/no/such/folder", device="cpu"))
+    with pytest.raises(ConfigError, match="float8"):
+        LLMEngine(EngineConfig(model="tiny", device="cpu", dtype="float8"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda"):
+            LLMEngine(EngineConfig(model="tiny", device="cuda"))
+    with pytest.raises(ConfigError, match="block-size 12"):
+        CacheConfig(block_size=12)
+    with pytest.raises(ConfigError, match="max-model-len 100000"):
+        LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=100000))
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=64,
+                                 cache=CacheConfig(num_gpu_blocks=16)))
+    eng.add_request("a", [11, 12, 13], SamplingParams(max_tokens=2))
+    with pytest.raises(ConfigError, match="already"):
+        eng.add_request("a", [11], SamplingParams(max_tokens=2))
+    with pytest.raises(ConfigError, match="64 tokens .*max_model_len 64"):
+        eng.add_request("b", list(range(10, 74)))
+    with pytest.raises(ConfigError, match="empty"):
+        eng.add_request("c", [])
+    with pytest.raises(ConfigError, match="max_tokens=0"):
+        SamplingParams(max_tokens=0)
+    # the refused requests left no trace: the good one still runs to the end
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.kv.pool.num_free == 16
