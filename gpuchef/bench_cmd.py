@@ -54,6 +54,7 @@ def _bench(o: dict, err: Console) -> None:
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
     ecfg = engine_config(o)
+    workload_config(o, vocab_size=1 << 20, max_model_len=None)  # bad load flags fail before loading
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
@@ -97,5 +98,24 @@ def _load_desc(w) -> str:
 
 
 def _open_trace(o: dict, engine, ecfg, wcfg):
-    from .probes.recorder import TraceRecorder  # noqa: F401  (wired in the probes issue)
-    raise ConfigError("--trace is not available yet in this build")
+    """A TraceRecorder for ``--trace`` with the run's facts in its meta record."""
+    from dataclasses import asdict
+
+    from .probes.recorder import TraceRecorder
+
+    lm = engine.loaded
+    meta = {
+        "command": "bench",
+        "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
+                  "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
+        "device": str(engine.device), "attention_backend": engine.attn.name,
+        "engine_config": asdict(ecfg), "workload": asdict(wcfg),
+        "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
+        "block_size": engine.kv.block_size,
+    }
+    if engine.device.type == "cuda":
+        import torch
+        meta["gpus"] = {str(engine.device.index or 0): torch.cuda.get_device_name(engine.device)}
+    rec = TraceRecorder(o["trace_path"], meta=meta, trace_prompts=o["trace_prompts"])
+    rec.listener = lambda kind, r: rec.record(r)
+    return rec

@@ -115,7 +115,7 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
     )
 
 
-def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int):
+def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | None):
     """WorkloadConfig from the parsed options, sized to the model. Raises ConfigError."""
     from .engine_host.workload import WorkloadConfig
 

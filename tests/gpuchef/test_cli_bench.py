@@ -1,0 +1,83 @@
+"""`gpuchef bench` as a user runs it: the results block for both modes, and one clear message
+(exit code 2, no traceback) for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gpuchef.cli import _register, cli
+
+_register()
+
+SMALL = ["--device", "cpu", "--model", "tiny", "--dataset", "azure-conv", "--num-prompts", "8",
+         "--max-input-len", "256", "--max-output-len", "16", "--trace-speed", "4"]
+
+
+def invoke(args):
+    return CliRunner().invoke(cli, ["bench", *args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("mode", ["continuous", "chunked"])
+def test_bench_prints_the_results_block(mode, tmp_path):
+    out_json = tmp_path / "r.json"
+    r = invoke([*SMALL, "--mode", mode, "--max-num-batched-tokens", "256", "--goodput",
+                "ttft:5000 tpot:500", "--result-json", str(out_json)])
+    assert r.exit_code == 0, r.output
+    for name in ["Successful requests:", "Benchmark duration (s):", "Total input tokens:",
+                 "Total generated tokens:", "Request throughput (req/s):",
+                 "Output token throughput (tok/s):", "Total token throughput (tok/s):",
+                 "Mean TTFT (ms):", "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):",
+                 "P99 ITL (ms):", "Mean E2EL (ms):", "Request goodput (req/s):",
+                 "Engine steps:", "Mean prefill tokens per step:",
+                 "Mean decode tokens per step:", "Preemptions:", "Compute busy fraction (%):"]:
+        assert name in r.output, name
+    assert f"Mode:                                    {mode}" in r.output
+    d = json.loads(out_json.read_text())
+    assert d["completed"] == 8 and d["mode"] == mode
+    # forced output lengths: total generated = the sum of the clipped trace lengths
+    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    specs = generate(WorkloadConfig(dataset="azure-conv", num_prompts=8, max_input_len=256,
+                                    max_output_len=16, max_model_len=8192, vocab_size=4096))
+    assert d["total_output_tokens"] == sum(s.output_len for s in specs)
+    assert d["total_input_tokens"] == sum(s.prompt_len for s in specs)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-num-batched-tokens", "0"], "max_num_batched_tokens=0 is out of range: allowed [1, "),
+    (["--max-num-seqs", "99999"], "max_num_seqs=99999 is out of range"),
+    (["--model", "llama-9b"], "llama-9b"),
+    (["--model", "/no/such/folder"], "/no/such/folder"),
+    (["--dataset", "sharegpt"], "sharegpt"),
+    (["--trace-speed", "0"], "--trace-speed 0.0 must be > 0"),
+    (["--block-size", "12"], "--block-size 12"),
+    (["--goodput", "latency:5"], "latency"),
+])
+def test_bench_bad_input_is_one_clear_message(args, needle):
+    base = ["--device", "cpu", "--model", "tiny", "--num-prompts", "2", "--input-len", "8",
+            "--output-len", "2"]
+    r = invoke([*base, *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert "Traceback" not in r.output
+
+
+def test_bench_malformed_trace_names_the_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n0.5,ten,5\n")
+    r = invoke(["--device", "cpu", "--model", "tiny", "--dataset", str(bad)])
+    assert r.exit_code == 2
+    assert "line 3" in r.output and "ten" in r.output
+
+
+def test_bench_help_explains_every_flag():
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0
+    for flag in ["--mode", "--max-num-batched-tokens", "--max-num-seqs",
+                 "--long-prefill-token-threshold", "--max-num-partial-prefills", "--block-size",
+                 "--request-rate", "--burstiness", "--dataset", "--trace-speed", "--max-input-len",
+                 "--input-len", "--output-len", "--range-ratio", "--num-prompts", "--duration",
+                 "--seed", "--goodput", "--trace", "--probe-interval"]:
+        assert flag in r.output, flag
