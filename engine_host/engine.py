@@ -75,7 +75,7 @@ class LLMEngine:
         self.loaded: LoadedModel = load_model(config.model, dtype=self.dtype, device=self.device,
                                               seed=config.seed, progress=progress)
         mc = self.model_config = self.loaded.config
-        limit = mc.max_position_embeddings
+        limit = mc.max_context  # max_position_embeddings, or the sliding window if smaller
         self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         if not 2 <= self.max_model_len <= limit:
             raise ConfigError(f"--max-model-len {self.max_model_len} is out of range for "
