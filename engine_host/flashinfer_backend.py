@@ -1,0 +1,291 @@
+"""FlashInfer attention over the paged KV pool (GPU only).
+
+This module imports ``flashinfer`` at import time on purpose: ``make_backend`` imports it lazily
+and turns an ImportError into a clear message, and nothing on the CPU path imports it.
+
+One step, as the engine drives it::
+
+    backend = FlashInferAttention(device)
+    backend.configure(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    backend.begin_step(meta)                  # plan once: decode rows + prefill chunks
+    for layer in range(num_layers):
+        o = backend.forward(layer, q, k, v, kv_cache[layer])   # append K/V, then attend
+
+Decode rows (the first ``meta.num_decodes`` requests, one query row each) go through
+``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)``; the prefill chunks after them
+through ``BatchPrefillWithPagedKVCacheWrapper`` with ``causal=True`` (FlashInfer's causal rule is
+aligned to the end of the KV, the same rule as ``ReferenceAttention``). Both wrappers share one
+float workspace. Both are planned from the CPU int32 tensors of ``AttentionMetadata``, with
+``q_data_type``/``kv_data_type`` set to the cache dtype (FlashInfer defaults to float16) and
+``pos_encoding_mode="NONE"`` (the model applies RoPE itself). Facts: ../shared/REFERENCE.md §4.
+Measured on the H200 (benchmarks/RESULTS.md): planning costs 0.14 ms (16 decodes) to 1.9 ms
+(16 × 2048-token prefill) of host time a step and does not wait for the GPU (it returned in
+< 2 ms with 55 ms of kernels queued), so it overlaps the previous step's kernels.
+
+CUDA graphs (decode-only steps; the capture itself belongs to the runner):
+
+1. At start-up, for each padded batch size ``n`` to capture, call
+   ``graph_decode_wrapper(n, max_pages)``: a decode wrapper built with ``use_cuda_graph=True`` and
+   fixed device buffers for the page table (FlashInfer freezes the batch size of such a wrapper,
+   hence one per size, as vLLM does).
+2. Keep ``q``, ``k``, ``v`` and ``meta.slot_mapping`` in static device tensors of ``n`` rows; pad a
+   smaller decode batch up to ``n`` with dummy requests (e.g. kv_len 1 on a scratch page).
+3. Each step: ``begin_step(meta)`` **outside** the graph (``plan`` copies the page table into the
+   wrapper's fixed buffers; it must never run inside a graph), then copy the step's inputs into
+   the static tensors and replay. ``begin_step`` picks the graph wrapper whenever the step is
+   decode-only and a wrapper of exactly ``meta.num_decodes`` rows exists.
+4. Capture once per size: ``begin_step(meta)`` with a padded meta, a warm-up ``forward``, then
+   ``forward`` for every layer under ``torch.cuda.graph``. The K/V append's row indices are
+   derived from ``meta.slot_mapping`` inside the first ``forward`` after ``begin_step``, so they are
+   recorded in the graph and recomputed from the static ``slot_mapping`` on each replay.
+"""
+
+from __future__ import annotations
+
+import flashinfer
+import torch
+
+from .attention import AttentionBackend, AttentionMetadata, write_kv
+
+#: Default float workspace: FlashInfer recommends 128 MiB; REFERENCE §4 shares 256 MiB between
+#: the decode and prefill wrappers.
+DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+class FlashInferAttention(AttentionBackend):
+    """FlashInfer paged attention: decode wrapper for decode rows, prefill wrapper for chunks.
+
+    Args:
+        device: a CUDA device (``torch.device`` or string).
+        workspace_bytes: size of the float workspace shared by all wrappers, bytes
+            (default 256 MiB, REFERENCE §4).
+        kv_append: how ``forward`` writes this step's K/V into the pages: ``"flashinfer"``
+            (default: ``flashinfer.append_paged_kv_cache``, one kernel per layer) or
+            ``"scatter"`` (two ``index_copy_`` into a flat view of the pool). Measured on the
+            H200 (benchmarks/RESULTS.md, 8 KV heads, 64–2048 tokens): 2–4 µs of GPU time a layer
+            against 5–15 µs for the scatter, 18 against 20 µs of host time a layer, and about
+            20 µs more host time once a step for its index set-up.
+
+    Raises:
+        ValueError: ``device`` is not CUDA or ``kv_append`` is unknown.
+
+    Shapes: q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, kv_cache ``[num_blocks, 2, block_size, Hkv, D]``
+    (NHD), output ``[T, Hq, D]`` in q's dtype. Softmax scale ``1/sqrt(D)``.
+    """
+
+    name = "flashinfer"
+
+    def __init__(self, device: torch.device | str,
+                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+                 kv_append: str = "flashinfer") -> None:
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"FlashInferAttention needs a CUDA device, got {dev}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if kv_append not in ("scatter", "flashinfer"):
+            raise ValueError(f"kv_append must be 'scatter' or 'flashinfer', got {kv_append!r}")
+        self.device = dev
+        self.kv_append = kv_append
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=True)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self._graph_decode: dict[int, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}
+        self._active_decode = self._decode
+        # Model shape: set by configure() or, lazily, by the first forward() of a step.
+        self.num_qo_heads: int | None = None
+        self.num_kv_heads: int | None = None
+        self.head_dim: int | None = None
+        self.dtype: torch.dtype | None = None
+        self.meta: AttentionMetadata | None = None
+        self._planned = False
+        self._num_decode_rows = 0
+        self._kv_rows: torch.Tensor | None = None       # scatter path, per step
+        self._kv_rows_v: torch.Tensor | None = None
+        self._append_args: tuple | None = None           # flashinfer append path, per step
+        self._arange: torch.Tensor | None = None         # static 0..N int32 for the append path
+        self._retired: list[torch.Tensor] = []
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def configure(self, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                  dtype: torch.dtype = torch.bfloat16) -> None:
+        """Fix the attention shape once (the runner calls this at start-up).
+
+        Without it, the first ``forward`` of the first step takes the shape from its tensors
+        (q's heads and head_dim, the cache's KV heads and dtype) and plans then.
+        ``dtype`` is the KV cache's dtype; FlashInfer runs q and the output in it too.
+
+        Raises ValueError when ``num_qo_heads`` is not a multiple of ``num_kv_heads``.
+        """
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads {num_qo_heads} is not a multiple of "
+                             f"num_kv_heads {num_kv_heads}")
+        self.num_qo_heads, self.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
+        self.head_dim, self.dtype = int(head_dim), dtype
+
+    @property
+    def configured(self) -> bool:
+        return self.dtype is not None
+
+    def graph_decode_wrapper(self, batch_size: int, max_pages: int
+                             ) -> flashinfer.BatchDecodeWithPagedKVCacheWrapper:
+        """Return (creating once) the CUDA-graph decode wrapper for exactly ``batch_size`` rows.
+
+        ``max_pages``: capacity of its fixed page-index buffer (int32 entries), i.e. the most
+        pages that ``batch_size`` requests may hold together. While it exists, ``begin_step``
+        plans it instead of the eager decode wrapper for decode-only steps of ``batch_size``
+        requests. See the module docstring for the capture recipe.
+        """
+        w = self._graph_decode.get(batch_size)
+        if w is None:
+            i32 = dict(dtype=torch.int32, device=self.device)
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+                paged_kv_indptr_buffer=torch.zeros(batch_size + 1, **i32),
+                paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
+                paged_kv_last_page_len_buffer=torch.zeros(batch_size, **i32))
+            self._graph_decode[batch_size] = w
+        return w
+
+    # ---- per step -----------------------------------------------------------------------------
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        """Plan this step's decode and prefill wrappers (once; every layer reuses the plan).
+
+        Index tensors are taken from ``meta`` as CPU int32 (device tensors are copied to the
+        host, which blocks). Raises ValueError when a decode request has other than one query row.
+        """
+        self.meta = meta
+        self._kv_rows = None
+        self._append_args = None
+        self._planned = False
+        if self.configured:
+            self._plan(meta)
+
+    def _plan(self, meta: AttentionMetadata) -> None:
+        qo = _host_i32(meta.qo_indptr)
+        kvp = _host_i32(meta.kv_indptr)
+        idx = _host_i32(meta.kv_indices)
+        lpl = _host_i32(meta.kv_last_page_len)
+        nd, nreq = meta.num_decodes, meta.num_reqs
+        if int(qo[nd]) != nd:
+            raise ValueError(f"the first {nd} requests are decodes but hold {int(qo[nd])} "
+                             "query rows (one each expected)")
+        common = dict(pos_encoding_mode="NONE", q_data_type=self.dtype,
+                      kv_data_type=self.dtype)
+        hq, hkv, d, ps = self.num_qo_heads, self.num_kv_heads, self.head_dim, meta.block_size
+        self._active_decode = self._decode
+        if nd > 0:
+            if nd == nreq and nd in self._graph_decode:
+                self._active_decode = self._graph_decode[nd]
+            p = int(kvp[nd])
+            self._active_decode.plan(kvp[:nd + 1], idx[:p], lpl[:nd], hq, hkv, d, ps, **common)
+        if nd < nreq:
+            # Prefill chunks are the tail of the batch: rebase their CSR arrays to 0.
+            p0 = int(kvp[nd])
+            self._prefill.plan(qo[nd:] - nd, kvp[nd:] - p0, idx[p0:], lpl[nd:], hq, hkv, d, ps,
+                               causal=True, **common)
+        self._num_decode_rows = nd
+        self._planned = True
+
+    # ---- per layer ----------------------------------------------------------------------------
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        """Append ``k``, ``v`` at ``meta.slot_mapping``, then attend (see the class docstring).
+
+        Raises ValueError when the cache's page size differs from ``meta.block_size``.
+        """
+        meta = self.meta
+        if kv_cache.shape[2] != meta.block_size:
+            raise ValueError(f"kv_cache page size {kv_cache.shape[2]} != meta.block_size "
+                             f"{meta.block_size}")
+        if not self._planned:
+            if not self.configured:
+                self.configure(q.shape[1], kv_cache.shape[3], q.shape[2], kv_cache.dtype)
+            self._plan(meta)
+        self.append_kv(k, v, kv_cache)
+        return self.attend(q, kv_cache)
+
+    def append_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
+        """Write this step's K/V ``[T, Hkv, D]`` into the pages at ``meta.slot_mapping``.
+
+        Same result as ``attention.write_kv``. The per-step index work is done by the first call
+        after ``begin_step`` (on the device, from ``slot_mapping`` alone, so it can be captured in
+        a CUDA graph) and reused by every layer.
+        """
+        meta = self.meta
+        k = k.to(kv_cache.dtype)
+        v = v.to(kv_cache.dtype)
+        if self.kv_append == "flashinfer" and kv_cache.stride(-1) == 1:
+            if self._append_args is None:
+                self._append_args = self._slot_page_table(meta.slot_mapping, kv_cache.shape[2])
+            flashinfer.append_paged_kv_cache(k, v, *self._append_args[:2], kv_cache,
+                                             *self._append_args[2:], kv_layout="NHD")
+            return
+        if not kv_cache.is_contiguous():
+            write_kv(kv_cache, k, v, meta.slot_mapping)
+            return
+        bs = kv_cache.shape[2]
+        if self._kv_rows is None:
+            # Row of slot s in the pool viewed as [num_blocks*2*bs, Hkv, D]:
+            # block*2*bs + offset = s + block*bs. V sits bs rows further on.
+            s = meta.slot_mapping
+            self._kv_rows = s + torch.div(s, bs, rounding_mode="floor") * bs
+            self._kv_rows_v = self._kv_rows + bs
+        flat = kv_cache.view(-1, kv_cache.shape[3], kv_cache.shape[4])
+        flat.index_copy_(0, self._kv_rows, k)
+        flat.index_copy_(0, self._kv_rows_v, v)
+
+    def _slot_page_table(self, slot_mapping: torch.Tensor, page_size: int) -> tuple:
+        """``append_paged_kv_cache`` arguments that treat each new token as its own request.
+
+        Token i becomes request i holding one page (its block ``slot // page_size``) at position
+        ``slot % page_size``; so the kernel writes exactly where ``write_kv`` does, and nothing
+        but ``slot_mapping`` has to reach the device (no host-to-device copy per step).
+        Returns (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len), int32.
+        """
+        T = slot_mapping.shape[0]
+        if self._arange is None or self._arange.shape[0] < T + 1:
+            if self._arange is not None:
+                # A captured CUDA graph may still read the old buffer: keep it alive.
+                self._retired.append(self._arange)
+            self._arange = torch.arange(max(T + 1, 4096), dtype=torch.int32, device=self.device)
+        s = slot_mapping.to(torch.int32)
+        blk = torch.div(s, page_size, rounding_mode="floor")
+        pos = s - blk * page_size
+        return self._arange[:T], pos, blk, self._arange[:T + 1], pos + 1
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of ``q`` ``[T, Hq, D]`` over the pages as planned, without writing K/V.
+
+        ``out``: optional ``[T, Hq, D]`` tensor in the cache dtype to write into. Returns the
+        output in q's dtype (q is cast to the cache dtype for the kernels).
+        Raises RuntimeError when called before a step is planned.
+        """
+        if not self._planned:
+            raise RuntimeError("attend() before begin_step()/forward() planned this step")
+        in_dtype = q.dtype
+        if q.dtype != self.dtype:
+            q = q.to(self.dtype)
+        q = q.contiguous()
+        if out is None:
+            out = torch.empty_like(q)
+        nd = self._num_decode_rows
+        T = q.shape[0]
+        if nd > 0:
+            self._active_decode.run(q[:nd], kv_cache, out=out[:nd])
+        if nd < T:
+            self._prefill.run(q[nd:], kv_cache, out=out[nd:])
+        return out if out.dtype == in_dtype else out.to(in_dtype)
+
+
+def _host_i32(t: torch.Tensor) -> torch.Tensor:
+    """The CPU int32 version of an index tensor (no copy when it already is one)."""
+    if t.device.type != "cpu" or t.dtype != torch.int32:
+        t = t.to("cpu", torch.int32)
+    return t
+

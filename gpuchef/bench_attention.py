@@ -1,0 +1,531 @@
+"""`gpuchef bench-attention`: FlashInfer (paged) vs PyTorch SDPA vs naive attention.
+
+Three cases, each a batch of ``--batch-size`` requests of ``--seq-len`` tokens of KV:
+
+* ``prefill``: every request computes all its ``seq_len`` tokens (causal);
+* ``decode``: every request adds one token over ``seq_len`` tokens of KV;
+* ``mixed``: the first half of the requests decode, the second half append a chunk of
+  ``--chunk-len`` tokens on ``seq_len − chunk_len`` cached ones (causal, aligned to the end of the
+  KV, FlashInfer's rule).
+
+Defaults follow ../shared/REFERENCE.md §1/§4b (batch 16, seq 2048, 32 q and 32 kv heads,
+head_dim 128, bf16, chunks of 512). FlashInfer reads a paged pool of ``--page-size`` tokens a page
+(pages shuffled, as in a long-running server) through ``FlashInferAttention``, planned once
+outside the timing (plan is once per step, not per layer; its CPU cost is reported apart). SDPA
+and naive read contiguous ``[B, H, L, D]`` tensors; naive materialises the scores (the Hugging
+Face eager recipe: matmul, mask, float32 softmax, matmul).
+
+Work counted per case, the same for every backend (useful work, not what a kernel does):
+
+* bytes = element size × (Q read + O written: 2·Σqo·Hq·D, plus K and V read: 2·Σkv·Hkv·D);
+* FLOPs = 4·D·Hq·(visible query–key pairs): QKᵀ and PV are 2 FLOPs per multiply-add each.
+  Under the causal rule a chunk of ``qo`` rows over ``kv`` keys sees
+  ``qo·(kv − qo) + qo·(qo + 1)/2`` pairs, so a full prefill counts about half of ``qo·kv``; a
+  decode row sees all ``kv`` keys.
+
+Ceilings default to what was measured on the H200 (../shared/gpu/README.md): 4.3 TB/s
+device-to-device copy, 790 TFLOP/s bf16 matmul. Times are medians over ``--iters`` runs timed
+with CUDA events, L2 flushed before each (the method of ``triton.testing.do_bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import click
+
+CASES = ("prefill", "decode", "mixed")
+BACKENDS = ("flashinfer", "sdpa", "naive")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass
+class Result:
+    """One (case, backend) measurement; times in ms, rates in TB/s and TFLOP/s."""
+
+    case: str
+    backend: str
+    ms: float | None
+    bytes: int
+    flops: int
+    tbps: float | None = None
+    tflops: float | None = None
+    frac_bw: float | None = None
+    frac_flops: float | None = None
+    speedup_vs_naive: float | None = None
+    first_call_s: float | None = None
+    rel_err_vs_sdpa: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Case:
+    """Requests of a case as ``(qo_len, kv_len)`` groups of equal shape, decodes first."""
+
+    name: str
+    groups: list[tuple[int, int, int]]  # (num_requests, qo_len, kv_len)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reqs(self) -> list[tuple[int, int]]:
+        return [(qo, kv) for n, qo, kv in self.groups for _ in range(n)]
+
+
+def visible_pairs(qo: int, kv: int) -> int:
+    """Query–key pairs a chunk of ``qo`` rows at the end of ``kv`` keys sees (causal rule)."""
+    return qo * (kv - qo) + qo * (qo + 1) // 2
+
+
+def case_work(case: Case, hq: int, hkv: int, d: int, elt: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of a case, by the formulas in the module docstring."""
+    sq = sum(qo for qo, _ in case.reqs)
+    skv = sum(kv for _, kv in case.reqs)
+    nbytes = elt * (2 * sq * hq * d + 2 * skv * hkv * d)
+    flops = 4 * d * hq * sum(visible_pairs(qo, kv) for qo, kv in case.reqs)
+    return nbytes, flops
+
+
+def build_cases(names, batch: int, seq: int, chunk: int) -> list[Case]:
+    out = []
+    for name in names:
+        if name == "prefill":
+            out.append(Case(name, [(batch, seq, seq)]))
+        elif name == "decode":
+            out.append(Case(name, [(batch, 1, seq)]))
+        else:
+            nd = batch // 2
+            groups = [(nd, 1, seq), (batch - nd, chunk, seq)]
+            out.append(Case(name, [g for g in groups if g[0] > 0]))
+    return out
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+def _timer(torch, device, iters: int, warmup: int = 3):
+    """Return ``time(fn) -> median ms`` for ``device`` (CUDA events + L2 flush, or wall clock)."""
+    if device.type == "cuda":
+        flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=device)
+
+        def time_cuda(fn):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize(device)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            for s, e in zip(starts, ends):
+                flush.zero_()  # cold L2, like triton.testing.do_bench
+                s.record()
+                fn()
+                e.record()
+            torch.cuda.synchronize(device)
+            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        return time_cuda
+
+    def time_cpu(fn):
+        for _ in range(min(warmup, 1)):
+            fn()
+        ts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    return time_cpu
+
+
+def _first_call(torch, device, fn) -> float:
+    """Wall seconds of one call, synchronised (includes any JIT compile or load)."""
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+# ---- backends -------------------------------------------------------------------------------
+
+def _make_data(torch, case: Case, hq, hkv, d, dtype, device, gen):
+    """Per group: q [n, qo, Hq, D], k/v [n, kv, Hkv, D] (token-major, contiguous)."""
+    data = []
+    for n, qo, kv in case.groups:
+        q = torch.randn(n, qo, hq, d, generator=gen, device=device, dtype=dtype)
+        k = torch.randn(n, kv, hkv, d, generator=gen, device=device, dtype=dtype)
+        v = torch.randn(n, kv, hkv, d, generator=gen, device=device, dtype=dtype)
+        data.append((q, k, v))
+    return data
+
+
+def _sdpa_fn(torch, case, data, hq, hkv):
+    """SDPA on contiguous [B, H, L, D]; chunks use a lower-right causal bias."""
+    F = torch.nn.functional
+    gqa = hq != hkv
+    calls = []
+    for (n, qo, kv), (q, k, v) in zip(case.groups, data):
+        qt = q.transpose(1, 2).contiguous()
+        kt = k.transpose(1, 2).contiguous()
+        vt = v.transpose(1, 2).contiguous()
+        kw = {}
+        if qo == kv and qo > 1:
+            kw["is_causal"] = True
+        elif qo > 1:
+            from torch.nn.attention.bias import causal_lower_right
+            kw["attn_mask"] = causal_lower_right(qo, kv)
+        calls.append((qt, kt, vt, kw))
+    use_gqa = gqa
+    if gqa:
+        try:
+            F.scaled_dot_product_attention(calls[0][0][:1, :, :1], calls[0][1][:1, :, :1],
+                                           calls[0][2][:1, :, :1], enable_gqa=True)
+        except TypeError:  # torch < 2.5: repeat the KV heads (inside the timing)
+            use_gqa = False
+
+    def run():
+        outs = []
+        for qt, kt, vt, kw in calls:
+            if gqa and use_gqa:
+                kw = dict(kw, enable_gqa=True)
+            elif gqa:
+                kt = kt.repeat_interleave(hq // hkv, dim=1)
+                vt = vt.repeat_interleave(hq // hkv, dim=1)
+            outs.append(F.scaled_dot_product_attention(qt, kt, vt, **kw))
+        return outs
+    return run
+
+
+def _naive_fn(torch, case, data, hq, hkv, d):
+    """Materialised scores: (Q Kᵀ)·scale, masked, float32 softmax, then P V."""
+    scale = 1.0 / math.sqrt(d)
+    calls = []
+    for (n, qo, kv), (q, k, v) in zip(case.groups, data):
+        qt = q.transpose(1, 2).contiguous()
+        kt = k.transpose(1, 2).contiguous()
+        vt = v.transpose(1, 2).contiguous()
+        mask = None
+        if qo > 1:
+            rows = torch.arange(qo, device=q.device).unsqueeze(1)
+            cols = torch.arange(kv, device=q.device).unsqueeze(0)
+            mask = cols > (kv - qo) + rows  # True = hidden
+        calls.append((qt, kt, vt, mask))
+    group = hq // hkv
+
+    def run():
+        outs = []
+        for qt, kt, vt, mask in calls:
+            if group > 1:
+                b, h, s, dd = kt.shape
+                kt = kt[:, :, None].expand(b, h, group, s, dd).reshape(b, h * group, s, dd)
+                vt = vt[:, :, None].expand(b, h, group, s, dd).reshape(b, h * group, s, dd)
+            scores = torch.matmul(qt, kt.transpose(-1, -2)) * scale
+            if mask is not None:
+                scores = scores.masked_fill(mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qt.dtype)
+            outs.append(torch.matmul(p, vt))
+        return outs
+    return run
+
+
+def _flashinfer_setup(torch, case, data, hq, hkv, d, dtype, device, page_size):
+    """Fill a shuffled paged pool with the case's K/V; return (backend, run, plan)."""
+    from gpuchef.engine_host.attention import AttentionMetadata, write_kv
+    from gpuchef.engine_host.flashinfer_backend import FlashInferAttention
+
+    reqs = case.reqs
+    pages_per = [-(-kv // page_size) for _, kv in reqs]
+    num_pages = sum(pages_per)
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(0))
+    cache = torch.empty(num_pages, 2, page_size, hkv, d, dtype=dtype, device=device)
+    qo_indptr, kv_indptr, last, all_slots, new_slots = [0], [0], [], [], []
+    q_rows, k_rows, v_rows = [], [], []
+    p = 0
+    for (n, qo, kv), (q, k, v) in zip(case.groups, data):
+        for r in range(n):
+            pages = perm[p:p + -(-kv // page_size)]
+            p += len(pages)
+            slots = (pages.repeat_interleave(page_size) * page_size
+                     + torch.arange(page_size).repeat(len(pages)))[:kv]
+            all_slots.append(slots)
+            new_slots.append(slots[kv - qo:])
+            qo_indptr.append(qo_indptr[-1] + qo)
+            kv_indptr.append(kv_indptr[-1] + len(pages))
+            last.append((kv - 1) % page_size + 1)
+            q_rows.append(q[r])
+            k_rows.append(k[r])
+            v_rows.append(v[r])
+    write_kv(cache, torch.cat(k_rows), torch.cat(v_rows), torch.cat(all_slots).to(device))
+    i32 = dict(dtype=torch.int32)
+    meta = AttentionMetadata(
+        block_size=page_size, qo_indptr=torch.tensor(qo_indptr, **i32),
+        kv_indptr=torch.tensor(kv_indptr, **i32), kv_indices=perm.to(torch.int32),
+        kv_last_page_len=torch.tensor(last, **i32), kv_lens=[kv for _, kv in reqs],
+        qo_lens=[qo for qo, _ in reqs], slot_mapping=torch.cat(new_slots).to(device),
+        positions=torch.zeros(qo_indptr[-1], dtype=torch.int64, device=device),
+        num_decodes=_leading_decodes(reqs),
+    )
+    be = FlashInferAttention(device)
+    be.configure(hq, hkv, d, dtype)
+    qf = torch.cat(q_rows)
+    out = torch.empty_like(qf)
+
+    def plan():
+        be.begin_step(meta)
+
+    def run():
+        return be.attend(qf, cache, out=out)
+    return be, run, plan
+
+
+def _leading_decodes(reqs) -> int:
+    """How many requests at the front have one query row (FlashInfer's decode wrapper takes them)."""
+    n = 0
+    for qo, _ in reqs:
+        if qo != 1:
+            break
+        n += 1
+    return n
+
+
+def _to_token_major(torch, outs):
+    """SDPA/naive outputs [n, H, L, D] per group → [ΣL, H, D] in request order."""
+    return torch.cat([o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3]) for o in outs])
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def _csv(choices):
+    def cb(ctx, param, value):
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise click.BadParameter(f"{','.join(bad) or 'nothing'}: pick from {','.join(choices)}")
+        return items
+    return cb
+
+
+@click.command("bench-attention")
+@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
+              help="Requests per batch.")
+@click.option("--seq-len", type=click.IntRange(1), default=2048, show_default=True,
+              help="KV tokens per request (prefill: new tokens too).")
+@click.option("--num-heads", type=click.IntRange(1), default=32, show_default=True,
+              help="Query heads.")
+@click.option("--num-kv-heads", type=click.IntRange(1), default=32, show_default=True,
+              help="KV heads (GQA when fewer than --num-heads).")
+@click.option("--head-dim", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
+@click.option("--chunk-len", type=click.IntRange(1), default=512, show_default=True,
+              help="Mixed case: new tokens per prefill chunk (on seq-len − chunk-len cached).")
+@click.option("--page-size", type=click.IntRange(1), default=16, show_default=True,
+              help="FlashInfer page size, tokens.")
+@click.option("--cases", default="prefill,decode,mixed", show_default=True,
+              callback=_csv(CASES), help="Comma-separated subset of prefill,decode,mixed.")
+@click.option("--backends", default="flashinfer,sdpa,naive", show_default=True,
+              callback=_csv(BACKENDS), help="Comma-separated subset of flashinfer,sdpa,naive.")
+@click.option("--iters", type=click.IntRange(1), default=50, show_default=True,
+              help="Timed runs per measurement (median reported).")
+@click.option("--device", default="cuda", show_default=True,
+              help="cuda, cuda:N, or cpu (cpu: SDPA and naive only; keep shapes small).")
+@click.option("--peak-tbps", type=float, default=4.3, show_default=True,
+              help="Memory ceiling, TB/s (H200 copy, ../shared/gpu/README.md).")
+@click.option("--peak-tflops", type=float, default=790.0, show_default=True,
+              help="Compute ceiling, TFLOP/s (H200 bf16 matmul, ../shared/gpu/README.md).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the results as JSON here.")
+def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
+                    page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
+                    json_path):
+    """Time attention alone: FlashInfer (paged) vs PyTorch SDPA vs naive, per case.
+
+    Prints ms (median), speed-up against naive, achieved TB/s and TFLOP/s and their fraction of
+    the ceilings. Exits with status 2 when the device cannot run (e.g. no CUDA).
+    """
+    from rich.console import Console
+
+    console = Console()
+    err = Console(stderr=True)
+    if num_heads % num_kv_heads:
+        raise click.BadParameter("--num-heads must be a multiple of --num-kv-heads")
+    if "mixed" in cases and chunk_len > seq_len:
+        raise click.BadParameter("--chunk-len must not exceed --seq-len")
+
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        click.echo("bench-attention: no CUDA device here (torch.cuda.is_available() is False); "
+                   "run it on a GPU machine, or use --device cpu with small shapes to time "
+                   "SDPA and naive only.", err=True)
+        sys.exit(2)
+    if dev.type not in ("cuda", "cpu"):
+        click.echo(f"bench-attention: unsupported device {device!r} (cuda or cpu)", err=True)
+        sys.exit(2)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+    notes: list[str] = []
+    fi_version = None
+    if "flashinfer" in backends:
+        if dev.type != "cuda":
+            backends = [b for b in backends if b != "flashinfer"]
+            notes.append("FlashInfer skipped: it needs a CUDA device.")
+        else:
+            try:
+                import flashinfer
+                fi_version = getattr(flashinfer, "__version__", "?")
+            except Exception as e:  # missing or broken install: still time the others
+                backends = [b for b in backends if b != "flashinfer"]
+                notes.append(f"FlashInfer skipped: it does not import ({type(e).__name__}: {e}).")
+    if not backends:
+        click.echo("bench-attention: no backend can run here.", err=True)
+        sys.exit(2)
+
+    tdtype = getattr(torch, DTYPES[dtype])
+    elt = torch.empty((), dtype=tdtype).element_size()
+    hq, hkv, d = num_heads, num_kv_heads, head_dim
+    time_fn = _timer(torch, dev, iters)
+    if dev.type == "cuda":
+        dev_name = torch.cuda.get_device_name(dev)
+    else:
+        dev_name = f"CPU ({platform.processor() or platform.machine()})"
+        notes.append("CPU run: the ceilings are the H200's, so no fraction is shown.")
+    results: list[Result] = []
+
+    for case in build_cases(cases, batch_size, seq_len, chunk_len):
+        nbytes, flops = case_work(case, hq, hkv, d, elt)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        data = _make_data(torch, case, hq, hkv, d, tdtype, dev, gen)
+        sdpa_out = fi_out = None
+        case_results: dict[str, Result] = {}
+        for backend in backends:
+            res = Result(case.name, backend, None, nbytes, flops)
+            fn = plan = be = None
+            try:
+                if backend == "flashinfer":
+                    err.print(f"[dim]{case.name}: FlashInfer plan + first run "
+                              "(first use compiles kernels, can take minutes)…[/dim]")
+                    be, fn, plan = _flashinfer_setup(torch, case, data, hq, hkv, d, tdtype, dev,
+                                                     page_size)
+                    res.first_call_s = _first_call(torch, dev, lambda: (plan(), fn()))
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        plan()
+                    plan_ms = (time.perf_counter() - t0) / 20 * 1e3
+                    notes.append(f"{case.name}: FlashInfer plan (CPU, once per step) "
+                                 f"{plan_ms:.3f} ms; first plan+run {res.first_call_s:.1f} s.")
+                    fi_out = fn().clone()
+                else:
+                    make = _sdpa_fn if backend == "sdpa" else _naive_fn
+                    args = (torch, case, data, hq, hkv) + ((d,) if backend == "naive" else ())
+                    fn = make(*args)
+                    res.first_call_s = _first_call(torch, dev, fn)
+                    if backend == "sdpa":
+                        sdpa_out = _to_token_major(torch, fn())
+                res.ms = time_fn(fn)
+            except torch.cuda.OutOfMemoryError:
+                res.error = "out of memory"
+            except Exception as e:  # keep the other columns; report, don't trace back
+                res.error = f"{type(e).__name__}: {e}"[:120]
+            finally:
+                fn = plan = be = None  # free the pool and workspace before the next backend
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+            if res.ms:
+                res.tbps = nbytes / (res.ms * 1e-3) / 1e12
+                res.tflops = flops / (res.ms * 1e-3) / 1e12
+                if dev.type == "cuda":
+                    res.frac_bw = res.tbps / peak_tbps
+                    res.frac_flops = res.tflops / peak_tflops
+            case_results[backend] = res
+        if fi_out is not None and sdpa_out is not None:
+            ref = sdpa_out.float()
+            case_results["flashinfer"].rel_err_vs_sdpa = (
+                (fi_out.float() - ref).norm() / ref.norm()).item()
+        naive = case_results.get("naive")
+        for res in case_results.values():
+            if naive and naive.ms and res.ms:
+                res.speedup_vs_naive = naive.ms / res.ms
+            results.append(res)
+        del data, sdpa_out, fi_out
+
+    cfg = dict(batch_size=batch_size, seq_len=seq_len, num_heads=hq, num_kv_heads=hkv,
+               head_dim=d, dtype=dtype, chunk_len=chunk_len, page_size=page_size, iters=iters,
+               cases=cases, backends=backends)
+    command = ("gpuchef bench-attention " + " ".join(
+        f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
+        for k, v in cfg.items() if k != "backends" or len(v) < len(BACKENDS)))
+    _print_table(console, results, dev_name, torch.__version__, fi_version, cfg, notes,
+                 peak_tbps, peak_tflops)
+    if json_path:
+        payload = {
+            "command": command,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "device": dev_name,
+            "versions": {"torch": torch.__version__, "flashinfer": fi_version,
+                         "python": platform.python_version()},
+            "config": cfg,
+            "ceilings": {"tbps": peak_tbps, "tflops": peak_tflops},
+            "formulas": {
+                "bytes": "elt*(2*sum(qo)*Hq*D + 2*sum(kv)*Hkv*D)",
+                "flops": "4*D*Hq*sum(visible pairs); causal chunk: qo*(kv-qo)+qo*(qo+1)/2",
+            },
+            "results": [asdict(r) for r in results],
+            "notes": notes,
+        }
+        with open(json_path, "w") as f:
+            json.dump(payload, f, indent=2)
+        err.print(f"[dim]wrote {json_path}[/dim]")
+
+
+def _fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def _print_table(console, results, dev_name, torch_version, fi_version, cfg, notes,
+                 peak_tbps, peak_tflops):
+    from rich.table import Table
+
+    c = cfg
+    title = (f"Attention on {dev_name}: batch {c['batch_size']}, seq {c['seq_len']}, "
+             f"{c['num_heads']}/{c['num_kv_heads']} heads, head_dim {c['head_dim']}, {c['dtype']}, "
+             f"chunk {c['chunk_len']}, page {c['page_size']}")
+    table = Table(title=title, title_justify="left")
+    for col, just in [("case", "left"), ("backend", "left"), ("ms", "right"),
+                      ("vs naive", "right"), ("TB/s", "right"), (f"% of {peak_tbps:g}", "right"),
+                      ("TFLOP/s", "right"), (f"% of {peak_tflops:g}", "right")]:
+        table.add_column(col, justify=just)
+    last_case = None
+    for r in results:
+        if last_case is not None and r.case != last_case:
+            table.add_section()
+        last_case = r.case
+        if r.error:
+            table.add_row(r.case, r.backend, r.error, "", "", "", "", "")
+            continue
+        table.add_row(r.case, r.backend, _fmt(r.ms, ".3f"),
+                      "—" if r.speedup_vs_naive is None else f"{r.speedup_vs_naive:.1f}×",
+                      _fmt(r.tbps, ".2f"),
+                      "—" if r.frac_bw is None else f"{100 * r.frac_bw:.0f} %",
+                      _fmt(r.tflops, ".1f"),
+                      "—" if r.frac_flops is None else f"{100 * r.frac_flops:.0f} %")
+    console.print(table)
+    how = "CUDA events, L2 flushed" if dev_name[:3] != "CPU" else "wall clock"
+    console.print(f"torch {torch_version}, flashinfer {fi_version or '—'}; medians of "
+                  f"{c['iters']} runs ({how}). Bytes = Q,K,V read + O written; "
+                  "FLOPs = 4·D·Hq·visible query-key pairs (causal prefill ≈ half of qo·kv).")
+    for r in results:
+        if r.rel_err_vs_sdpa is not None:
+            notes.append(f"{r.case}: FlashInfer vs SDPA relative error {r.rel_err_vs_sdpa:.1e}.")
+    for n in notes:
+        console.print(f"· {n}")
+
+
+if __name__ == "__main__":
+    bench_attention()
