@@ -1,0 +1,147 @@
+"""Engine step times against the hardware's limits (issue 3's roofline figures).
+
+Decode-only steps at several batch sizes (each request with ``--kv-len`` tokens of KV) against
+the memory roofline ``(weight bytes + KV bytes read) / --mem-bw``; prefill steps of N new tokens
+against ``--peak-tflops``; one mixed step (decodes + a prefill chunk filling the budget).
+
+Each step is the engine's real step minus scheduling: ``ModelRunner.execute`` (batch assembly,
+attention planning, forward, logits, sampling, synchronise), timed on the host around the call
+(median of ``--iters``). Request state is set up directly (pages allocated, KV length set) so that
+no prefill is needed to reach a KV length; step time does not depend on the KV values.
+
+Usage (H200): python benchmarks/bench_engine_step.py --model llama-3-8b [--enforce-eager]
+        (CPU smoke test): python benchmarks/bench_engine_step.py --model tiny --device cpu
+Ceilings default to the H200 figures measured in ../shared/gpu/README.md (4.3 TB/s, 790 TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from gpuchef.engine_host.config import CacheConfig, EngineConfig
+from gpuchef.engine_host.engine import LLMEngine
+from gpuchef.engine_host.kv_cache import BlockPool, cdiv
+from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams
+from gpuchef.engine_host.scheduler import SchedulerOutput
+
+
+def make_req(eng: LLMEngine, i: int, kv_len: int, new_tokens: int) -> Request:
+    """A running request with ``kv_len`` tokens already in the cache and ``new_tokens`` to run:
+    a decode (one sampled token fed back) when ``new_tokens`` is 1 and ``kv_len`` > 0, else a
+    prefill chunk that ends its prompt (so the step samples one token for it)."""
+    decode = new_tokens == 1 and kv_len > 0
+    prompt = kv_len if decode else kv_len + new_tokens
+    r = Request(f"b{i}", [11] * prompt, SamplingParams(max_tokens=1 << 20, ignore_eos=True), 0)
+    if decode:
+        r.output_token_ids = [12]
+    r.prefill_target = prompt
+    r.num_computed_tokens = kv_len
+    r.status = RequestStatus.RUNNING
+    r.block_ids = eng.kv.pool.allocate(cdiv(kv_len + new_tokens, eng.kv.block_size))
+    return r
+
+
+def time_step(eng: LLMEngine, out: SchedulerOutput, iters: int, warmup: int = 3) -> float:
+    """Median wall ms of ``runner.execute(out)`` (it synchronises)."""
+    for _ in range(warmup):
+        eng.runner.execute(out)
+    ts = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        eng.runner.execute(out)
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--decode-batches", default="1,8,32,64,128,256")
+    ap.add_argument("--kv-len", type=int, default=1024)
+    ap.add_argument("--prefill-lens", default="512,2048,8192")
+    ap.add_argument("--mixed", default="64:2048", help="DECODES:BUDGET for the mixed step")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
+    ap.add_argument("--peak-tflops", type=float, default=790.0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+
+    batches = [int(x) for x in a.decode_batches.split(",") if x]
+    prefills = [int(x) for x in a.prefill_lens.split(",") if x]
+    mix_dec, mix_budget = (int(x) for x in a.mixed.split(":"))
+    bs = 16
+    blocks = max(max(batches) * cdiv(a.kv_len + 1, bs), cdiv(max(prefills), bs),
+                 mix_dec * cdiv(a.kv_len + 1, bs) + cdiv(mix_budget, bs)) + 64
+    eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
+                                 enforce_eager=a.enforce_eager,
+                                 attention_backend=a.attention_backend,
+                                 max_model_len=max(max(prefills), a.kv_len + 1) + 16,
+                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)))
+    mc = eng.model_config
+    itemsize = torch.empty((), dtype=eng.dtype).element_size()
+    weight_bytes = eng.loaded.weight_bytes
+    kv_bytes_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * itemsize
+    # non-embedding matmul parameters: every token goes through them (lm_head only for samples)
+    layer_params = (mc.num_hidden_layers * (mc.hidden_size * (mc.q_size + 2 * mc.kv_size)
+                                            + mc.q_size * mc.hidden_size
+                                            + 3 * mc.hidden_size * mc.intermediate_size))
+    lm_head_params = mc.hidden_size * mc.vocab_size
+    graphs = getattr(eng.runner, "cuda_graphs_enabled", False)
+    head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "
+            f"{eng.dtype}, {eng.device}"
+            f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if eng.device.type == 'cuda' else ''}, "
+            f"attention {eng.attn.name}, CUDA graphs {'on' if graphs else 'off'}")
+    print(head)
+    rows = []
+
+    def reset():
+        eng.kv.pool = BlockPool(eng.kv.num_blocks)
+
+    print(f"\n{'decode batch':>12} {'KV/req':>7} {'step ms':>9} {'roofline ms':>11} {'% roofline':>10} {'tok/s':>10}")
+    for b in batches:
+        reset()
+        reqs = [make_req(eng, i, a.kv_len, 1) for i in range(b)]
+        ms = time_step(eng, SchedulerOutput(decodes=reqs), a.iters)
+        bytes_read = weight_bytes + b * (a.kv_len + 1) * kv_bytes_per_token
+        roof = bytes_read / a.mem_bw * 1e3
+        rows.append(dict(kind="decode", batch=b, kv_len=a.kv_len, ms=ms, roofline_ms=roof,
+                         frac=roof / ms))
+        print(f"{b:>12} {a.kv_len:>7} {ms:>9.3f} {roof:>11.3f} {100 * roof / ms:>9.1f}% {b / ms * 1e3:>10.0f}")
+
+    print(f"\n{'prefill tokens':>14} {'step ms':>9} {'TFLOP/s':>9} {'% peak':>7}")
+    for n in prefills:
+        reset()
+        r = make_req(eng, 0, 0, n)
+        ms = time_step(eng, SchedulerOutput(prefills=[(r, n)]), max(3, a.iters // 4))
+        flops = (2 * n * layer_params + 2 * lm_head_params
+                 + 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * n * n / 2)
+        tf = flops / (ms * 1e-3) / 1e12
+        rows.append(dict(kind="prefill", tokens=n, ms=ms, tflops=tf, frac=tf / a.peak_tflops))
+        print(f"{n:>14} {ms:>9.3f} {tf:>9.1f} {100 * tf / a.peak_tflops:>6.1f}%")
+
+    reset()
+    decs = [make_req(eng, i, a.kv_len, 1) for i in range(mix_dec)]
+    chunk = mix_budget - mix_dec
+    p = make_req(eng, mix_dec, a.kv_len, chunk)
+    ms = time_step(eng, SchedulerOutput(decodes=decs, prefills=[(p, chunk)]), a.iters)
+    rows.append(dict(kind="mixed", decodes=mix_dec, chunk=chunk, chunk_kv=a.kv_len, ms=ms))
+    print(f"\nmixed step: {mix_dec} decodes (KV {a.kv_len}) + a {chunk}-token chunk on {a.kv_len} "
+          f"cached: {ms:.3f} ms")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(header=head, rows=rows, args=vars(a)), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
