@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -249,3 +250,40 @@ def test_producers_from_many_threads_and_cost(tmp_path):
     tr = read_trace(p)
     assert len(tr.steps) == n_threads * per and tr.end["counts"]["step"] == n_threads * per
     assert per_call_us < 200  # a queue put, loose bound for a busy CI box
+
+
+def test_sigkill_loses_at_most_the_last_second(tmp_path):
+    # The recorder alone in a child process (the `gpuchef bench --trace` version of this test
+    # belongs to the CLI); the child stamps each event with its wall time.
+    import os
+    import signal
+    import subprocess
+    p = tmp_path / "killed.jsonl"
+    code = (
+        "import time\n"
+        "from gpuchef.probes.recorder import TraceRecorder\n"
+        "from gpuchef.engine_host.records import EngineEvent\n"
+        f"rec = TraceRecorder({str(p)!r})\n"
+        "i = 0\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    rec.record_event(EngineEvent('mark', i, time.monotonic_ns(), str(time.time())))\n"
+        "    i += 1\n"
+        "    time.sleep(0.002)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        time.sleep(2.0)
+        killed_at = time.time()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    tr = read_trace(p)
+    assert not tr.complete and len(tr.events) > 100
+    assert all("truncated last record" in m for m in tr.problems)  # at most the cut last line
+    last_wall = float(tr.events[-1].name)
+    assert killed_at - last_wall <= 1.0
+    assert [e.step for e in tr.events] == list(range(len(tr.events)))  # nothing missing before
