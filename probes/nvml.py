@@ -393,7 +393,14 @@ class NvmlSampler(PeriodicSampler):
     # ---- status ----------------------------------------------------------------------------
     @property
     def problems(self) -> list[str]:
+        """Every current problem line, oldest first (``status`` joins them with "; ")."""
         return list(self._problems.values())
+
+    @property
+    def summary(self) -> str:
+        """The healthy-state line ("NVML: 1 GPU (NVIDIA H200), GPM on"), even when ``status``
+        shows problems instead."""
+        return self._summary
 
     def _update_status(self) -> None:
         new = "; ".join(self._problems.values()) if self._problems else self._summary
@@ -636,9 +643,10 @@ class NvmlSampler(PeriodicSampler):
             raise _GpuLost(describe_nvml_error(e)) from e
         except lib.busy_errors as e:
             self._free_gpm(g)
-            self._problem(("gpm", g.index), "GPM counters in use by another profiler "
-                          f"({describe_nvml_error(e)}) — GPM fields off"
-                          + (f" on GPU {g.index}" if len(self._gpus) > 1 else ""))
+            # DCGM / Nsight hold the same profiling counters (REFERENCE §5)
+            g.last_error = f"gpm: {describe_nvml_error(e)}"
+            self._problem(("gpm", g.index), "GPM counters in use by another profiler — GPM "
+                          "fields off" + (f" on GPU {g.index}" if len(self._gpus) > 1 else ""))
             return
         except lib.na_errors as e:
             self._free_gpm(g)
