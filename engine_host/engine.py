@@ -18,7 +18,8 @@ from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepRecord
 from .request import Request, RequestStatus, SamplingParams
-from .runner import ModelRunner
+from . import ops
+from .runner import CudaGraphDecode, ModelRunner
 from .scheduler import Scheduler
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -88,12 +89,30 @@ class LLMEngine:
         if hasattr(self.attn, "configure"):
             self.attn.configure(num_qo_heads=mc.num_attention_heads,
                                 num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-                                dtype=self.dtype, block_size=bs)
+                                dtype=self.dtype)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.loaded.model, self.kv, self.attn, self.device, config.seed)
+        # FlashInfer's fused norm/RoPE/activation kernels go with its attention (process-wide
+        # switch: the engine last built decides).
+        self.fused_ops = ops.use_flashinfer_ops(self.attn.name == "flashinfer")
+        if self.device.type == "cuda":
+            self._warm_up(progress)
         self.requests: dict[str, Request] = {}
         self.step_id = 0
         self._preempted_total = 0
+
+    def _warm_up(self, progress: Callable[[str, int, int], None] | None) -> None:
+        """Compile JIT kernels, then capture CUDA graphs for decode-only steps, each shown as
+        a named progress step (FlashInfer's first compile takes minutes: REFERENCE.md §4)."""
+        stage = "compile kernels (first run: minutes)"
+        if progress:
+            progress(stage, 0, 1)
+        self.runner.warm_up()
+        torch.cuda.synchronize(self.device)
+        if progress:
+            progress(stage, 1, 1)
+        if self.attn.name == "flashinfer" and not self.config.enforce_eager:
+            self.runner.graphs = CudaGraphDecode(self.runner, self.max_model_len, progress=progress)
 
     # -- sizing ----------------------------------------------------------------------------
     def _num_blocks(self) -> int:
@@ -227,6 +246,7 @@ class LLMEngine:
             num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(out.preempted), kv_blocks_used=usage.used,
             kv_blocks_total=usage.total, num_finished=len(finished),
+            cuda_graph=self.runner.last_step_used_graph,
         )
         self.step_id += 1
         return StepResult(rec, finished)

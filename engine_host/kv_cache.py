@@ -58,8 +58,9 @@ class KVUsage:
 class KVCacheManager:
     """Owns the per-layer KV tensors and the block tables.
 
-    ``kv_caches[i]``: layer ``i``'s tensor ``[num_blocks, 2, block_size, Hkv, D]`` of ``dtype``
-    on ``device``. Memory: ``2 · num_layers · num_blocks · block_size · Hkv · D · itemsize`` bytes.
+    ``kv_caches[i]``: layer ``i``'s tensor ``[num_blocks + 1, 2, block_size, Hkv, D]`` of
+    ``dtype`` on ``device`` (the last block is ``scratch_block``, outside the pool). Memory:
+    ``2 · num_layers · (num_blocks + 1) · block_size · Hkv · D · itemsize`` bytes.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
@@ -67,7 +68,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.pool = BlockPool(num_blocks)
-        shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+        # One extra block outside the pool: padding rows of CUDA-graph batches and warm-up
+        # steps write their K/V there, never into a request's pages.
+        self.scratch_block = num_blocks
+        shape = (num_blocks + 1, 2, block_size, num_kv_heads, head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @staticmethod

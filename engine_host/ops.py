@@ -2,9 +2,9 @@
 
 PyTorch implementations that match Hugging Face transformers' Llama code op for op (the float32
 norm, the cos/sin computed in float32 then cast), so that logits agree with transformers to
-rounding. A GPU issue swaps FlashInfer kernels in behind these same functions
-(``flashinfer.rmsnorm``, ``fused_add_rmsnorm``, ``silu_and_mul``,
-``apply_rope_with_cos_sin_cache_inplace``); keep the signatures.
+rounding. On CUDA half-precision tensors, once ``use_flashinfer_ops(True)`` has been called,
+FlashInfer's kernels run instead (``flashinfer.rmsnorm``, ``fused_add_rmsnorm``,
+``silu_and_mul``, ``apply_rope_with_cos_sin_cache_inplace``) behind the same signatures.
 
 Sources of the formulas:
 - RMSNorm: Zhang & Sennrich 2019; the dtype handling is transformers' ``LlamaRMSNorm``.
@@ -28,6 +28,32 @@ from .config import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
+# FlashInfer's fused kernels replace the PyTorch paths below for CUDA bf16/fp16 tensors once the
+# engine turns them on (``use_flashinfer_ops(True)``, done when the attention backend is
+# flashinfer). Off by default, so CPU runs and tests never import flashinfer.
+_fi = None
+
+
+def use_flashinfer_ops(on: bool) -> bool:
+    """Route rms_norm, fused_add_rms_norm, silu_and_mul and RoPE through FlashInfer kernels for
+    CUDA half-precision tensors (``on=True``) or back to PyTorch. Returns whether they are on:
+    False when flashinfer does not import."""
+    global _fi
+    if not on:
+        _fi = None
+        return False
+    try:
+        import flashinfer
+    except Exception:  # optional [gpu] extra; the PyTorch paths still work
+        _fi = None
+        return False
+    _fi = flashinfer
+    return True
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return _fi is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
 
 # ----------------------------------------------------------------------------- norms and MLP
 
@@ -40,6 +66,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     ``LlamaRMSNorm``; float64 inputs are normalised in float32 too, as there). Returns [..., H]
     in the promoted dtype of x and weight (x.dtype when they match).
     """
+    if _fused(x) and weight.dtype == x.dtype and x.dim() == 2:
+        return _fi.rmsnorm(x.contiguous(), weight, eps)
     dtype = x.dtype
     x32 = x.to(torch.float32)
     var = x32.pow(2).mean(-1, keepdim=True)
@@ -54,12 +82,18 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     [T, H]. The inputs are not modified (FlashInfer's kernel works in place; callers must not
     rely on either behaviour).
     """
+    if (_fused(x) and weight.dtype == x.dtype == residual.dtype and x.dim() == 2
+            and x.is_contiguous() and residual.is_contiguous()):
+        _fi.fused_add_rmsnorm(x, residual, weight, eps)  # in place: residual += x; x = norm
+        return x, residual
     residual = x + residual
     return rms_norm(residual, weight, eps), residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation: x [T, 2I] laid out ``[gate; up]`` → ``silu(gate) * up`` [T, I]."""
+    if _fused(x) and x.is_contiguous():
+        return _fi.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -151,6 +185,12 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     from ``rope_cos_sin_cache`` on q's device. ``x·cos + rotate_half(x)·sin`` with cos and sin
     cast to x.dtype first, as transformers does. Returns new ``(q, k)`` of the same shapes/dtype.
     """
+    if _fused(q) and q.dtype == k.dtype:
+        T, D = q.shape[0], q.shape[-1]
+        q, k = q.contiguous(), k.contiguous()  # views of the fused qkv output: copy once
+        _fi.apply_rope_with_cos_sin_cache_inplace(positions, q.view(T, -1), k.view(T, -1), D,
+                                                  cos_sin_cache, is_neox=True)
+        return q, k
     cs = cos_sin_cache.index_select(0, positions)  # [T, D]
     cos, sin = cs.chunk(2, dim=-1)
     cos = torch.cat([cos, cos], dim=-1).to(q.dtype).unsqueeze(1)  # [T, 1, D]

@@ -47,7 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "hidden_size": 256,
         "intermediate_size": 768,
         "num_hidden_layers": 4,
-        "num_attention_heads": 8,
+        # head_dim 64: the smallest head size FlashInfer's kernels are built for
+        "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 8192,
         "bos_token_id": 1,

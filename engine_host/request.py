@@ -93,4 +93,6 @@ class Request:
         p = self.prompt_len
         if start + n <= p:
             return self.prompt_token_ids[start:start + n]
-        return (self.prompt_token_ids + self.output_token_ids)[start:start + n]
+        if start >= p:  # decodes: no copy of the prompt on the hot path
+            return self.output_token_ids[start - p:start - p + n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:start + n - p]

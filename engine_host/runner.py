@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -39,6 +40,48 @@ class ModelRunner:
         self.device = device
         self.engine_seed = engine_seed
         self.is_cuda = device.type == "cuda"
+        self.graphs: CudaGraphDecode | None = None
+        self.last_step_used_graph = False
+
+    @property
+    def cuda_graphs_enabled(self) -> bool:
+        return self.graphs is not None
+
+    def scratch_meta(self, num_reqs: int, qo_len: int, positions: torch.Tensor | None = None,
+                     slot_mapping: torch.Tensor | None = None) -> AttentionMetadata:
+        """Metadata for ``num_reqs`` dummy requests of ``qo_len`` new tokens each (≤ block size),
+        all on the scratch block: for warm-up and CUDA-graph capture. Their K/V lands in the
+        scratch block only."""
+        bs = self.kv.block_size
+        assert 1 <= qo_len <= bs
+        sb = self.kv.scratch_block
+        i32 = torch.int32
+        T = num_reqs * qo_len
+        if slot_mapping is None:
+            slot_mapping = (sb * bs + torch.arange(qo_len).repeat(num_reqs)).to(self.device)
+        if positions is None:
+            positions = torch.arange(qo_len).repeat(num_reqs).to(self.device)
+        return AttentionMetadata(
+            block_size=bs,
+            qo_indptr=torch.arange(0, T + 1, qo_len, dtype=i32),
+            kv_indptr=torch.arange(num_reqs + 1, dtype=i32),
+            kv_indices=torch.full((num_reqs,), sb, dtype=i32),
+            kv_last_page_len=torch.full((num_reqs,), qo_len, dtype=i32),
+            kv_lens=[qo_len] * num_reqs, qo_lens=[qo_len] * num_reqs,
+            slot_mapping=slot_mapping, positions=positions,
+            num_decodes=num_reqs if qo_len == 1 else 0)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Run one prefill and one decode on the scratch block, eagerly, so that JIT kernels
+        (FlashInfer compiles on first use: minutes the first time) are built before load."""
+        bs = self.kv.block_size
+        for n, q in ((1, bs), (4, 1)):
+            meta = self.scratch_meta(n, q)
+            ids = torch.zeros(n * q, dtype=torch.int64, device=self.device)
+            self.attn.begin_step(meta)
+            h = self.model(ids, meta.positions, self.kv.kv_caches, self.attn)
+            self.model.compute_logits(h[:1]).argmax(-1).tolist()
 
     def prepare(self, out: SchedulerOutput) -> StepBatch:
         """Build the step's inputs and page table from the scheduled requests (CPU work)."""
@@ -89,6 +132,11 @@ class ModelRunner:
         The forward time is measured with CUDA events on GPU, wall clock on CPU; it covers
         attention planning, the forward pass, the logits and sampling.
         """
+        if (self.graphs is not None and not out.prefills
+                and len(out.decodes) <= self.graphs.max_batch_size):
+            self.last_step_used_graph = True
+            return self.graphs.execute(self, out)
+        self.last_step_used_graph = False
         batch = self.prepare(out)
         if self.is_cuda:
             t0 = torch.cuda.Event(enable_timing=True)
@@ -110,3 +158,112 @@ class ModelRunner:
         else:
             ms = (time.perf_counter() - c0) * 1e3
         return list(zip(batch.sample_reqs, tokens)), ms
+
+
+#: Padded decode batch sizes to capture (vLLM captures 1, 2, 4, then multiples of 8).
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+class CudaGraphDecode:
+    """Decode-only steps replayed from CUDA graphs, one per padded batch size.
+
+    A decode step of B requests runs the graph of the smallest captured size n ≥ B; the n − B
+    padding rows decode a dummy token on the scratch block. Inputs go through static device
+    buffers; attention is planned outside the graph (FlashInfer's ``plan`` copies the page table
+    into the graph wrapper's fixed buffers, one wrapper per size, as vLLM does). Logits and
+    sampling run eagerly on the B real rows.
+    """
+
+    def __init__(self, runner: ModelRunner, max_model_len: int,
+                 sizes: tuple[int, ...] = GRAPH_BATCH_SIZES,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        self.sizes = tuple(sorted(sizes))
+        self.max_batch_size = self.sizes[-1]
+        dev = runner.device
+        n_max = self.max_batch_size
+        self.input_ids = torch.zeros(n_max, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n_max, dtype=torch.int64, device=dev)
+        bs = runner.kv.block_size
+        self.slot_mapping = torch.full((n_max,), runner.kv.scratch_block * bs, dtype=torch.int64,
+                                       device=dev)
+        self.max_pages_per_req = -(-max_model_len // bs)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._capture(runner, progress)
+
+    @torch.inference_mode()
+    def _capture(self, runner: ModelRunner, progress) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        attn, model, kv = runner.attn, runner.model, runner.kv
+        total = len(self.sizes)
+        for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
+            attn.graph_decode_wrapper(n, n * self.max_pages_per_req)
+            meta = runner.scratch_meta(n, 1, self.positions[:n], self.slot_mapping[:n])
+            ids = self.input_ids[:n]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                attn.begin_step(meta)
+                model(ids, meta.positions, kv.kv_caches, attn)  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(stream)
+            attn.begin_step(meta)  # fresh per-step state: index set-up is recorded in the graph
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                hidden = model(ids, meta.positions, kv.kv_caches, attn)
+            self.graphs[n] = (g, hidden)
+            if progress:
+                progress("capture CUDA graphs", i + 1, total)
+        torch.cuda.synchronize()
+
+    def padded_size(self, b: int) -> int:
+        for n in self.sizes:
+            if n >= b:
+                return n
+        raise ValueError(f"decode batch {b} exceeds the largest captured size {self.max_batch_size}")
+
+    @torch.inference_mode()
+    def execute(self, runner: ModelRunner, out: SchedulerOutput
+                ) -> tuple[list[tuple[Request, int]], float]:
+        kv = runner.kv
+        bs = kv.block_size
+        reqs = out.decodes
+        B = len(reqs)
+        n = self.padded_size(B)
+        ids, pos, slots, indices, indptr, last = [], [], [], [], [0], []
+        for r in reqs:
+            p = r.num_computed_tokens
+            ids.append(r.token_slice(p, 1)[0])
+            pos.append(p)
+            slots.append(r.block_ids[p // bs] * bs + p % bs)
+            pages = p // bs + 1
+            indices.extend(r.block_ids[:pages])
+            indptr.append(len(indices))
+            last.append(p - (pages - 1) * bs + 1)
+        pad = n - B
+        sb = kv.scratch_block
+        ids += [0] * pad
+        pos += [0] * pad
+        slots += [sb * bs] * pad
+        indices += [sb] * pad
+        indptr += range(indptr[-1] + 1, indptr[-1] + 1 + pad)
+        last += [1] * pad
+        i32 = torch.int32
+        self.input_ids[:n].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
+        self.positions[:n].copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
+        self.slot_mapping[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        meta = AttentionMetadata(
+            block_size=bs, qo_indptr=torch.arange(n + 1, dtype=i32),
+            kv_indptr=torch.tensor(indptr, dtype=i32), kv_indices=torch.tensor(indices, dtype=i32),
+            kv_last_page_len=torch.tensor(last, dtype=i32),
+            kv_lens=[p + 1 for p in pos], qo_lens=[1] * n,
+            slot_mapping=self.slot_mapping[:n], positions=self.positions[:n], num_decodes=n)
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        runner.attn.begin_step(meta)
+        g, hidden = self.graphs[n]
+        g.replay()
+        logits = runner.model.compute_logits(hidden[:B])
+        tokens = sample(logits, reqs, runner.engine_seed)
+        t1.record()
+        t1.synchronize()
+        return list(zip(reqs, tokens)), t0.elapsed_time(t1)
