@@ -26,6 +26,11 @@ from .options import engine_config, engine_options, scheduler_options, workload_
 @click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
 @click.option("--result-json", default=None, type=click.Path(dir_okay=False),
               help="Also write the results as JSON to this file.")
+@click.option("--sample-hz", default=10.0, show_default=True, type=float,
+              help="NVML/GPM sampling rate (1..100 Hz); samples go to the trace and the "
+                   "GPU lines of the results block.")
+@click.option("--gpus", default=None,
+              help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
 def bench(**o) -> None:
     """Run one scheduler mode against one load, headless, and print the results block.
 
@@ -61,17 +66,28 @@ def _bench(o: dict, err: Console) -> None:
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
+    from .probes.host import HostSampler
+    from .probes.nvml import NvmlSampler, parse_gpus
+
+    gpus = parse_gpus(o["gpus"]) if o["gpus"] else None
     listeners = []
     recorder = None
     if o["trace_path"]:
         recorder = _open_trace(o, engine, ecfg, wcfg)
         listeners.append(recorder.listener)
+    sink = recorder.record if recorder is not None else None
+    nvml = NvmlSampler(gpus, o["sample_hz"], on_sample=sink)
+    host_probe = HostSampler(on_sample=sink)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
+    nvml.start()
+    host_probe.start()
     try:
         res = run_load(engine, specs, listeners=listeners, console=err)
     finally:
+        nvml.stop()
+        host_probe.stop()
         if recorder is not None:
             recorder.close()
     m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
@@ -83,12 +99,29 @@ def _bench(o: dict, err: Console) -> None:
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
         "Load:": _load_desc(wcfg),
     }
+    extra.update(_gpu_lines(nvml, res))
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
         d = m.to_dict()
         d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=_load_desc(wcfg))
         with open(o["result_json"], "w") as f:
             json.dump(d, f, indent=2)
+
+
+def _gpu_lines(nvml, res) -> dict[str, str]:
+    """Mean GPU saturation over the run from the NVML/GPM samples, or why there is none."""
+    t0, t1 = res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)
+    samples = [x for x in list(nvml.samples) if t0 <= x.t_ns <= t1]
+    if not samples:
+        return {"GPU:": nvml.status or "no samples"}
+
+    def mean(field: str) -> str:
+        v = [getattr(x, field) for x in samples if getattr(x, field) is not None]
+        return f"{sum(v) / len(v):.1f}" if v else "n/a"
+    return {"GPU:": nvml.status,
+            "GPU SM active / tensor active (mean %):": f"{mean('sm_active')} / {mean('tensor_active')}",
+            "GPU DRAM BW util / GPU-Util (mean %):": f"{mean('dram_bw_util')} / {mean('gpu_util')}",
+            "GPU power (mean W):": mean("power_w")}
 
 
 def _load_desc(w) -> str:
