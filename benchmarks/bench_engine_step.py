@@ -80,13 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     prefills = [int(x) for x in a.prefill_lens.split(",") if x]
     mix_dec, mix_budget = (int(x) for x in a.mixed.split(":"))
     bs = 16
+    t_start = time.perf_counter()
+
+    def progress(stage: str, done: int, total: int) -> None:  # where start-up spends its time
+        if done in (0, total):
+            print(f"[{time.perf_counter() - t_start:7.1f} s] {stage}: {done}/{total}",
+                  file=sys.stderr, flush=True)
+
     blocks = max(max(batches) * cdiv(a.kv_len + 1, bs), cdiv(max(prefills), bs),
                  mix_dec * cdiv(a.kv_len + 1, bs) + cdiv(mix_budget, bs)) + 64
     eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
                                  enforce_eager=a.enforce_eager,
                                  attention_backend=a.attention_backend,
-                                 max_model_len=max(max(prefills), a.kv_len + 1) + 16,
-                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)))
+                                 max_model_len=max(max(prefills), a.kv_len + 1),
+                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)),
+                    progress=progress)
     mc = eng.model_config
     itemsize = torch.empty((), dtype=eng.dtype).element_size()
     weight_bytes = eng.loaded.weight_bytes
