@@ -15,6 +15,8 @@ def cli() -> None:
 def _register() -> None:
     from .bench_cmd import bench
     cli.add_command(bench)
+    from .top_cmd import top
+    cli.add_command(top)
     try:
         from .bench_attention import bench_attention
     except ImportError:  # not written yet / optional

@@ -1,0 +1,356 @@
+"""The dashboard's session (composition root of `gpuchef top`): engine + EngineHost + live load +
+NVML and host samplers + Timeline + the session trace, plus the live A/B controller.
+
+Threads: the engine loop (EngineHost), the load feeder (LiveLoad), the NVML sampler (+ its PCIe
+thread), the host sampler, the trace writer, and an A/B thread while one runs. The UI thread only
+reads timeline snapshots and attributes, and sends commands (queue puts): nothing here blocks it
+except ``export_trace`` and ``close``, which the app runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from .engine_host.config import ConfigError, SchedulerConfig
+from .engine_host.engine import LLMEngine
+from .engine_host.host import EngineHost
+from .engine_host.records import RequestRecord, StepRecord
+from .engine_host.workload import WorkloadConfig
+from .load import LiveLoad
+from .probes.host import HostSampler
+from .probes.metrics import DEFAULT_PERCENTILES
+from .probes.nvml import NvmlSampler
+from .probes.recorder import TraceRecorder
+from .probes.timeline import Timeline
+from .tui.model import ABState, SessionInfo
+
+#: Settle time skipped at the start of each A/B window when the A/B screen computes its numbers:
+#: requests in flight at the edge finish under the new setting (s; at most this share of a window).
+AB_SETTLE_MAX_S = 2.0
+AB_SETTLE_SHARE = 0.25
+AB_WINDOW_RANGE = (0.5, 3600.0)
+
+
+class ABController:
+    """Alternates the engine between settings A and B in windows of ``window_s`` seconds.
+
+    At each window edge it sends ``host.set_config(**setting)`` and ``host.mark("ab:<run>:<A|B>:<n>")``
+    — both applied before the same engine step, so the mark's EngineEvent (step id and time) is
+    the window edge. When the run ends (``rounds`` windows per setting, or ``stop()``) it marks
+    ``ab:<run>:end`` and restores the settings in force before the run.
+    """
+
+    def __init__(self, host: EngineHost, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.host = host
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._state = ABState()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._run_id = 0
+
+    def state(self) -> ABState:
+        return self._state
+
+    @staticmethod
+    def _check(cfg: SchedulerConfig, changes: dict[str, Any], name: str) -> dict[str, Any]:
+        try:
+            cfg.with_changes(**changes)
+        except ConfigError as e:
+            raise ConfigError(f"A/B setting {name}: {e}") from None
+        except TypeError:
+            raise ConfigError(f"A/B setting {name}: unknown knob in {sorted(changes)}") from None
+        return {k: getattr(cfg.with_changes(**changes), k) for k in changes}
+
+    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
+              rounds: int | None = None) -> ABState:
+        """Start alternating (A first). ``a``/``b``: mode and knob changes (ConfigError for a bad
+        one, naming the setting). ``window_s`` in [0.5, 3600] s; ``rounds`` windows per setting
+        (None = until ``stop``). Raises ConfigError when a run is already going."""
+        lo, hi = AB_WINDOW_RANGE
+        try:
+            window_s = float(window_s)
+        except (TypeError, ValueError):
+            raise ConfigError(f"A/B window {window_s!r} must be a number of seconds") from None
+        if not lo <= window_s <= hi:
+            raise ConfigError(f"A/B window {window_s:g} s is out of range: allowed [{lo:g}, {hi:g}] s")
+        if rounds is not None and not (isinstance(rounds, int) and rounds >= 1):
+            raise ConfigError(f"A/B rounds {rounds!r} must be an integer >= 1")
+        cfg = self.host.scheduler_config
+        sa, sb = self._check(cfg, dict(a), "A"), self._check(cfg, dict(b), "B")
+        if sa == sb:
+            raise ConfigError("A/B settings A and B are the same: nothing to compare")
+        with self._lock:
+            if self._state.active:
+                raise ConfigError("an A/B run is already going: stop it first (x on the A/B screen)")
+            self._run_id += 1
+            self._stop.clear()
+            settle = min(AB_SETTLE_MAX_S, AB_SETTLE_SHARE * window_s)
+            self._state = ABState(True, {"A": sa, "B": sb}, window_s, rounds, "", 0, 0,
+                                  self._run_id, settle)
+            restore = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+            self._thread = threading.Thread(target=self._run, args=(restore,), name="gpuchef-ab",
+                                            daemon=True)
+            self._thread.start()
+        return self._state
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """End the run now (the current window is cut short) and restore the settings."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+
+    def _run(self, restore: dict[str, Any]) -> None:
+        st = self._state
+        run = st.run
+        k = 0
+        try:
+            while not self._stop.is_set():
+                label = "AB"[k % 2]
+                n = k // 2 + 1
+                if st.rounds is not None and n > st.rounds:
+                    break
+                self.host.set_config(**st.settings[label])
+                self.host.mark(f"ab:{run}:{label}:{n}")
+                self._state = ABState(True, st.settings, st.window_s, st.rounds, label, n,
+                                      self.clock(), run, st.settle_s)
+                if self._stop.wait(st.window_s):
+                    break
+                k += 1
+        finally:
+            self.host.set_config(**restore)
+            self.host.mark(f"ab:{run}:end")
+            self._state = ABState(False, st.settings, st.window_s, st.rounds, "", 0, 0, run,
+                                  st.settle_s)
+
+
+def trace_meta(engine: LLMEngine, wcfg: WorkloadConfig, extra: dict[str, Any]) -> dict[str, Any]:
+    """The meta record's facts for a `top` session trace (as `bench` writes them)."""
+    lm = engine.loaded
+    meta = {
+        "command": "top",
+        "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
+                  "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
+        "device": str(engine.device), "attention_backend": engine.attn.name,
+        "engine_config": asdict(engine.config), "workload": asdict(wcfg),
+        "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
+        "block_size": engine.kv.block_size,
+    }
+    meta.update(extra)
+    return meta
+
+
+def next_part_path(path: Path) -> Path:
+    """``run.jsonl`` → ``run.part2.jsonl``, ``run.part2.jsonl`` → ``run.part3.jsonl`` (first free)."""
+    stem, suffix = path.stem, path.suffix
+    base, n = stem, 2
+    if ".part" in stem:
+        head, _, num = stem.rpartition(".part")
+        if num.isdigit():
+            base, n = head, int(num) + 1
+    while True:
+        p = path.with_name(f"{base}.part{n}{suffix}")
+        if not p.exists():
+            return p
+        n += 1
+
+
+class LiveSession:
+    """Everything `gpuchef top` runs, behind the interface ``tui.model.Session`` describes.
+
+    ``engine``: a built LLMEngine. ``wcfg``: the load. ``sample_hz``/``gpus``: NVML sampler
+    settings (``nvml``: a stand-in module for tests). ``trace_path``: write the session trace
+    there from the start (None: ``export_trace`` writes one on demand). ``slos``: goodput SLOs
+    (ms). ``stats_window_s``: the numbers' rolling window. ``note``: shown in the header.
+    ``num_prompts``/``duration_s``: bound the load (default: endless, a trace loops).
+    """
+
+    def __init__(self, engine: LLMEngine, wcfg: WorkloadConfig, *, sample_hz: float = 10.0,
+                 gpus: list[int] | None = None, nvml: Any = None,
+                 trace_path: str | None = None, trace_prompts: bool = False,
+                 slos: dict[str, float] | None = None,
+                 percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+                 stats_window_s: float = 30.0, note: str = "", host_probe: bool = True,
+                 num_prompts: int | None = None, duration_s: float | None = None,
+                 meta_extra: dict[str, Any] | None = None) -> None:
+        self.engine = engine
+        self.wcfg = wcfg
+        self.clock = time.monotonic_ns
+        self.slos = dict(slos or {})
+        self.percentiles = tuple(percentiles)
+        self.stats_window_s = float(stats_window_s)
+        self.trace_prompts = trace_prompts
+        lm = engine.loaded
+        self.info = SessionInfo(
+            model=lm.name, random_weights=lm.random_weights, device=str(engine.device),
+            attention=engine.attn.name, dtype=str(engine.dtype).replace("torch.", ""),
+            kv_blocks=engine.num_blocks, block_size=engine.kv.block_size,
+            max_model_len=engine.max_model_len, note=note)
+        self.timeline = Timeline(percentiles=self.percentiles)
+        self.start_ns = self.timeline.origin_ns
+        self._recorder: TraceRecorder | None = None
+        self._pending: list[Any] | None = None  # records seen while a trace is being opened
+        self._meta_extra = dict(meta_extra or {})
+        self._meta_extra.setdefault("sample_hz", sample_hz)
+        tl = self.timeline
+
+        def listener(add: Callable[[Any], None]) -> Callable[[Any], None]:
+            def on(rec: Any) -> None:  # engine/sampler threads: a deque append and a queue put
+                add(rec)
+                r = self._recorder
+                if r is not None:
+                    r.record(rec)
+                elif self._pending is not None:
+                    self._pending.append(rec)
+            return on
+
+        self.host = EngineHost(engine, on_step=listener(tl.add_step),
+                               on_request=listener(tl.add_request),
+                               on_event=listener(tl.add_event))
+        self.load = LiveLoad(self.host, wcfg, num_prompts=num_prompts, duration_s=duration_s)
+        self.ab = ABController(self.host)
+        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=listener(tl.add_gpu_sample))
+        self.host_probe = HostSampler(2.0, on_sample=listener(tl.add_host_sample)) \
+            if host_probe else None
+        if trace_path:
+            self._recorder = TraceRecorder(trace_path, meta=self._meta(), trace_prompts=trace_prompts)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._started = False
+
+    def _meta(self) -> dict[str, Any]:
+        return trace_meta(self.engine, self.wcfg, {
+            **self._meta_extra, "slos_ms": self.slos, "percentiles": list(self.percentiles),
+            "gpus": {str(k): v for k, v in self.nvml.gpu_names.items()}})
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "LiveSession":
+        if self._started:
+            return self
+        self._started = True
+        self.nvml.start()
+        if self.host_probe is not None:
+            self.host_probe.start()
+        self.host.start()
+        self.load.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the A/B run, the load, the engine and the samplers; requests still in flight are
+        aborted (recorded with finish_reason "abort"); the trace gets its end record. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.ab.stop()
+        self.load.stop()
+        self.host.stop()
+        for rid in list(self.engine.requests):
+            rec = self.engine.abort(rid)
+            if rec is not None:
+                self.host.on_request(rec)
+        self.nvml.stop()
+        if self.host_probe is not None:
+            self.host_probe.stop()
+        r = self._recorder
+        if r is not None:
+            r.close()
+
+    # -- state read by the UI --------------------------------------------------------------------
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.host.scheduler_config
+
+    @property
+    def gpu_status(self) -> str:
+        return self.nvml.status
+
+    @property
+    def gpu_available(self) -> bool:
+        return self.nvml.available
+
+    @property
+    def trace_path(self) -> str | None:
+        r = self._recorder
+        return str(r.path) if r is not None else None
+
+    @property
+    def engine_error(self) -> str | None:
+        e = self.host.error
+        return None if e is None else f"{type(e).__name__}: {e}"
+
+    @property
+    def engine_paused(self) -> bool:
+        return self.host.paused
+
+    # -- commands --------------------------------------------------------------------------------
+    def set_knob(self, name: str, value: Any) -> Any:
+        """Validate now, in force from the next step. ConfigError names the allowed range."""
+        return self.host.set_knob(name, value)
+
+    def set_config(self, **changes: Any) -> dict[str, Any]:
+        return self.host.set_config(**changes)
+
+    def pause_engine(self, paused: bool) -> None:
+        (self.host.pause if paused else self.host.resume)()
+
+    def export_trace(self, path: str | None = None) -> str:
+        """Write or rotate the session trace (blocks on file I/O: call it off the UI thread).
+
+        With a trace open: finish the current file (its end record) and go on in the next part.
+        Without one: write what the timeline still holds (the last ~10 min of steps, all kept
+        requests, samples and events) to ``path`` (default ``gpuchef-top-<time>.jsonl``) and keep
+        recording there. Returns a one-line message. Raises ConfigError when the file cannot be
+        opened.
+        """
+        r = self._recorder
+        if r is not None:
+            new = Path(path) if path else next_part_path(r.path)
+            done = r.rotate(new)
+            return f"trace {done} finished; now writing {new}"
+        p = Path(path or f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
+        rec = TraceRecorder(p, meta={**self._meta(), "backfilled_from_timeline": True},
+                            trace_prompts=self.trace_prompts)
+        self._pending = []
+        snap = self.timeline.snapshot()
+        backlog: list[tuple[int, int, Any]] = []
+        for s in snap.steps:
+            backlog.append((s.t_end_ns, 0, s))
+        for e in snap.events:
+            backlog.append((e.t_ns, 1, e))
+        for g in snap.gpu_samples:
+            backlog.append((g.t_ns, 2, g))
+        for h in snap.host_samples:
+            backlog.append((h.t_ns, 3, h))
+        for q in snap.requests:
+            backlog.append((q.token_times_ns[-1] if q.token_times_ns else q.arrival_ns, 4, q))
+        backlog.sort(key=lambda x: (x[0], x[1]))
+        seen_steps = {s.step for s in snap.steps}
+        seen_reqs = {q.request_id for q in snap.requests}
+        seen_other = {id(x) for x in (*snap.events, *snap.gpu_samples, *snap.host_samples)}
+        for _, _, x in backlog:
+            rec.record(x)
+        pending, self._pending = self._pending, None
+        self._recorder = rec
+        for x in pending:
+            if isinstance(x, StepRecord):
+                dup = x.step in seen_steps
+            elif isinstance(x, RequestRecord):
+                dup = x.request_id in seen_reqs
+            else:
+                dup = id(x) in seen_other
+            if not dup:
+                rec.record(x)
+        n = len(snap.steps)
+        lost = snap.totals["step"] - n
+        extra = f" ({lost} older steps had left memory)" if lost > 0 else ""
+        return f"trace {p}: wrote {n} steps held in memory{extra}; recording goes on there"
+
+
+__all__ = ["ABController", "LiveSession", "next_part_path", "trace_meta"]

@@ -1,0 +1,159 @@
+"""`gpuchef top`: the live dashboard — engine, load, probes and waveforms in one process."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+
+import click
+from click.core import ParameterSource
+from rich.console import Console
+
+from .engine_host.config import ConfigError
+from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
+
+# A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
+# Azure conversation trace slowed down and clipped so that the engine is busy but keeps up:
+# the reference attention is quadratic, and a 1k-token prompt already costs ~0.25 s on 2 cores.
+CPU_TRACE_SPEED = 0.5
+CPU_MAX_INPUT_LEN = 1024
+CPU_MAX_OUTPUT_LEN = 128
+CPU_BUDGET = 512
+CPU_RANDOM_RATE = 2.0
+GPU_RANDOM_RATE = 10.0
+DEFAULT_SLOS_CPU = {"ttft": 3000.0, "tpot": 250.0}
+DEFAULT_SLOS_GPU = {"ttft": 500.0, "tpot": 50.0}
+WINDOW_CHOICES = {"10s": 10.0, "60s": 60.0, "1m": 60.0, "10m": 600.0}
+
+
+def parse_window(text: str) -> float:
+    """"10s", "60s", "10m", or seconds ("90") → seconds in [1, 3600]. Raises ConfigError."""
+    s = str(text).strip().lower()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(s|m|min)?", s)
+    if not m:
+        raise ConfigError(f"--window {text!r} is not a duration: use 10s, 60s, 10m or seconds")
+    v = float(m.group(1)) * (60 if m.group(2) in ("m", "min") else 1)
+    if not 1 <= v <= 3600:
+        raise ConfigError(f"--window {text!r} is out of range: allowed [1 s, 60 min]")
+    return v
+
+
+@click.command("top")
+@engine_options
+@scheduler_options
+@workload_options
+@click.option("--sample-hz", default=10.0, show_default=True, type=float,
+              help="NVML/GPM sampling rate (Hz, 1–100).")
+@click.option("--gpus", default=None, help="GPUs to sample (NVML indices): 0,1 or 0-3 or all.")
+@click.option("--window", default="60s", show_default=True,
+              help="Waveform time window at start: 10s, 60s or 10m (keys 1/2/3 switch it).")
+@click.option("--stats-window", default=30.0, show_default=True, type=float,
+              help="Seconds of finished requests the rolling numbers summarise.")
+@click.option("--fps", default=10.0, show_default=True, type=float,
+              help="Dashboard refresh rate (Hz, 1–30).")
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the session trace (JSON Lines) here from the start; `e` rotates it. "
+                   "Without it, `e` writes what the dashboard holds and records from then on.")
+@click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
+@click.option("--ab-window", default=10.0, show_default=True, type=float,
+              help="Live A/B window length (s): the engine alternates settings every N s.")
+@click.option("--goodput", multiple=True,
+              help="SLOs for goodput, KEY:MS pairs (ttft, tpot, e2el). Default: ttft:3000 "
+                   "tpot:250 on CPU, ttft:500 tpot:50 on GPU.")
+@click.option("--metric-percentiles", default="50,99", show_default=True,
+              help="Percentiles of the numbers panel (first and last are shown).")
+@click.option("--screenshot-dir", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="Where `s` saves SVG screenshots.")
+@click.pass_context
+def top(ctx: click.Context, **o) -> None:
+    """Open the live dashboard: host the engine, drive it with load, sample the GPU, and watch
+    continuous batching vs chunked prefill while you change the knobs.
+
+    With no --dataset on a CPU it replays the bundled Azure conversation trace at 0.5× with
+    prompts clipped to 1024 and outputs to 128 tokens, and a 512-token budget, so that load shows
+    within seconds (the header says so). Keys: m mode, +/- budget, [/] chunk, </> rate,
+    p pause load, a live A/B, e trace, s screenshot, ? help, q quit.
+
+    Examples:
+
+      gpuchef top                                   # CPU: tiny model, bundled trace
+
+      gpuchef top --model llama-3-8b --dataset azure-conv   # H200
+    """
+    err = Console(stderr=True)
+    try:
+        app = _build(ctx, o, err)
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {e}")
+        sys.exit(2)
+    try:
+        app.run()
+    finally:
+        app.session.close()
+    if app.session.trace_path:
+        err.print(f"[dim]trace: {app.session.trace_path}[/dim]")
+
+
+def _is_default(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None)
+
+
+def _build(ctx: click.Context, o: dict, err: Console):
+    from .engine_host.engine import resolve_device
+    from .live import LiveSession
+    from .probes.metrics import parse_goodput, parse_percentiles
+    from .probes.nvml import parse_gpus
+    from .session import build_engine
+    from .tui.app import GpuchefApp
+
+    window_s = parse_window(o["window"])
+    pcts = parse_percentiles(o["metric_percentiles"])
+    gpus = parse_gpus(o["gpus"])
+    on_cpu = resolve_device(o["device"]).type == "cpu"
+    note = []
+    if _is_default(ctx, "dataset") and on_cpu:
+        o["dataset"] = "azure-conv"
+        if _is_default(ctx, "trace_speed"):
+            o["trace_speed"] = CPU_TRACE_SPEED
+        if _is_default(ctx, "max_input_len"):
+            o["max_input_len"] = CPU_MAX_INPUT_LEN
+        if _is_default(ctx, "max_output_len"):
+            o["max_output_len"] = CPU_MAX_OUTPUT_LEN
+        note.append(f"CPU defaults: trace ×{o['trace_speed']:g}, prompts ≤{o['max_input_len']}, "
+                    f"outputs ≤{o['max_output_len']}")
+    elif _is_default(ctx, "dataset"):
+        o["dataset"] = "azure-conv"
+    if on_cpu and _is_default(ctx, "max_num_batched_tokens"):
+        o["max_num_batched_tokens"] = CPU_BUDGET
+        note.append(f"budget {CPU_BUDGET}")
+    if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
+        o["request_rate"] = str(CPU_RANDOM_RATE if on_cpu else GPU_RANDOM_RATE)
+    slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else \
+        dict(DEFAULT_SLOS_CPU if on_cpu else DEFAULT_SLOS_GPU)
+    ecfg = engine_config(o)
+    num_prompts, duration_s = o["num_prompts"], o["duration_s"]
+    wcheck = workload_config(o, vocab_size=1 << 20, max_model_len=None)
+    if wcheck.is_random and wcheck.request_rate == float("inf"):
+        raise ConfigError("gpuchef top sends load live: --request-rate must be a finite number "
+                          "of req/s (inf = all at once only suits `bench`)")
+    if not 1 <= o["fps"] <= 30:
+        raise ConfigError(f"--fps {o['fps']:g} is out of range: allowed [1, 30]")
+    if not 1 <= o["stats_window"] <= 3600:
+        raise ConfigError(f"--stats-window {o['stats_window']:g} is out of range: allowed "
+                          "[1, 3600] s")
+    if not 0.5 <= o["ab_window"] <= 3600:
+        raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
+    engine = build_engine(ecfg, err)
+    wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
+                           max_model_len=engine.max_model_len)
+    wcfg = replace(wcfg, num_prompts=wcfg.num_prompts if num_prompts is None else num_prompts)
+    session = LiveSession(
+        engine, wcfg, sample_hz=o["sample_hz"], gpus=gpus, trace_path=o["trace_path"],
+        trace_prompts=o["trace_prompts"], slos=slos, percentiles=pcts,
+        stats_window_s=o["stats_window"], note="; ".join(note), num_prompts=num_prompts,
+        duration_s=duration_s, meta_extra={"window_s": window_s})
+    app = GpuchefApp(session, window_s=window_s, fps=o["fps"], ab_window_s=o["ab_window"],
+                     screenshot_dir=o["screenshot_dir"])
+    session.start()
+    return app

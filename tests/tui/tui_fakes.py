@@ -1,0 +1,246 @@
+"""A static session for the dashboard: a synthetic but realistic timeline (a toy scheduler with
+both modes), a fake clock, and recording stand-ins for the load and A/B controls. Snapshot tests
+use it so that pixels do not depend on the machine's speed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from gpuchef.engine_host.config import ConfigError, SchedulerConfig, parse_knob, parse_mode
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes.nvml import GpuSample
+from gpuchef.probes.timeline import Timeline
+from gpuchef.tui.model import ABState, LoadState, SessionInfo
+
+T0 = 1_000_000_000_000  # fake monotonic origin (ns)
+MS = 1_000_000
+
+
+def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list[tuple[float, str]],
+             budget_at: list[tuple[float, int]] = (), rate: float = 3.0, seed: int = 0,
+             gpu: bool = True, marks: list[tuple[float, str]] = ()) -> int:
+    """Fill ``timeline`` with ``seconds`` of a toy engine: Poisson arrivals at ``rate`` req/s,
+    prompts 200–1000 tokens, outputs 20–120, step time 2 ms + 0.22 ms/prefill token + 0.35 ms/
+    decode. ``mode_at``/``budget_at``: (s, value) changes (recorded as events at the step they
+    apply). Returns the end time (ns)."""
+    rng = np.random.default_rng(seed)
+    cfg = SchedulerConfig(mode=mode_at[0][1], max_num_batched_tokens=512)
+    changes = sorted([(t, "mode", v) for t, v in mode_at[1:]] +
+                     [(t, "max_num_batched_tokens", v) for t, v in budget_at] +
+                     [(t, "mark", v) for t, v in marks])
+    arrivals = []
+    t = 0.0
+    while t < seconds:
+        t += rng.exponential(1 / rate)
+        arrivals.append((t, int(rng.integers(200, 1000)), int(rng.integers(20, 120))))
+    now = start_ns
+    end = start_ns + int(seconds * 1e9)
+    waiting: list[dict] = []
+    running: list[dict] = []
+    step = 0
+    ai = 0
+    ci = 0
+    next_sample = start_ns
+    busy_hist: list[tuple[int, int, float]] = []
+    kv_total = 4096
+    while now < end:
+        while ci < len(changes) and start_ns + int(changes[ci][0] * 1e9) <= now:
+            _, name, v = changes[ci]
+            ci += 1
+            if name == "mark":
+                timeline.add_event(EngineEvent("mark", step, now, v))
+                continue
+            old = getattr(cfg, name)
+            cfg = cfg.with_changes(**{name: v})
+            timeline.add_event(EngineEvent("mode" if name == "mode" else "knob", step, now, name,
+                                           old, v))
+        while ai < len(arrivals) and start_ns + int(arrivals[ai][0] * 1e9) <= now:
+            a, p, o = arrivals[ai]
+            waiting.append({"id": f"req-{ai}", "arr": start_ns + int(a * 1e9), "p": p, "o": o,
+                            "done": 0, "toks": []})
+            ai += 1
+        if not waiting and not running:
+            nxt = start_ns + int(arrivals[ai][0] * 1e9) if ai < len(arrivals) else end
+            now = min(max(now + MS, nxt), end)
+            continue
+        budget = cfg.max_num_batched_tokens
+        pre_tok = 0
+        dec: list[dict] = []
+        pre: list[tuple[dict, int]] = []
+        if cfg.mode == "continuous":
+            if waiting:
+                while waiting and (not pre or pre_tok + waiting[0]["p"] - waiting[0]["done"] <= budget):
+                    r = waiting.pop(0)
+                    n = r["p"] - r["done"]
+                    pre.append((r, n))
+                    pre_tok += n
+            else:
+                dec = list(running)
+        else:
+            dec = list(running)
+            left = budget - len(dec)
+            while waiting and left > 0:
+                r = waiting[0]
+                n = min(left, r["p"] - r["done"])
+                pre.append((r, n))
+                pre_tok += n
+                left -= n
+                if r["done"] + n >= r["p"]:
+                    waiting.pop(0)
+                else:
+                    break
+        dur = int((2.0 + 0.22 * pre_tok + 0.35 * len(dec)) * MS)
+        t_start, t_end = now, now + dur
+        finished = 0
+        for r in dec:
+            r["toks"].append(t_end)
+        for r, n in pre:
+            r["done"] += n
+            if r["done"] >= r["p"]:
+                r["toks"].append(t_end)
+                running.append(r)
+        for r in list(running):
+            if len(r["toks"]) >= r["o"]:
+                running.remove(r)
+                finished += 1
+                timeline.add_request(RequestRecord(r["id"], r["arr"], r["p"], len(r["toks"]),
+                                                   tuple(r["toks"]), "length", max_tokens=r["o"]))
+        used = sum((x["p"] + len(x["toks"])) // 16 + 1 for x in running)
+        timeline.add_step(StepRecord(
+            step, t_start, t_end, dur / MS * 0.97, cfg.mode, cfg.max_num_batched_tokens,
+            cfg.max_num_seqs, cfg.long_prefill_token_threshold, cfg.max_num_partial_prefills,
+            len(pre), pre_tok, len(dec), sum(1 for r, _ in pre if r["done"] < r["p"]),
+            len(running), len(waiting), 0, used, kv_total, finished))
+        busy_hist.append((t_start, t_end, pre_tok))
+        step += 1
+        now = t_end + int(0.3 * MS)
+        while gpu and next_sample <= now:
+            recent = [b for b in busy_hist[-60:] if b[1] > next_sample - 100 * MS]
+            busy = min(1.0, sum(max(0, min(b[1], next_sample) - max(b[0], next_sample - 100 * MS))
+                                for b in recent) / (100 * MS))
+            pf = sum(b[2] for b in recent) / max(1, len(recent))
+            sm = max(0.0, busy * (35 + min(55, pf / 10)))
+            timeline.add_gpu_sample(GpuSample(
+                next_sample, 0, gpu_util=100 if busy > 0 else 0, mem_util=int(30 * busy),
+                power_w=110 + 500 * sm / 100, sm_active=sm, sm_occupancy=sm / 3,
+                tensor_active=sm * 0.8, dram_bw_util=20 + 40 * busy))
+            next_sample += 100 * MS
+    return now
+
+
+class FakeLoad:
+    def __init__(self) -> None:
+        self.rate = 0.5
+        self.paused = False
+        self.calls: list[tuple[str, Any]] = []
+
+    def state(self) -> LoadState:
+        return LoadState("trace", "azure-conv", self.rate, 5.53, self.paused, 1234, False, True)
+
+    def set_rate(self, value: Any) -> float:
+        v = float(value)
+        if not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"trace speed (×) {value!r} is out of range: allowed (0, 10000]")
+        self.rate = v
+        self.calls.append(("rate", v))
+        return v
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+class FakeAB:
+    def __init__(self, state: ABState | None = None) -> None:
+        self._state = state or ABState()
+        self.started: list[tuple] = []
+
+    def state(self) -> ABState:
+        return self._state
+
+    def start(self, a, b, window_s, rounds=None) -> ABState:
+        self.started.append((a, b, window_s, rounds))
+        self._state = ABState(True, {"A": a, "B": b}, window_s, rounds, "A", 1, 0, 1,
+                              min(2.0, window_s / 4))
+        return self._state
+
+    def stop(self) -> None:
+        self._state = replace(self._state, active=False)
+
+
+class StaticSession:
+    """The ``tui.model.Session`` interface over a fixed timeline and a fixed clock."""
+
+    def __init__(self, *, seconds: float = 70.0, gpu: bool = True, mode_switch_s: float = 35.0,
+                 ab_window_s: float | None = None) -> None:
+        self.info = SessionInfo("llama-3-8b" if gpu else "tiny", True, "cuda:0" if gpu else "cpu",
+                                "flashinfer" if gpu else "reference",
+                                "bfloat16" if gpu else "float32", 30000, 16, 8192,
+                                "" if gpu else "CPU defaults: trace ×0.5, prompts ≤1024")
+        self.timeline = Timeline(origin_ns=T0, clock=lambda: self.now)
+        self.start_ns = T0
+        ab = None
+        if ab_window_s:
+            # an A/B run: A = chunked, B = continuous, alternating from t = 0
+            n = int(seconds // ab_window_s)
+            modes = [(i * ab_window_s, "chunked" if i % 2 == 0 else "continuous")
+                     for i in range(n + 1)]
+            marks = [(i * ab_window_s, f"ab:1:{'AB'[i % 2]}:{i // 2 + 1}") for i in range(n + 1)]
+            self.now = simulate(self.timeline, start_ns=T0, seconds=seconds, mode_at=modes,
+                                marks=marks, gpu=gpu)
+            cur = n % 2
+            ab = ABState(True, {"A": {"mode": "chunked"}, "B": {"mode": "continuous"}},
+                         ab_window_s, None, "AB"[cur], n // 2 + 1,
+                         T0 + int(n * ab_window_s * 1e9), 1, min(2.0, ab_window_s / 4))
+        else:
+            self.now = simulate(self.timeline, start_ns=T0, seconds=seconds,
+                                mode_at=[(0, "continuous"), (mode_switch_s, "chunked")],
+                                budget_at=[(mode_switch_s + 15, 1024)], gpu=gpu)
+        self.clock = lambda: self.now
+        self.load = FakeLoad()
+        self.ab = FakeAB(ab)
+        self.slos = {"ttft": 500.0, "tpot": 50.0}
+        self.percentiles = (50.0, 99.0)
+        self.stats_window_s = 30.0
+        self._cfg = SchedulerConfig(mode="chunked", max_num_batched_tokens=1024)
+        self.knob_calls: list[tuple[str, Any]] = []
+        self._gpu = gpu
+        self.closed = False
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self._cfg
+
+    @property
+    def gpu_status(self) -> str:
+        return "NVML: 1 GPU (NVIDIA H200), GPM on" if self._gpu else \
+            "NVML not available: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine) " \
+            "— GPU panels off"
+
+    @property
+    def gpu_available(self) -> bool:
+        return self._gpu
+
+    trace_path = None
+    engine_error = None
+
+    def set_knob(self, name: str, value: Any) -> Any:
+        v = parse_mode(value) if name == "mode" else parse_knob(name, value)
+        self._cfg = self._cfg.with_changes(**{name: v})
+        self.knob_calls.append((name, v))
+        return v
+
+    def set_config(self, **changes: Any) -> dict:
+        return {k: self.set_knob(k, v) for k, v in changes.items()}
+
+    def export_trace(self) -> str:
+        return "trace fake.jsonl written"
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,264 @@
+"""`gpuchef top`'s Textual app: screens, keys and the refresh timer; the session does the work.
+
+One timer (``fps``, default 10) calls the visible screen's ``tick()``; screens redraw from
+timeline snapshots only what changed. Every command goes through the session, which validates it
+in this thread (a bad value raises ConfigError: we show its message, nothing changes) and applies
+it between engine steps. ``ui_cost_pct`` is the CPU time of this (the UI) thread as a share of
+one core over the last ~2 s — shown in the header, read by ``benchmarks/bench_ui.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from textual import work
+from textual.app import App
+
+from gpuchef.engine_host.config import KNOBS, ConfigError
+
+from .ab import ABAnalyser
+from .commands import DashboardCommands
+from .keys import bindings
+from .messages import KnobRequest, LoadToggle, RateRequest, TraceExported
+from .model import Session
+from .screens.ab import ABScreen
+from .screens.help import HelpScreen
+from .screens.main import MainScreen
+
+WINDOWS_S = (10.0, 60.0, 600.0)
+
+
+class GpuchefApp(App):
+    """The dashboard over ``session``. ``window_s``: waveform window (s); ``fps``: refresh rate
+    (Hz, 1–30); ``ab_window_s``: A/B window length (s); ``screenshot_dir``: where ``s`` saves."""
+
+    TITLE = "gpuchef top"
+    AUTO_FOCUS = None  # keys drive the dashboard until the user tabs into a field
+    COMMANDS = App.COMMANDS | {DashboardCommands}
+    BINDINGS = bindings()
+    CSS = """
+    Screen { background: #0b0e14; }
+    Toast { max-width: 80; }
+    """
+
+    def __init__(self, session: Session, *, window_s: float = 60.0, fps: float = 10.0,
+                 ab_window_s: float = 10.0, screenshot_dir: str = ".") -> None:
+        super().__init__()
+        if not 1 <= fps <= 30:
+            raise ConfigError(f"refresh rate {fps!r} fps is out of range: allowed [1, 30]")
+        self.session = session
+        self.window_s = float(window_s)
+        self.fps = float(fps)
+        self.ab_window_s = float(ab_window_s)
+        self.screenshot_dir = screenshot_dir
+        self.ab_analyser = ABAnalyser(session.slos, session.percentiles)
+        self.ui_cost_pct: float | None = None
+        self._cost_mark = (time.monotonic(), time.thread_time())
+        self._error_shown = False
+        self.ticks = 0
+        self.tick_cpu_s = 0.0
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen())
+        self.set_interval(1.0 / self.fps, self._tick)
+
+    def _tick(self) -> None:
+        c0 = time.thread_time()
+        scr = self.screen
+        if getattr(scr, "ready", False):  # set once the screen has mounted its widgets
+            scr.tick()
+        c1 = time.thread_time()
+        self.ticks += 1
+        self.tick_cpu_s += c1 - c0
+        w0, t0 = self._cost_mark
+        now = time.monotonic()
+        if now - w0 >= 2.0:
+            self.ui_cost_pct = (c1 - t0) / (now - w0) * 100
+            self._cost_mark = (now, c1)
+        err = self.session.engine_error
+        if err and not self._error_shown:
+            self._error_shown = True
+            self.notify(err, title="engine stopped", severity="error", timeout=30)
+
+    # -- commands through the session --------------------------------------------------------------
+    def _refused(self, e: ConfigError) -> None:
+        self.notify(str(e), title="refused", severity="error", timeout=8)
+
+    def request_knob(self, name: str, value: Any) -> bool:
+        """Send one knob or the mode to the engine; show the refusal if it is bad. True if sent."""
+        if self.session.ab.state().active:
+            self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
+            return False
+        try:
+            v = self.session.set_knob(name, value)
+        except ConfigError as e:
+            self._refused(e)
+            return False
+        self.notify(f"{name} → {v} (from the next step)", timeout=3)
+        return True
+
+    def request_rate(self, value: Any) -> bool:
+        try:
+            v = self.session.load.set_rate(value)
+        except ConfigError as e:
+            self._refused(e)
+            return False
+        unit = self.session.load.state().rate_unit
+        self.notify(f"load rate → {v:g} {unit}", timeout=3)
+        return True
+
+    def on_knob_request(self, m: KnobRequest) -> None:
+        self.request_knob(m.name, m.value)
+
+    def on_rate_request(self, m: RateRequest) -> None:
+        self.request_rate(m.value)
+
+    def on_load_toggle(self, m: LoadToggle) -> None:
+        paused = self.session.load.state().paused
+        if m.run == paused:
+            self.action_toggle_load()
+
+    def on_trace_exported(self, m: TraceExported) -> None:
+        self.notify(m.text, title="trace" if m.ok else "trace refused",
+                    severity="information" if m.ok else "error", timeout=8)
+
+    # -- key actions -------------------------------------------------------------------------------
+    def action_toggle_mode(self) -> None:
+        cur = self.session.scheduler_config.mode
+        self.request_knob("mode", "continuous" if cur == "chunked" else "chunked")
+
+    def action_knob_step(self, name: str, direction: int) -> None:
+        cfg = self.session.scheduler_config
+        spec = KNOBS[name]
+        v = getattr(cfg, name)
+        if name == "max_num_partial_prefills":
+            new = v + (1 if direction > 0 else -1)
+        elif name == "long_prefill_token_threshold":
+            budget = cfg.max_num_batched_tokens
+            eff = v if v > 0 else budget
+            new = eff * 2 if direction > 0 else max(1, eff // 2)
+            if direction > 0 and new >= budget:
+                new = 0  # a chunk as large as the budget is no cap: off
+            if direction < 0 and v == 0:
+                new = max(1, budget // 2)
+        else:
+            new = v * 2 if direction > 0 else max(1, v // 2)
+        if not spec.lo <= new <= spec.hi:
+            self._refused(ConfigError(f"{name}={new} is out of range: allowed "
+                                      f"[{spec.lo}, {spec.hi}]"))
+            return
+        if new != v:
+            self.request_knob(name, new)
+
+    def action_rate_step(self, direction: int) -> None:
+        r = self.session.load.state().rate
+        new = r * 1.25 if direction > 0 else r / 1.25
+        new = float(f"{new:.3g}")
+        self.request_rate(new)
+
+    def action_toggle_load(self) -> None:
+        load = self.session.load
+        if load.state().paused:
+            load.resume()
+            self.notify("load resumed", timeout=3)
+        else:
+            load.pause()
+            self.notify("load paused: no new arrivals (p resumes)", timeout=3)
+
+    def action_toggle_engine(self) -> None:
+        s = self.session
+        if not hasattr(s, "pause_engine"):
+            return
+        paused = bool(getattr(s, "engine_paused", False))
+        s.pause_engine(not paused)
+        self.notify("engine resumed" if paused else "engine paused: requests wait (P resumes)",
+                    timeout=3)
+
+    def action_set_window(self, seconds: float) -> None:
+        try:
+            w = float(seconds)
+        except (TypeError, ValueError):
+            w = math.nan
+        if not (math.isfinite(w) and 1 <= w <= 3600):
+            self._refused(ConfigError(f"waveform window {seconds!r} s is out of range: "
+                                      "allowed [1, 3600] s"))
+            return
+        self.window_s = w
+        self.notify(f"waveform window {w:g} s", timeout=2)
+
+    def action_cycle_window(self) -> None:
+        later = [w for w in WINDOWS_S if w > self.window_s]
+        self.action_set_window(later[0] if later else WINDOWS_S[0])
+
+    def start_ab(self, a: dict, b: dict, window_s: float | None = None,
+                 rounds: int | None = None) -> bool:
+        try:
+            self.session.ab.start(a, b, window_s or self.ab_window_s, rounds)
+        except ConfigError as e:
+            self._refused(e)
+            return False
+        self.show_ab()
+        return True
+
+    def show_ab(self) -> None:
+        if not isinstance(self.screen, ABScreen):
+            self.push_screen(ABScreen())
+
+    def action_ab(self) -> None:
+        if isinstance(self.screen, ABScreen):
+            self.pop_screen()
+            return
+        st = self.session.ab.state()
+        if st.active or st.run:
+            self.show_ab()
+            return
+        cur = self.session.scheduler_config.mode
+        other = "continuous" if cur == "chunked" else "chunked"
+        self.start_ab({"mode": cur}, {"mode": other})
+
+    def action_ab_restart(self) -> None:
+        st = self.session.ab.state()
+        if st.active:
+            self.notify("the A/B run is still going (x stops it)", severity="warning")
+            return
+        if st.settings:
+            self.start_ab(st.settings["A"], st.settings["B"], st.window_s, st.rounds)
+
+    def action_ab_stop(self) -> None:
+        if not self.session.ab.state().active:
+            self.notify("no A/B run is going", timeout=3)
+            return
+        self._stop_ab()
+
+    @work(thread=True, exclusive=True, group="ab")
+    def _stop_ab(self) -> None:
+        self.session.ab.stop()
+        self.call_from_thread(self.notify, "A/B stopped; settings restored", timeout=4)
+
+    def action_export_trace(self) -> None:
+        self._export_trace()
+
+    @work(thread=True, exclusive=True, group="trace", exit_on_error=False)
+    def _export_trace(self) -> None:
+        try:
+            text = self.session.export_trace()
+        except ConfigError as e:
+            self.post_message(TraceExported(str(e), False))
+        else:
+            self.post_message(TraceExported(text, True))
+
+    def action_screenshot(self) -> None:
+        path = self.save_screenshot(path=self.screenshot_dir)
+        self.notify(f"screenshot saved: {path}", timeout=5)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.notify("stopping load, engine and samplers; finishing the trace…", timeout=10)
+        await asyncio.to_thread(self.session.close)
+        self.exit()

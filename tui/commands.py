@@ -1,0 +1,168 @@
+"""The command palette (ctrl+p): every dashboard action, plus settings typed as text.
+
+Typed forms (short or vLLM knob names; values as in the controls panel):
+
+* ``budget 512`` / ``max_num_batched_tokens 512``, ``chunk 256``, ``seqs 64``, ``partial 2``,
+  ``mode continuous``
+* ``rate 3`` (req/s, or × for a trace)
+* ``window 60`` (seconds of waveform)
+* ``ab mode=chunked vs mode=continuous``, ``ab budget=2048 vs budget=512 window=20``
+
+A value the engine would refuse shows its error in the palette; choosing it shows the message and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from gpuchef.engine_host.config import KNOBS, MODES, ConfigError, parse_knob, parse_mode
+
+SHORT_TO_KNOB = {
+    "budget": "max_num_batched_tokens",
+    "chunk": "long_prefill_token_threshold",
+    "seqs": "max_num_seqs",
+    "partial": "max_num_partial_prefills",
+    "mode": "mode",
+    **{k: k for k in KNOBS},
+}
+
+
+def knob_name(word: str) -> str | None:
+    return SHORT_TO_KNOB.get(word.strip().lower().replace("-", "_"))
+
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """``"mode=continuous, budget=512"`` → ``{"mode": "continuous", "max_num_batched_tokens":
+    512}``. Raises ConfigError naming a bad pair, knob or value."""
+    out: dict[str, Any] = {}
+    for pair in re.split(r"[,\s]+", text.strip()):
+        if not pair:
+            continue
+        k, sep, v = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"A/B setting {pair!r} is not KNOB=VALUE (e.g. budget=512, "
+                              f"mode=continuous)")
+        name = knob_name(k)
+        if name is None:
+            raise ConfigError(f"unknown knob {k!r}: use mode, budget, chunk, seqs, partial or "
+                              f"{', '.join(KNOBS)}")
+        out[name] = parse_mode(v) if name == "mode" else parse_knob(name, v)
+    if not out:
+        raise ConfigError("an A/B setting names no knob (e.g. mode=continuous)")
+    return out
+
+
+def parse_ab(text: str) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+    """``"mode=chunked vs mode=continuous window=20"`` → (A, B, window_s or None)."""
+    window = None
+    m = re.search(r"\bwindow\s*=\s*([0-9.]+)\s*s?\b", text)
+    if m:
+        window = float(m.group(1))
+        text = text[:m.start()] + text[m.end():]
+    if " vs " not in f" {text} ":
+        raise ConfigError("write the A/B as 'ab SETTING vs SETTING', e.g. "
+                          "'ab mode=chunked vs mode=continuous'")
+    a, _, b = text.partition(" vs ")
+    return parse_setting(a), parse_setting(b), window
+
+
+class DashboardCommands(Provider):
+    """Palette hits for the dashboard's actions and typed settings."""
+
+    def _actions(self) -> list[tuple[str, Any, str]]:
+        app = self.app
+        s = app.session
+        cfg = s.scheduler_config
+        other = "continuous" if cfg.mode == "chunked" else "chunked"
+        load = s.load.state()
+        acts = [
+            (f"Switch mode to {other}", partial(app.request_knob, "mode", other),
+             "continuous = prefill-first whole prompts; chunked = decode-first, token budget"),
+            ("Resume load" if load.paused else "Pause load", app.action_toggle_load,
+             "stop or restart new arrivals"),
+            ("Resume engine" if getattr(s, "engine_paused", False) else "Pause engine",
+             app.action_toggle_engine, "stop stepping; queued requests wait"),
+            (f"Start A/B: mode={cfg.mode} vs mode={other}", app.action_ab,
+             f"windows of {app.ab_window_s:g} s; or type 'ab budget=2048 vs budget=512'"),
+            ("Stop A/B", app.action_ab_stop, "settings go back to what they were"),
+            ("Show A/B screen", app.show_ab, "the A/B side by side"),
+            ("Waveform window 10 s", partial(app.action_set_window, 10), ""),
+            ("Waveform window 60 s", partial(app.action_set_window, 60), ""),
+            ("Waveform window 10 min", partial(app.action_set_window, 600), ""),
+            ("Write / rotate the session trace", app.action_export_trace,
+             s.trace_path or "no trace yet: writes what the timeline holds, then records"),
+            ("Save SVG screenshot", app.action_screenshot, ""),
+            ("Help: keys and panels", app.action_help, ""),
+        ]
+        for short, name in (("budget", "max_num_batched_tokens"),
+                            ("chunk", "long_prefill_token_threshold"), ("seqs", "max_num_seqs"),
+                            ("partial", "max_num_partial_prefills")):
+            spec = KNOBS[name]
+            acts.append((f"Set {name} ({short}) — type '{short} N'",
+                         partial(app.notify, f"type '{short} N' in the palette, e.g. "
+                                 f"'{short} {getattr(cfg, name)}'; allowed [{spec.lo}, {spec.hi}]"),
+                         f"now {getattr(cfg, name)}; {spec.help}"))
+        unit = "req/s" if load.kind == "random" else "× trace speed"
+        acts.append((f"Set load rate — type 'rate N' ({unit})",
+                     partial(app.notify, f"type 'rate N' in the palette ({unit}); now {load.rate:g}"),
+                     f"now {load.rate:g} {unit}"))
+        return acts
+
+    async def discover(self) -> Hits:
+        for text, cb, help_ in self._actions():
+            yield DiscoveryHit(text, cb, help=help_ or None)
+
+    async def search(self, query: str) -> Hits:
+        q = query.strip()
+        typed = self._typed(q)
+        if typed is not None:
+            yield typed
+        matcher = self.matcher(q)
+        for text, cb, help_ in self._actions():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score * 0.9, matcher.highlight(text), cb, text=text, help=help_ or None)
+
+    def _typed(self, q: str) -> Hit | None:
+        app = self.app
+        words = q.split(None, 1)
+        if len(words) != 2:
+            return None
+        head, rest = words[0].lower(), words[1].strip()
+        if head == "ab":
+            try:
+                a, b, window = parse_ab(rest)
+            except ConfigError as e:
+                return Hit(1.0, f"A/B: {e}", partial(app.notify, str(e), severity="error"),
+                           text=f"ab {rest}")
+            w = window or app.ab_window_s
+            return Hit(1.0, f"Start A/B: {a} vs {b}, windows of {w:g} s",
+                       partial(app.start_ab, a, b, w), text=f"ab {rest}")
+        if head == "rate":
+            return Hit(1.0, f"Set load rate to {rest}", partial(app.request_rate, rest),
+                       text=f"rate {rest}")
+        if head == "window":
+            try:
+                w = float(rest.rstrip("s"))
+            except ValueError:
+                return None
+            return Hit(1.0, f"Waveform window {w:g} s", partial(app.action_set_window, w),
+                       text=f"window {rest}")
+        name = knob_name(head)
+        if name is None:
+            return None
+        try:
+            v = parse_mode(rest) if name == "mode" else parse_knob(name, rest)
+        except ConfigError as e:
+            return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
+                                               title="refused"), text=f"{head} {rest}")
+        return Hit(1.0, f"Set {name} = {v}", partial(app.request_knob, name, rest),
+                   text=f"{head} {rest}", help="in force from the engine's next step")
+
+
+__all__ = ["DashboardCommands", "parse_ab", "parse_setting", "knob_name", "MODES"]

@@ -1,0 +1,145 @@
+"""What the dashboard needs from a live session: the contract between the TUI and its host.
+
+The TUI imports engine_host and probes, never ``gpuchef`` itself: ``gpuchef/live.py`` builds the
+real session (engine + EngineHost + live load + samplers + timeline + trace) and tests build a
+static one. Everything here is read from the UI thread and must not block: commands are queue
+puts, reads are attributes or lock-free timeline snapshots. The one slow call, ``export_trace``,
+is run by the app in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.probes.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """Facts fixed at start-up, shown in the header.
+
+    ``model``: preset or folder name; ``random_weights``: weights were not loaded from a file.
+    ``device``: "cpu" / "cuda:0"; ``attention``: the attention backend's name. ``kv_blocks`` and
+    ``block_size``: KV cache size (blocks of ``block_size`` tokens). ``note``: a short line about
+    defaults chosen for this machine (e.g. the CPU load), or "".
+    """
+
+    model: str
+    random_weights: bool
+    device: str
+    attention: str
+    dtype: str = ""
+    kv_blocks: int = 0
+    block_size: int = 16
+    max_model_len: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """The live load as the header and the rate control show it.
+
+    ``kind``: "random" (``rate`` in req/s) or "trace" (``rate`` is the replay speed, ×).
+    ``name``: dataset name. ``mean_rate``: the trace's mean req/s at speed 1 (0 for random).
+    ``paused``: no new arrivals. ``submitted``: requests sent so far. ``done``: the stream ended
+    (a bounded ``--num-prompts``/``--duration`` load). ``loop``: a trace restarts at its end.
+    """
+
+    kind: str
+    name: str
+    rate: float
+    mean_rate: float = 0.0
+    paused: bool = False
+    submitted: int = 0
+    done: bool = False
+    loop: bool = False
+
+    @property
+    def rate_unit(self) -> str:
+        return "req/s" if self.kind == "random" else "×"
+
+    def describe(self) -> str:
+        """e.g. "azure-conv ×0.50 (≈2.8 req/s), loop" or "random 4.0 req/s"."""
+        if self.kind == "random":
+            s = f"random {self.rate:g} req/s"
+        else:
+            s = f"{self.name} ×{self.rate:.2f}"
+            if self.mean_rate > 0:
+                s += f" (≈{self.rate * self.mean_rate:.1f} req/s)"
+            if self.loop:
+                s += ", loop"
+        if self.paused:
+            s += " — PAUSED"
+        elif self.done:
+            s += " — done"
+        return s
+
+
+@dataclass(frozen=True)
+class ABState:
+    """A/B run as its controller sees it. ``settings``: {"A": {...}, "B": {...}} (mode and knob
+    changes; what is not named stays as it was). ``window_s``: length of one window (s).
+    ``rounds``: windows per setting to run (None = until stopped). ``current``: "A"/"B"/"" and
+    ``index`` its 1-based window number; ``window_t0_ns``: when the current window began.
+    ``run``: increments with every A/B started (marks carry it)."""
+
+    active: bool = False
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    window_s: float = 0.0
+    rounds: int | None = None
+    current: str = ""
+    index: int = 0
+    window_t0_ns: int = 0
+    run: int = 0
+    settle_s: float = 0.0
+
+
+class LoadControl(Protocol):
+    def state(self) -> LoadState: ...
+    def set_rate(self, value: Any) -> float: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+class ABControl(Protocol):
+    def state(self) -> ABState: ...
+    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
+              rounds: int | None = None) -> ABState: ...
+    def stop(self) -> None: ...
+
+
+class Session(Protocol):
+    """A running session as the dashboard drives it (see ``gpuchef/live.py``).
+
+    ``set_knob``/``set_config`` validate in the caller's thread (ConfigError naming the value and
+    the allowed range; nothing changes) and take effect before the engine's next step.
+    ``export_trace()`` blocks (file I/O): returns a one-line message, raises ConfigError.
+    """
+
+    info: SessionInfo
+    timeline: Timeline
+    clock: Callable[[], int]
+    load: LoadControl
+    ab: ABControl
+    slos: dict[str, float]
+    percentiles: tuple[float, ...]
+    stats_window_s: float
+    start_ns: int
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig: ...
+    @property
+    def gpu_status(self) -> str: ...
+    @property
+    def gpu_available(self) -> bool: ...
+    @property
+    def trace_path(self) -> str | None: ...
+    @property
+    def engine_error(self) -> str | None: ...
+
+    def set_knob(self, name: str, value: Any) -> Any: ...
+    def set_config(self, **changes: Any) -> dict[str, Any]: ...
+    def export_trace(self) -> str: ...
+    def close(self) -> None: ...

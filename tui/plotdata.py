@@ -1,0 +1,372 @@
+"""From a timeline snapshot to the numbers each waveform column shows (numpy, no Textual).
+
+All waveforms share one :class:`TimeGrid`: ``cols`` equal slices ending at the slice that holds
+"now". Slice edges sit on a fixed grid (multiples of the slice width from the session origin), so
+the picture scrolls by whole columns and a column's value does not change once it is complete:
+the UI redraws only when the grid advances or the last (partial) column got new data.
+
+Step quantities are spread over each step's span ``[t_start_ns, t_end_ns]`` (a 260 ms prefill
+step covers three 100 ms slices), as ``probes.timeline.Waveform`` does; per-step figures (tokens
+per step, queue lengths, KV) come from the steps that *ended* in the slice.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpuchef.engine_host.records import EngineEvent, StepRecord
+from gpuchef.probes.timeline import TimelineSnapshot
+
+NAN = float("nan")
+
+#: Short names of the knobs, for event labels and the header.
+KNOB_SHORT = {
+    "max_num_batched_tokens": "budget",
+    "long_prefill_token_threshold": "chunk",
+    "max_num_seqs": "seqs",
+    "max_num_partial_prefills": "partial",
+    "mode": "mode",
+}
+
+GPU_FIELDS = ("sm_active", "tensor_active", "gpu_util", "dram_bw_util", "power_w")
+
+
+@dataclass(frozen=True)
+class TimeGrid:
+    """``cols`` slices of ``bin_ns`` each; column ``i`` covers ``[t0_ns + i*bin_ns, +bin_ns)``.
+
+    ``now_ns`` lies in the last column (it is partial). Raises ValueError for ``cols`` < 1 or a
+    window shorter than ``cols`` ns.
+    """
+
+    t0_ns: int
+    bin_ns: int
+    cols: int
+    now_ns: int
+
+    @classmethod
+    def ending_at(cls, now_ns: int, origin_ns: int, window_s: float, cols: int) -> "TimeGrid":
+        """The grid whose last column holds ``now_ns``; edges on multiples of the slice width
+        from ``origin_ns`` (window ``window_s`` seconds over ``cols`` columns)."""
+        if cols < 1:
+            raise ValueError(f"cols {cols} must be >= 1")
+        bin_ns = int(window_s * 1e9) // cols
+        if bin_ns < 1:
+            raise ValueError(f"window {window_s} s is too short for {cols} columns")
+        k = (now_ns - origin_ns) // bin_ns
+        t1 = origin_ns + (k + 1) * bin_ns
+        return cls(t1 - cols * bin_ns, bin_ns, cols, now_ns)
+
+    @classmethod
+    def spanning(cls, t0_ns: int, t1_ns: int, cols: int, now_ns: int | None = None) -> "TimeGrid":
+        """A grid over a fixed range (an A/B window), ``cols`` columns."""
+        cols = max(1, cols)
+        bin_ns = max(1, (t1_ns - t0_ns) // cols)
+        return cls(t0_ns, bin_ns, cols, t1_ns if now_ns is None else min(now_ns, t1_ns))
+
+    @property
+    def t1_ns(self) -> int:
+        return self.t0_ns + self.cols * self.bin_ns
+
+    @property
+    def bin_s(self) -> float:
+        return self.bin_ns / 1e9
+
+    @property
+    def window_s(self) -> float:
+        return self.cols * self.bin_ns / 1e9
+
+    def col_of(self, t_ns: int) -> int:
+        """Column of ``t_ns`` (may be outside ``[0, cols)``)."""
+        return (t_ns - self.t0_ns) // self.bin_ns
+
+    def edges(self) -> np.ndarray:
+        return self.t0_ns + self.bin_ns * np.arange(self.cols + 1, dtype=np.int64)
+
+    def key(self) -> tuple[int, int, int]:
+        """Changes exactly when the picture must scroll or be re-laid out."""
+        return (self.t0_ns, self.bin_ns, self.cols)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A change on the waveforms: column, short label, kind ("mode", "knob", "mark", "load",
+    "ab"), the step at which it took effect and its time."""
+
+    col: int
+    label: str
+    kind: str
+    step: int
+    t_ns: int
+
+
+@dataclass
+class WaveFrame:
+    """Per-column values (float64 arrays of length ``grid.cols``; NaN = no data).
+
+    Step waveform — share of each slice's time the engine computed (0–1), split by step kind:
+    ``busy_prefill`` (steps with prefill tokens only), ``busy_mixed`` (prefill and decode in one
+    step), ``busy_decode`` (decode only). Batch composition — ``prefill_per_step`` /
+    ``decode_per_step``: the tokens of the largest step that ended in the slice (a real step,
+    not an average: a prefill-only and a decode-only step must not blend into a fake mixed
+    one), and ``budget`` (the largest ``max_num_batched_tokens`` in force there). Queue: ``running``, ``waiting`` (after
+    the slice's last step; 0 when the engine was idle), ``preempted`` (preemptions in the slice),
+    ``kv`` (KV blocks used / total, 0–1). ``steps``: steps that ended in the slice. ``modes``:
+    mode of each column's last step ("" before any). GPU (means of the samples in the slice, all
+    GPUs pooled): ``sm_active``, ``tensor_active``, ``gpu_util``, ``dram_bw_util`` (%),
+    ``power_w`` (W). ``markers``: changes inside the window.
+    """
+
+    grid: TimeGrid
+    busy_prefill: np.ndarray
+    busy_mixed: np.ndarray
+    busy_decode: np.ndarray
+    prefill_per_step: np.ndarray
+    decode_per_step: np.ndarray
+    budget: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    preempted: np.ndarray
+    kv: np.ndarray
+    steps: np.ndarray
+    modes: list[str]
+    gpu: dict[str, np.ndarray] = field(default_factory=dict)
+    markers: list[Marker] = field(default_factory=list)
+    kv_blocks_total: int = 0
+
+    @property
+    def busy(self) -> np.ndarray:
+        return self.busy_prefill + self.busy_mixed + self.busy_decode
+
+
+def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Sum of ``w`` per bin with each weight spread evenly over ``[ts, te]`` (sorted, disjoint
+    spans; zero-length spans land in the bin of ``te``)."""
+    if len(w) == 0:
+        return np.zeros(len(edges) - 1)
+    knots = np.empty(2 * len(ts), dtype=np.float64)
+    knots[0::2] = ts
+    knots[1::2] = te
+    c = np.cumsum(w)
+    y = np.empty_like(knots)
+    y[0::2] = c - w
+    y[1::2] = c
+    f = np.interp(edges.astype(np.float64), knots, y, left=0.0, right=float(c[-1]))
+    return np.diff(f)
+
+
+_STEP_FIELDS = ("t_start_ns", "t_end_ns", "num_prefill_tokens", "num_decode_reqs", "num_running",
+                "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total",
+                "max_num_batched_tokens", "step")
+_MODE_CODE = {"continuous": 0, "chunked": 1}
+_MODES = ("continuous", "chunked")
+
+
+class StepColumns:
+    """StepRecords as numpy columns (int64, plus ``gpu_ms`` float64 and a mode code), appended
+    incrementally: each record is converted once, so a redraw costs numpy slicing, not a Python
+    pass over every step in the window. ``max_age_ns``: steps ending longer ago than this before
+    the newest one are dropped (the longest window plus a margin).
+    """
+
+    def __init__(self, max_age_ns: int = 700 * 10**9) -> None:
+        self.max_age_ns = max_age_ns
+        self.ints = np.zeros((0, len(_STEP_FIELDS)), dtype=np.int64)
+        self.gpu_ms = np.zeros(0)
+        self.mode = np.zeros(0, dtype=np.int8)
+        self.last_step = -1
+
+    @classmethod
+    def from_steps(cls, steps: Sequence[StepRecord]) -> "StepColumns":
+        c = cls(max_age_ns=1 << 62)
+        c.extend(steps)
+        return c
+
+    def extend(self, steps: Sequence[StepRecord]) -> None:
+        """Add the steps of ``steps`` (time ordered) newer than the last one added."""
+        if not steps:
+            return
+        if steps[-1].step <= self.last_step:
+            return
+        i = bisect_left(steps, self.last_step + 1, key=_step_id) if self.last_step >= 0 else 0
+        new = steps[i:]
+        m = len(new)
+        ints = np.array([[getattr(s, f) for f in _STEP_FIELDS] for s in new],
+                        dtype=np.int64).reshape(m, len(_STEP_FIELDS))
+        gpu = np.fromiter((s.gpu_ms for s in new), np.float64, m)
+        mode = np.fromiter((_MODE_CODE.get(s.mode, 1) for s in new), np.int8, m)
+        self.ints = np.concatenate([self.ints, ints])
+        self.gpu_ms = np.concatenate([self.gpu_ms, gpu])
+        self.mode = np.concatenate([self.mode, mode])
+        self.last_step = new[-1].step
+        cut = int(np.searchsorted(self.ints[:, 1], self.ints[-1, 1] - self.max_age_ns))
+        if cut > 4096:  # trim in chunks, not every call
+            self.ints, self.gpu_ms, self.mode = self.ints[cut:], self.gpu_ms[cut:], self.mode[cut:]
+
+    def __len__(self) -> int:
+        return len(self.gpu_ms)
+
+    def overlapping(self, t0: int, t1: int) -> slice:
+        """Rows of the steps overlapping ``[t0, t1)``: those ending in it, and the one running
+        across ``t1`` (it ends later but covers part of the window)."""
+        te = self.ints[:, 1]
+        i = int(np.searchsorted(te, t0, side="left"))
+        j = int(np.searchsorted(te, t1, side="left"))
+        if j < len(te) and self.ints[j, 0] < t1:
+            j += 1
+        return slice(i, j)
+
+
+def _step_id(s: StepRecord) -> int:
+    return s.step
+
+
+def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
+                steps: StepColumns | None = None) -> WaveFrame:
+    """Bin ``snap`` on ``grid`` (see :class:`WaveFrame`). ``gpu`` False skips the GPU samples.
+    ``steps``: the snapshot's steps already converted (kept up to date by the caller); default:
+    convert the ones in the window now."""
+    n = grid.cols
+    edges = grid.edges()
+    t0, t1 = grid.t0_ns, grid.t1_ns
+    if steps is None:
+        steps = StepColumns.from_steps(snap.steps_between(t0, t1 + 3600 * 10**9))
+    sl = steps.overlapping(t0, t1)
+    cols = steps.ints[sl]
+    nan = np.full(n, NAN)
+    z = np.zeros(n)
+    modes = [""] * n
+    if len(cols):
+        gpu_ms = steps.gpu_ms[sl]
+        mode_codes = steps.mode[sl]
+        ts, te = cols[:, 0], np.maximum(cols[:, 1], cols[:, 0])
+        te = np.maximum.accumulate(te)  # one engine: spans never overlap; guard the knots' order
+        ts = np.maximum(ts, np.concatenate(([ts[0]], te[:-1])))
+        te = np.maximum(te, ts)
+        wall = (te - ts).astype(np.float64)
+        busy_ns = np.minimum(gpu_ms * 1e6, np.where(wall > 0, wall, gpu_ms * 1e6))
+        pre, dec = cols[:, 2], cols[:, 3]
+        kind_pre = (pre > 0) & (dec == 0)
+        kind_mix = (pre > 0) & (dec > 0)
+        kind_dec = pre == 0
+        # the partial last column is measured against the time elapsed in it, not its width
+        span = np.full(n, float(grid.bin_ns))
+        span[-1] = float(max(1, min(grid.bin_ns, grid.now_ns - (t1 - grid.bin_ns))))
+        tsf, tef = ts.astype(np.float64), te.astype(np.float64)
+        busy_p = np.clip(_spread(tsf, tef, busy_ns * kind_pre, edges) / span, 0, 1)
+        busy_m = np.clip(_spread(tsf, tef, busy_ns * kind_mix, edges) / span, 0, 1)
+        busy_d = np.clip(_spread(tsf, tef, busy_ns * kind_dec, edges) / span, 0, 1)
+        # per-step figures by the column each step ended in
+        endc = (cols[:, 1] - t0) // grid.bin_ns
+        inside = (endc >= 0) & (endc < n)
+        idx = endc[inside]
+        cnt = np.bincount(idx, minlength=n).astype(np.float64)
+        # the largest step of each column (by tokens): its prefill/decode split is drawn
+        tok = (pre + dec)[inside]
+        rows = np.nonzero(inside)[0]
+        order = np.lexsort((tok, idx))          # by column, then tokens: the last of a column wins
+        best = np.full(n, -1, dtype=np.int64)
+        best[idx[order]] = rows[order]
+        hasb = best >= 0
+        pre_ps, dec_ps = nan.copy(), nan.copy()
+        pre_ps[hasb] = pre[best[hasb]]
+        dec_ps[hasb] = dec[best[hasb]]
+        preempted = np.bincount(idx, weights=cols[inside, 6], minlength=n)
+        budget_i = np.full(n, -1, dtype=np.int64)
+        np.maximum.at(budget_i, idx, cols[inside, 9])
+        budget = np.where(budget_i >= 0, budget_i.astype(np.float64), NAN)
+        # last step of each column (steps are in time order: the last write wins)
+        last = np.full(n, -1, dtype=np.int64)
+        last[idx] = rows
+        has = last >= 0
+        running, waiting, kv = z.copy(), z.copy(), z.copy()
+        li = last[has]
+        running[has] = cols[li, 4]
+        waiting[has] = cols[li, 5]
+        tot = cols[li, 8].astype(np.float64)
+        kv[has] = np.where(tot > 0, cols[li, 7] / np.maximum(tot, 1), 0.0)
+        # a column with no step ending in it but covered by a long step keeps the last state
+        busy = busy_p + busy_m + busy_d
+        carry = (~has) & (busy > 0)
+        if carry.any():
+            ref = np.where(has, np.arange(n), -1)
+            np.maximum.accumulate(ref, out=ref)
+            ok = carry & (ref >= 0)
+            running[ok], waiting[ok], kv[ok] = (running[ref[ok]], waiting[ref[ok]], kv[ref[ok]])
+        code = np.full(n, -1, dtype=np.int64)
+        code[has] = mode_codes[li]
+        ref = np.where(code >= 0, np.arange(n), -1)
+        np.maximum.accumulate(ref, out=ref)
+        modes = [_MODES[code[r]] if r >= 0 else "" for r in ref.tolist()]
+        kv_total = int(cols[-1, 8])
+    else:
+        busy_p = busy_m = busy_d = z
+        pre_ps = dec_ps = budget = nan
+        running = waiting = kv = preempted = z
+        cnt = z
+        kv_total = 0
+    gpu_series: dict[str, np.ndarray] = {}
+    if gpu and snap.gpu_samples:
+        for f in GPU_FIELDS:
+            gpu_series[f] = snap.sample_waveform(f, t0, t1, n)[1]
+    return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
+                     preempted, kv, cnt, modes, gpu_series,
+                     markers_for(snap.events_between(t0, t1), grid), kv_total)
+
+
+def event_label(ev: EngineEvent) -> tuple[str, str] | None:
+    """(label, kind) for an event drawn on the waveforms; None for ones that are not drawn
+    (refused commands, warnings)."""
+    if ev.kind == "mode":
+        return f"mode→{ev.new}", "mode"
+    if ev.kind == "knob":
+        short = KNOB_SHORT.get(ev.name, ev.name)
+        return f"{short} {_fmt_knob(ev.name, ev.old)}→{_fmt_knob(ev.name, ev.new)}", "knob"
+    if ev.kind in ("pause", "resume"):
+        what = "load" if ev.name == "load" else "engine"
+        return f"{what} {'paused' if ev.kind == 'pause' else 'resumed'}", "load"
+    if ev.kind == "mark":
+        name = str(ev.name)
+        if name.startswith("ab:"):
+            parts = name.split(":")
+            if len(parts) >= 4 and parts[2] in ("A", "B"):
+                return f"{parts[2]}#{parts[3]}", "ab"
+            if len(parts) >= 3 and parts[2] == "end":
+                return "A/B end", "ab"
+            return None
+        return name, "mark"
+    return None
+
+
+def _fmt_knob(name: str, v: Any) -> str:
+    if name == "long_prefill_token_threshold" and v == 0:
+        return "off"
+    return str(v)
+
+
+def markers_for(events: Sequence[EngineEvent], grid: TimeGrid) -> list[Marker]:
+    out: list[Marker] = []
+    for ev in events:
+        lk = event_label(ev)
+        if lk is None:
+            continue
+        c = grid.col_of(ev.t_ns)
+        if 0 <= c < grid.cols:
+            out.append(Marker(int(c), lk[0], lk[1], ev.step, ev.t_ns))
+    return out
+
+
+def nice_max(v: float, floor: float = 1.0) -> float:
+    """A round axis maximum >= ``v`` (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k), at least
+    ``floor``."""
+    v = max(float(v) if math.isfinite(v) else 0.0, floor)
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * e >= v:
+            return m * e
+    return 10 * e

@@ -1,0 +1,203 @@
+"""The live A/B screen: settings A and B side by side on the same arrival stream — the same
+waveforms (each setting's newest window, on its own axis from the window's start) and the same
+numbers, with the difference B − A and whether it is beyond the run-to-run spread."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from .. import theme
+from ..ab import ABResult, ABWindow
+from ..chart import GUTTER_L, GUTTER_R
+from ..plotdata import KNOB_SHORT, TimeGrid, build_frame
+from ..widgets.header import SessionHeader
+from ..widgets.waveforms import BatchPanel, GpuPanel, StepPanel, TimeAxis
+from .main import header_state
+
+REFRESH_S = 0.5
+
+
+def describe_setting(d: dict) -> str:
+    return ", ".join(f"{KNOB_SHORT.get(k, k)}={'off' if k == 'long_prefill_token_threshold' and v == 0 else v}"
+                     for k, v in d.items()) or "as before"
+
+
+class SideTitle(Static):
+    DEFAULT_CSS = """
+    SideTitle { height: 1; background: #1b2130; padding: 0 1; }
+    """
+
+
+class ABScreen(Screen):
+    BINDINGS = [("a,escape", "app.pop_screen", "back"), ("x", "app.ab_stop", "stop A/B")]
+    DEFAULT_CSS = """
+    ABScreen { background: #0b0e14; }
+    #ab-banner { height: auto; padding: 0 1; background: #11151c; }
+    #ab-sides { height: auto; }
+    #ab-sides > Vertical { width: 1fr; height: auto; margin: 0 1 0 0; }
+    #ab-sides StepPanel { height: 7; }
+    #ab-sides BatchPanel { height: 7; }
+    #ab-sides GpuPanel { height: 5; }
+    #ab-sides GpuPanel.off { display: none; }
+    #ab-sides TimeAxis { height: 3; }
+    #ab-table { height: auto; padding: 0 1; background: #11151c; margin-top: 1; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._last = 0.0
+
+    def compose(self) -> ComposeResult:
+        yield SessionHeader(id="header")
+        yield Static(id="ab-banner")
+        with Horizontal(id="ab-sides"):
+            for label in ("A", "B"):
+                with Vertical(id=f"side-{label}"):
+                    yield SideTitle(id=f"title-{label}")
+                    yield GpuPanel(id=f"gpu-{label}")
+                    yield StepPanel(id=f"step-{label}")
+                    yield BatchPanel(id=f"batch-{label}")
+                    yield TimeAxis(id=f"axis-{label}")
+        yield Static(id="ab-table")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for label in ("A", "B"):
+            self.query_one(f"#axis-{label}", TimeAxis).from_start = True
+            # half-width panels: short titles (the main screen's help names the sources)
+            for pid, unit in (("gpu", "% · NVML/GPM"), ("step", "busy % · StepRecord"),
+                              ("batch", "tokens, largest step · StepRecord")):
+                p = self.query_one(f"#{pid}-{label}")
+                p.UNIT, p.SOURCE = unit, ""
+        self.tick(force=True)
+        self.ready = True
+
+    def on_resize(self) -> None:
+        if getattr(self, "ready", False):
+            self.call_after_refresh(self.tick, True)
+
+    def on_screen_resume(self) -> None:
+        if getattr(self, "ready", False):
+            self.tick(force=True)
+
+    def tick(self, force: bool = False) -> None:
+        wall = time.monotonic()
+        if not force and wall - self._last < REFRESH_S:
+            return
+        self._last = wall
+        app = self.app
+        s = app.session
+        now = s.clock()
+        self.query_one(SessionHeader).show(header_state(app))
+        st = s.ab.state()
+        snap = s.timeline.snapshot(now)
+        res = app.ab_analyser.analyse(snap, st)
+        self.query_one("#ab-banner", Static).update(self._banner(st, res, now))
+        gpu_on = bool(s.gpu_available)
+        for label in ("A", "B"):
+            w = _newest(res.windows, label)
+            title = self.query_one(f"#title-{label}", SideTitle)
+            colour = theme.AB_COLOURS[label]
+            t = Text()
+            t.append(f" {label} ", style=f"bold #11151c on {colour}")
+            t.append(f"  {describe_setting(st.settings.get(label, {}))}", style=f"bold {theme.TITLE}")
+            if w is None:
+                t.append("   no window yet", style=theme.LABEL)
+            else:
+                state = "complete" if w.complete else "running"
+                t.append(f"   window {label}#{w.index} ({state}), from step {w.step0}",
+                         style=theme.LABEL)
+            title.update(t)
+            gpu = self.query_one(f"#gpu-{label}", GpuPanel)
+            gpu.set_class(not gpu_on, "off")
+            if w is None or st.window_s <= 0:
+                continue
+            step = self.query_one(f"#step-{label}", StepPanel)
+            cols = step.size.width - GUTTER_L - GUTTER_R
+            if cols <= 0:
+                continue
+            t1 = w.t0_ns + int(st.window_s * 1e9)
+            if w.t1_ns is not None:
+                t1 = w.t1_ns
+            grid = TimeGrid.spanning(w.t0_ns, t1, cols, now)
+            frame = build_frame(snap, grid, gpu=gpu_on)
+            for pid in ("gpu", "step", "batch", "axis"):
+                p = self.query_one(f"#{pid}-{label}")
+                if pid == "gpu" and not gpu_on:
+                    continue
+                p.set_frame(frame)
+        self.query_one("#ab-table", Static).update(self._table(res, st))
+
+    # -- text ------------------------------------------------------------------------------------
+    def _banner(self, st, res: ABResult, now: int) -> Text:
+        t = Text()
+        if res.run is None:
+            t.append("No A/B run yet. ", style=f"bold {theme.TITLE}")
+            t.append("Press a on the main screen (A = the setting in force, B = the other mode), "
+                     "or type 'ab budget=2048 vs budget=512' in the command palette (ctrl+p).",
+                     style=theme.LABEL)
+            return t
+        t.append(f"A/B run #{res.run}", style=f"bold {theme.TITLE}")
+        t.append(f" · windows of {st.window_s:g} s alternating A, B on the same arrival stream · "
+                 f"first {st.settle_s:g} s of each window skipped (requests from the previous "
+                 "setting finish there)", style=theme.LABEL)
+        nA = sum(1 for w in res.windows if w.label == "A" and w.complete)
+        nB = sum(1 for w in res.windows if w.label == "B" and w.complete)
+        t.append(f"\ncomplete windows: A {nA}, B {nB}", style=theme.TITLE)
+        if st.active:
+            left = max(0.0, st.window_s - (now - st.window_t0_ns) / 1e9)
+            t.append("   now ", style=theme.LABEL)
+            t.append(f" {st.current}#{st.index} ", style=f"bold #11151c on "
+                     f"{theme.AB_COLOURS.get(st.current, theme.TITLE)}")
+            t.append(f" {left:.1f} s left", style=theme.TITLE)
+            if st.rounds:
+                t.append(f" (of {st.rounds} windows per setting)", style=theme.LABEL)
+            t.append("    x stop · a/esc back", style=theme.AXIS)
+        else:
+            t.append("   finished — settings restored" if res.ended else "", style=theme.LABEL)
+            t.append("    a/esc back", style=theme.AXIS)
+        return t
+
+    def _table(self, res: ABResult, st) -> Table:
+        t = Table(expand=True, box=None, padding=(0, 1), header_style=f"bold {theme.TITLE}")
+        t.add_column("metric", style=theme.LABEL, no_wrap=True)
+        t.add_column(Text("A", style=f"bold {theme.AB_COLOURS['A']}"), justify="right")
+        t.add_column(Text("B", style=f"bold {theme.AB_COLOURS['B']}"), justify="right")
+        t.add_column("B − A", justify="right")
+        t.add_column("B − A %", justify="right")
+        t.add_column("spread A", justify="right", style=theme.LABEL)
+        t.add_column("spread B", justify="right", style=theme.LABEL)
+        t.add_column("verdict (per-window ranges)", no_wrap=True)
+        for r in res.rows:
+            m = r.metric
+            nd = 2 if m.unit in ("req/s",) else 1
+            colour = {"B better": theme.RUNNING, "B worse": theme.PREEMPTED,
+                      "differs": theme.WAITING}.get(r.verdict, theme.AXIS)
+            t.add_row(f"{m.label} ({m.unit})", _f(r.a, nd), _f(r.b, nd), _f(r.delta, nd, sign=True),
+                      _f(r.delta_pct, 0, sign=True, unit="%"), _f(r.spread_a, nd),
+                      _f(r.spread_b, nd), Text(r.verdict, style=colour))
+        return t
+
+
+def _newest(wins: list[ABWindow], label: str) -> ABWindow | None:
+    """The newest complete window of ``label``, else the one running."""
+    mine = [w for w in wins if w.label == label]
+    done = [w for w in mine if w.complete]
+    if done:
+        return done[-1]
+    return mine[-1] if mine else None
+
+
+def _f(v: float, nd: int = 1, sign: bool = False, unit: str = "") -> str:
+    if v is None or not math.isfinite(v):
+        return "–"
+    s = f"{v:+,.{nd}f}" if sign else f"{v:,.{nd}f}"
+    return s + unit

@@ -1,0 +1,74 @@
+"""The help screen (`?`): every key, the colours, and what each panel shows."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from .. import theme
+from ..keys import KEYS
+
+PANELS = (
+    ("GPU saturation", "NVML/GPM SM active and tensor active (saturation); GPU-Util is NVML's "
+     "'any kernel running' (liveness: one tiny kernel reads 100 %)."),
+    ("DRAM bandwidth, power", "GPM DRAM bandwidth (% of peak); board power (W, NVML, a 1 s mean "
+     "on Ampere and newer)."),
+    ("Step waveform", "per time slice, the share of time the engine computed (step wall spans and "
+     "gpu_ms), coloured by step kind: prefill-only, mixed, decode-only. Continuous batching shows "
+     "prefill bursts and decode stretches (|*****____|); chunked prefill a steady mixed batch."),
+    ("Batch composition", "tokens per step (mean of the steps ending in the slice), prefill under "
+     "decode, against the token budget (╌)."),
+    ("Queue and KV cache", "running and waiting requests after the slice's last step, "
+     "preemptions (×), KV blocks in use."),
+    ("time axis", "mode in force (▀ amber continuous, violet chunked), every change marked (┃ and "
+     "▲label) at the step where it took effect; ticks count back from now."),
+    ("Numbers", "vllm bench serve's definitions over the last N s: TTFT, TPOT, ITL, E2EL, "
+     "throughput, goodput against the SLOs (--goodput), steps/s, tokens per step."),
+)
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [("escape,question_mark,q", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 124; height: 90%; background: #11151c;
+                                  border: round #b56cff; padding: 0 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(self._content())
+
+    @staticmethod
+    def _content() -> Table:
+        t = Table.grid(padding=(0, 2))
+        t.add_column(no_wrap=True, style=f"bold {theme.WAITING}")
+        t.add_column(style=theme.TITLE)
+        t.add_row(Text("gpuchef top — keys", style=f"bold {theme.MIXED}"), "")
+        group = None
+        for k in KEYS:
+            if k.group != group:
+                group = k.group
+                t.add_row(Text(group, style=f"bold {theme.LABEL}"), "")
+            t.add_row(f"  {k.shown}", k.help)
+        t.add_row("", "")
+        legend = Text()
+        for name, c in (("prefill", theme.PREFILL), ("decode", theme.DECODE),
+                        ("mixed step", theme.MIXED), ("running", theme.RUNNING),
+                        ("waiting", theme.WAITING), ("preempted", theme.PREEMPTED),
+                        ("KV", theme.KV)):
+            legend.append("■ ", style=c)
+            legend.append(name + "   ", style=theme.TITLE)
+        t.add_row(Text("colours", style=f"bold {theme.LABEL}"), legend)
+        t.add_row("", "")
+        t.add_row(Text("panels", style=f"bold {theme.LABEL}"), "")
+        for name, text in PANELS:
+            t.add_row(f"  {name}", text)
+        t.add_row("", "")
+        t.add_row("", Text("Bad values are refused with the allowed range; nothing else changes. "
+                           "Esc or ? closes this.", style=theme.LABEL))
+        return t

@@ -1,0 +1,146 @@
+"""The main screen: header, the waveforms on one time axis, numbers and controls.
+
+``tick()`` runs on the UI thread about ten times a second and does as little as it can: it
+compares the time grid and the timeline's record counts with the last drawn ones, and only when
+the picture must scroll (a new column) or the last column got data (at most every
+``PARTIAL_REDRAW_S``) does it take a snapshot and rebuild the panels. Numbers are recomputed
+once a second, the header when something in it changed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from ..chart import GUTTER_L, GUTTER_R
+from ..plotdata import StepColumns, TimeGrid, build_frame
+from ..widgets.controls import ControlsPanel
+from ..widgets.header import HeaderState, SessionHeader
+from ..widgets.numbers import NumbersPanel, compute_numbers
+from ..widgets.queue_kv import QueueKvPanel
+from ..widgets.waveforms import BatchPanel, GpuPanel, MemPowerPanel, StepPanel, TimeAxis
+
+PARTIAL_REDRAW_S = 0.5
+NUMBERS_EVERY_S = 1.0
+
+
+def header_state(app) -> HeaderState:
+    s = app.session
+    now = s.clock()
+    return HeaderState(s.info, s.scheduler_config, s.load.state(),
+                       int((now - s.start_ns) // 1_000_000_000), s.trace_path, s.gpu_status,
+                       s.ab.state(), app.ui_cost_pct, s.engine_error,
+                       bool(getattr(s, "engine_paused", False)))
+
+
+class MainScreen(Screen):
+    DEFAULT_CSS = """
+    MainScreen { layout: vertical; background: #0b0e14; }
+    #body { height: 1fr; }
+    #waves { width: 1fr; }
+    #side { width: 47; background: #11151c; border-left: vkey #2a3142; }
+    GpuPanel { height: 8; }
+    MemPowerPanel { height: 6; }
+    GpuPanel.off { height: 2; }
+    StepPanel { height: 1fr; min-height: 6; }
+    BatchPanel { height: 1fr; min-height: 6; }
+    QueueKvPanel { height: 1fr; min-height: 7; }
+    TimeAxis { height: 3; }
+    NumbersPanel, ControlsPanel { border-top: solid #3a4356; border-title-color: #d8dee9; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._grid_key: tuple | None = None
+        self._totals: dict | None = None
+        self._last_draw = 0.0
+        self._last_numbers = 0.0
+        self._gpu_on: bool | None = None
+        self._cfg = None
+        self._load = None
+        self._header_t = 0.0
+        self.steps = StepColumns()
+
+    def compose(self) -> ComposeResult:
+        yield SessionHeader(id="header")
+        with Horizontal(id="body"):
+            with Vertical(id="waves"):
+                yield GpuPanel(id="gpu")
+                yield MemPowerPanel(id="mem")
+                yield StepPanel(id="step")
+                yield BatchPanel(id="batch")
+                yield QueueKvPanel(id="queue")
+                yield TimeAxis(id="axis")
+            with VerticalScroll(id="side"):
+                yield NumbersPanel(self.app.session.percentiles, id="numbers")
+                yield ControlsPanel(id="controls")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.panels = [self.query_one(x) for x in ("#gpu", "#mem", "#step", "#batch", "#queue",
+                                                   "#axis")]
+        self.header = self.query_one(SessionHeader)
+        self.numbers = self.query_one(NumbersPanel)
+        self.controls = self.query_one(ControlsPanel)
+        self.tick(force=True)
+        self.ready = True
+
+    def on_resize(self) -> None:
+        self._grid_key = None
+
+    def on_screen_resume(self) -> None:
+        self._grid_key = None
+        self._last_numbers = 0.0
+
+    # -- the refresh ---------------------------------------------------------------------------
+    def tick(self, force: bool = False) -> None:
+        app = self.app
+        s = app.session
+        now = s.clock()
+        wall = time.monotonic()
+        self._tick_gpu(s)
+        cols = self.panels[2].size.width - GUTTER_L - GUTTER_R
+        snap = None
+        if cols > 0:
+            grid = TimeGrid.ending_at(now, s.start_ns, app.window_s, cols)
+            totals = s.timeline.totals
+            due = grid.key() != self._grid_key or force or (
+                totals != self._totals and wall - self._last_draw >= PARTIAL_REDRAW_S)
+            if due:
+                snap = s.timeline.snapshot(now)
+                self.steps.extend(snap.steps)
+                frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps)
+                for p in self.panels:
+                    if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
+                        p.set_frame(frame)
+                self._grid_key, self._totals, self._last_draw = grid.key(), totals, wall
+        if force or wall - self._last_numbers >= NUMBERS_EVERY_S:
+            snap = snap or s.timeline.snapshot(now)
+            self.numbers.show(compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles))
+            self._last_numbers = wall
+        cfg, load = s.scheduler_config, s.load.state()
+        if force or cfg != self._cfg or load != self._load or wall - self._header_t >= 0.5:
+            self.header.show(header_state(app))
+            self._header_t = wall
+            if cfg != self._cfg or load != self._load or force:
+                self.controls.sync(cfg, load)
+                self._cfg, self._load = cfg, load
+
+    def _tick_gpu(self, s) -> None:
+        on = bool(s.gpu_available)
+        if on == self._gpu_on and (on or self.panels[0].off_reason == _off_text(s.gpu_status)):
+            return
+        self._gpu_on = on
+        gpu, mem = self.panels[0], self.panels[1]
+        gpu.set_class(not on, "off")
+        gpu.set_off("" if on else _off_text(s.gpu_status))
+        mem.display = on  # one line says why for both GPU panels
+        self._grid_key = None
+
+
+def _off_text(status: str) -> str:
+    return status or "NVML not started"

@@ -1,0 +1,154 @@
+"""The controls panel: mode, the four live knobs, the load's rate and a load on/off switch.
+
+Inputs validate as you type (the same ``parse_knob`` the engine uses, so the red mark and the
+message agree); Enter sends the value. The session validates again and refuses a bad value with
+a message naming the allowed range — nothing else changes. Fields show the value in force
+whenever they are not being edited.
+"""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.validation import ValidationResult, Validator
+from textual.widgets import Input, Label, Select, Switch
+
+from gpuchef.engine_host.config import KNOBS, MODES, ConfigError, SchedulerConfig, parse_knob
+
+from ..messages import KnobRequest, LoadToggle, RateRequest
+from ..model import LoadState
+
+LABELS = {
+    "max_num_batched_tokens": "budget",
+    "long_prefill_token_threshold": "chunk",
+    "max_num_seqs": "max seqs",
+    "max_num_partial_prefills": "partial",
+}
+
+
+class KnobValidator(Validator):
+    """Validates one knob with the engine's own ``parse_knob`` (message names the range)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.knob = name
+
+    def validate(self, value: str) -> ValidationResult:
+        try:
+            parse_knob(self.knob, value)
+        except ConfigError as e:
+            return self.failure(str(e))
+        return self.success()
+
+
+class RateValidator(Validator):
+    def validate(self, value: str) -> ValidationResult:
+        try:
+            v = float(value)
+        except ValueError:
+            return self.failure(f"rate {value!r} must be a number > 0")
+        if not v > 0 or v != v or v == float("inf"):
+            return self.failure(f"rate {value!r} must be a finite number > 0")
+        return self.success()
+
+
+class ControlsPanel(Vertical):
+    DEFAULT_CSS = """
+    ControlsPanel { height: auto; padding: 0 1; background: #11151c; }
+    ControlsPanel Horizontal { height: 1; margin: 0 0 1 0; }
+    ControlsPanel Label { width: 10; color: #9aa5b8; }
+    ControlsPanel Label.hint { width: 1fr; color: #6c7689; padding: 0 0 0 1; }
+    ControlsPanel Input { width: 12; height: 1; border: none; padding: 0 1; }
+    ControlsPanel Input.-invalid { border: none; background: #5a1a2a; }
+    ControlsPanel Select { width: 18; height: 1; }
+    ControlsPanel SelectCurrent { border: none; height: 1; padding: 0 1; }
+    ControlsPanel Switch { height: 1; border: none; padding: 0; width: 6; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "Controls · Enter applies, Esc leaves"
+        self._rate_unit = "req/s"
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Label("mode")
+            yield Select([(m, m) for m in MODES], allow_blank=False, value="chunked", id="mode",
+                         compact=True)
+        for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",
+                     "max_num_partial_prefills"):
+            spec = KNOBS[name]
+            with Horizontal():
+                yield Label(LABELS[name])
+                yield Input(type="integer", id=f"knob-{name}", validators=[KnobValidator(name)],
+                            validate_on=["changed", "submitted"], compact=True,
+                            tooltip=f"{name} ({spec.flag}): {spec.help}; allowed "
+                                    f"[{spec.lo}, {spec.hi}]")
+                yield Label(f"[{spec.lo}, {spec.hi:,}]" if name != "long_prefill_token_threshold"
+                            else "0 = budget", classes="hint")
+        with Horizontal():
+            yield Label("rate")
+            yield Input(type="number", id="rate", validators=[RateValidator()],
+                        validate_on=["changed", "submitted"], compact=True,
+                        tooltip="request rate (req/s) for random arrivals, or the trace replay "
+                                "speed (×)")
+            yield Label("req/s", classes="hint", id="rate-unit")
+        with Horizontal():
+            yield Label("load on")
+            yield Switch(value=True, id="load", animate=False)
+            yield Label("p pauses/resumes", classes="hint")
+
+    # -- user input ----------------------------------------------------------------------------
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        wid = event.input.id or ""
+        if wid.startswith("knob-"):
+            self.post_message(KnobRequest(wid[5:], event.value))
+        elif wid == "rate":
+            self.post_message(RateRequest(event.value))
+        self.screen.set_focus(None)
+
+    @on(Select.Changed, "#mode")
+    def _mode(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.value is not Select.BLANK:
+            self.post_message(KnobRequest("mode", event.value))
+
+    @on(Switch.Changed, "#load")
+    def _load(self, event: Switch.Changed) -> None:
+        event.stop()
+        self.post_message(LoadToggle(event.value))
+
+    def on_key(self, event) -> None:
+        if event.key == "escape":
+            event.stop()
+            self.screen.set_focus(None)
+
+    # -- show what is in force -----------------------------------------------------------------
+    def sync(self, cfg: SchedulerConfig, load: LoadState) -> None:
+        """Show ``cfg`` and ``load`` in every field that is not being edited."""
+        focused = self.screen.focused
+        sel = self.query_one("#mode", Select)
+        if sel.value != cfg.mode and focused is not sel:
+            with self.prevent(Select.Changed):
+                sel.value = cfg.mode
+        for name in LABELS:
+            inp = self.query_one(f"#knob-{name}", Input)
+            want = str(getattr(cfg, name))
+            if focused is not inp and inp.value != want:
+                inp.value = want
+        rate = self.query_one("#rate", Input)
+        want = f"{load.rate:g}"
+        if focused is not rate and rate.value != want:
+            rate.value = want
+        unit = load.rate_unit
+        if unit != self._rate_unit:
+            self._rate_unit = unit
+            self.query_one("#rate-unit", Label).update(
+                "req/s" if unit == "req/s" else "× trace speed")
+        sw = self.query_one("#load", Switch)
+        if sw.value == load.paused:
+            with self.prevent(Switch.Changed):
+                sw.value = not load.paused

@@ -1,0 +1,360 @@
+"""Waveform panels on the shared time axis: GPU saturation, DRAM bandwidth and power, the step
+waveform, batch composition, and the time axis with the change markers.
+
+Each panel is a Line-API widget: ``set_frame(WaveFrame)`` rebuilds its rows once (numpy → Strips)
+and ``render_line`` hands them to Textual; nothing is recomputed when Textual repaints. Row 0 is
+the title: what is drawn, its unit and where the numbers come from.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from rich.style import Style
+from textual.strip import Strip
+from textual.widget import Widget
+
+from .. import theme
+from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
+from ..plotdata import WaveFrame, nice_max
+
+BG = theme.PANEL_BG
+LBL = style(theme.LABEL, BG)
+VAL = style(theme.TITLE, BG, bold=True)
+
+
+def _gutter(rows: int, top: str = "", bottom: str = "", mid: dict[int, str] | None = None
+            ) -> list[tuple[str, Style]]:
+    out = [("", LBL)] * rows
+    if rows:
+        out = list(out)
+        if top:
+            out[0] = (top, LBL)
+        if bottom and rows > 1:
+            out[-1] = (bottom, LBL)
+        for r, t in (mid or {}).items():
+            if 0 <= r < rows:
+                out[r] = (t, LBL)
+    return out
+
+
+def _right(rows: int, items: Sequence[tuple[str, str]]) -> list[tuple[str, Style]]:
+    out: list[tuple[str, Style]] = [("", LBL)] * rows
+    out = list(out)
+    for r, (text, colour) in enumerate(items[:rows]):
+        out[r] = (text, style(colour, BG, bold=True))
+    return out
+
+
+class ChartPanel(Widget):
+    """Base of the waveform panels: a title row, then ``draw()``'s rows."""
+
+    DEFAULT_CSS = """
+    ChartPanel { height: 7; background: #11151c; }
+    """
+    TITLE = ""
+    UNIT = ""
+    SOURCE = ""
+    LEGEND: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._frame: WaveFrame | None = None
+        self._strips: list[Strip] = []
+        self._built_for: tuple[int, int] = (0, 0)
+
+    # -- data ----------------------------------------------------------------------------------
+    def set_frame(self, frame: WaveFrame) -> None:
+        self._frame = frame
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        w, h = self.size.width, self.size.height
+        if w <= 0 or h <= 0:
+            return
+        rows = [self.title_strip(w)]
+        if h > 1:
+            body = self.draw(self._frame, w - GUTTER_L - GUTTER_R, h - 1) if self._frame else []
+            rows.extend(body)
+        self._strips = rows
+        self._built_for = (w, h)
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._rebuild()
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.size.width, style(bg=BG))
+
+    # -- drawing -------------------------------------------------------------------------------
+    def title_parts(self) -> list[tuple[str, Style]]:
+        parts = [(" ▍", style(theme.AXIS, BG)), (self.TITLE, style(theme.TITLE, BG, bold=True))]
+        if self.UNIT:
+            parts.append((f"  {self.UNIT}", style(theme.LABEL, BG)))
+        if self.SOURCE:
+            parts.append((f"  · {self.SOURCE}", style(theme.AXIS, BG)))
+        for text, colour in self.LEGEND:
+            parts.append(("   ■ ", style(colour, BG)))
+            parts.append((text, style(theme.LABEL, BG)))
+        return parts
+
+    def title_strip(self, width: int) -> Strip:
+        return text_strip(self.title_parts(), width, BG)
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:  # pragma: no cover
+        raise NotImplementedError
+
+    @staticmethod
+    def fit(a: np.ndarray, cols: int) -> np.ndarray:
+        """``a`` cropped (oldest dropped) or left-padded with NaN to ``cols`` (a resize between
+        the frame and the draw)."""
+        a = np.asarray(a, float)
+        if len(a) >= cols:
+            return a[len(a) - cols:]
+        return np.concatenate([np.full(cols - len(a), np.nan), a])
+
+    def marker_cols(self, f: WaveFrame, cols: int) -> list[int]:
+        shift = cols - f.grid.cols
+        return [m.col + shift for m in f.markers]
+
+
+class StepPanel(ChartPanel):
+    """Share of each time slice the engine spent computing, by the kind of step: the bursts and
+    gaps of continuous batching against the steady mixed batches of chunked prefill."""
+
+    TITLE = "Step waveform"
+    UNIT = "engine busy, % of each slice"
+    SOURCE = "StepRecord spans, gpu_ms"
+    LEGEND = (("prefill-only", theme.PREFILL), ("mixed", theme.MIXED),
+              ("decode-only step", theme.DECODE))
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        c = Cells(h, cols, [])
+        layers = [self.fit(f.busy_prefill, cols) * h, self.fit(f.busy_mixed, cols) * h,
+                  self.fit(f.busy_decode, cols) * h]
+        c.stacked(layers, [theme.PREFILL, theme.MIXED, theme.DECODE])
+        c.markers(self.marker_cols(f, cols))
+        busy = last_value(f.busy, 2) * 100
+        steps_s = float(np.nansum(f.steps[-11:-1])) / max(1e-9, 10 * f.grid.bin_s)
+        right = _right(h, [("busy", theme.LABEL), (f"{busy:.0f}%", theme.TITLE),
+                           ("steps/s", theme.LABEL), (fmt_num(steps_s), theme.TITLE)])
+        return c.strips(_gutter(h, "100%", "0%", {h // 2: " 50%"} if h >= 5 else None),
+                        right, BG)
+
+
+class BatchPanel(ChartPanel):
+    """Tokens per step, prefill stacked under decode, against the token budget."""
+
+    TITLE = "Batch composition"
+    UNIT = "tokens of the largest step in each slice"
+    SOURCE = "StepRecord"
+    LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE), ("╌ token budget", theme.BUDGET))
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        pre, dec = self.fit(f.prefill_per_step, cols), self.fit(f.decode_per_step, cols)
+        budget = self.fit(f.budget, cols)
+        # carry the budget line through idle columns so that it reads as a line
+        known = np.isfinite(budget)
+        if known.any():
+            idx = np.where(known, np.arange(cols), -1)
+            np.maximum.accumulate(idx, out=idx)
+            budget = np.where(idx >= 0, budget[np.maximum(idx, 0)], np.nan)
+        tot = np.nan_to_num(pre) + np.nan_to_num(dec)
+        top = nice_max(max(float(np.nanmax(budget)) if known.any() else 0.0,
+                           float(tot.max()) if len(tot) else 0.0), 8)
+        c = Cells(h, cols, [])
+        c.stacked([pre / top * h, dec / top * h], [theme.PREFILL, theme.DECODE])
+        c.hline(budget / top * h, theme.BUDGET)
+        c.markers(self.marker_cols(f, cols))
+        p, d = last_value(pre, 3), last_value(dec, 3)
+        b = last_value(budget, cols)
+        right = _right(h, [("prefill", theme.PREFILL), (fmt_num(p), theme.PREFILL),
+                           ("decode", theme.DECODE), (fmt_num(d), theme.DECODE),
+                           ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)])
+        return c.strips(_gutter(h, fmt_num(top), "0", {h // 2: fmt_num(top / 2)} if h >= 5
+                                else None), right, BG)
+
+
+class SeriesPanel(ChartPanel):
+    """Several single-series bar strips stacked vertically, each with its own scale."""
+
+    SERIES: tuple[tuple[str, str, str, float, str], ...] = ()
+    # (frame.gpu key, label, colour, fixed max (0 = auto), unit)
+    OFF_TITLE = ""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.off_reason = ""
+
+    def set_off(self, reason: str) -> None:
+        """Show one line saying why there is nothing to draw (NVML missing, …)."""
+        if reason != self.off_reason:
+            self.off_reason = reason
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        if self.off_reason:
+            w = self.size.width
+            if w <= 0:
+                return
+            parts = [(" ▍", style(theme.AXIS, BG)),
+                     (self.OFF_TITLE or self.TITLE, style(theme.TITLE, BG, bold=True)),
+                     ("  ⊘ off — ", style(theme.PREEMPTED, BG, bold=True)),
+                     (self.off_reason, style(theme.LABEL, BG))]
+            self._strips = [text_strip(parts, w, BG)]
+            self.refresh()
+            return
+        super()._rebuild()
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        n = len(self.SERIES)
+        per = max(1, h // n)
+        rows: list[Strip] = []
+        for i, (key, label, colour, vmax, unit) in enumerate(self.SERIES):
+            rh = per if i < n - 1 else h - per * (n - 1)
+            if rh <= 0:
+                continue
+            vals = self.fit(f.gpu.get(key, np.full(cols, np.nan)), cols)
+            top = vmax or nice_max(float(np.nanmax(vals)) if np.isfinite(vals).any() else 0.0, 1)
+            c = Cells(rh, cols, [])
+            c.stacked([vals / top * rh], [colour])
+            if not np.isfinite(vals).any():
+                msg = "no data"
+                c.chars[rh - 1, :len(msg)] = list(msg[:cols])
+                c.fg[rh - 1, :len(msg)] = c.colour(theme.AXIS)
+            c.markers(self.marker_cols(f, cols))
+            cur = last_value(vals, 4)
+            left = _gutter(rh, label, f"0–{fmt_num(top)}{unit}" if rh > 1 else "")
+            right = _right(rh, [(fmt_num(cur, unit), colour)])
+            rows.extend(c.strips(left, right, BG))
+        return rows
+
+
+class GpuPanel(SeriesPanel):
+    TITLE = "GPU saturation"
+    OFF_TITLE = "GPU panels"
+    UNIT = "% (GPM SM active, tensor active; GPU-Util = any kernel running)"
+    SOURCE = "NVML/GPM"
+    SERIES = (("sm_active", "SM act", theme.SM_ACTIVE, 100.0, "%"),
+              ("tensor_active", "tensor", theme.TENSOR_ACTIVE, 100.0, "%"),
+              ("gpu_util", "GPU-Utl", theme.GPU_UTIL, 100.0, "%"))
+
+
+class MemPowerPanel(SeriesPanel):
+    TITLE = "DRAM bandwidth and power"
+    UNIT = "% of peak (GPM DRAM BW), W"
+    SOURCE = "NVML/GPM"
+    SERIES = (("dram_bw_util", "DRAM BW", theme.DRAM_BW, 100.0, "%"),
+              ("power_w", "power", theme.POWER, 0.0, "W"))
+
+
+class TimeAxis(ChartPanel):
+    """The shared time axis: mode in force per column, change markers with labels, and time
+    ticks counted back from now."""
+
+    DEFAULT_CSS = """
+    TimeAxis { height: 3; background: #11151c; }
+    """
+    from_start = False  # ticks count from the window's start (A/B windows) instead of back from now
+
+    def _rebuild(self) -> None:
+        w, h = self.size.width, self.size.height
+        if w <= 0 or h <= 0 or self._frame is None:
+            return
+        self._strips = self.draw(self._frame, w - GUTTER_L - GUTTER_R, h)
+        self.refresh()
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        shift = cols - f.grid.cols
+        # row 0: mode strip with marker ticks
+        c0 = Cells(1, cols, [])
+        modes = ([""] * max(0, shift) + f.modes)[-cols:] if cols else []
+        for m, colour in theme.MODE_COLOURS.items():
+            sel = [i for i, x in enumerate(modes) if x == m]
+            if sel:
+                c0.chars[0, sel] = "▀"
+                c0.fg[0, sel] = c0.colour(colour)
+        for mk in f.markers:
+            col = mk.col + shift
+            if 0 <= col < cols:
+                c0.chars[0, col] = "┃"
+                c0.fg[0, col] = c0.colour(theme.AB_COLOURS.get(mk.label[:1], theme.TITLE)
+                                          if mk.kind == "ab" else theme.TITLE)
+        rows = c0.strips([("mode", LBL)], [("1 col =", LBL)], BG)
+        # row 1: marker labels, newest kept when they collide
+        line = [" "] * cols
+        owner = [-1] * cols
+        for i, mk in sorted(enumerate(f.markers), key=lambda p: p[1].col, reverse=True):
+            col = mk.col + shift
+            text = "▲" + mk.label
+            if col < 0 or col >= cols:
+                continue
+            end = min(cols, col + len(text) + 1)
+            if any(o >= 0 for o in owner[col:end]):
+                text = "▲"
+                end = col + 1
+                if owner[col] >= 0:
+                    continue
+            for j, ch in enumerate(text[:end - col]):
+                line[col + j] = ch
+                owner[col + j] = i
+        c1 = Cells(1, cols, [])
+        c1.chars[0] = line
+        c1.fg[0] = c1.colour(theme.TITLE)
+        rows += c1.strips([("changes", LBL)], [("", LBL)], BG)
+        # row 2: ticks back from now
+        win = f.grid.bin_s * cols
+        step = _tick_step(win, cols)
+        c2 = Cells(1, cols, [])
+        c2.fg[0] = c2.colour(theme.AXIS)
+        if self.from_start:
+            k, free = 0, 0
+            while True:
+                t = k * step
+                col = int(round(t / f.grid.bin_s))
+                if col >= cols:
+                    break
+                lab = "0" if k == 0 else _fmt_dur(t)
+                if col >= free and col + len(lab) <= cols:
+                    c2.chars[0, col:col + len(lab)] = list(lab)
+                    free = col + len(lab) + 1
+                k += 1
+        else:
+            k, prev_start = 0, cols
+            while True:
+                t = k * step
+                col = cols - 1 - int(round(t / f.grid.bin_s))
+                if col < 0:
+                    break
+                lab = "now" if k == 0 else "-" + _fmt_dur(t)
+                start = col - len(lab) + 1
+                if start >= 0 and col < prev_start - 1:  # right-aligned on its tick, never touching
+                    c2.chars[0, start:col + 1] = list(lab)
+                    prev_start = start
+                k += 1
+        rows += c2.strips([("time", LBL)], [(f"▏{_fmt_dur(f.grid.bin_s)}", LBL)], BG)
+        return rows[:h]
+
+
+def _tick_step(window_s: float, cols: int) -> float:
+    target = window_s / max(1, cols // 14)
+    for s in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600):
+        if s >= target:
+            return float(s)
+    return 3600.0
+
+
+def _fmt_dur(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 10 and s != int(s):
+        return f"{s:.2g}s"
+    if s < 60:
+        return f"{s:g}s"
+    if s < 3600:
+        return f"{s / 60:g}m"
+    return f"{s / 3600:g}h"
+
