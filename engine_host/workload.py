@@ -193,7 +193,8 @@ class WorkloadConfig:
     drawn uniformly from the integers in ``[floor(len*(1-r)), ceil(len*(1+r))]`` with
     ``r = range_ratio`` in [0, 1) (vllm ``RandomDataset``; output length at least 1).
 
-    Trace replay: ``trace_speed`` (2.0 = twice as fast: arrivals are divided by it), ``skip``
+    Trace replay: ``trace_speed`` (2.0 = twice as fast: arrivals are divided by it; inf = all at
+    t=0, an offline run), ``skip``
     (start at data row ``skip``, 0-based; arrivals count from that row).
 
     Clipping (every dataset): ``max_input_len`` and ``max_output_len`` cap each length;
@@ -275,10 +276,10 @@ class WorkloadConfig:
             if not d > 0:
                 raise ConfigError(f"--duration {self.duration_s!r} must be > 0 (s)")
             self.duration_s = d
-        ts = _num("--trace-speed", self.trace_speed)
+        ts = _num("--trace-speed", self.trace_speed, allow_inf=True)
         if not ts > 0:
             raise ConfigError(f"--trace-speed {self.trace_speed!r} must be > 0 "
-                              "(1.0 = real time, 2.0 = twice as fast)")
+                              "(1.0 = real time, 2.0 = twice as fast, inf = all at once)")
         self.trace_speed = ts
         self.skip = _int("--skip", self.skip, 0)
 

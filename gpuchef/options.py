@@ -87,7 +87,7 @@ workload_options = _opts(
     click.option("--duration", "duration_s", default=None, type=float,
                  help="Send requests for this many seconds of the arrival schedule."),
     click.option("--trace-speed", default=1.0, show_default=True, type=float,
-                 help="Trace replay time scale: 2 = twice as fast."),
+                 help="Trace replay time scale: 2 = twice as fast, inf = all at once (offline)."),
     click.option("--max-input-len", default=None, type=int,
                  help="Clip trace prompt lengths to this many tokens (small machines)."),
     click.option("--max-output-len", default=None, type=int,

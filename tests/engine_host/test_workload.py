@@ -402,3 +402,10 @@ def test_edited_file_is_reread(tmp_path):
     assert load_trace_csv(p) == [(0.0, 5, 2)]
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,2\n1,6,3\n")
     assert load_trace_csv(p) == [(0.0, 5, 2), (1.0, 6, 3)]
+
+
+def test_trace_speed_inf_sends_everything_at_once():
+    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    specs = generate(WorkloadConfig(dataset="azure-conv", num_prompts=20, trace_speed=float("inf"),
+                                    max_model_len=8192, vocab_size=4096))
+    assert len(specs) == 20 and all(s.arrival_s == 0.0 for s in specs)
