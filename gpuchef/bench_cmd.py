@@ -66,28 +66,25 @@ def _bench(o: dict, err: Console) -> None:
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
-    from .probes.host import HostSampler
-    from .probes.nvml import NvmlSampler, parse_gpus
+    from .probes.nvml import parse_gpus
+    from .session import Samplers, load_desc, open_trace, trace_meta
 
     gpus = parse_gpus(o["gpus"]) if o["gpus"] else None
     listeners = []
     recorder = None
     if o["trace_path"]:
-        recorder = _open_trace(o, engine, ecfg, wcfg)
+        recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
+                              trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
-    sink = recorder.record if recorder is not None else None
-    nvml = NvmlSampler(gpus, o["sample_hz"], on_sample=sink)
-    host_probe = HostSampler(on_sample=sink)
+    samplers = Samplers(gpus, o["sample_hz"], sink=recorder.record if recorder else None)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
-    nvml.start()
-    host_probe.start()
+    samplers.start()
     try:
         res = run_load(engine, specs, listeners=listeners, console=err)
     finally:
-        nvml.stop()
-        host_probe.stop()
+        samplers.stop()
         if recorder is not None:
             recorder.close()
     m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
@@ -97,58 +94,13 @@ def _bench(o: dict, err: Console) -> None:
         "Device / attention:": f"{engine.device} / {engine.attn.name}",
         "Mode:": sc.mode,
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
-        "Load:": _load_desc(wcfg),
+        "Load:": load_desc(wcfg),
     }
-    extra.update(_gpu_lines(nvml, res))
+    extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)))
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
         d = m.to_dict()
-        d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=_load_desc(wcfg))
+        d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg))
         with open(o["result_json"], "w") as f:
             json.dump(d, f, indent=2)
 
-
-def _gpu_lines(nvml, res) -> dict[str, str]:
-    """Mean GPU saturation over the run from the NVML/GPM samples, or why there is none."""
-    t0, t1 = res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)
-    samples = [x for x in list(nvml.samples) if t0 <= x.t_ns <= t1]
-    if not samples:
-        return {"GPU:": nvml.status or "no samples"}
-
-    def mean(field: str) -> str:
-        v = [getattr(x, field) for x in samples if getattr(x, field) is not None]
-        return f"{sum(v) / len(v):.1f}" if v else "n/a"
-    return {"GPU:": nvml.status,
-            "GPU SM active / tensor active (mean %):": f"{mean('sm_active')} / {mean('tensor_active')}",
-            "GPU DRAM BW util / GPU-Util (mean %):": f"{mean('dram_bw_util')} / {mean('gpu_util')}",
-            "GPU power (mean W):": mean("power_w")}
-
-
-def _load_desc(w) -> str:
-    if w.dataset == "random":
-        return f"random, {w.request_rate} req/s, burstiness {w.burstiness}"
-    return f"{w.dataset} at {w.trace_speed}x"
-
-
-def _open_trace(o: dict, engine, ecfg, wcfg):
-    """A TraceRecorder for ``--trace`` with the run's facts in its meta record."""
-    from dataclasses import asdict
-
-    from .probes.recorder import TraceRecorder
-
-    lm = engine.loaded
-    meta = {
-        "command": "bench",
-        "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
-                  "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
-        "device": str(engine.device), "attention_backend": engine.attn.name,
-        "engine_config": asdict(ecfg), "workload": asdict(wcfg),
-        "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
-        "block_size": engine.kv.block_size,
-    }
-    if engine.device.type == "cuda":
-        import torch
-        meta["gpus"] = {str(engine.device.index or 0): torch.cuda.get_device_name(engine.device)}
-    rec = TraceRecorder(o["trace_path"], meta=meta, trace_prompts=o["trace_prompts"])
-    rec.listener = lambda kind, r: rec.record(r)
-    return rec

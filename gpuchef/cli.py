@@ -17,6 +17,8 @@ def _register() -> None:
     cli.add_command(bench)
     from .top_cmd import top
     cli.add_command(top)
+    from .ab_cmd import ab
+    cli.add_command(ab)
     try:
         from .bench_attention import bench_attention
     except ImportError:  # not written yet / optional

@@ -61,12 +61,16 @@ class LoadResult:
 
 def run_load(engine: LLMEngine, specs: Sequence[Any], *,
              listeners: Sequence[Callable[[str, Any], None]] = (),
-             console: Console | None = None, timeout_s: float | None = None) -> LoadResult:
+             console: Console | None = None, timeout_s: float | None = None,
+             on_start: Callable[[EngineHost], None] | None = None) -> LoadResult:
     """Replay ``specs`` (workload RequestSpecs) through an EngineHost until all have finished.
 
     ``listeners`` are called on the engine thread as ``listener(kind, record)`` with kind
-    "step", "request" or "event" (e.g. a trace recorder). Shows a progress bar on a terminal.
-    Raises the engine thread's exception if it died; TimeoutError past ``timeout_s``.
+    "step", "request" or "event" (e.g. a trace recorder). ``on_start(host)`` is called just
+    before the host starts: commands it queues (``set_config``, ``mark``) are in force from the
+    first step (``gpuchef ab`` switches settings and marks runs this way). Shows a progress bar
+    on a terminal. Raises the engine thread's exception if it died; TimeoutError past
+    ``timeout_s``.
     """
     res = LoadResult()
     lock = threading.Lock()
@@ -97,6 +101,8 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=not console.is_terminal) as progress:
         task = progress.add_task("requests", total=total)
+        if on_start is not None:
+            on_start(host)
         host.start()
         res.t0_ns = host.t0_ns
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -114,3 +120,88 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
     end_ns = max(ends) if ends else time.monotonic_ns()
     res.duration_s = max(1e-9, (end_ns - res.t0_ns) / 1e9)
     return res
+
+
+# ---- probes and trace, shared by the headless commands (bench, ab) ---------------------------
+
+def load_desc(w: Any) -> str:
+    """One line naming a WorkloadConfig's load, for results blocks."""
+    if w.dataset == "random":
+        return f"random, {w.request_rate} req/s, burstiness {w.burstiness}"
+    return f"{w.dataset} at {w.trace_speed}x"
+
+
+def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -> dict[str, Any]:
+    """The facts a headless command puts into its trace's meta record (docs/trace-format.md)."""
+    from dataclasses import asdict
+
+    lm = engine.loaded
+    meta: dict[str, Any] = {
+        "command": command,
+        "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
+                  "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
+        "device": str(engine.device), "attention_backend": engine.attn.name,
+        "engine_config": asdict(ecfg), "workload": asdict(wcfg),
+        "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
+        "block_size": engine.kv.block_size,
+    }
+    if engine.device.type == "cuda":
+        import torch
+        meta["gpus"] = {str(engine.device.index or 0): torch.cuda.get_device_name(engine.device)}
+    return meta
+
+
+def open_trace(path: str, meta: dict[str, Any], *, trace_prompts: bool = False):
+    """A TraceRecorder writing to ``path`` with ``meta``; ``recorder.listener(kind, record)``
+    is the ``run_load`` listener that feeds it. Raises ConfigError when ``path`` cannot be
+    opened."""
+    from .probes.recorder import TraceRecorder
+
+    rec = TraceRecorder(path, meta=meta, trace_prompts=trace_prompts)
+    rec.listener = lambda kind, r: rec.record(r)
+    return rec
+
+
+class Samplers:
+    """The NVML/GPM and host samplers of a headless run. Samples go to ``sink`` (e.g. a trace
+    recorder's ``record``) as well as to each sampler's ring buffer. Raises ConfigError for a
+    bad ``sample_hz``."""
+
+    def __init__(self, gpus: list[int] | None, sample_hz: float,
+                 sink: Callable[[Any], None] | None = None) -> None:
+        from .probes.host import HostSampler
+        from .probes.nvml import NvmlSampler
+
+        self.nvml = NvmlSampler(gpus, sample_hz, on_sample=sink)
+        self.host = HostSampler(on_sample=sink)
+
+    def start(self) -> None:
+        self.nvml.start()
+        self.host.start()
+
+    def stop(self) -> None:
+        self.nvml.stop()
+        self.host.stop()
+
+    def gpu_samples(self, t0_ns: int, t1_ns: int) -> list[Any]:
+        return [x for x in list(self.nvml.samples) if t0_ns <= x.t_ns <= t1_ns]
+
+    def gpu_means(self, t0_ns: int, t1_ns: int) -> dict[str, float]:
+        """Mean of each GPU saturation field over ``[t0_ns, t1_ns]`` (%, W); NaN where no GPU
+        sample has it."""
+        samples = self.gpu_samples(t0_ns, t1_ns)
+        out = {}
+        for f in ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w"):
+            v = [getattr(x, f) for x in samples if getattr(x, f) is not None]
+            out[f] = sum(v) / len(v) if v else float("nan")
+        return out
+
+    def gpu_lines(self, t0_ns: int, t1_ns: int) -> dict[str, str]:
+        """Results-block rows: mean GPU saturation over the run, or why there is none."""
+        if not self.gpu_samples(t0_ns, t1_ns):
+            return {"GPU:": self.nvml.status or "no samples"}
+        m = {k: ("n/a" if v != v else f"{v:.1f}") for k, v in self.gpu_means(t0_ns, t1_ns).items()}
+        return {"GPU:": self.nvml.status,
+                "GPU SM active / tensor active (mean %):": f"{m['sm_active']} / {m['tensor_active']}",
+                "GPU DRAM BW util / GPU-Util (mean %):": f"{m['dram_bw_util']} / {m['gpu_util']}",
+                "GPU power (mean W):": m["power_w"]}

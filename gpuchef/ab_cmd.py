@@ -1,0 +1,335 @@
+"""`gpuchef ab`: two scheduler settings against the same seeded load, side by side; or the
+capacity of each under latency SLOs (``--capacity``). The logic is in ab.py and capacity.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from typing import Any
+
+import click
+from rich.console import Console
+
+from .engine_host.config import ConfigError
+from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
+
+
+@click.command("ab")
+@engine_options
+@scheduler_options
+@workload_options
+@click.option("--a", "spec_a", default="mode=continuous", show_default=True,
+              help="Setting A: KNOB=VALUE pairs over the base settings (the scheduler flags), "
+                   "e.g. mode=continuous or mode=chunked,max_num_batched_tokens=512. Knobs: "
+                   "mode, max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, "
+                   "max_num_partial_prefills.")
+@click.option("--b", "spec_b", default="mode=chunked", show_default=True,
+              help="Setting B, as --a.")
+@click.option("--repetitions", default=1, show_default=True, type=int,
+              help="Runs of each setting (1–100): A B, then B A, … so that drift cancels; "
+                   "the deltas' spread and verdict come from them.")
+@click.option("--interleave", is_flag=True,
+              help="One load; the engine alternates A and B every --window seconds on the same "
+                   "arrival stream (each window is a run for the spread).")
+@click.option("--window", "window_s", default=10.0, show_default=True, type=float,
+              help="--interleave window length (s, 0.5–3600). Make it long against the "
+                   "requests' end-to-end latency.")
+@click.option("--goodput", multiple=True,
+              help="SLOs for goodput, KEY:MS pairs (ttft, tpot, e2el), as in `gpuchef bench`.")
+@click.option("--metric-percentiles", default="50,99", show_default=True,
+              help="Comma-separated percentiles to report.")
+@click.option("--capacity", is_flag=True,
+              help="Instead of one rate: for each setting, bisect over the request rate for the "
+                   "highest rate that meets every --slo (Sarathi-Serve's capacity), then B/A.")
+@click.option("--slo", "slo_spec", default=None,
+              help="--capacity SLOs: METRIC_STAT:LIMIT pairs, metric ttft/tpot/itl/e2el, stat "
+                   "mean/median/p50/p90/p99/…, limit in ms or s, e.g. itl_p99:100ms,ttft_p99:2s.")
+@click.option("--rate-lo", default=0.5, show_default=True, type=float,
+              help="--capacity: lowest rate tried (req/s). A trace dataset is sped up or slowed "
+                   "down (--trace-speed) to reach a rate.")
+@click.option("--rate-hi", default=32.0, show_default=True, type=float,
+              help="--capacity: highest rate tried (req/s).")
+@click.option("--tolerance", default="5%", show_default=True,
+              help="--capacity: stop when the bracket is this narrow: a percentage of the rate "
+                   "(5%) or req/s (0.5).")
+@click.option("--max-probes", default=16, show_default=True, type=int,
+              help="--capacity: most runs per setting.")
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Write one session trace (JSON Lines) with a mark event at each run or window.")
+@click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
+@click.option("--result-json", default=None, type=click.Path(dir_okay=False),
+              help="Also write every run, the pooled results and the deltas as JSON.")
+@click.option("--sample-hz", default=10.0, show_default=True, type=float,
+              help="NVML/GPM sampling rate (1..100 Hz).")
+@click.option("--gpus", default=None, help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
+def ab(**o) -> None:
+    """Run two scheduler settings against the same seeded load on one engine (loaded once) and
+    print both results blocks side by side, then B − A with its spread over the repetitions and
+    whether it exceeds that spread.
+
+    Both settings get identical arrivals, lengths and token ids; each run starts with an empty
+    KV cache. With --interleave one load is served while the engine alternates the settings
+    in windows. With --capacity each setting's highest rate under --slo is searched instead.
+
+    Examples (CPU, about a minute each):
+
+      gpuchef ab --device cpu --model tiny --num-prompts 20 --input-len 256 --output-len 32
+      --request-rate 4 --repetitions 3
+
+      gpuchef ab --device cpu --model tiny --num-prompts 20 --input-len 256 --output-len 32
+      --capacity --slo itl_p99:200ms,ttft_p99:2s --rate-lo 1 --rate-hi 32 --tolerance 20%
+    """
+    err = Console(stderr=True)
+    try:
+        _ab(o, err)
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)
+
+
+def _check(o: dict) -> dict[str, Any]:
+    """Everything that can be refused before the model loads."""
+    from .ab import check_repetitions, check_window, parse_setting
+    from .capacity import check_rates, parse_slos, parse_tolerance
+    from .probes.metrics import parse_goodput, parse_percentiles
+
+    c: dict[str, Any] = {}
+    c["goodput"] = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
+    c["pcts"] = parse_percentiles(o["metric_percentiles"])
+    c["ecfg"] = ecfg = engine_config(o)
+    c["settings"] = {"A": parse_setting(o["spec_a"], ecfg.scheduler, "A"),
+                     "B": parse_setting(o["spec_b"], ecfg.scheduler, "B")}
+    c["reps"] = check_repetitions(o["repetitions"])
+    c["window"] = check_window(o["window_s"])
+    if o["capacity"]:
+        if o["interleave"]:
+            raise ConfigError("--capacity runs each setting on its own load: drop --interleave")
+        if not o["slo_spec"]:
+            raise ConfigError("--capacity needs --slo, e.g. --slo itl_p99:100ms,ttft_p99:2000ms")
+        c["slos"] = parse_slos(o["slo_spec"])
+        c["rates"] = check_rates(o["rate_lo"], o["rate_hi"])
+        c["tol"] = parse_tolerance(o["tolerance"])
+        if not 2 <= o["max_probes"] <= 100:
+            raise ConfigError(f"--max-probes {o['max_probes']} is out of range: allowed [2, 100]")
+        # the search sets the rate; the load flags are checked (and later built) at --rate-lo
+        o["request_rate"] = str(c["rates"][0])
+    elif o["slo_spec"]:
+        raise ConfigError("--slo is for --capacity; for goodput under SLOs use --goodput ttft:MS")
+    workload_config(o, vocab_size=1 << 20, max_model_len=None)
+    return c
+
+
+def _ab(o: dict, err: Console) -> None:
+    from .engine_host.workload import generate
+    from .probes.nvml import parse_gpus
+    from .session import Samplers, build_engine, open_trace, trace_meta
+
+    c = _check(o)
+    settings = c["settings"]
+    if settings["A"].config == settings["B"].config:
+        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
+                  "show the run-to-run noise")
+    gpus = parse_gpus(o["gpus"]) if o["gpus"] else None
+    engine = build_engine(c["ecfg"], err)
+    wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
+                           max_model_len=engine.max_model_len)
+    specs = generate(wcfg)
+    if not specs:
+        raise ConfigError("the workload is empty: raise --num-prompts or --duration")
+    recorder = None
+    listeners = []
+    if o["trace_path"]:
+        meta = trace_meta(engine, c["ecfg"], wcfg, "ab")
+        meta["ab"] = {
+            "run": 1,
+            "settings": {k: {"spec": s.spec, "changes": s.changes, "scheduler": s.config.as_dict()}
+                         for k, s in settings.items()},
+            "interleave": bool(o["interleave"]), "window_s": c["window"],
+            "repetitions": c["reps"], "capacity": bool(o["capacity"]),
+        }
+        if o["capacity"]:
+            meta["ab"]["slos"] = [str(s) for s in c["slos"]]
+        recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
+        listeners.append(recorder.listener)
+    samplers = Samplers(gpus, o["sample_hz"], sink=recorder.record if recorder else None)
+    samplers.start()
+    try:
+        if o["capacity"]:
+            result = _capacity(o, c, engine, wcfg, listeners, samplers, err)
+        else:
+            result = _compare(o, c, engine, wcfg, specs, listeners, samplers, err)
+    finally:
+        samplers.stop()
+        if recorder is not None:
+            recorder.close()
+            err.print(f"[dim]trace: {o['trace_path']}[/dim]")
+    if o["result_json"]:
+        with open(o["result_json"], "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def _header(engine, wcfg, settings, specs_n: int, load: str | None = None) -> list[str]:
+    from .session import load_desc
+
+    lm = engine.loaded
+    return [f"Model: {lm.name}{' (random weights)' if lm.random_weights else ''} on "
+            f"{engine.device} / {engine.attn.name}",
+            f"Load: {load or load_desc(wcfg)}; {specs_n} requests, seed {wcfg.seed}",
+            f"A: {settings['A'].describe()}",
+            f"B: {settings['B'].describe()}"]
+
+
+def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
+    from .ab import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
+                     run_sequential, side_by_side)
+    from .probes.metrics import format_results_block
+
+    settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
+
+    def on_run(i: int, total: int, run) -> None:
+        n = len(run.requests)
+        of = f"/{total}" if total else ""
+        kind = "window" if o["interleave"] else "repetition"
+        err.print(f"[dim]run {i}{of}: {run.label} ({settings[run.label].describe()}) {kind} "
+                  f"{run.rep}: {n} requests in {run.duration_s:.1f} s[/dim]", highlight=False)
+
+    kw = dict(listeners=listeners, console=err, percentiles=pcts, goodput=goodput,
+              samplers=samplers, on_run=on_run)
+    straddle = None
+    if o["interleave"]:
+        runs, straddle = run_interleaved(engine, specs, settings, c["window"], c["reps"], **kw)
+        if straddle > STRADDLE_WARN_SHARE:
+            err.print(f"[yellow]note:[/] {straddle:.0%} of requests finished after their window "
+                      "ended (their latency mixes both settings): lengthen --window")
+    else:
+        runs = run_sequential(engine, specs, settings, c["reps"], **kw)
+    cmp = compare(runs, pcts, goodput)
+    lines = _header(engine, wcfg, settings, len(specs))
+    if o["interleave"]:
+        lines.append(f"Runs: one load per repetition, settings alternating every "
+                     f"{c['window']:g} s ({len(runs)} windows)")
+    else:
+        order = " | ".join(" ".join(p) for p in run_orders(c["reps"]))
+        lines.append(f"Runs: {c['reps']} repetition{'s' if c['reps'] > 1 else ''} of each "
+                     f"setting, order {order}")
+    blocks = {}
+    # every knob either setting names gets a row in both columns
+    named = [kn for kn in dict.fromkeys([*settings["A"].changes, *settings["B"].changes])
+             if kn not in ("mode", "max_num_batched_tokens")]
+    for k in ("A", "B"):
+        st = settings[k]
+        n = sum(1 for r in runs if r.label == k)
+        extra = {"Mode:": st.config.mode,
+                 "max_num_batched_tokens:": str(st.config.max_num_batched_tokens)}
+        for knob in named:
+            extra[f"{knob}:"] = str(getattr(st.config, knob))
+        extra["Runs pooled:"] = str(n)
+        g = cmp.pooled_gpu[k]
+        if any(math.isfinite(v) for v in g.values()):
+            extra["GPU SM active / tensor (mean %):"] = \
+                f"{g.get('sm_active', math.nan):.1f}/{g.get('tensor_active', math.nan):.1f}"
+            extra["GPU power (mean W):"] = f"{g.get('power_w', math.nan):.1f}"
+        blocks[k] = format_results_block(cmp.pooled[k], extra=extra)
+    click.echo("\n".join(lines))
+    click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))
+    click.echo(format_deltas(cmp, "window" if o["interleave"] else "repetition"))
+    return {
+        "command": "ab",
+        "settings": {k: {"spec": s.spec, "changes": s.changes, "scheduler": s.config.as_dict()}
+                     for k, s in settings.items()},
+        "interleave": bool(o["interleave"]), "window_s": c["window"] if o["interleave"] else None,
+        "repetitions": c["reps"], "straddle_share": straddle,
+        "runs": [{"label": r.label, "rep": r.rep, "duration_s": r.duration_s,
+                  "metrics": r.metrics.to_dict(),
+                  "gpu": {k: (v if math.isfinite(v) else None) for k, v in r.gpu.items()}}
+                 for r in runs],
+        "pooled": {k: cmp.pooled[k].to_dict() for k in ("A", "B")},
+        "deltas": [r.as_dict() for r in cmp.rows],
+    }
+
+
+def _trace_rate(wcfg) -> float:
+    """The native request rate of a trace dataset (req/s at --trace-speed 1) over the requests
+    the load selects."""
+    from .engine_host.workload import generate
+
+    specs = [s for s in generate(replace(wcfg, trace_speed=1.0, probe_interval_s=None))]
+    span = specs[-1].arrival_s if specs else 0.0
+    if len(specs) < 2 or span <= 0:
+        raise ConfigError("--capacity needs a trace with at least two requests at distinct times")
+    return (len(specs) - 1) / span
+
+
+def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
+    from .ab import _assert_idle, _mark
+    from .capacity import capacity_ratio, capacity_search, slo_percentiles
+    from .engine_host.workload import generate
+    from .probes.metrics import summarize
+    from .session import run_load
+
+    settings, slos = c["settings"], c["slos"]
+    pcts = tuple(sorted(set(c["pcts"]) | set(slo_percentiles(slos))))
+    native = None if wcfg.is_random else _trace_rate(wcfg)
+
+    def workload_at(rate: float):
+        if native is None:
+            return replace(wcfg, request_rate=rate)
+        return replace(wcfg, trace_speed=rate / native)
+
+    load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
+            f"{wcfg.dataset} ({native:.3g} req/s at 1x), sped up to each rate")
+    click.echo("\n".join(_header(engine, wcfg, settings, len(generate(wcfg)), load)))
+    click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
+               f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
+               "capacity)")
+    if not any(s.metric in ("ttft", "e2el") for s in slos):
+        err.print("[yellow]note:[/] no ttft or e2el SLO: queueing delay is not bounded, so a "
+                  "token-latency SLO alone can hold far past the rate the engine keeps up with "
+                  "(Sarathi-Serve also bounds the median scheduling delay; add e.g. ttft_p50:2s)")
+    results = {}
+    out: dict[str, Any] = {"command": "ab --capacity", "slos": [str(s) for s in slos],
+                           "settings": {}, "capacity": {}}
+    width = 14
+    for k in ("A", "B"):
+        st = settings[k]
+
+        def measure(rate: float, st=st, k=k):
+            w = workload_at(rate)
+            specs = generate(w)
+            if not specs:
+                raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
+                                  "or --duration")
+            _assert_idle(engine)
+            _mark(engine, f"capacity:{k}:{rate:.4g}", listeners)
+            res = run_load(engine, specs, listeners=listeners, console=err,
+                           on_start=lambda h: h.set_config(**st.knobs()))
+            return summarize(res.requests, res.duration_s, percentiles=pcts,
+                             goodput=c["goodput"] or None, steps=res.steps or None)
+
+        click.echo(f"\n{k}: {st.describe()}")
+        click.echo("  " + "".join(f"{h:>{width}}" for h in
+                                  ["rate (req/s)", *[f"{s.key} (ms)" for s in slos], "req/s done",
+                                   "meets SLOs"]))
+
+        def show(p) -> None:
+            vals = [f"{p.values[s.key]:.1f}" if math.isfinite(p.values[s.key]) else "n/a"
+                    for s in slos]
+            click.echo("  " + "".join(f"{x:>{width}}" for x in
+                                      [f"{p.rate:.3g}", *vals,
+                                       f"{p.metrics.request_throughput:.3g}",
+                                       "yes" if p.met else "no"]))
+
+        res = capacity_search(measure, slos, *c["rates"], c["tol"], o["max_probes"], on_probe=show)
+        results[k] = res
+        click.echo(f"  Capacity {k}: {res.describe()}")
+        out["settings"][k] = {"spec": st.spec, "scheduler": st.config.as_dict()}
+        out["capacity"][k] = res.as_dict()
+        for p, d in zip(res.probes, out["capacity"][k]["probes"]):
+            d["metrics"] = p.metrics.to_dict()
+    ratio, text = capacity_ratio(results["A"], results["B"])
+    click.echo(f"\nCapacity ratio B/A: {text}")
+    out["capacity_ratio"] = None if ratio is None or not math.isfinite(ratio) else ratio
+    out["capacity_ratio_text"] = text
+    return out
