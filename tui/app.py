@@ -17,7 +17,7 @@ from typing import Any
 from textual import work
 from textual.app import App
 
-from gpuchef.engine_host.config import KNOBS, ConfigError
+from gpuchef.engine_host.config import KNOBS, ConfigError, parse_knob, parse_mode
 
 from .ab import ABAnalyser
 from .commands import DashboardCommands
@@ -33,7 +33,8 @@ WINDOWS_S = (10.0, 60.0, 600.0)
 
 class GpuchefApp(App):
     """The dashboard over ``session``. ``window_s``: waveform window (s); ``fps``: refresh rate
-    (Hz, 1–30); ``ab_window_s``: A/B window length (s); ``screenshot_dir``: where ``s`` saves."""
+    (Hz, 1–30); ``ab_window_s``: A/B window length (s); ``screenshot_dir``: where ``s`` saves;
+    ``show_ui_cost``: show the UI thread's CPU share in the header."""
 
     TITLE = "gpuchef top"
     AUTO_FOCUS = None  # keys drive the dashboard until the user tabs into a field
@@ -45,7 +46,8 @@ class GpuchefApp(App):
     """
 
     def __init__(self, session: Session, *, window_s: float = 60.0, fps: float = 10.0,
-                 ab_window_s: float = 10.0, screenshot_dir: str = ".") -> None:
+                 ab_window_s: float = 10.0, screenshot_dir: str = ".",
+                 show_ui_cost: bool = True) -> None:
         super().__init__()
         if not 1 <= fps <= 30:
             raise ConfigError(f"refresh rate {fps!r} fps is out of range: allowed [1, 30]")
@@ -56,6 +58,7 @@ class GpuchefApp(App):
         self.screenshot_dir = screenshot_dir
         self.ab_analyser = ABAnalyser(session.slos, session.percentiles)
         self.ui_cost_pct: float | None = None
+        self.show_ui_cost = show_ui_cost  # off for snapshot tests (machine-dependent)
         self._cost_mark = (time.monotonic(), time.thread_time())
         self._error_shown = False
         self.ticks = 0
@@ -75,7 +78,7 @@ class GpuchefApp(App):
         self.tick_cpu_s += c1 - c0
         w0, t0 = self._cost_mark
         now = time.monotonic()
-        if now - w0 >= 2.0:
+        if now - w0 >= 2.0 and self.show_ui_cost:
             self.ui_cost_pct = (c1 - t0) / (now - w0) * 100
             self._cost_mark = (now, c1)
         err = self.session.engine_error
@@ -92,6 +95,13 @@ class GpuchefApp(App):
         if self.session.ab.state().active:
             self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
             return False
+        try:
+            parsed = parse_mode(value) if name == "mode" else parse_knob(name, value)
+        except ConfigError as e:
+            self._refused(e)
+            return False
+        if getattr(self.session.scheduler_config, name, None) == parsed:
+            return False  # already in force (e.g. a field re-sent as it was): nothing to do
         try:
             v = self.session.set_knob(name, value)
         except ConfigError as e:

@@ -77,6 +77,9 @@ class ABScreen(Screen):
                               ("batch", "tokens, largest step · StepRecord")):
                 p = self.query_one(f"#{pid}-{label}")
                 p.UNIT, p.SOURCE = unit, ""
+        self.call_after_refresh(self._first_tick)
+
+    def _first_tick(self) -> None:
         self.tick(force=True)
         self.ready = True
 

@@ -86,6 +86,9 @@ class MainScreen(Screen):
         self.header = self.query_one(SessionHeader)
         self.numbers = self.query_one(NumbersPanel)
         self.controls = self.query_one(ControlsPanel)
+        self.call_after_refresh(self._first_tick)  # once every child has mounted
+
+    def _first_tick(self) -> None:
         self.tick(force=True)
         self.ready = True
 

@@ -1,0 +1,124 @@
+"""The live load: arrivals at a rate that changes while it runs, pause/resume, trace looping."""
+
+import threading
+import time
+
+import pytest
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.load import LiveLoad
+
+
+class FakeHost:
+    def __init__(self):
+        self.submitted = []
+        self.marks = []
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def submit(self, rid, prompt, sampling, arrival_ns=None):
+        with self.lock:
+            self.submitted.append((rid, len(tuple(prompt)), sampling.max_tokens, arrival_ns))
+
+    def mark(self, label):
+        self.marks.append(label)
+
+    def pause_load(self):
+        self.calls.append("pause_load")
+
+    def resume_load(self):
+        self.calls.append("resume_load")
+
+
+def wait_until(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def random_cfg(rate=200.0, **kw):
+    return WorkloadConfig(dataset="random", request_rate=rate, arrival="constant", input_len=8,
+                          output_len=2, num_prompts=10, vocab_size=100, **kw)
+
+
+def test_rate_change_bends_the_stream_without_a_jump():
+    host = FakeHost()
+    load = LiveLoad(host, random_cfg(rate=100.0))
+    load.start()
+    try:
+        assert wait_until(lambda: len(host.submitted) >= 20)
+        load.set_rate(25.0)
+        n0 = len(host.submitted)
+        t0 = time.monotonic()
+        time.sleep(0.6)
+        got = len(host.submitted) - n0
+        rate = got / (time.monotonic() - t0)
+        assert 10 <= rate <= 40, rate  # ~25 req/s now, not 100
+    finally:
+        load.stop()
+    assert host.marks == ["rate→25 req/s"]
+    ids = [s[0] for s in host.submitted]
+    assert len(set(ids)) == len(ids) and ids[0] == "req-0"
+    arrivals = [s[3] for s in host.submitted]
+    assert arrivals == sorted(arrivals)
+
+
+def test_pause_stops_arrivals_and_resume_goes_on_where_it_stopped():
+    host = FakeHost()
+    load = LiveLoad(host, random_cfg(rate=200.0))
+    load.start()
+    try:
+        assert wait_until(lambda: len(host.submitted) >= 5)
+        load.pause()
+        time.sleep(0.05)
+        n = len(host.submitted)
+        time.sleep(0.3)
+        assert len(host.submitted) == n
+        assert load.state().paused and "PAUSED" in load.state().describe()
+        load.resume()
+        assert wait_until(lambda: len(host.submitted) > n + 5)
+    finally:
+        load.stop()
+    assert host.calls == ["pause_load", "resume_load"]
+
+
+def test_bounded_load_ends_and_a_trace_loops_with_unique_ids():
+    host = FakeHost()
+    load = LiveLoad(host, random_cfg(rate=500.0), num_prompts=7)
+    load.start()
+    assert wait_until(lambda: load.done)
+    load.stop()
+    assert len(host.submitted) == 7 and load.state().done
+
+    host = FakeHost()
+    cfg = WorkloadConfig(dataset="azure-conv", trace_speed=1000.0, max_input_len=16,
+                         max_output_len=2, vocab_size=100)
+    load = LiveLoad(host, cfg)
+    assert load.state().kind == "trace" and load.mean_rate == pytest.approx(5.53, abs=0.1)
+    load.start()
+    try:
+        assert wait_until(lambda: len(host.submitted) > 100)
+    finally:
+        load.stop()
+    ids = [s[0] for s in host.submitted]
+    assert len(set(ids)) == len(ids)
+    assert max(s[1] for s in host.submitted) <= 16
+
+
+def test_bad_rates_are_refused_with_the_range():
+    host = FakeHost()
+    with pytest.raises(ConfigError, match="finite"):
+        LiveLoad(host, random_cfg(rate=float("inf")))
+    load = LiveLoad(host, random_cfg())
+    for bad in (0, -1, "abc", float("nan"), 1e9):
+        with pytest.raises(ConfigError, match=r"request rate \(req/s\)"):
+            load.set_rate(bad)
+    assert load.rate == 200.0 and host.marks == []
+    trace = LiveLoad(host, WorkloadConfig(dataset="azure-conv", vocab_size=100))
+    assert trace.set_rate("x2") == 2.0
+    with pytest.raises(ConfigError, match=r"trace speed \(×\)"):
+        trace.set_rate("0")

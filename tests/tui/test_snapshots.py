@@ -1,0 +1,46 @@
+"""SVG snapshots of the dashboard over a static session (synthetic timeline, fake clock, fake GPU
+samples), so that the pictures depend on the code only. Update with --snapshot-update after
+looking at the new SVGs."""
+
+from tui_fakes import StaticSession
+
+from gpuchef.tui.app import GpuchefApp
+
+SIZE = (160, 48)
+
+
+async def settle(pilot):
+    await pilot.pause(0.3)
+
+
+async def settle_long(pilot):
+    await pilot.pause(0.3)
+    await pilot.press("a")
+    await pilot.pause(0.8)
+
+
+def app(session, window_s=60.0):
+    return GpuchefApp(session, window_s=window_s, show_ui_cost=False)
+
+
+def test_main_screen_gpu(snap_compare):
+    assert snap_compare(app(StaticSession(gpu=True)), terminal_size=SIZE, run_before=settle)
+
+
+def test_main_screen_cpu_without_nvml(snap_compare):
+    assert snap_compare(app(StaticSession(gpu=False)), terminal_size=SIZE, run_before=settle)
+
+
+def test_main_screen_10s_window(snap_compare):
+    assert snap_compare(app(StaticSession(gpu=True), window_s=10.0), terminal_size=SIZE,
+                        run_before=settle)
+
+
+def test_ab_screen(snap_compare):
+    s = StaticSession(gpu=True, seconds=85, ab_window_s=10)
+    assert snap_compare(app(s), terminal_size=SIZE, run_before=settle_long)
+
+
+def test_help_screen(snap_compare):
+    assert snap_compare(app(StaticSession(gpu=False)), press=["question_mark"],
+                        terminal_size=SIZE, run_before=settle)
