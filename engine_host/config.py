@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 MODES = ("continuous", "chunked")
+ENGINES = ("native", "vllm")
 
 
 class ConfigError(ValueError):
@@ -148,6 +149,9 @@ class EngineConfig:
     ``model`` is a preset name (see ``presets.PRESETS``) or a local Hugging Face folder.
     ``dtype`` is "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float64", "bfloat16" or
     "float16". ``max_model_len`` None = the model's ``max_position_embeddings`` capped at 8192.
+    ``engine``: "native" (gpuchef's own) or "vllm" (vLLM hosted in-process, the ``[vllm]``
+    extra; see vllm_engine.py). ``tensor_parallel_size``: GPUs for vLLM (native: 1 only).
+    Raises ConfigError for an unknown engine or a size below 1.
     """
 
     model: str = "tiny"
@@ -159,3 +163,12 @@ class EngineConfig:
     enforce_eager: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: str = "native"
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"--tensor-parallel-size {tp!r} must be an integer >= 1")

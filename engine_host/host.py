@@ -125,14 +125,23 @@ class EngineHost:
     def set_knob(self, name: str, value: Any) -> Any:
         """Validate now, apply between steps. Returns the parsed value; raises ConfigError."""
         v = parse_mode(value) if name == "mode" else parse_knob(name, value)
+        self._check_engine_limits({name: v})
         self._command(_Command("set", ((name, v),)))
         return v
 
     def set_config(self, **changes: Any) -> dict[str, Any]:
         """Several knobs (and/or ``mode``) at once, in force from the same step."""
         parsed = {k: (parse_mode(v) if k == "mode" else parse_knob(k, v)) for k, v in changes.items()}
+        self._check_engine_limits(parsed)
         self._command(_Command("set", tuple(parsed.items())))
         return parsed
+
+    def _check_engine_limits(self, changes: dict[str, Any]) -> None:
+        # An engine with narrower live ranges (vLLM: budget and max_num_seqs at most their
+        # start-up values) says so now, in the caller's thread.
+        check = getattr(self.engine, "validate_scheduler_config", None)
+        if check is not None:
+            check(self.engine.scheduler_config.with_changes(**changes))
 
     def set_mode(self, mode: str) -> str:
         return self.set_knob("mode", mode)
@@ -214,7 +223,11 @@ class EngineHost:
             except ConfigError as e:
                 self._emit("error", message=str(e))
                 return
-            eng.set_scheduler_config(new)
+            try:
+                eng.set_scheduler_config(new)
+            except ConfigError as e:  # the engine refused it (e.g. a limit it has live)
+                self._emit("error", message=str(e))
+                return
             for k, v in c.changes:
                 prev = getattr(old, k)
                 if prev != v:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
 from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
@@ -85,7 +86,7 @@ def ab(**o) -> None:
     try:
         _ab(o, err)
     except ConfigError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(2)
 
 

@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
 from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
@@ -47,7 +48,7 @@ def bench(**o) -> None:
     try:
         _bench(o, err)
     except ConfigError as e:
-        err.print(f"[bold red]error:[/] {e}")
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
 
 
@@ -87,10 +88,15 @@ def _bench(o: dict, err: Console) -> None:
         samplers.stop()
         if recorder is not None:
             recorder.close()
+        if hasattr(engine, "close"):  # vLLM: shut its engine core (and TP workers) down
+            engine.close()
     m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
     lm = engine.loaded
     extra = {
         "Model:": f"{lm.name}{' (random weights)' if lm.random_weights else ''}",
+        "Engine:": (ecfg.engine if ecfg.engine == "native" else
+                    f"vllm {getattr(engine, 'vllm_version', '')} "
+                    f"(tensor parallel {ecfg.tensor_parallel_size})"),
         "Device / attention:": f"{engine.device} / {engine.attn.name}",
         "Mode:": sc.mode,
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
@@ -100,7 +106,8 @@ def _bench(o: dict, err: Console) -> None:
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
         d = m.to_dict()
-        d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg))
+        d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
+                 engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size)
         with open(o["result_json"], "w") as f:
             json.dump(d, f, indent=2)
 

@@ -20,6 +20,13 @@ def _opts(*decorators: Callable) -> Callable:
 
 
 engine_options = _opts(
+    click.option("--engine", default="native", show_default=True,
+                 type=click.Choice(["native", "vllm"]),
+                 help="native: gpuchef's own engine. vllm: vLLM's V1 engine core hosted in this "
+                      "process (pip install 'gpuchef[vllm]'; CUDA only), same records, knobs "
+                      "and modes."),
+    click.option("--tensor-parallel-size", default=1, show_default=True, type=int,
+                 help="GPUs for --engine vllm (tensor parallelism); the native engine uses one."),
     click.option("--model", default="tiny", show_default=True,
                  help="A preset (tiny, llama-3-8b, llama-3.1-8b, qwen2.5-7b, mistral-7b: random "
                       "weights of the real shapes) or a local Hugging Face folder "
@@ -112,6 +119,8 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
             max_num_seqs=o["max_num_seqs"],
             long_prefill_token_threshold=o["long_prefill_token_threshold"],
             max_num_partial_prefills=o["max_num_partial_prefills"]),
+        engine=o.get("engine", "native"),
+        tensor_parallel_size=o.get("tensor_parallel_size", 1),
     )
 
 

@@ -17,13 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .engine_host.config import EngineConfig
 from .engine_host.engine import LLMEngine
+from .engine_host.factory import make_engine
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine:
     """Load the model and size the KV cache, showing weight loading as a progress bar on
-    ``console`` (stderr by default). Raises ConfigError for bad settings or a bad model folder."""
+    ``console`` (stderr by default). ``cfg.engine`` picks gpuchef's native engine or vLLM
+    (``engine_host.factory.make_engine``). Raises ConfigError for bad settings or a bad model
+    folder, and, for vLLM, when it is missing or cannot run here."""
     console = console or Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,
@@ -37,7 +40,7 @@ def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine
             progress.update(t, completed=done, total=total or None)
 
         t0 = time.perf_counter()
-        engine = LLMEngine(cfg, progress=on_progress)
+        engine = make_engine(cfg, progress=on_progress)
     lm = engine.loaded
     kind = "random weights" if lm.random_weights else lm.source
     console.print(f"[dim]loaded {lm.name} ({kind}, {lm.num_params / 1e6:.1f} M params, "

@@ -9,6 +9,7 @@ from dataclasses import replace
 import click
 from click.core import ParameterSource
 from rich.console import Console
+from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
 from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
@@ -85,7 +86,7 @@ def top(ctx: click.Context, **o) -> None:
     try:
         app = _build(ctx, o, err)
     except ConfigError as e:
-        err.print(f"[bold red]error:[/] {e}")
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
     try:
         app.run()

@@ -2,6 +2,11 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "vllm: needs vLLM (the [vllm] extra) and a GPU; skipped where vllm is absent")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
