@@ -468,7 +468,18 @@ class VllmEngine:
         backend = vcfg.attention_config.backend
         self.attn = SimpleNamespace(name=f"vllm ({backend.name.lower() if backend else 'auto'})")
         self.async_scheduling = bool(vcfg.scheduler_config.async_scheduling)
-        # Ceilings: what vLLM sized its buffers for (see vllm_mapping.check_live_knobs).
+        # vLLM keeps its CUDA stream per thread (vllm/utils/torch_utils.py current_stream); the
+        # host steps from its own thread, which must use the stream the graphs were built on.
+        self._attach(core, stream=current_stream(),
+                     timing=vcfg.parallel_config.world_size == 1)
+
+    def _attach(self, core: Any, *, stream: Any = None, timing: bool = False) -> None:
+        """Take over ``core`` (an EngineCore whose scheduler is a gpuchef subclass): request
+        bookkeeping, the knobs in force, the step observer, and (``timing``) CUDA events around
+        each step. Needs ``config``, ``model_config``, ``max_model_len``, ``num_blocks`` and
+        ``kv`` set. The ceilings of the live knobs are the scheduler's start-up values."""
+        self._core = core
+        sched = core.scheduler
         self.max_num_batched_tokens_limit = sched.max_num_scheduled_tokens
         self.max_num_seqs_limit = sched.max_num_running_reqs
         self.requests: dict[str, _ReqState] = {}
@@ -485,14 +496,12 @@ class VllmEngine:
         sched.gc_ceiling_tokens = self.max_num_batched_tokens_limit
         sched.gc_set_knobs(self._knobs)
         sched.gc_observer = self
-        # vLLM keeps its CUDA stream per thread (vllm/utils/torch_utils.py current_stream); the
-        # host steps from its own thread, which must use the stream the graphs were built on.
-        self._stream = current_stream()
+        self._stream = stream
         self._bound_thread = threading.get_ident()
         self._events: list[Any] = []
         self._awaiting_end: _Pending | None = None
-        self._timing = vcfg.parallel_config.world_size == 1
-        if self._timing:
+        self._timing = timing
+        if timing:
             self._wrap_executor(core.model_executor)
 
     def _wrap_executor(self, ex: Any) -> None:
@@ -528,6 +537,8 @@ class VllmEngine:
         tid = threading.get_ident()
         if tid != self._bound_thread:
             self._bound_thread = tid
+            if self._stream is None:
+                return
             torch.cuda.set_device(self.device)
             torch.cuda.set_stream(self._stream)  # vLLM patches this to set its per-thread stream
 
