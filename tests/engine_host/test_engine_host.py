@@ -191,3 +191,24 @@ def test_engine_errors_name_the_value():
     while eng.has_unfinished():
         eng.step()
     assert eng.kv.pool.num_free == 16
+
+
+def test_abort_frees_pages_and_reports_the_request():
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=256,
+                                 cache=CacheConfig(num_gpu_blocks=64, block_size=16)))
+    eng.add_request("keep", list(range(10, 50)), SamplingParams(max_tokens=8, ignore_eos=True))
+    eng.add_request("drop", list(range(10, 90)), SamplingParams(max_tokens=50, ignore_eos=True))
+    eng.add_request("queued", list(range(10, 20)), SamplingParams(max_tokens=5, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    used_before = eng.kv.usage().used
+    rec = eng.abort("drop")
+    assert rec.finish_reason == "abort" and 0 < rec.output_len < 50
+    assert eng.kv.usage().used < used_before
+    assert eng.abort("no-such-id") is None
+    done = {}
+    while eng.has_unfinished():
+        for f in eng.step().finished:
+            done[f.request_id] = f
+    assert set(done) == {"keep", "queued"}
+    assert eng.kv.pool.num_free == 64
