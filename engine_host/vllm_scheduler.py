@@ -153,7 +153,7 @@ class _GpuchefMixin:
         cfg = self.scheduler_config
         saved_chunk = cfg.enable_chunked_prefill
         saved_pause = self._pause_state
-        self.running = visible
+        self.running = list(visible)  # vLLM appends to it; ``visible`` stays as it was
         self.max_num_scheduled_tokens = budget
         self.max_num_running_reqs = cap
         cfg.enable_chunked_prefill = chunk
