@@ -95,11 +95,18 @@ class Scheduler:
         self.waiting.appendleft(victim)
         out.preempted.append(victim)
 
-    def _admit(self, req: Request) -> None:
+    def _admit(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Move the head of the queue to running with a first chunk of ``n`` tokens, if its
+        blocks fit above the watermark. Returns False (and changes nothing) if they don't."""
+        if cdiv(n, self.kv.block_size) > self.kv.pool.num_free - self.watermark_blocks:
+            return False
         self.waiting.popleft()
         req.prefill_target = req.num_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
+        self.kv.grow(req, n)
+        out.prefills.append((req, n))
+        return True
 
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -160,11 +167,8 @@ class Scheduler:
             n = min(remaining, budget, limit)
             if n < remaining and partial >= cfg.max_num_partial_prefills:
                 break
-            if cdiv(n, self.kv.block_size) > self.kv.pool.num_free - self.watermark_blocks:
+            if not self._admit(req, n, out):
                 break
-            self._admit(req)
-            self.kv.grow(req, n)
-            out.prefills.append((req, n))
             budget -= n
             if n < remaining:
                 partial += 1
@@ -189,11 +193,8 @@ class Scheduler:
             n = req.num_tokens
             if out.prefills and used + n > budget:
                 break
-            if cdiv(n, self.kv.block_size) > self.kv.pool.num_free - self.watermark_blocks:
+            if not self._admit(req, n, out):
                 break
-            self._admit(req)
-            self.kv.grow(req, n)
-            out.prefills.append((req, n))
             used += n
         if not out.prefills:
             self._schedule_decodes(out, budget)
