@@ -26,7 +26,6 @@ import pytest
 
 from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.request import SamplingParams
-from gpuchef.engine_host.vllm_mapping import split_scheduler_output
 
 BS = 16
 
