@@ -281,7 +281,7 @@ def windows_from_marks(events: Sequence[Any], run_id: int, end_ns: int) -> list[
     return out
 
 
-def _work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> dict[str, int]:
+def work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> dict[str, int]:
     """What the engine did during ``[t0, t1)``: requests finished, output tokens produced
     (token times in the range), tokens computed (prefill + decode of the steps that started)."""
     finished = sum(1 for r in requests if r.token_times_ns and t0 <= r.token_times_ns[-1] < t1)
@@ -290,7 +290,7 @@ def _work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) ->
     return {"finished": finished, "output_tokens": out, "step_tokens": tok}
 
 
-def _set_window_throughput(m: BenchMetrics, work: dict[str, int], dur_s: float) -> None:
+def set_window_throughput(m: BenchMetrics, work: dict[str, int], dur_s: float) -> None:
     # Under an open-loop load the requests that *arrived* in a window only measure the arrival
     # process; what a setting did while in force is what finished during its windows.
     m.request_throughput = work["finished"] / dur_s
@@ -342,8 +342,8 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
             dur = (t1 - t0) / 1e9
             m = summarize(reqs, dur, percentiles=percentiles, goodput=goodput or None,
                           steps=steps or None)
-            work = _work_in(res.requests, steps, t0, t1)
-            _set_window_throughput(m, work, dur)
+            work = work_in(res.requests, steps, t0, t1)
+            set_window_throughput(m, work, dur)
             total_reqs += len(reqs)
             straddle += sum(1 for r in reqs if r.token_times_ns and r.token_times_ns[-1] > t1)
             run = Run(label, n, t0, t1, reqs, steps, m,
@@ -508,7 +508,7 @@ def pool(runs: Sequence[Run], percentiles: Sequence[float],
     m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,
                   steps=steps or None)
     if runs and all(r.work is not None for r in runs):
-        _set_window_throughput(m, {k: sum(r.work[k] for r in runs) for k in runs[0].work},
+        set_window_throughput(m, {k: sum(r.work[k] for r in runs) for k in runs[0].work},
                                max(dur, 1e-9))
     gpu: dict[str, float] = {}
     keys = {k for r in runs for k in r.gpu}

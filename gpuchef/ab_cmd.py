@@ -145,8 +145,8 @@ def _ab(o: dict, err: Console) -> None:
         meta = trace_meta(engine, c["ecfg"], wcfg, "ab")
         meta["ab"] = {
             "run": 1,
-            "settings": {k: {"spec": s.spec, "changes": s.changes, "scheduler": s.config.as_dict()}
-                         for k, s in settings.items()},
+            "settings": {k: {"spec": s.spec, "describe": s.describe(), "changes": s.changes,
+                             "scheduler": s.config.as_dict()} for k, s in settings.items()},
             "interleave": bool(o["interleave"]), "window_s": c["window"],
             "repetitions": c["reps"], "capacity": bool(o["capacity"]),
         }

@@ -19,6 +19,8 @@ def _register() -> None:
     cli.add_command(top)
     from .ab_cmd import ab
     cli.add_command(ab)
+    from .report_cmd import report
+    cli.add_command(report)
     try:
         from .bench_attention import bench_attention
     except ImportError:  # not written yet / optional

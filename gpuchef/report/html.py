@@ -1,0 +1,457 @@
+"""The self-contained HTML report: one file, inline CSS, plots as inline SVG, no scripts, no
+external resources — it opens offline and can be mailed or attached to a ticket as is."""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+from gpuchef.probes.metrics import format_results_block
+
+from . import plots
+from .model import Group, ReportData, TraceView, window_throughput
+
+#: Section ids, in page order (tests and the table of contents use them).
+SECTIONS = {
+    "summary": "Summary",
+    "run": "Run",
+    "waveforms": "Waveforms",
+    "closeups": "Step close-ups",
+    "composition": "Batch composition",
+    "latency": "Latency CDFs",
+    "results": "Results",
+    "windows": "A/B windows",
+}
+MAX_PROBLEMS_SHOWN = 40
+MAX_WINDOW_ROWS = 200
+
+CSS = """
+:root { --ink:#24292f; --muted:#57606a; --line:#d8dee4; --bg:#f6f8fa; --card:#ffffff;
+        --accent:#2f5f8a; --warn-bg:#fff8e6; --warn:#9a6700; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--ink);
+       font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif; }
+header { background:#1f2d3d; color:#fff; padding:22px 32px 18px; }
+header h1 { margin:0 0 4px; font-size:22px; font-weight:650; letter-spacing:.2px; }
+header .sub { color:#c9d3dd; font-size:13px; }
+nav { background:#fff; border-bottom:1px solid var(--line); padding:8px 32px; position:sticky;
+      top:0; z-index:2; font-size:13px; }
+nav a { color:var(--accent); text-decoration:none; margin-right:18px; }
+main { max-width:1240px; margin:0 auto; padding:18px 32px 40px; }
+section { background:var(--card); border:1px solid var(--line); border-radius:8px;
+          padding:16px 20px 18px; margin:18px 0; overflow-x:auto; }
+h2 { font-size:17px; margin:0 0 10px; }
+h3 { font-size:14px; margin:18px 0 6px; color:var(--muted); }
+p.note { color:var(--muted); font-size:12.5px; margin:4px 0 10px; max-width:1000px; }
+figure { margin:8px 0 4px; }
+figure svg { width:100%; height:auto; display:block; }
+figcaption { color:var(--muted); font-size:12px; margin-top:4px; }
+table { border-collapse:collapse; font-size:12.5px; margin:6px 0; }
+th, td { padding:4px 10px; border-bottom:1px solid var(--line); text-align:left;
+         vertical-align:top; }
+th { background:#f0f3f6; font-weight:600; }
+td:first-child { white-space:nowrap; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+tr.sec td { background:#fafbfc; color:var(--muted); font-weight:600; font-size:11.5px;
+            text-transform:uppercase; letter-spacing:.4px; }
+.cards { display:flex; flex-wrap:wrap; gap:12px; }
+.card { flex:1 1 260px; border:1px solid var(--line); border-top:4px solid var(--c);
+        border-radius:6px; padding:10px 14px; background:#fff; }
+.card h4 { margin:0 0 2px; font-size:14px; color:var(--c); }
+.card .desc { color:var(--muted); font-size:12px; margin-bottom:6px; }
+.card dl { display:grid; grid-template-columns:auto auto; gap:1px 12px; margin:0; font-size:12.5px; }
+.card dt { color:var(--muted); } .card dd { margin:0; text-align:right;
+           font-variant-numeric:tabular-nums; }
+.warn { background:var(--warn-bg); border:1px solid #f0d58c; color:var(--warn); border-radius:6px;
+        padding:10px 14px; margin:14px 0; font-size:13px; }
+.warn ul { margin:6px 0 0 18px; padding:0; } .warn code { color:#6e4b00; }
+.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px;
+          vertical-align:baseline; }
+.empty { color:var(--muted); font-style:italic; }
+footer { color:var(--muted); font-size:12px; text-align:center; padding:10px 0 30px; }
+"""
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(v: Any, fmt: str = "{:.2f}") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return fmt.format(v)
+
+
+def _pct_value(m: Any, stem: str, q: float) -> float:
+    return next((v for p, v in getattr(m, f"percentiles_{stem}_ms") if p == q), math.nan)
+
+
+# ---- pieces ---------------------------------------------------------------------------------------
+
+def _model_text(meta: dict[str, Any]) -> str:
+    m = meta.get("model")
+    if isinstance(m, dict):
+        s = str(m.get("name", "?"))
+        if m.get("random_weights"):
+            s += " (random weights)"
+        if m.get("num_params"):
+            s += f", {m['num_params'] / 1e9:.2f} B params" if m["num_params"] >= 1e9 else \
+                f", {m['num_params'] / 1e6:.1f} M params"
+        if m.get("dtype"):
+            s += f", {m['dtype']}"
+        return s
+    return str(m) if m is not None else "not recorded"
+
+
+def _gpus_text(meta: dict[str, Any]) -> str:
+    g = meta.get("gpus")
+    if isinstance(g, dict) and g:
+        return ", ".join(f"{k}: {v}" for k, v in g.items())
+    return "none recorded"
+
+
+def _load_text(meta: dict[str, Any]) -> str:
+    w = meta.get("workload")
+    if not isinstance(w, dict):
+        return "not recorded"
+    if w.get("dataset") == "random":
+        s = (f"random, {w.get('request_rate')} req/s ({w.get('arrival')}, burstiness "
+             f"{w.get('burstiness')}), input {w.get('input_len')} / output {w.get('output_len')} "
+             f"tokens (range ratio {w.get('range_ratio')})")
+    else:
+        s = f"{w.get('dataset')} replayed at {w.get('trace_speed')}×"
+    if w.get("num_prompts") is not None:
+        s += f", {w['num_prompts']} requests"
+    if w.get("duration_s") is not None:
+        s += f", {w['duration_s']:g} s of arrivals"
+    clip = [f"{k.replace('_', ' ')} {w[k]}" for k in ("max_input_len", "max_output_len")
+            if w.get(k) is not None]
+    if clip:
+        s += "; " + ", ".join(clip)
+    if w.get("probe_interval_s"):
+        s += f"; probes every {w['probe_interval_s']} s"
+    return s + f"; seed {w.get('seed')}"
+
+
+def _sched_text(meta: dict[str, Any]) -> str:
+    ec = meta.get("engine_config") or meta.get("config") or {}
+    sc = ec.get("scheduler") if isinstance(ec, dict) else None
+    if not isinstance(sc, dict):
+        return "not recorded"
+    return ", ".join(f"{k}={v}" for k, v in sc.items())
+
+
+def _run_rows(view: TraceView) -> list[tuple[str, str]]:
+    meta, tr = view.meta, view.trace
+    v = meta.get("versions") or {}
+    host = meta.get("host") or {}
+    rows = [
+        ("File", str(view.path.name)),
+        ("Recorded", str(meta.get("created", "?"))),
+        ("Command", f"gpuchef {meta.get('command', '?')}"),
+        ("Model", _model_text(meta)),
+        ("Device / attention", f"{meta.get('device', '?')} / {meta.get('attention_backend', '?')}"),
+        ("GPUs", _gpus_text(meta)),
+        ("Scheduler at start", _sched_text(meta)),
+        ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
+                     f"max_model_len {meta.get('max_model_len', '?')}"),
+        ("Load", _load_text(meta)),
+    ]
+    if view.ab:
+        rows.append(("A/B settings", "; ".join(f"{k}: {s}" for k, s in view.settings.items())))
+    rows += [
+        ("Versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),
+        ("Host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),
+        ("Records", f"{len(tr.steps):,} steps, {len(tr.requests):,} requests, "
+                    f"{len(tr.gpu_samples):,} GPU samples, {len(tr.host_samples):,} host samples, "
+                    f"{len(tr.events):,} events"),
+        ("Complete", "yes (end record present)" if tr.complete
+         else "no — cut short (no end record)"),
+        ("Duration", f"{view.t(view.end_ns):.2f} s from the first record to the last"),
+    ]
+    return rows
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], num_cols: Sequence[int] = (),
+           raw: bool = False, cls: str = "") -> str:
+    out = [f'<table class="{cls}">' if cls else "<table>", "<thead><tr>"]
+    for i, h in enumerate(head):
+        out.append(f'<th class="num">{esc(h)}</th>' if i in num_cols else f"<th>{esc(h)}</th>")
+    out.append("</tr></thead><tbody>")
+    for r in rows:
+        if isinstance(r, tuple) and len(r) == 1:  # a section row
+            out.append(f'<tr class="sec"><td colspan="{len(head)}">{esc(r[0])}</td></tr>')
+            continue
+        out.append("<tr>")
+        for i, c in enumerate(r):
+            cell = c if raw else esc(c)
+            out.append(f'<td class="num">{cell}</td>' if i in num_cols else f"<td>{cell}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def results_rows(groups: Sequence[Group]) -> list[Any]:
+    """The bench results block of every group, merged into rows (label, value per group), in
+    ``format_results_block``'s order; section headers as 1-tuples."""
+    parsed: list[dict[tuple[str, str], str]] = []
+    order: list[tuple[str, str]] = []
+    for g in groups:
+        block = format_results_block(g.metrics, extra=_gpu_extra(g))
+        section, rows = "", {}
+        for line in block.splitlines():
+            if len(line) > 40 and line[40] == " " and line[:40].rstrip().endswith(":"):
+                key = (section, line[:40].rstrip())
+                rows[key] = line[41:].strip()
+                if key not in order:
+                    order.append(key)
+            else:
+                section = line.strip("=- ")
+        parsed.append(rows)
+    out: list[Any] = []
+    last = None
+    for sec, label in order:
+        if sec != last:
+            if sec and sec != "Serving Benchmark Result":
+                out.append((sec,))
+            last = sec
+        out.append([label.rstrip(":")] + [p.get((sec, label), "") for p in parsed])
+    return out
+
+
+def _gpu_extra(g: Group) -> dict[str, str]:
+    gp = g.gpu
+    if not any(math.isfinite(v) for v in gp.values()):
+        return {}
+    f = lambda k: _num(gp.get(k), "{:.1f}")  # noqa: E731
+    return {"GPU SM active / tensor active (mean %):": f"{f('sm_active')} / {f('tensor_active')}",
+            "GPU DRAM BW util / GPU-Util (mean %):": f"{f('dram_bw_util')} / {f('gpu_util')}",
+            "GPU power (mean W):": f("power_w")}
+
+
+def _delta(a: str, b: str) -> list[str]:
+    """(b − a, (b − a)/a in %) of two result cells, blank when they are not plain numbers."""
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return ["", ""]
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return ["", ""]
+    d = y - x
+    pct = f"{d / x * 100:+.1f} %" if x else ""
+    return [f"{d:+.2f}" if not (x.is_integer() and y.is_integer()) else f"{int(d):+d}", pct]
+
+
+def _card(g: Group, pcts: Sequence[float]) -> str:
+    m = g.metrics
+    hi = max(pcts) if pcts else 99.0
+    lo = min(pcts) if pcts else 50.0
+    rows = [("requests done", _num(m.completed)),
+            ("request throughput", f"{_num(m.request_throughput)} req/s"),
+            ("output tokens/s", _num(m.output_throughput, "{:.1f}")),
+            (f"TTFT P{lo:g} / P{hi:g}", f"{_num(_pct_value(m, 'ttft', lo), '{:.1f}')} / "
+                                      f"{_num(_pct_value(m, 'ttft', hi), '{:.1f}')} ms"),
+            (f"ITL P{lo:g} / P{hi:g}", f"{_num(_pct_value(m, 'itl', lo), '{:.1f}')} / "
+                                     f"{_num(_pct_value(m, 'itl', hi), '{:.1f}')} ms"),
+            ("mean tokens per step", _num(m.mean_tokens_per_step, "{:.1f}")),
+            ("engine busy", f"{_num(m.busy_fraction * 100, '{:.1f}')} %")]
+    if m.request_goodput is not None:
+        rows.insert(2, ("goodput", f"{_num(m.request_goodput)} req/s"))
+    if math.isfinite(g.gpu.get("sm_active", math.nan)):
+        rows.append(("GPU SM active (mean)", f"{g.gpu['sm_active']:.1f} %"))
+    dl = "".join(f"<dt>{esc(a)}</dt><dd>{esc(b)}</dd>" for a, b in rows)
+    desc = g.description if g.description and g.description not in g.label else ""
+    where = f"{g.view.name}" + (f" · {len(g.segments)} windows" if g.view.ab else "")
+    return (f'<div class="card" style="--c:{g.color}"><h4>{esc(g.label)}</h4>'
+            f'<div class="desc">{esc(desc + (" · " if desc else "") + where)}</div>'
+            f"<dl>{dl}</dl></div>")
+
+
+def _figure(svg: str, fig_id: str, caption: str) -> str:
+    return (f'<figure class="plot" id="fig-{esc(fig_id)}">{svg}'
+            f"<figcaption>{esc(caption)}</figcaption></figure>")
+
+
+def _section(sid: str, body: str, note: str = "") -> str:
+    n = f'<p class="note">{note}</p>' if note else ""
+    return f'<section id="{sid}"><h2>{esc(SECTIONS[sid])}</h2>{n}{body}</section>'
+
+
+def _windows_table(view: TraceView, pct: float) -> str:
+    from gpuchef.probes.metrics import summarize
+
+    rows = []
+    for seg in view.segments[:MAX_WINDOW_ROWS]:
+        m = summarize(seg.requests, seg.duration_s, percentiles=(50.0, pct), steps=seg.steps or None)
+        if seg.window:
+            window_throughput(m, view.trace.requests, [seg])
+        rows.append([seg.name, view.settings.get(seg.label, ""), f"{view.t(seg.t0_ns):.2f}",
+                     f"{seg.duration_s:.2f}", _num(m.completed), _num(m.output_throughput, "{:.1f}"),
+                     _num(_pct_value(m, "ttft", pct), "{:.1f}"), _num(_pct_value(m, "itl", pct), "{:.1f}"),
+                     _num(m.mean_tokens_per_step, "{:.1f}")])
+    more = len(view.segments) - MAX_WINDOW_ROWS
+    extra = f'<p class="note">… and {more} more windows (see the CSV export).</p>' if more > 0 else ""
+    return _table(["window", "setting", "start (s)", "length (s)", "requests", "output tok/s",
+                   f"P{pct:g} TTFT (ms)", f"P{pct:g} ITL (ms)", "tokens/step"], rows,
+                  num_cols=range(2, 9)) + extra
+
+
+def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
+           title: str | None = None) -> str:
+    """The whole report page (a str of HTML). ``progress(name)`` is called before each figure
+    (figures take ~0.1–1 s each). Raises ImportError when matplotlib is missing."""
+    import matplotlib  # noqa: F401  (fail early, before any work)
+
+    say = progress or (lambda s: None)
+    groups, views = data.groups, data.views
+    pcts = data.percentiles
+    hi = max(pcts) if pcts else 99.0
+    first = views[0].meta if views else {}
+    sub = " · ".join(x for x in [
+        _model_text(first), f"{first.get('device', '?')} / {first.get('attention_backend', '?')}",
+        _gpus_text(first) if first.get("gpus") else "",
+        f"{len(views)} trace{'s' if len(views) != 1 else ''}: " + ", ".join(v.name for v in views),
+    ] if x)
+    parts: list[str] = []
+    if data.problems:
+        items = "".join(f"<li><code>{esc(p)}</code></li>" for p in data.problems[:MAX_PROBLEMS_SHOWN])
+        more = len(data.problems) - MAX_PROBLEMS_SHOWN
+        if more > 0:
+            items += f"<li>… and {more} more</li>"
+        parts.append(f'<div class="warn" id="problems"><b>{len(data.problems)} problem'
+                     f'{"s" if len(data.problems) != 1 else ""} reading the trace'
+                     f'{"s" if len(views) != 1 else ""}</b> — the report shows what could be '
+                     f"read:<ul>{items}</ul></div>")
+    # summary
+    if groups:
+        cards = "".join(_card(g, pcts) for g in groups)
+        note = ("Each card is one group of the comparison: an A/B setting (pooled over its "
+                "windows) or a scheduler mode. Latency definitions are vllm bench serve's.")
+        parts.append(_section("summary", f'<div class="cards">{cards}</div>', note))
+    else:
+        parts.append(_section("summary", '<p class="empty">No engine steps or requests were '
+                                         "recorded: nothing to compare.</p>"))
+    # run metadata
+    runs = [_run_rows(v) for v in views]
+    head = ["", *[v.name for v in views]]
+    rows = [[runs[0][i][0], *[r[i][1] if i < len(r) else "" for r in runs]]
+            for i in range(len(runs[0]))] if runs else []
+    parts.append(_section("run", _table(head, rows)))
+    # waveforms
+    span = max((v.t(v.end_ns) for v in views), default=1.0)
+    body = []
+    for v in views:
+        say(f"waveforms {v.name}")
+        if not v.trace.steps and not v.trace.requests:
+            body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')
+            continue
+        svg, _ = plots.waveforms(v, span_s=span if len(views) > 1 else None)
+        marks = []
+        if v.ab:
+            marks.append("A/B windows shaded (A blue, B orange, labelled at the top)")
+        if any(e.kind == "mode" for e in v.events):
+            marks.append("mode switches as solid purple lines")
+        if any(e.kind == "knob" for e in v.events):
+            marks.append("knob changes as dashed grey lines")
+        if any(e.kind == "mark" and not str(e.name).startswith("ab:") for e in v.events):
+            marks.append("other marks as dotted lines")
+        cap = (f"{v.name}: the run over time" + (f"; {', '.join(marks)}." if marks else "."))
+        body.append(f"<h3>{esc(v.name)}</h3>" + _figure(svg, f"waveforms-{plots._slug(v.name)}", cap))
+    note = ("Engine busy is the share of wall time spent in the model's forward pass; gaps are "
+            "time the engine waited (for work or for the CPU). Tokens per step: what each step "
+            "computed against the token budget (log axis). With several traces the time axes "
+            "are aligned at each trace's start and share one scale.")
+    parts.append(_section("waveforms", "".join(body), note))
+    with_steps = [g for g in groups if g.steps]
+    # close-ups
+    if with_steps:
+        say("close-ups")
+        parts.append(_section("closeups", _figure(
+            plots.closeups(with_steps), "closeups",
+            "Each group's busiest stretch (most prefill tokens), step by step: bar width is the "
+            "step's wall time, height its tokens (log axis), colour its kind; the dark line "
+            "(right axis) counts the requests decoding in each step; white space is time "
+            "between steps."),
+            "Continuous batching runs whole prompts in prefill-only steps, and the running "
+            "requests' decodes wait meanwhile (the dark line drops to 0: an inter-token stall); "
+            "chunked prefill packs every decode and a prefill chunk into each step within the "
+            "budget, so decodes never stop."))
+    # composition
+    if with_steps:
+        say("composition")
+        comp_rows = []
+        for g in with_steps:
+            c = plots.composition(g.steps)
+            comp_rows.append([f'<span class="swatch" style="background:{g.color}"></span>'
+                              f"{esc(g.label)}"] +
+                             [f"{c[k][1] * 100:.1f} % / {c[k][2] * 100:.1f} %"
+                              for k in ("decode only", "mixed", "prefill only")] +
+                             [_num(g.metrics.mean_prefill_tokens_per_step, "{:.1f}"),
+                              _num(g.metrics.mean_decode_tokens_per_step, "{:.1f}")])
+        table = _table(["group", "decode only (steps / compute)", "mixed", "prefill only",
+                        "mean prefill tokens/step", "mean decode tokens/step"], comp_rows,
+                       num_cols=range(1, 6), raw=True)
+        parts.append(_section("composition", _figure(
+            plots.composition_hist(with_steps), "composition",
+            "Histogram of tokens per step, stacked by step kind, per group.") + table,
+            "Share of steps and of compute time by kind: decode only, prefill only, or mixed "
+            "(prefill chunks and decodes in one batch)."))
+    # latency
+    if any(g.requests for g in groups):
+        say("latency CDFs")
+        parts.append(_section("latency", _figure(
+            plots.latency_cdfs(groups), "latency",
+            "Cumulative distributions (log time axis); the dots mark each group's P99."),
+            "TTFT = first token − arrival; ITL = every gap between consecutive tokens, pooled; "
+            "TPOT = (E2EL − TTFT)/(output tokens − 1) per request (vllm bench serve)."))
+    # results
+    if groups:
+        rows = results_rows(groups)
+        head = ["metric", *[g.short for g in groups]]
+        if len(groups) == 2:
+            head += [f"{groups[1].short} − {groups[0].short}", "%"]
+            rows = [r if isinstance(r, tuple) else r + _delta(r[1], r[2]) for r in rows]
+        legend = "; ".join(f"{g.short}: {g.description}" for g in groups
+                           if g.description and g.description != g.short)
+        slo = (f" Columns — {legend}." if legend else "") + (" Goodput SLOs: " + ", ".join(f"{k} ≤ {v:g} ms" for k, v in data.goodput.items())
+               + ".") if data.goodput else ""
+        parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
+                              "The gpuchef bench results block of each group, computed from "
+                              "the trace's requests and steps (probes.metrics.summarize)." + slo))
+    # A/B windows
+    abviews = [v for v in views if v.ab]
+    if abviews:
+        body = []
+        for v in abviews:
+            say(f"A/B windows {v.name}")
+            body.append(f"<h3>{esc(v.name)}</h3>" + _figure(
+                plots.ab_windows_plot(v, hi), f"abwindows-{plots._slug(v.name)}",
+                f"Per-window P{hi:g} TTFT, P{hi:g} ITL and output throughput: the spread "
+                "between windows of one setting is the noise a difference must exceed.")
+                + _windows_table(v, hi))
+        parts.append(_section("windows", "".join(body),
+                              "A request belongs to the window it arrived in, a step to the "
+                              "window it started in."))
+    present = [sid for sid in SECTIONS if f'<section id="{sid}"' in "".join(parts)]
+    nav = "".join(f'<a href="#{sid}">{esc(SECTIONS[sid])}</a>' for sid in present)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        from importlib.metadata import version
+        gv = version("gpuchef")
+    except Exception:  # not installed (running from a checkout)
+        gv = ""
+    doc_title = title or "gpuchef report — " + ", ".join(v.name for v in views)
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(doc_title)}</title><style>{CSS}</style></head><body>",
+        f"<header><h1>{esc(title or 'gpuchef report')}</h1><div class=\"sub\">{esc(sub)}</div>"
+        "</header>",
+        f"<nav>{nav}</nav><main>", *parts, "</main>",
+        f"<footer>Generated by gpuchef {esc(gv)} report on {now}. Self-contained: no scripts, "
+        "no external resources.</footer></body></html>\n",
+    ])

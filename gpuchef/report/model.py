@@ -1,0 +1,338 @@
+"""What a report shows, computed from one or more session traces: segments (A/B windows or mode
+stretches), the groups compared (per A/B setting, else per mode, across traces), their metrics.
+
+Grouping:
+
+* a trace with ``ab:<run>:<A|B>:<n>`` marks (``gpuchef ab``, the dashboard's live A/B) is cut
+  into windows at the marks; a window ends at the next mark of its run (or ``ab:<run>:end``, or
+  the end of the trace). Its groups are the settings A and B, pooled over their windows;
+* any other trace is cut where the scheduler mode changes (first step of each mode stretch);
+  its groups are the modes;
+* several traces: each contributes its groups; equal names get the trace's name appended.
+
+A request belongs to the segment in which it *arrived* (so both arms of an A/B see the same
+arrival process), a step to the one in which it *started*. A segment's duration runs from its
+start to the last token of its requests (or its end, if sooner): for a ``gpuchef bench`` trace
+that is the benchmark duration ``vllm bench serve`` divides by. Metrics are
+``probes.metrics.summarize``'s (vllm bench serve's definitions).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes.metrics import BenchMetrics, summarize
+from gpuchef.probes.recorder import Trace, read_trace
+
+AB_MARK = re.compile(r"^ab:(\d+):(A|B|end)(?::(\d+))?$")
+MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
+AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
+PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+           "#8C8C8C")
+GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w")
+
+
+@dataclass
+class Segment:
+    """A stretch of one trace under one setting: ``label`` (a group name inside the trace:
+    "A"/"B" or a mode), ``name`` (e.g. "A1", "chunked"), ``[t0_ns, t1_ns)`` (monotonic ns)."""
+
+    label: str
+    name: str
+    t0_ns: int
+    t1_ns: int
+    requests: list[RequestRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    #: True for a window of an interleaved A/B (its length is the window); False for a whole
+    #: run or mode stretch (it ends with its own last token, as a benchmark duration does).
+    window: bool = False
+    last_ns: int | None = None  # interleaved: the trace's last activity (the last window ends there)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds the segment's throughputs divide by: a run or mode stretch from its start to
+        the last token of its requests (or its end, if sooner); an interleaved window its whole
+        length, the last one cut at the trace's last activity."""
+        end = self.t1_ns
+        if self.window:
+            if self.last_ns is not None:
+                end = min(end, self.last_ns)
+        else:
+            last = [r.token_times_ns[-1] for r in self.requests if r.token_times_ns]
+            last += [s.t_end_ns for s in self.steps]
+            if last:
+                end = min(end, max(last))
+        return max(end - self.t0_ns, 1) / 1e9
+
+
+@dataclass
+class TraceView:
+    """One trace, cut into segments. ``origin_ns``: time 0 of its plots (the earliest record).
+    ``ab``: it holds A/B windows. ``settings``: label → one-line description of the setting."""
+
+    path: Path
+    name: str
+    trace: Trace
+    origin_ns: int
+    end_ns: int
+    segments: list[Segment]
+    ab: bool
+    settings: dict[str, str]
+
+    def t(self, t_ns: float) -> float:
+        """Seconds since ``origin_ns``."""
+        return (t_ns - self.origin_ns) / 1e9
+
+    @property
+    def events(self) -> list[EngineEvent]:
+        return self.trace.events
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.trace.meta
+
+
+@dataclass
+class Group:
+    """One column of the comparison: a setting or a mode (of one trace). ``metrics``: over all
+    its segments' requests and steps, durations summed. ``gpu``: mean GPU fields over its
+    segments' samples (NaN when none). ``color``: its colour in every plot."""
+
+    key: str
+    label: str
+    view: TraceView
+    segments: list[Segment]
+    metrics: BenchMetrics
+    gpu: dict[str, float]
+    color: str
+    description: str = ""
+    short: str = ""  # a column header: "A", "B", a mode (plus the trace's name if needed)
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        return [r for s in self.segments for r in s.requests]
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [x for s in self.segments for x in s.steps]
+
+
+@dataclass
+class ReportData:
+    views: list[TraceView]
+    groups: list[Group]
+    problems: list[str]
+    percentiles: tuple[float, ...]
+    goodput: dict[str, float]
+
+
+def _origin_end(tr: Trace) -> tuple[int, int]:
+    starts, ends = [], []
+    if tr.steps:
+        starts.append(min(s.t_start_ns for s in tr.steps))
+        ends.append(max(s.t_end_ns for s in tr.steps))
+    if tr.requests:
+        starts.append(min(r.arrival_ns for r in tr.requests))
+        ends.append(max((r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns)
+                        for r in tr.requests))
+    for xs in (tr.gpu_samples, tr.host_samples, tr.events):
+        if xs:
+            starts.append(min(x.t_ns for x in xs))
+            ends.append(max(x.t_ns for x in xs))
+    if not starts:
+        t = int(tr.meta.get("clock", {}).get("monotonic_ns", 0))
+        return t, t + 1
+    return min(starts), max(max(ends), min(starts) + 1)
+
+
+def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
+    """A/B windows from ``ab:<run>:<A|B>:<n>`` marks (see the module docstring)."""
+    marks = []
+    for ev in events:
+        if ev.kind == "mark":
+            m = AB_MARK.match(str(ev.name))
+            if m:
+                marks.append((ev.t_ns, int(m.group(1)), m.group(2), m.group(3)))
+    marks.sort()
+    out = []
+    for i, (t, run, label, n) in enumerate(marks):
+        if label == "end":
+            continue
+        t1 = next((m[0] for m in marks[i + 1:] if m[1] == run), end_ns)
+        if t1 > t:
+            out.append(Segment(label, f"{label}{n or ''}", t, t1))
+    return out
+
+
+def mode_segments(steps: Sequence[StepRecord], origin_ns: int, end_ns: int) -> list[Segment]:
+    """Stretches of one scheduler mode: a new one starts at the first step of another mode."""
+    out: list[Segment] = []
+    for s in steps:
+        if not out or out[-1].label != s.mode:
+            t0 = origin_ns if not out else s.t_start_ns
+            if out:
+                out[-1].t1_ns = t0
+            out.append(Segment(s.mode, s.mode, t0, end_ns))
+    return out
+
+
+def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
+            steps: Sequence[StepRecord]) -> None:
+    """Requests by arrival, steps by start, into the segment whose range holds them; anything
+    before the first segment goes to it (e.g. a request that arrived before the opening mark)."""
+    import bisect
+
+    if not segments:
+        return
+    segs = sorted(segments, key=lambda s: s.t0_ns)
+    starts = [s.t0_ns for s in segs]
+
+    def find(t: int) -> Segment | None:
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0:
+            return segs[0]
+        s = segs[i]
+        return s if t < s.t1_ns else None
+
+    for r in requests:
+        s = find(r.arrival_ns)
+        if s is not None:
+            s.requests.append(r)
+    for st in steps:
+        s = find(st.t_start_ns)
+        if s is not None:
+            s.steps.append(st)
+
+
+def _describe_steps(steps: Sequence[StepRecord]) -> str:
+    if not steps:
+        return ""
+    s = steps[0]
+    d = f"mode={s.mode}, max_num_batched_tokens={s.max_num_batched_tokens}"
+    if s.long_prefill_token_threshold:
+        d += f", long_prefill_token_threshold={s.long_prefill_token_threshold}"
+    return d
+
+
+def view_trace(tr: Trace) -> TraceView:
+    """Cut one trace into segments (A/B windows when it has them, else mode stretches)."""
+    origin, end = _origin_end(tr)
+    steps = sorted(tr.steps, key=lambda s: s.t_start_ns)
+    segs = ab_segments(tr.events, end + 1)
+    ab = bool(segs)
+    meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
+    if ab:
+        # `gpuchef ab` says whether its runs were sequential; the dashboard's A/B interleaves
+        interleaved = bool(meta_ab.get("interleave", True)) if meta_ab else True
+        for seg in segs:
+            seg.window, seg.last_ns = interleaved, (end if interleaved else None)
+    else:
+        segs = mode_segments(steps, origin, end + 1)
+    _assign(segs, tr.requests, steps)
+    settings: dict[str, str] = {}
+    for seg in segs:
+        if seg.label in settings:
+            continue
+        spec = (meta_ab.get("settings") or {}).get(seg.label, {}) if ab else {}
+        if isinstance(spec, dict) and (spec.get("describe") or spec.get("spec") is not None):
+            settings[seg.label] = str(spec.get("describe") or spec["spec"]) or "the base settings"
+        else:
+            settings[seg.label] = _describe_steps(seg.steps) if ab else \
+                _describe_steps(seg.steps).split(", ", 1)[-1]
+    return TraceView(tr.path, tr.path.stem, tr, origin, end, segs, ab, settings)
+
+
+def window_throughput(m: BenchMetrics, all_requests: Sequence[RequestRecord],
+                      segs: Sequence[Segment]) -> None:
+    """Throughputs of interleaved windows as ``gpuchef ab`` reports them (gpuchef/ab.py): what
+    was done while the setting was in force — requests finished, output tokens produced and
+    tokens computed by the steps in its windows, per second of them — rather than the work of
+    the requests that arrived in them, which only measures the arrival process."""
+    from gpuchef.ab import set_window_throughput, work_in
+
+    work = {"finished": 0, "output_tokens": 0, "step_tokens": 0}
+    dur = 0.0
+    for s in segs:
+        w = work_in(all_requests, s.steps, s.t0_ns, s.t0_ns + int(s.duration_s * 1e9))
+        for k in work:
+            work[k] += w[k]
+        dur += s.duration_s
+    set_window_throughput(m, work, max(dur, 1e-9))
+
+
+def _gpu_means(view: TraceView, segs: Sequence[Segment]) -> dict[str, float]:
+    import bisect
+
+    out = {}
+    gs = sorted(view.trace.gpu_samples, key=lambda g: g.t_ns)
+    ts = [g.t_ns for g in gs]
+    samples = [g for s in segs
+               for g in gs[bisect.bisect_left(ts, s.t0_ns):bisect.bisect_left(ts, s.t1_ns)]]
+    for f in GPU_FIELDS:
+        v = [getattr(g, f) for g in samples if getattr(g, f) is not None]
+        out[f] = sum(v) / len(v) if v else math.nan
+    return out
+
+
+def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 90.0, 99.0),
+          goodput: dict[str, float] | None = None) -> ReportData:
+    """Read the traces and compute the groups. Raises TraceReadError (from ``read_trace``) for
+    a file that is not a gpuchef trace; skipped lines are collected in ``problems``, as is a
+    trace without an ``end`` record (cut short)."""
+    views, problems = [], []
+    for p in paths:
+        tr = read_trace(p)
+        problems.extend(tr.problems)
+        if not tr.complete:
+            problems.append(f"{tr.path}: no end record — the recording was cut short "
+                            "(the process was killed); the report shows what was written")
+        views.append(view_trace(tr))
+    groups: list[Group] = []
+    for v in views:
+        by: dict[str, list[Segment]] = {}
+        for s in v.segments:
+            by.setdefault(s.label, []).append(s)
+        for label, segs in by.items():
+            reqs = [r for s in segs for r in s.requests]
+            steps = [x for s in segs for x in s.steps]
+            dur = sum(s.duration_s for s in segs)
+            m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,
+                          steps=steps or None)
+            if segs[0].window:
+                window_throughput(m, v.trace.requests, segs)
+            if len(segs) > 1 and steps:
+                # the span of all steps would count the gaps between windows: use the windows'
+                span = sum((max(x.t_end_ns for x in s.steps) - min(x.t_start_ns for x in s.steps))
+                           / 1e9 for s in segs if s.steps)
+                m.steps_span_s = span
+                m.steps_per_s = len(steps) / span if span > 0 else math.nan
+                m.busy_fraction = sum(x.gpu_ms for x in steps) / (span * 1e3) if span > 0 \
+                    else math.nan
+            name = f"{label}: {v.settings.get(label, '')}" if v.ab else label
+            groups.append(Group(f"{v.name}/{label}", name, v, segs, m, _gpu_means(v, segs), "",
+                                v.settings.get(label, ""), label))
+    # names: unique across traces; colours: by mode or A/B when that is unambiguous
+    counts: dict[str, int] = {}
+    for g in groups:
+        counts[g.label] = counts.get(g.label, 0) + 1
+    shorts: dict[str, int] = {}
+    for g in groups:
+        shorts[g.short] = shorts.get(g.short, 0) + 1
+    for g in groups:
+        if counts[g.label] > 1:
+            g.label = f"{g.label} · {g.view.name}"
+        if shorts[g.short] > 1:
+            g.short = f"{g.short} · {g.view.name}"
+    plain = [g.segments[0].label for g in groups]
+    if len(set(plain)) == len(plain) and all(p in MODE_COLORS or p in AB_COLORS for p in plain):
+        for g, p in zip(groups, plain):
+            g.color = MODE_COLORS.get(p) or AB_COLORS[p]
+    else:
+        for i, g in enumerate(groups):
+            g.color = PALETTE[i % len(PALETTE)]
+    return ReportData(views, groups, problems, tuple(percentiles), dict(goodput or {}))

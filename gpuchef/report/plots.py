@@ -1,0 +1,573 @@
+"""The report's figures, drawn with matplotlib (``Figure`` objects: no pyplot, no GUI backend)
+and returned as inline SVG text for the HTML page.
+
+Each function takes the :class:`~gpuchef.report.model.ReportData` (or one of its views) and
+returns an SVG string (``<svg …>…</svg>``: no XML prolog, no RDF metadata, ids salted per
+figure so that several SVGs can live in one HTML document). Dense artists (thousands of step
+bars or points) are kept few by binning and quantile-sampling, so the page stays small.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpuchef.probes.timeline import Timeline
+
+from .model import AB_COLORS, Group, ReportData, TraceView, window_throughput
+
+_LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+PREFILL = "#E9A23B"
+DECODE = "#2A9D8F"
+MIXED = "#8E6C8A"
+GRID = "#E6E6E6"
+INK = "#333333"
+TARGET_BINS = 400
+CDF_POINTS = 400
+
+_RC = {
+    "font.family": "sans-serif",
+    "font.sans-serif": ["DejaVu Sans", "Helvetica", "Arial", "Liberation Sans"],
+    "font.size": 9.0,
+    "axes.titlesize": 10.0,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.labelsize": 9.0,
+    "axes.edgecolor": "#999999",
+    "axes.labelcolor": INK,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": GRID,
+    "grid.linewidth": 0.6,
+    "xtick.color": "#555555",
+    "ytick.color": "#555555",
+    "legend.frameon": False,
+    "legend.fontsize": 8.0,
+    "svg.fonttype": "path",  # text as paths: identical on every machine, no font lookups
+    "figure.dpi": 100,
+}
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def to_svg(fig: Any, name: str, alt: str) -> str:
+    """``fig`` as inline SVG text. ``name`` salts the element ids (unique per figure in one
+    page); ``alt`` becomes the SVG's accessible label."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({**_RC, "svg.hashsalt": name}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None,
+                                                 "Format": None, "Type": None})
+    s = buf.getvalue()
+    s = re.sub(r"<\?xml[^>]*\?>\s*", "", s)
+    s = re.sub(r"<!DOCTYPE[^>]*>\s*", "", s)
+    s = re.sub(r"<!--.*?-->\s*", "", s, flags=re.S)
+    s = re.sub(r"<metadata>.*?</metadata>\s*", "", s, flags=re.S)
+    # inline in HTML5 the parser supplies the SVG namespaces: no namespace URLs in the page
+    s = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", s)
+    # glyph and marker ids repeat between figures: prefix every id and reference with the name
+    s = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{name}-{m.group(1)}"', s)
+    s = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{name}-{m.group(1)}"', s)
+    s = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{name}-{m.group(1)})", s)
+    # 1/100 px is finer than any screen: shorter numbers, a third of the bytes of a dense path.
+    # Only numbers >= 1: scale factors (glyphs: 0.015625) must keep every digit.
+    s = re.sub(r'(?<=[\s"(,])(-?[1-9]\d*\.\d{2})\d+', r"\1", s)
+    s = re.sub(r" \n(?=[MLCZQ])", " ", s)
+    s = s.replace("<svg ", f'<svg role="img" aria-label="{_attr(alt)}" ', 1)
+    return s.strip()
+
+
+def _attr(text: str) -> str:
+    return (text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+            .replace(">", "&gt;"))
+
+
+def _with_rc(fn):
+    def wrapped(*a, **kw):
+        import matplotlib
+
+        with matplotlib.rc_context(_RC):
+            return fn(*a, **kw)
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _nice_bin(span_s: float) -> float:
+    """A round bin width (s) giving about TARGET_BINS bins."""
+    raw = max(span_s / TARGET_BINS, 1e-3)
+    exp = math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * 10 ** exp >= raw:
+            return m * 10 ** exp
+    return 10 ** (exp + 1)
+
+
+def _timeline(view: TraceView):
+    tr = view.trace
+    tl = Timeline(max_steps=len(tr.steps) + 1, max_requests=len(tr.requests) + 1,
+                  max_request_tokens=sum(len(r.token_times_ns) for r in tr.requests) + 1,
+                  max_gpu_samples=len(tr.gpu_samples) + 1, max_host_samples=len(tr.host_samples) + 1,
+                  max_events=len(tr.events) + 1, origin_ns=view.origin_ns)
+    for s in sorted(tr.steps, key=lambda s: s.t_end_ns):
+        tl.add_step(s)
+    for g in sorted(tr.gpu_samples, key=lambda g: g.t_ns):
+        tl.add_gpu_sample(g)
+    return tl.snapshot(now_ns=view.end_ns + 1)
+
+
+def _ffill(y: np.ndarray) -> np.ndarray:
+    """Carry the last value over empty bins: a queue or the KV cache keeps its state between
+    steps (a long step spans several bins)."""
+    ok = np.isfinite(y)
+    if not ok.any():
+        return y
+    idx = np.where(ok, np.arange(y.size), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = y[idx]
+    out[: np.argmax(ok)] = np.nan
+    return out
+
+
+def _binned(x: np.ndarray, v: np.ndarray, nb: int, how: str) -> np.ndarray:
+    idx = np.clip(x, 0, nb - 1)
+    if how == "max":
+        out = np.full(nb, np.nan)
+        np.fmax.at(out, idx, v)
+        return out
+    s = np.bincount(idx, weights=v, minlength=nb)
+    c = np.bincount(idx, minlength=nb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+
+def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.0) -> None:
+    """A/B windows shaded, mode switches solid, knob changes dashed, other marks dotted."""
+    tf = view.t
+    if view.ab:
+        for seg in view.segments:
+            ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=AB_COLORS.get(seg.label, "#999999"),
+                       alpha=0.10, lw=0, zorder=0)
+            if label:
+                ax.text(tf(seg.t0_ns), 1.0, f" {seg.name}", transform=ax.get_xaxis_transform(),
+                        va="bottom", ha="left", fontsize=7, color=AB_COLORS.get(seg.label, INK),
+                        clip_on=False)
+    knobs = [e for e in view.events if e.kind in ("knob", "mode")]
+    marks = [e for e in view.events if e.kind == "mark" and not str(e.name).startswith("ab:")]
+    many = len(knobs) + len(marks) > 24
+    for e in knobs:
+        ax.axvline(tf(e.t_ns), color="#7B4EA3" if e.kind == "mode" else "#777777",
+                   lw=1.0 if e.kind == "mode" else 0.7, ls="-" if e.kind == "mode" else "--",
+                   zorder=1)
+        if label and not many and not view.ab:
+            text = f"→ {e.new}" if e.kind == "mode" else f"{_short(e.name)} {e.old}→{e.new}"
+            ax.text(tf(e.t_ns), 1.0, " " + text, transform=ax.get_xaxis_transform(), rotation=0,
+                    va="bottom", ha="left", fontsize=7, color="#555555", clip_on=False)
+    for e in marks:
+        ax.axvline(tf(e.t_ns), color="#555555", lw=0.7, ls=":", zorder=1)
+        if label and not many:
+            ax.text(tf(e.t_ns), 1.0, " " + str(e.name), transform=ax.get_xaxis_transform(),
+                    va="bottom", ha="left", fontsize=7, color="#555555", clip_on=False)
+
+
+def _short(knob: str) -> str:
+    return {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs",
+            "long_prefill_token_threshold": "chunk", "max_num_partial_prefills": "partial"}.get(
+        knob, knob)
+
+
+# ---- waveforms -------------------------------------------------------------------------------------
+
+@_with_rc
+def waveforms(view: TraceView, span_s: float | None = None,
+              token_ylim: float | None = None) -> tuple[str, list[str]]:
+    """The run over time, one panel each: engine busy (%), tokens per step (prefill/decode means
+    stacked, the largest step, the budget), queue (running/waiting), KV cache used (%), GPU
+    (SM active, tensor active, DRAM bandwidth %, power W) when sampled, and latency (each
+    request's TTFT at its arrival, P99 ITL per bin). Returns (SVG, panel titles)."""
+    tr = view.trace
+    span = span_s or max(view.t(view.end_ns), 1e-3)
+    bin_s = _nice_bin(span)
+    nb = max(1, int(math.ceil(span / bin_s)))
+    edges_s = np.arange(nb + 1) * bin_s
+    mids = edges_s[:-1] + bin_s / 2
+    snap = _timeline(view)
+    t0 = view.origin_ns
+    t1 = t0 + int(nb * bin_s * 1e9)
+    gpu_fields = [f for f in ("sm_active", "tensor_active", "dram_bw_util")
+                  if any(getattr(g, f) is not None for g in tr.gpu_samples)]
+    has_power = any(g.power_w is not None for g in tr.gpu_samples)
+    panels = ["Engine busy", "Tokens per step", "Queue", "KV cache", "Latency"]
+    if gpu_fields or has_power:
+        panels.insert(4, "GPU")
+    fig = _figure(11.5, 1.45 * len(panels) + 0.5)
+    axes = fig.subplots(len(panels), 1, sharex=True)
+    ax_of = dict(zip(panels, axes))
+    steps = sorted(tr.steps, key=lambda s: s.t_start_ns)
+    n = len(steps)
+
+    ax = ax_of["Engine busy"]
+    if n:
+        wf = snap.step_waveform(t0, t1, nb)
+        ax.fill_between(mids, wf.busy * 100, step="mid", color="#5B8DB8", alpha=0.75, lw=0)
+        ax.plot(mids, wf.busy * 100, drawstyle="steps-mid", color="#2F5F8A", lw=0.5)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("busy %")
+    ax.set_title(f"Engine busy: model compute per {bin_s * 1e3:g} ms bin", pad=12)
+
+    ax = ax_of["Tokens per step"]
+    if n:
+        ts = np.fromiter((s.t_start_ns for s in steps), np.int64, n)
+        x = ((ts - t0) / 1e9 / bin_s).astype(np.int64)
+        pre = np.fromiter((s.num_prefill_tokens for s in steps), np.float64, n)
+        dec = np.fromiter((s.num_decode_reqs for s in steps), np.float64, n)
+        budget = np.fromiter((s.max_num_batched_tokens for s in steps), np.float64, n)
+        mp, md = _binned(x, pre, nb, "mean"), _binned(x, dec, nb, "mean")
+        mx = _binned(x, pre + dec, nb, "max")
+        bud = _ffill(_binned(x, budget, nb, "max"))
+        md0, mp0 = np.nan_to_num(md), np.nan_to_num(mp)
+        # log axis: the mean step (tens of tokens) and the budget (thousands) both readable
+        ax.fill_between(mids, 0.5, np.maximum(md0, 0.5), step="mid", color=DECODE, alpha=0.85,
+                        lw=0, label="decode (mean)")
+        ax.fill_between(mids, np.maximum(md0, 0.5), np.maximum(md0 + mp0, 0.5), step="mid",
+                        color=PREFILL, alpha=0.9, lw=0, label="prefill (mean, on top)")
+        ax.plot(mids, mx, drawstyle="steps-mid", color="#555555", lw=0.5, alpha=0.7,
+                label="largest step")
+        ax.plot(mids, bud, drawstyle="steps-mid", color="#B03A2E", lw=1.0, ls="--",
+                label="budget (max_num_batched_tokens)")
+        top = token_ylim or np.nanmax(np.concatenate([mx, bud])) * 1.5
+        ax.set_yscale("log")
+        ax.set_ylim(0.5, top if math.isfinite(top) and top > 1 else 10)
+        ax.legend(**_LEGEND)
+    ax.set_ylabel("tokens (log)")
+    ax.set_title("Tokens per step: prefill and decode (mean per bin, stacked), largest step, "
+                 "token budget")
+
+    ax = ax_of["Queue"]
+    if n:
+        run = np.fromiter((s.num_running for s in steps), np.float64, n)
+        wait = np.fromiter((s.num_waiting for s in steps), np.float64, n)
+        ax.plot(mids, _ffill(_binned(x, run, nb, "mean")), drawstyle="steps-mid",
+                color="#4C72B0", lw=1.0, label="running")
+        ax.plot(mids, _ffill(_binned(x, wait, nb, "mean")), drawstyle="steps-mid",
+                color="#C44E52", lw=1.0, label="waiting")
+        ax.legend(**_LEGEND)
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel("requests")
+    ax.set_title("Queue: running and waiting requests (mean per bin)")
+
+    ax = ax_of["KV cache"]
+    if n:
+        kv = np.fromiter((s.kv_blocks_used / s.kv_blocks_total * 100 if s.kv_blocks_total else 0.0
+                          for s in steps), np.float64, n)
+        y = _ffill(_binned(x, kv, nb, "max"))
+        ax.fill_between(mids, np.nan_to_num(y), step="mid", color="#8172B3", alpha=0.5, lw=0)
+        ax.plot(mids, y, drawstyle="steps-mid", color="#5A4E8C", lw=0.7)
+        top = np.nanmax(y) if np.isfinite(y).any() else 1.0
+        ax.set_ylim(0, max(1.0, min(100.0, top * 1.25)))
+    ax.set_ylabel("KV used %")
+    ax.set_title("KV cache blocks in use (max per bin)")
+
+    if "GPU" in ax_of:
+        ax = ax_of["GPU"]
+        names = {"sm_active": ("SM active", "#4C72B0"), "tensor_active": ("tensor active", "#55A868"),
+                 "dram_bw_util": ("DRAM bandwidth", "#DD8452")}
+        gb = max(bin_s, 0.1)  # GPM windows are >= 100 ms: finer bins only repeat values
+        gn = max(1, int(math.ceil(span / gb)))
+        gm = np.arange(gn) * gb + gb / 2
+        for f in gpu_fields:
+            _, v = snap.sample_waveform(f, t0, t0 + int(gn * gb * 1e9), gn)
+            ax.plot(gm, v, color=names[f][1], lw=0.9, label=f"{names[f][0]} %")
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        handles, labels = ax.get_legend_handles_labels()
+        if has_power:
+            ax2 = ax.twinx()
+            _, pw = snap.sample_waveform("power_w", t0, t0 + int(gn * gb * 1e9), gn)
+            ax2.plot(gm, pw, color="#888888", lw=0.8, ls="-", alpha=0.9, label="power W")
+            ax2.set_ylabel("W")
+            ax2.set_ylim(bottom=0)
+            ax2.grid(False)
+            ax2.spines["right"].set_visible(True)
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        ax.legend(handles, labels, **{**_LEGEND, "bbox_to_anchor": (1.075, 1.0)})
+        ax.set_title("GPU (NVML/GPM): SM active, tensor active, DRAM bandwidth, power")
+
+    ax = ax_of["Latency"]
+    reqs = [r for r in tr.requests if r.token_times_ns]
+    if reqs:
+        at = np.array([view.t(r.arrival_ns) for r in reqs])
+        ttft = np.array([r.ttft_ms for r in reqs])
+        ax.scatter(at, np.maximum(ttft, 1e-3), s=5, color="#C44E52", alpha=0.6, lw=0,
+                   label="TTFT of each request (at its arrival)", rasterized=len(reqs) > 3000)
+        coarse = max(bin_s, _nice_bin(span * TARGET_BINS / 60))
+        cn = max(1, int(math.ceil(span / coarse)))
+        gaps: list[list[float]] = [[] for _ in range(cn)]
+        for r in reqs:
+            t = r.token_times_ns
+            for i in range(1, len(t)):
+                k = int((t[i] - t0) / 1e9 / coarse)
+                if 0 <= k < cn:
+                    gaps[k].append((t[i] - t[i - 1]) / 1e6)
+        p99 = np.array([np.percentile(g, 99) if g else np.nan for g in gaps])
+        ax.plot(np.arange(cn) * coarse + coarse / 2, p99, drawstyle="steps-mid", color="#2F5F8A",
+                lw=1.1, label=f"P99 ITL per {coarse:g} s")
+        ax.set_yscale("log")
+        ax.legend(**_LEGEND)
+    ax.set_ylabel("ms")
+    ax.set_title("Latency over time: TTFT per request, P99 inter-token latency")
+    axes[-1].set_xlabel("time since the start of the trace (s)")
+    axes[-1].set_xlim(0, span)
+    for i, a in enumerate(axes):
+        _events_overlay(a, view, label=(i == 0))
+    return to_svg(fig, f"wave-{_slug(view.name)}", f"Waveforms of {view.name}"), panels
+
+
+def _log_x(ax: Any) -> None:
+    """A log x axis labelled 1, 2, 5, 10, 20, 50, … in plain numbers (no 2×10¹ crowding)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "x"
+
+
+# ---- step close-ups -------------------------------------------------------------------------------
+
+def closeup_window(steps: Sequence[Any], width_ns: int) -> tuple[int, int]:
+    """The ``width_ns`` stretch with the most prefill tokens (ties: the earliest): where the
+    difference between the modes shows. Returns (t0_ns, t1_ns)."""
+    if not steps:
+        return 0, width_ns
+    st = sorted(steps, key=lambda s: s.t_start_ns)
+    best, best_t, j, acc = -1, st[0].t_start_ns, 0, 0
+    for i, s in enumerate(st):
+        acc += s.num_prefill_tokens
+        while st[j].t_start_ns < s.t_start_ns - width_ns:
+            acc -= st[j].num_prefill_tokens
+            j += 1
+        if acc > best:
+            best, best_t = acc, st[j].t_start_ns
+    return best_t, best_t + width_ns
+
+
+@_with_rc
+def closeups(groups: Sequence[Group]) -> str:
+    """Each group's busiest stretch (most prefill tokens) drawn step by step: a bar per step
+    spanning its wall time, as high as its tokens (log axis), coloured by kind (decode only,
+    mixed, prefill only), the budget dashed, and on the right axis the requests decoding in each
+    step — under continuous batching it drops to zero during a prefill: the decodes stall.
+    White gaps are time the engine was not stepping."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    walls = [np.median([s.t_end_ns - s.t_start_ns for s in g.steps]) for g in groups if g.steps]
+    width = int(min(5e9, max(0.25e9, 100 * max(walls)))) if walls else int(1e9)
+    fig = _figure(11.5, 2.0 * len(groups) + 0.6)
+    axes = np.atleast_1d(fig.subplots(len(groups), 1, sharey=True))
+    picks = []
+    for g in groups:
+        a, b = closeup_window(g.steps, width)
+        picks.append((a, b, [s for s in g.steps if a <= s.t_start_ns < b]))
+    dmax = max([s.num_decode_reqs for _, _, sel in picks for s in sel] or [1])
+    tmax = max([s.num_tokens for _, _, sel in picks for s in sel] +
+               [s.max_num_batched_tokens for _, _, sel in picks for s in sel] or [10])
+    colors = {"decode only": DECODE, "mixed": MIXED, "prefill only": PREFILL}
+    for ax, g, (a, b, sel) in zip(axes, groups, picks):
+        ax2 = ax.twinx()
+        if sel:
+            x = np.array([(s.t_start_ns - a) / 1e6 for s in sel])
+            w = np.array([(s.t_end_ns - s.t_start_ns) / 1e6 for s in sel])
+            ax.bar(x, [max(s.num_tokens, 1) for s in sel], width=w, align="edge", lw=0,
+                   color=[colors[_kind(s)] for s in sel])
+            ends = x + w
+            ax.step([0, *ends], [sel[0].max_num_batched_tokens,
+                                 *[s.max_num_batched_tokens for s in sel]],
+                    where="pre", color="#B03A2E", ls="--", lw=0.9)
+            ax2.step([*x, ends[-1]], [*[s.num_decode_reqs for s in sel], sel[-1].num_decode_reqs],
+                     where="post", color="#1F3B57", lw=1.1)
+            busy_ms = sum(s.gpu_ms * max(0.0, min(s.t_end_ns, b) - s.t_start_ns)
+                          / max(1, s.t_end_ns - s.t_start_ns) for s in sel)
+            ax.text(0.995, 0.97, f"{len(sel)} steps; model compute {busy_ms / (width / 1e6):.0%} "
+                    "of the stretch", transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    color="#555555")
+        ax.set_yscale("log")
+        ax.set_ylim(0.8, tmax * 3)
+        ax.set_xlim(0, width / 1e6)
+        ax.set_ylabel("tokens (log)")
+        ax2.set_ylim(0, dmax * 1.25 + 1)
+        ax2.set_ylabel("decoding")
+        ax2.grid(False)
+        ax2.spines["right"].set_visible(True)
+        ax.set_title(f"{g.label} — t = {g.view.t(a):.2f} s … {g.view.t(b):.2f} s",
+                     color=g.color)
+    axes[-1].set_xlabel("ms into the stretch (bar width = the step's wall time)")
+    handles = [Patch(color=DECODE, label="decode-only step"), Patch(color=MIXED, label="mixed step"),
+               Patch(color=PREFILL, label="prefill-only step"),
+               Line2D([], [], color="#B03A2E", ls="--", label="token budget"),
+               Line2D([], [], color="#1F3B57", label="requests decoding in the step (right axis)")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=5)
+    return to_svg(fig, "closeups", "Step-by-step close-up of each group's busiest stretch")
+
+
+# ---- batch composition -----------------------------------------------------------------------------
+
+def composition(steps: Sequence[Any]) -> dict[str, tuple[int, float, float]]:
+    """Steps by kind — "decode only", "prefill only", "mixed" — as (count, share of steps,
+    share of compute time) each."""
+    kinds = {"decode only": [0, 0.0], "prefill only": [0, 0.0], "mixed": [0, 0.0]}
+    for s in steps:
+        k = _kind(s)
+        kinds[k][0] += 1
+        kinds[k][1] += s.gpu_ms
+    n = sum(v[0] for v in kinds.values()) or 1
+    t = sum(v[1] for v in kinds.values()) or 1.0
+    return {k: (v[0], v[0] / n, v[1] / t) for k, v in kinds.items()}
+
+
+def _kind(s: Any) -> str:
+    if s.num_prefill_tokens and s.num_decode_reqs:
+        return "mixed"
+    return "prefill only" if s.num_prefill_tokens else "decode only"
+
+
+@_with_rc
+def composition_hist(groups: Sequence[Group]) -> str:
+    """Histogram of tokens per step (log bins), stacked by step kind, one panel per group."""
+    tot = [s.num_prefill_tokens + s.num_decode_reqs for g in groups for s in g.steps]
+    top = max(tot) if tot else 2
+    bins = np.unique(np.round(np.logspace(0, math.log10(max(2, top)) + 1e-9, 28)).astype(int))
+    bins = np.append(bins, bins[-1] + 1)
+    cols = min(len(groups), 3)
+    rows = math.ceil(len(groups) / cols)
+    fig = _figure(11.5, 2.6 * rows + 0.3)
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True)).ravel()
+    for ax, g in zip(axes, groups):
+        data = {k: [s.num_prefill_tokens + s.num_decode_reqs for s in g.steps if _kind(s) == k]
+                for k in ("decode only", "mixed", "prefill only")}
+        ax.hist([data["decode only"], data["mixed"], data["prefill only"]], bins=bins,
+                stacked=True, color=[DECODE, MIXED, PREFILL], label=list(data), lw=0)
+        _log_x(ax)
+        ax.set_title(g.label, color=g.color)
+        ax.set_xlabel("tokens in the step")
+        comp = composition(g.steps)
+        ax.text(0.98, 0.95, "\n".join(f"{k}: {c[1]:.1%} of steps" for k, c in comp.items()),
+                transform=ax.transAxes, ha="right", va="top", fontsize=7.5, color="#444444")
+        ax.set_yscale("log")
+    for ax in axes[len(groups):]:
+        ax.set_visible(False)
+    axes[0].set_ylabel("steps (log)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncol=3)
+    return to_svg(fig, "composition", "Batch composition histogram per group")
+
+
+# ---- latency CDFs -------------------------------------------------------------------------------
+
+def _cdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    v = np.sort(np.asarray([x for x in values if x is not None and math.isfinite(x)], float))
+    if v.size == 0:
+        return v, v
+    # plotting positions (i − 0.5)/n stay inside (0, 1), as the logit axis needs
+    if v.size > CDF_POINTS:  # quantile-sample: same curve, bounded size
+        q = np.concatenate([np.linspace(0.5 / v.size, 0.9, CDF_POINTS // 2),
+                            1 - np.geomspace(0.1, 0.5 / v.size, CDF_POINTS // 2)])
+        return np.quantile(v, q), q
+    return v, (np.arange(1, v.size + 1) - 0.5) / v.size
+
+
+def latency_values(g: Group) -> dict[str, list[float]]:
+    """TTFT and TPOT per completed request, ITL pooled (ms): vllm bench serve's definitions."""
+    out: dict[str, list[float]] = {"TTFT": [], "ITL": [], "TPOT": []}
+    for r in g.requests:
+        if r.finish_reason not in ("length", "stop") or not r.token_times_ns:
+            continue
+        if r.request_id.startswith("probe-"):
+            continue
+        out["TTFT"].append(r.ttft_ms)
+        if r.output_len > 1:
+            out["TPOT"].append((r.e2el_ms - r.ttft_ms) / (r.output_len - 1))
+        out["ITL"].extend(r.itls_ms)
+    return out
+
+
+@_with_rc
+def latency_cdfs(groups: Sequence[Group]) -> str:
+    """Cumulative distributions of TTFT, ITL and TPOT (ms, log axis), one line per group, with
+    the P99 marked."""
+    from matplotlib.ticker import NullFormatter
+
+    fig = _figure(11.5, 3.4)
+    axes = fig.subplots(1, 3, sharey=True)
+    vals = [latency_values(g) for g in groups]
+    for ax, metric in zip(axes, ("TTFT", "ITL", "TPOT")):
+        for g, v in zip(groups, vals):
+            x, y = _cdf(v[metric])
+            if not x.size:
+                continue
+            x = np.maximum(x, 1e-3)
+            ax.plot(x, y, color=g.color, lw=1.4, label=g.label)
+            p99 = float(np.percentile(v[metric], 99))
+            ax.plot([max(p99, 1e-3)], [0.99], "o", color=g.color, ms=4)
+        ax.axhline(0.99, color="#999999", lw=0.6, ls=":")
+        _log_x(ax)
+        ax.set_yscale("logit")
+        ax.set_yticks([0.01, 0.1, 0.5, 0.9, 0.99, 0.999])
+        ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%"])
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{metric} (ms)")
+        ax.set_title(metric + {"TTFT": ": time to first token", "ITL": ": every gap between "
+                               "tokens", "TPOT": ": per request, excl. the 1st"}[metric])
+        ax.set_ylim(0.005, 0.9995)
+    axes[0].set_ylabel("share ≤ x (logit axis)")
+    axes[0].legend(loc="lower right")
+    return to_svg(fig, "cdfs", "Latency CDFs per group")
+
+
+# ---- A/B windows ----------------------------------------------------------------------------------
+
+@_with_rc
+def ab_windows_plot(view: TraceView, percentile: float = 99.0) -> str:
+    """Per-window P-x TTFT and ITL and output throughput of an A/B trace, coloured by setting:
+    the run-to-run spread the A/B verdict is judged against."""
+    from gpuchef.probes.metrics import summarize
+
+    fig = _figure(11.5, 2.6)
+    axes = fig.subplots(1, 3)
+    for seg in view.segments:
+        if not seg.requests:
+            continue
+        m = summarize(seg.requests, seg.duration_s, percentiles=(percentile,))
+        if seg.window:
+            window_throughput(m, view.trace.requests, [seg])
+        x = view.t(seg.t0_ns)
+        c = AB_COLORS.get(seg.label, INK)
+        for ax, v in zip(axes, (m.percentiles_ttft_ms[0][1], m.percentiles_itl_ms[0][1],
+                                m.output_throughput)):
+            ax.plot([x], [v], "o", color=c, ms=5)
+            ax.annotate(seg.name, (x, v), xytext=(3, 3), textcoords="offset points", fontsize=6.5,
+                        color=c)
+    p = f"P{percentile:g}"
+    for ax, t in zip(axes, (f"{p} TTFT per window (ms)", f"{p} ITL per window (ms)",
+                            "Output tokens/s per window")):
+        ax.set_title(t)
+        ax.set_xlabel("window start (s)")
+        ax.set_ylim(bottom=0)
+    return to_svg(fig, f"abwin-{_slug(view.name)}", f"A/B windows of {view.name}")

@@ -1,0 +1,122 @@
+"""`gpuchef report TRACE...`: a saved session trace (or several) to a self-contained HTML report,
+Perfetto/Chrome trace JSON, or CSV. The work is in gpuchef/report/."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from .engine_host.config import ConfigError
+
+MATPLOTLIB_HINT = ("the HTML report draws its plots with matplotlib, which is not installed: "
+                   "pip install 'gpuchef[report]' (or pip install matplotlib). "
+                   "--format perfetto and --format csv work without it.")
+MAX_PROBLEMS_PRINTED = 20
+
+
+def _default_output(paths: list[str], fmt: str) -> str:
+    stem = Path(paths[0]).stem if len(paths) == 1 else "gpuchef-report"
+    return {"html": f"{stem}.html", "perfetto": f"{stem}.perfetto.json", "csv": stem}[fmt]
+
+
+@click.command("report")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default=None,
+              help="Output file (html: .html; perfetto: .json; csv: a prefix, writing "
+                   "PREFIX.steps.csv and PREFIX.requests.csv). Default: named after the trace, "
+                   "in the current folder.")
+@click.option("--format", "fmt", default="html", show_default=True,
+              type=click.Choice(["html", "perfetto", "csv"]),
+              help="html: the report with plots and tables; perfetto: Chrome Trace Event JSON "
+                   "(open in ui.perfetto.dev or chrome://tracing); csv: steps and requests.")
+@click.option("--goodput", multiple=True,
+              help="SLOs for the goodput row, KEY:MS pairs (ttft, tpot, e2el), as in bench.")
+@click.option("--metric-percentiles", default="50,90,99", show_default=True,
+              help="Percentiles in the results tables.")
+@click.option("--title", default=None, help="Title of the HTML report.")
+def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple[str, ...],
+           metric_percentiles: str, title: str | None) -> None:
+    """Turn session traces (`gpuchef bench/ab/top --trace`) into a report.
+
+    One trace: its modes (or the A/B settings of a `gpuchef ab` trace) side by side. Several
+    traces (e.g. one bench run per mode on the same seeded load): every trace's groups compared
+    in one report, the time axes aligned at each trace's start.
+
+    The HTML report has the run's metadata, waveforms over time (engine busy, tokens per step
+    against the budget, queue, KV cache, GPU saturation, latency) with knob changes, mode
+    switches and A/B windows marked, step-by-step close-ups, the batch-composition histogram,
+    latency CDFs and the bench results table of each group. A corrupt or cut-short trace gives a
+    warning listing the problems (with line numbers) and a report of what could be read.
+
+    Examples:
+
+      gpuchef report run.jsonl                          # run.html
+
+      gpuchef report chunked.jsonl continuous.jsonl -o compare.html
+
+      gpuchef report run.jsonl --format perfetto        # run.perfetto.json
+    """
+    err = Console(stderr=True, highlight=False)
+    try:
+        _report(list(traces), output, fmt, goodput, metric_percentiles, title, err)
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        sys.exit(2)
+
+
+def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None:
+    from .probes.metrics import parse_goodput, parse_percentiles
+    from .probes.recorder import TraceReadError
+
+    pcts = parse_percentiles(metric_percentiles)
+    slos = parse_goodput(" ".join(goodput)) if goodput else {}
+    if fmt == "html":
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError(MATPLOTLIB_HINT) from None
+    from .report import build
+
+    try:
+        data = build(paths, percentiles=pcts, goodput=slos)
+    except TraceReadError as e:
+        raise ConfigError(str(e)) from None
+    if data.problems:
+        n = len(data.problems)
+        err.print(f"[yellow]warning:[/] {n} problem{'s' if n != 1 else ''} reading the "
+                  f"trace{'s' if len(paths) > 1 else ''}; the report shows what could be read:")
+        for p in data.problems[:MAX_PROBLEMS_PRINTED]:
+            err.print(f"  {escape(p)}")
+        if n > MAX_PROBLEMS_PRINTED:
+            err.print(f"  … and {n - MAX_PROBLEMS_PRINTED} more")
+    out = output or _default_output(paths, fmt)
+    try:
+        if fmt == "html":
+            from .report.html import render
+
+            page = render(data, title=title,
+                          progress=lambda s: err.print(f"[dim]plotting {s}[/dim]")
+                          if err.is_terminal else None)
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(page, encoding="utf-8")
+            size = Path(out).stat().st_size
+            err.print(f"wrote {out} ({size / 1e6:.2f} MB): {len(data.views)} trace"
+                      f"{'s' if len(data.views) != 1 else ''}, groups: "
+                      + (", ".join(g.label for g in data.groups) or "none (no steps or requests)"))
+        elif fmt == "perfetto":
+            from .report.perfetto import write
+
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            n = write(data, out)
+            err.print(f"wrote {out}: {n} trace events (open it in ui.perfetto.dev)")
+        else:
+            from .report.csvs import write
+
+            sp, rp, ns, nr = write(data, out)
+            err.print(f"wrote {sp} ({ns} steps) and {rp} ({nr} requests)")
+    except OSError as e:
+        raise ConfigError(f"-o {out!r}: cannot write: {e.strerror or e}") from None

@@ -1,0 +1,278 @@
+"""`gpuchef report` on recorded traces: the HTML parses, embeds every plot and fetches nothing;
+the Perfetto JSON loads with nested slices, counters and instants; the CSVs have the right
+headers and rows; a corrupt or cut-short trace gives warnings and still a report; a file that is
+not a trace gives one clear error."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuchef.cli import _register, cli
+from gpuchef.probes.recorder import read_trace
+from gpuchef.report.csvs import REQUEST_HEADER, STEP_HEADER
+
+_register()
+
+DATA = Path(__file__).parent / "data"
+H200 = DATA / "h200_chunked_1s.jsonl"
+TINY = ["--device", "cpu", "--model", "tiny", "--input-len", "96", "--output-len", "8",
+        "--range-ratio", "0.5"]
+
+
+def run(*args, ok=True):
+    r = CliRunner().invoke(cli, list(map(str, args)), catch_exceptions=False)
+    if ok:
+        assert r.exit_code == 0, r.output
+    return r
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """A `bench` trace (one mode) and an interleaved `ab` trace (A/B windows, knob and mode
+    events, marks), both from the tiny model on the CPU."""
+    d = tmp_path_factory.mktemp("traces")
+    bench = d / "bench.jsonl"
+    run("bench", *TINY, "--num-prompts", "8", "--request-rate", "20", "--mode", "continuous",
+        "--trace", bench)
+    ab = d / "ab.jsonl"
+    run("ab", *TINY, "--num-prompts", "20", "--request-rate", "10", "--interleave", "--window",
+        "0.5", "--b", "mode=chunked,max_num_batched_tokens=32", "--trace", ab)
+    return {"bench": bench, "ab": ab, "dir": d}
+
+
+class Page(HTMLParser):
+    """Collects what the tests check: tags, ids, figures and the svgs inside them, URLs."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.ids: set[str] = set()
+        self.figures: list[str] = []
+        self.svg_in_figure = 0
+        self.urls: list[str] = []
+        self._fig: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if "id" in a:
+            self.ids.add(a["id"])
+        for k in ("src", "href", "xlink:href", "action", "data"):
+            if k in a and a[k] is not None:
+                self.urls.append(a[k])
+        if tag == "figure" and "plot" in (a.get("class") or ""):
+            self._fig = a["id"]
+            self.figures.append(a["id"])
+        if tag == "svg" and self._fig:
+            self.svg_in_figure += 1
+
+    def handle_endtag(self, tag):
+        if tag == "figure":
+            self._fig = None
+
+
+def parse(path: Path) -> tuple[Page, str]:
+    text = path.read_text(encoding="utf-8")
+    p = Page()
+    p.feed(text)
+    p.close()
+    return p, text
+
+
+def assert_self_contained(page: Page, text: str) -> None:
+    assert "script" not in page.tags and "link" not in page.tags and "iframe" not in page.tags
+    assert "img" not in page.tags or all(u.startswith("data:") for u in page.urls if u)
+    for u in page.urls:  # only in-page references (#id) or inline data
+        assert u.startswith("#") or u.startswith("data:"), u
+    assert not re.search(r"https?://", text), re.search(r".{40}https?://.{40}", text)
+    assert "@import" not in text and not re.search(r"url\((?!#|data:)", text)
+
+
+def test_html_report_of_a_bench_trace(traces, tmp_path):
+    out = tmp_path / "r.html"
+    r = run("report", traces["bench"], "-o", out)
+    assert "wrote" in r.output and "warning" not in r.output
+    page, text = parse(out)
+    for sid in ("summary", "run", "waveforms", "closeups", "composition", "latency", "results"):
+        assert sid in page.ids, sid
+    assert "windows" not in page.ids  # no A/B marks in a bench trace
+    want = {"fig-waveforms-bench", "fig-closeups", "fig-composition", "fig-latency"}
+    assert set(page.figures) == want
+    assert page.svg_in_figure == len(want)  # every plot embedded inline
+    assert text.count("<svg") == len(want)
+    assert_self_contained(page, text)
+    # the results table is the bench block: same numbers as `probes.metrics.summarize`
+    assert "Successful requests" in text and "P99 ITL (ms)" in text
+    assert "tiny (random weights)" in text and "continuous" in text
+
+
+def test_html_report_of_an_ab_trace_marks_windows(traces, tmp_path):
+    out = tmp_path / "ab.html"
+    run("report", traces["ab"], "-o", out)
+    page, text = parse(out)
+    assert "windows" in page.ids
+    assert "fig-abwindows-ab" in page.figures
+    assert page.svg_in_figure == len(page.figures) == 5
+    assert "A: mode=continuous" in text and "B: mode=chunked, max_num_batched_tokens=32" in text
+    assert re.search(r"<td>A1</td>", text) and re.search(r"<td>B1</td>", text)
+    assert_self_contained(page, text)
+
+
+def test_html_report_compares_several_traces_with_gpu_panels(traces, tmp_path):
+    out = tmp_path / "cmp.html"
+    r = run("report", traces["bench"], H200, "-o", out)
+    page, text = parse(out)
+    assert {"fig-waveforms-bench", "fig-waveforms-h200-chunked-1s"} <= set(page.figures)
+    assert page.svg_in_figure == len(page.figures) == 5
+    assert "NVIDIA H200" in text and "llama-3-8b (random weights)" in text
+    assert "GPU SM active / tensor active (mean %)" in text
+    out_text = " ".join(r.output.split())
+    assert "continuous" in out_text and "chunked" in out_text
+    assert_self_contained(page, text)
+
+
+def _x_slices_nest(events):
+    """Independent check: on each (pid, tid), any two X slices are disjoint or one holds the
+    other."""
+    by = {}
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+            by.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for key, sl in by.items():
+        sl.sort(key=lambda x: (x[0], -x[1]))
+        open_ = []
+        for a, b in sl:
+            while open_ and open_[-1] <= a:
+                open_.pop()
+            assert not open_ or b <= open_[-1] + 1e-6, (key, a, b, open_[-1])
+            open_.append(b)
+    return by
+
+
+@pytest.mark.parametrize("which", ["ab", "h200"])
+def test_perfetto_json(traces, tmp_path, which):
+    src = traces["ab"] if which == "ab" else H200
+    out = tmp_path / "t.json"
+    run("report", src, "--format", "perfetto", "-o", out)
+    obj = json.loads(out.read_text())
+    ev = obj["traceEvents"]
+    tr = read_trace(src)
+    phases = {e["ph"] for e in ev}
+    assert {"X", "C", "M"} <= phases
+    by = _x_slices_nest(ev)
+    steps = [e for e in ev if e["ph"] == "X" and e.get("cat") == "step"]
+    assert len(steps) == len(tr.steps)
+    assert {e["name"] for e in steps} <= {"prefill", "decode", "mixed"}
+    assert all(isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float))
+               for e in steps)
+    reqs = [e for e in ev if e["ph"] == "X" and e.get("cat") == "request"
+            and e["name"] != "waiting + prefill"]
+    assert len(reqs) == len(tr.requests)
+    counters = {e["name"] for e in ev if e["ph"] == "C"}
+    assert {"tokens per step", "queue (requests)", "KV cache used (%)"} <= counters
+    instants = [e for e in ev if e["ph"] == "i"]
+    assert len(instants) == len(tr.events)
+    names = {(e["name"], e["args"].get("name")) for e in ev if e["ph"] == "M"}
+    assert any(n == "thread_name" and v == "engine steps" for n, v in names)
+    assert any(n == "process_name" and str(v).startswith("gpuchef engine") for n, v in names)
+    if which == "ab":
+        assert any(e["args"].get("kind") == "mark" for e in instants)
+        assert any(e["args"].get("kind") in ("knob", "mode") for e in instants)
+        assert [e["name"] for e in ev if e["ph"] == "X" and e.get("cat") == "setting"][:2] == \
+            ["A1", "B1"]
+    else:
+        assert {"utilisation (%)", "power (W)", "memory used (GiB)"} <= counters
+        gpu = [e for e in ev if e["ph"] == "C" and e["name"] == "utilisation (%)"]
+        assert "SM active" in gpu[0]["args"] and "DRAM bandwidth" in gpu[0]["args"]
+    assert len(by) >= 2
+
+
+def test_csv_headers_and_rows(traces, tmp_path):
+    prefix = tmp_path / "out" / "run"
+    r = run("report", traces["ab"], "--format", "csv", "-o", prefix)
+    tr = read_trace(traces["ab"])
+    with open(f"{prefix}.steps.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == STEP_HEADER and len(rows) - 1 == len(tr.steps)
+    assert {r[1] for r in rows[1:]} == {"A", "B"}  # the group column: the A/B setting
+    with open(f"{prefix}.requests.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == REQUEST_HEADER and len(rows) - 1 == len(tr.requests)
+    i = REQUEST_HEADER.index("ttft_ms")
+    assert all(float(r[i]) > 0 for r in rows[1:])
+    assert f"({len(tr.steps)} steps)" in r.output
+
+
+def test_corrupt_and_truncated_trace_warns_and_still_reports(traces, tmp_path):
+    lines = traces["bench"].read_text().splitlines(keepends=True)
+    # a garbage line in the middle, the end record gone and the last record cut mid-line
+    bad = lines[:5] + ["{this is not json\n"] + lines[5:-2] + [lines[-2][: len(lines[-2]) // 2]]
+    src = tmp_path / "cut.jsonl"
+    src.write_text("".join(bad))
+    out = tmp_path / "cut.html"
+    r = run("report", src, "-o", out)
+    text = " ".join(r.output.split())
+    assert "warning: 3 problems" in text
+    assert "line 6: not valid JSON" in text
+    assert f"line {len(bad)}: truncated last record" in text
+    assert "no end record" in text
+    page, html = parse(out)
+    assert "problems" in page.ids and "line 6" in html
+    assert "fig-waveforms-cut" in page.figures and page.svg_in_figure == len(page.figures) >= 3
+    # the Perfetto export of the same file works too
+    run("report", src, "--format", "perfetto", "-o", tmp_path / "cut.json")
+    json.loads((tmp_path / "cut.json").read_text())
+
+
+def test_trace_with_only_a_meta_record(traces, tmp_path):
+    src = tmp_path / "empty.jsonl"
+    src.write_text(traces["bench"].read_text().splitlines()[0] + "\n")
+    out = tmp_path / "empty.html"
+    r = run("report", src, "-o", out)
+    assert "no end record" in " ".join(r.output.split())
+    page, text = parse(out)
+    assert "summary" in page.ids and "nothing to compare" in text
+
+
+@pytest.mark.parametrize("content", ["TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3\n", "",
+                                     '{"type":"step"}\n'])
+def test_a_file_that_is_not_a_trace_is_one_clear_error(tmp_path, content):
+    src = tmp_path / "data.csv"
+    src.write_text(content)
+    r = run("report", src, "-o", tmp_path / "x.html", ok=False)
+    assert r.exit_code == 2
+    assert "not a gpuchef trace" in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) <= 3  # one message (rich may wrap it)
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_missing_file_is_one_clear_error(tmp_path):
+    r = run("report", tmp_path / "nope.jsonl", ok=False)
+    assert r.exit_code == 2 and "cannot open" in r.output
+
+
+def test_missing_matplotlib_says_how_to_install(traces, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    r = run("report", traces["bench"], "-o", tmp_path / "x.html", ok=False)
+    assert r.exit_code == 2
+    assert "pip install 'gpuchef[report]'" in " ".join(r.output.split())
+    # the other formats do not need it
+    run("report", traces["bench"], "--format", "csv", "-o", tmp_path / "x")
+
+
+def test_default_output_names(traces, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(traces["bench"], tmp_path / "b.jsonl")
+    run("report", "b.jsonl", "--format", "perfetto")
+    assert (tmp_path / "b.perfetto.json").exists()
