@@ -470,8 +470,9 @@ class VllmEngine:
         self.async_scheduling = bool(vcfg.scheduler_config.async_scheduling)
         # vLLM keeps its CUDA stream per thread (vllm/utils/torch_utils.py current_stream); the
         # host steps from its own thread, which must use the stream the graphs were built on.
-        self._attach(core, stream=current_stream(),
-                     timing=vcfg.parallel_config.world_size == 1)
+        # With TP > 1 the model runs in vLLM's worker processes: no CUDA work here at all.
+        in_process = vcfg.parallel_config.world_size == 1
+        self._attach(core, stream=current_stream() if in_process else None, timing=in_process)
 
     def _attach(self, core: Any, *, stream: Any = None, timing: bool = False) -> None:
         """Take over ``core`` (an EngineCore whose scheduler is a gpuchef subclass): request
