@@ -341,6 +341,20 @@ class _Pending:
     ev1: Any = None
 
 
+def _release_failed_start() -> None:
+    """Best effort after a failed start: drop vLLM's process groups and cached GPU memory (what
+    ``EngineCore.shutdown`` does), so that the native engine can still have the GPU."""
+    import gc
+
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        gc.collect()
+        cleanup_dist_env_and_memory()
+    except Exception:
+        pass
+
+
 class _VllmKV:
     """``engine.kv`` for vLLM: ``block_size`` (tokens) and ``usage()`` in blocks, from vLLM's
     block pool (vllm/v1/core/block_pool.py; block 0 is its null block, never free). Blocks that
@@ -403,12 +417,17 @@ class VllmEngine:
 
     # -- start-up ----------------------------------------------------------------------------
     def _start(self, src: VllmModelSource, tp: int, progress: ProgressFn | None) -> Any:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.core import EngineCore
-        from vllm.v1.executor import Executor
+        try:
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.usage.usage_lib import UsageContext
+            from vllm.v1.engine.core import EngineCore
+            from vllm.v1.executor import Executor
 
-        from . import vllm_scheduler
+            from . import vllm_scheduler
+        except ImportError as e:  # another vLLM than the one this was written against
+            raise ConfigError(f"vLLM {self.vllm_version} lacks what gpuchef hosts "
+                              f"({_first_line(e)}): gpuchef is tested with vLLM {VLLM_TESTED}; "
+                              f"{INSTALL_HINT}") from None
 
         cfg, sc, cc = self.config, self.config.scheduler, self.config.cache
         limit = int(src.hf_config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)
@@ -441,6 +460,7 @@ class VllmEngine:
         except ConfigError:
             raise
         except Exception as e:  # vLLM raises many kinds; the user needs the first line
+            _release_failed_start()
             raise ConfigError(f"vLLM {self.vllm_version} could not start model {src.name!r} "
                               f"({src.path}): {type(e).__name__}: {_first_line(e)}") from None
         if progress:
@@ -707,13 +727,17 @@ class VllmEngine:
             if p is not None:
                 self._pending.remove(p)
         finished = []
+        get = self.requests.get
         for eco in outputs.values():
-            for o in eco.outputs:
-                st = self.requests.get(o.request_id)
+            for o in eco.outputs:  # per step and request: keep it lean (it runs ~1000×/step)
+                st = get(o.request_id)
                 if st is None:
                     continue
                 new = o.new_token_ids
-                if new:
+                if len(new) == 1:
+                    st.output_ids.append(new[0])
+                    st.times.append(t1)
+                elif new:
                     st.output_ids.extend(new)
                     st.times.extend([t1] * len(new))
                 if o.finish_reason is not None:
