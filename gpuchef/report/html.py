@@ -370,9 +370,16 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     # close-ups
     if with_steps:
         say("close-ups")
+        views_of = [g.view for g in with_steps]
+        aligned = (len(set(map(id, views_of))) == len(views_of) > 1
+                   and all(v.meta.get("workload") == views_of[0].meta.get("workload")
+                           and v.meta.get("workload") for v in views_of))
         parts.append(_section("closeups", _figure(
-            plots.closeups(with_steps), "closeups",
-            "Each group's busiest stretch (most prefill tokens), step by step: bar width is the "
+            plots.closeups(with_steps, aligned), "closeups",
+            ("The same stretch of the same load in every trace (chosen as the first one's "
+             "busiest), step by step" if aligned else
+             "Each group's busiest stretch (most prefill tokens), step by step") +
+            ": bar width is the "
             "step's wall time, height its tokens (log axis), colour its kind; the dark line "
             "(right axis) counts the requests decoding in each step; white space is time "
             "between steps."),

@@ -159,22 +159,27 @@ def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
             if m:
                 marks.append((ev.t_ns, int(m.group(1)), m.group(2), m.group(3)))
     marks.sort()
+    several = len({m[1] for m in marks}) > 1  # a dashboard session may hold several A/B runs
     out = []
     for i, (t, run, label, n) in enumerate(marks):
         if label == "end":
             continue
         t1 = next((m[0] for m in marks[i + 1:] if m[1] == run), end_ns)
+        name = f"{label}{n or ''}"
+        if several:  # each run has its own two settings: keep them apart
+            label, name = f"{label} (run {run})", f"{name}/{run}"
         if t1 > t:
-            out.append(Segment(label, f"{label}{n or ''}", t, t1))
+            out.append(Segment(label, name, t, t1))
     return out
 
 
-def mode_segments(steps: Sequence[StepRecord], origin_ns: int, end_ns: int) -> list[Segment]:
-    """Stretches of one scheduler mode: a new one starts at the first step of another mode."""
+def mode_segments(steps: Sequence[StepRecord], start_ns: int, end_ns: int) -> list[Segment]:
+    """Stretches of one scheduler mode: a new one starts at the first step of another mode; the
+    first at ``start_ns`` (the load's start: its first arrival or step)."""
     out: list[Segment] = []
     for s in steps:
         if not out or out[-1].label != s.mode:
-            t0 = origin_ns if not out else s.t_start_ns
+            t0 = min(start_ns, s.t_start_ns) if not out else s.t_start_ns
             if out:
                 out[-1].t1_ns = t0
             out.append(Segment(s.mode, s.mode, t0, end_ns))
@@ -183,8 +188,8 @@ def mode_segments(steps: Sequence[StepRecord], origin_ns: int, end_ns: int) -> l
 
 def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
             steps: Sequence[StepRecord]) -> None:
-    """Requests by arrival, steps by start, into the segment whose range holds them; anything
-    before the first segment goes to it (e.g. a request that arrived before the opening mark)."""
+    """Requests by arrival, steps by start, into the segment whose range holds them; records
+    outside every segment (a dashboard session before or between A/B runs) belong to none."""
     import bisect
 
     if not segments:
@@ -195,7 +200,7 @@ def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
     def find(t: int) -> Segment | None:
         i = bisect.bisect_right(starts, t) - 1
         if i < 0:
-            return segs[0]
+            return None
         s = segs[i]
         return s if t < s.t1_ns else None
 
@@ -232,7 +237,10 @@ def view_trace(tr: Trace) -> TraceView:
         for seg in segs:
             seg.window, seg.last_ns = interleaved, (end if interleaved else None)
     else:
-        segs = mode_segments(steps, origin, end + 1)
+        # the load starts with its first arrival (the samplers may have started earlier)
+        start = min([r.arrival_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
+                    default=origin)
+        segs = mode_segments(steps, start, end + 1)
     _assign(segs, tr.requests, steps)
     settings: dict[str, str] = {}
     for seg in segs:
@@ -332,6 +340,9 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     if len(set(plain)) == len(plain) and all(p in MODE_COLORS or p in AB_COLORS for p in plain):
         for g, p in zip(groups, plain):
             g.color = MODE_COLORS.get(p) or AB_COLORS[p]
+    elif all(g.view.ab for g in groups) and len(groups) <= 2:
+        for g in groups:
+            g.color = AB_COLORS.get(g.segments[0].label[:1], PALETTE[0])
     else:
         for i, g in enumerate(groups):
             g.color = PALETTE[i % len(PALETTE)]

@@ -200,7 +200,7 @@ def validate_nesting(events: Sequence[dict[str, Any]]) -> list[str]:
         sl.sort(key=lambda x: (x[0], -x[1]))
         stack: list[tuple[float, float, str]] = []
         for a, b, n in sl:
-            while stack and stack[-1][1] <= a:
+            while stack and stack[-1][1] <= a + 1e-6:  # µs floats: touching is not overlapping
                 stack.pop()
             if stack and b > stack[-1][1] + 1e-6:
                 bad.append(f"pid {key[0]} tid {key[1]}: {n!r} [{a}, {b}] overlaps "

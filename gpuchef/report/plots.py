@@ -158,12 +158,11 @@ def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.
     tf = view.t
     if view.ab:
         for seg in view.segments:
-            ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=AB_COLORS.get(seg.label, "#999999"),
-                       alpha=0.10, lw=0, zorder=0)
+            c = AB_COLORS.get(seg.label[:1], "#999999")
+            ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=c, alpha=0.10, lw=0, zorder=0)
             if label:
                 ax.text(tf(seg.t0_ns), 1.0, f" {seg.name}", transform=ax.get_xaxis_transform(),
-                        va="bottom", ha="left", fontsize=7, color=AB_COLORS.get(seg.label, INK),
-                        clip_on=False)
+                        va="bottom", ha="left", fontsize=7, color=c, clip_on=False)
     knobs = [e for e in view.events if e.kind in ("knob", "mode")]
     marks = [e for e in view.events if e.kind == "mark" and not str(e.name).startswith("ab:")]
     many = len(knobs) + len(marks) > 24
@@ -370,12 +369,14 @@ def closeup_window(steps: Sequence[Any], width_ns: int) -> tuple[int, int]:
 
 
 @_with_rc
-def closeups(groups: Sequence[Group]) -> str:
+def closeups(groups: Sequence[Group], aligned: bool = False) -> str:
     """Each group's busiest stretch (most prefill tokens) drawn step by step: a bar per step
     spanning its wall time, as high as its tokens (log axis), coloured by kind (decode only,
     mixed, prefill only), the budget dashed, and on the right axis the requests decoding in each
     step — under continuous batching it drops to zero during a prefill: the decodes stall.
-    White gaps are time the engine was not stepping."""
+    White gaps are time the engine was not stepping. ``aligned``: the groups replayed the same
+    load (one trace each): show all at the first group's stretch, at the same time since each
+    trace's start, so that they serve the same arrivals."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -384,8 +385,14 @@ def closeups(groups: Sequence[Group]) -> str:
     fig = _figure(11.5, 2.0 * len(groups) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(groups), 1, sharey=True))
     picks = []
+    offset = None
     for g in groups:
-        a, b = closeup_window(g.steps, width)
+        if aligned and offset is not None:
+            a = g.view.origin_ns + offset
+            b = a + width
+        else:
+            a, b = closeup_window(g.steps, width)
+            offset = a - g.view.origin_ns
         picks.append((a, b, [s for s in g.steps if a <= s.t_start_ns < b]))
     dmax = max([s.num_decode_reqs for _, _, sel in picks for s in sel] or [1])
     tmax = max([s.num_tokens for _, _, sel in picks for s in sel] +
@@ -536,6 +543,10 @@ def latency_cdfs(groups: Sequence[Group]) -> str:
         ax.set_title(metric + {"TTFT": ": time to first token", "ITL": ": every gap between "
                                "tokens", "TPOT": ": per request, excl. the 1st"}[metric])
         ax.set_ylim(0.005, 0.9995)
+        lo, hi = ax.get_xlim()
+        if hi / max(lo, 1e-9) < 30:  # under ~1.5 decades: label 1, 2, 3, 5, 7 of each
+            from matplotlib.ticker import LogLocator
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 7.0)))
     axes[0].set_ylabel("share ≤ x (logit axis)")
     axes[0].legend(loc="lower right")
     return to_svg(fig, "cdfs", "Latency CDFs per group")
@@ -558,7 +569,7 @@ def ab_windows_plot(view: TraceView, percentile: float = 99.0) -> str:
         if seg.window:
             window_throughput(m, view.trace.requests, [seg])
         x = view.t(seg.t0_ns)
-        c = AB_COLORS.get(seg.label, INK)
+        c = AB_COLORS.get(seg.label[:1], INK)
         for ax, v in zip(axes, (m.percentiles_ttft_ms[0][1], m.percentiles_itl_ms[0][1],
                                 m.output_throughput)):
             ax.plot([x], [v], "o", color=c, ms=5)

@@ -41,8 +41,9 @@ def traces(tmp_path_factory):
     events, marks), both from the tiny model on the CPU."""
     d = tmp_path_factory.mktemp("traces")
     bench = d / "bench.jsonl"
-    run("bench", *TINY, "--num-prompts", "8", "--request-rate", "20", "--mode", "continuous",
-        "--trace", bench)
+    run("bench", "--device", "cpu", "--model", "tiny", "--dataset", "azure-conv", "--num-prompts",
+        "8", "--max-input-len", "96", "--max-output-len", "8", "--trace-speed", "8", "--mode",
+        "continuous", "--trace", bench, "--result-json", d / "bench.json")
     ab = d / "ab.jsonl"
     run("ab", *TINY, "--num-prompts", "20", "--request-rate", "10", "--interleave", "--window",
         "0.5", "--b", "mode=chunked,max_num_batched_tokens=32", "--trace", ab)
@@ -115,6 +116,39 @@ def test_html_report_of_a_bench_trace(traces, tmp_path):
     assert "tiny (random weights)" in text and "continuous" in text
 
 
+def test_report_numbers_are_the_bench_numbers(traces):
+    """A one-mode bench trace replayed through the report gives the block bench printed."""
+    from gpuchef.report import build
+
+    want = json.loads((traces["dir"] / "bench.json").read_text())
+    (g,) = build([traces["bench"]], percentiles=(50, 99)).groups
+    got = g.metrics.to_dict()
+    for k in ("completed", "total_input_tokens", "total_output_tokens", "num_steps",
+              "num_mixed_steps", "num_preemptions"):
+        assert got[k] == want[k], k
+    for k in ("p99_ttft_ms", "median_itl_ms", "mean_tpot_ms", "p99_e2el_ms", "busy_fraction"):
+        assert got[k] == pytest.approx(want[k], rel=1e-9), k
+    # the trace starts the load at its first arrival; bench's clock at the host's start
+    assert got["duration"] == pytest.approx(want["duration"], abs=0.05)
+
+
+def test_ab_segments_of_several_dashboard_runs():
+    from gpuchef.engine_host.records import EngineEvent, RequestRecord
+    from gpuchef.report.model import _assign, ab_segments
+
+    ev = [EngineEvent("mark", 0, t, n) for t, n in
+          ((100, "ab:1:A:1"), (200, "ab:1:B:1"), (300, "ab:1:end"), (500, "ab:2:A:1"),
+           (600, "ab:2:end"))]
+    segs = ab_segments(ev, 1000)
+    assert [(s.label, s.name, s.t0_ns, s.t1_ns) for s in segs] == [
+        ("A (run 1)", "A1/1", 100, 200), ("B (run 1)", "B1/1", 200, 300),
+        ("A (run 2)", "A1/2", 500, 600)]
+    reqs = [RequestRecord(f"r{t}", t, 1, 1, (t + 1,), "length") for t in (50, 150, 250, 350, 550)]
+    _assign(segs, reqs, [])
+    # before, between and after the runs: in no window
+    assert [[r.request_id for r in s.requests] for s in segs] == [["r150"], ["r250"], ["r550"]]
+
+
 def test_html_report_of_an_ab_trace_marks_windows(traces, tmp_path):
     out = tmp_path / "ab.html"
     run("report", traces["ab"], "-o", out)
@@ -152,7 +186,7 @@ def _x_slices_nest(events):
         sl.sort(key=lambda x: (x[0], -x[1]))
         open_ = []
         for a, b in sl:
-            while open_ and open_[-1] <= a:
+            while open_ and open_[-1] <= a + 1e-6:  # µs floats: touching is not overlapping
                 open_.pop()
             assert not open_ or b <= open_[-1] + 1e-6, (key, a, b, open_[-1])
             open_.append(b)
