@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +27,7 @@ from .probes.metrics import DEFAULT_PERCENTILES
 from .probes.nvml import NvmlSampler
 from .probes.recorder import TraceRecorder
 from .probes.timeline import Timeline
+from .session import trace_meta
 from .tui.model import ABState, SessionInfo
 
 #: Settle time skipped at the start of each A/B window when the A/B screen computes its numbers:
@@ -130,22 +131,6 @@ class ABController:
                                   st.settle_s)
 
 
-def trace_meta(engine: LLMEngine, wcfg: WorkloadConfig, extra: dict[str, Any]) -> dict[str, Any]:
-    """The meta record's facts for a `top` session trace (as `bench` writes them)."""
-    lm = engine.loaded
-    meta = {
-        "command": "top",
-        "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
-                  "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
-        "device": str(engine.device), "attention_backend": engine.attn.name,
-        "engine_config": asdict(engine.config), "workload": asdict(wcfg),
-        "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
-        "block_size": engine.kv.block_size,
-    }
-    meta.update(extra)
-    return meta
-
-
 def next_part_path(path: Path) -> Path:
     """``run.jsonl`` → ``run.part2.jsonl``, ``run.part2.jsonl`` → ``run.part3.jsonl`` (first free)."""
     stem, suffix = path.stem, path.suffix
@@ -225,12 +210,16 @@ class LiveSession:
         self._started = False
 
     def _meta(self) -> dict[str, Any]:
-        return trace_meta(self.engine, self.wcfg, {
-            **self._meta_extra, "slos_ms": self.slos, "percentiles": list(self.percentiles),
-            "gpus": {str(k): v for k, v in self.nvml.gpu_names.items()}})
+        meta = trace_meta(self.engine, self.engine.config, self.wcfg, "top")
+        meta.update(self._meta_extra, slos_ms=self.slos, percentiles=list(self.percentiles))
+        if self.nvml.gpu_names:
+            meta["gpus"] = {str(k): v for k, v in self.nvml.gpu_names.items()}
+        return meta
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> "LiveSession":
+    def start(self, *, load: bool = True) -> "LiveSession":
+        """Start samplers, engine and (unless ``load`` is False: a benchmark that gave the host a
+        fixed workload with ``host.set_workload`` first) the live load. Idempotent."""
         if self._started:
             return self
         self._started = True
@@ -238,7 +227,8 @@ class LiveSession:
         if self.host_probe is not None:
             self.host_probe.start()
         self.host.start()
-        self.load.start()
+        if load:
+            self.load.start()
         return self
 
     def close(self) -> None:
@@ -353,4 +343,4 @@ class LiveSession:
         return f"trace {p}: wrote {n} steps held in memory{extra}; recording goes on there"
 
 
-__all__ = ["ABController", "LiveSession", "next_part_path", "trace_meta"]
+__all__ = ["ABController", "LiveSession", "next_part_path"]

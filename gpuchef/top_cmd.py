@@ -108,7 +108,11 @@ def _build(ctx: click.Context, o: dict, err: Console):
     from .session import build_engine
     from .tui.app import GpuchefApp
 
+    from .probes.host import check_sample_hz
+    from .probes.nvml import SAMPLE_HZ_RANGE
+
     window_s = parse_window(o["window"])
+    check_sample_hz(o["sample_hz"], *SAMPLE_HZ_RANGE, flag="--sample-hz")
     pcts = parse_percentiles(o["metric_percentiles"])
     gpus = parse_gpus(o["gpus"])
     on_cpu = resolve_device(o["device"]).type == "cpu"

@@ -154,6 +154,7 @@ class ABAnalyser:
         self.slos = dict(slos)
         self.percentiles = tuple(percentiles)
         self._cache: dict[tuple[int, int], tuple[BenchMetrics, float, tuple, tuple]] = {}
+        self._pooled: dict[tuple, tuple[BenchMetrics, float]] = {}
 
     def _window(self, snap: TimelineSnapshot, w: ABWindow, settle_ns: int):
         key = (w.t0_ns, w.t1_ns or 0)
@@ -194,11 +195,16 @@ class ABAnalyser:
             sms.append(sm)
             pooled_parts[w.label] = (rq, st, dur + (w.t1_ns - w.t0_ns - settle_ns) / 1e9, sms)
         for k, (rq, st, dur, sms) in pooled_parts.items():
-            if dur > 0:
-                res[k].pooled = summarize(rq, dur, percentiles=self.percentiles,
-                                          goodput=self.slos or None, steps=st or None)
+            if dur <= 0:
+                continue
+            key = (k, tuple((w.t0_ns, w.t1_ns) for w in res[k].windows), settle_ns)
+            hit = self._pooled.get(key)  # same complete windows: same numbers
+            if hit is None:
+                pooled = summarize(rq, dur, percentiles=self.percentiles,
+                                   goodput=self.slos or None, steps=st or None)
                 fin = [x for x in sms if math.isfinite(x)]
-                res[k].pooled_sm = sum(fin) / len(fin) if fin else math.nan
+                hit = self._pooled[key] = (pooled, sum(fin) / len(fin) if fin else math.nan)
+            res[k].pooled, res[k].pooled_sm = hit
         rows = []
         for met in metrics_for(self.percentiles, bool(self.slos)):
             rows.append(_row(met, res["A"], res["B"]))
@@ -217,7 +223,9 @@ def _row(met: Metric, a: SettingResult, b: SettingResult) -> Row:
     wa, wb = _vals(a, met), _vals(b, met)
     sa = max(wa) - min(wa) if len(wa) >= 2 else math.nan
     sb = max(wb) - min(wb) if len(wb) >= 2 else math.nan
-    if len(wa) < 2 or len(wb) < 2:
+    if not wa and not wb and not (math.isfinite(va) or math.isfinite(vb)):
+        verdict = "no data"
+    elif len(wa) < 2 or len(wb) < 2:
         verdict = "need ≥2 windows each"
     elif min(wb) > max(wa) or max(wb) < min(wa):
         up = min(wb) > max(wa)

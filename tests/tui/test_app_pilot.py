@@ -35,8 +35,8 @@ def engine():
                                   cache=CacheConfig(num_gpu_blocks=1024)))
 
 
-def make_app(engine, tmp_path=None, *, rate=25.0, trace=None, nvml=None, **app_kw):
-    engine.set_scheduler_config(START)
+def make_app(engine, tmp_path=None, *, rate=25.0, trace=None, nvml=None, start=START, **app_kw):
+    engine.set_scheduler_config(start)
     wcfg = WorkloadConfig(dataset="random", request_rate=rate, input_len=48, range_ratio=0.5,
                           output_len=12, num_prompts=100, vocab_size=engine.model_config.vocab_size,
                           max_model_len=engine.max_model_len)
@@ -130,6 +130,25 @@ def test_every_key_reaches_the_engine(engine):
         run(go())
     finally:
         s.close()
+
+
+def test_opening_the_dashboard_changes_nothing(engine):
+    app, s = make_app(engine, start=START.with_changes(mode="continuous",
+                                                       max_num_batched_tokens=1024))
+
+    async def go():
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(1.0)
+            assert app.screen.query_one("#mode").value == "continuous"
+            assert app.screen.query_one("#knob-max_num_batched_tokens").value == "1024"
+
+    try:
+        run(go())
+    finally:
+        s.close()
+    assert s.scheduler_config.mode == "continuous"
+    assert not [e for e in s.timeline.snapshot().events if e.kind in ("mode", "knob")]
+    assert not app.notes
 
 
 def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine):

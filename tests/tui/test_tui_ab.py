@@ -75,7 +75,8 @@ def test_within_spread_and_too_few_windows():
     assert not any(r.metric.key == "goodput" for r in res.rows)
     tl, st = _session(ttft_a_ms=100, ttft_b_ms=300, windows=2)
     res = ABAnalyser({}, (50.0, 99.0)).analyse(tl.snapshot(), st)
-    assert all(r.verdict == "need ≥2 windows each" for r in res.rows)
+    assert {r.metric.key: r.verdict for r in res.rows if r.verdict != "need ≥2 windows each"} \
+        == {"sm": "no data"}  # no GPU samples at all
 
 
 def test_settle_time_leaves_out_requests_of_the_previous_setting():

@@ -41,11 +41,11 @@ class ABScreen(Screen):
     DEFAULT_CSS = """
     ABScreen { background: #0b0e14; }
     #ab-banner { height: auto; padding: 0 1; background: #11151c; }
-    #ab-sides { height: auto; }
-    #ab-sides > Vertical { width: 1fr; height: auto; margin: 0 1 0 0; }
-    #ab-sides StepPanel { height: 7; }
-    #ab-sides BatchPanel { height: 7; }
-    #ab-sides GpuPanel { height: 5; }
+    #ab-sides { height: 1fr; }
+    #ab-sides > Vertical { width: 1fr; height: 1fr; margin: 0 1 0 0; }
+    #ab-sides StepPanel { height: 1fr; min-height: 5; }
+    #ab-sides BatchPanel { height: 1fr; min-height: 5; }
+    #ab-sides GpuPanel { height: 7; }
     #ab-sides GpuPanel.off { display: none; }
     #ab-sides TimeAxis { height: 3; }
     #ab-table { height: auto; padding: 0 1; background: #11151c; margin-top: 1; }

@@ -77,7 +77,7 @@ class MainScreen(Screen):
                 yield TimeAxis(id="axis")
             with VerticalScroll(id="side"):
                 yield NumbersPanel(self.app.session.percentiles, id="numbers")
-                yield ControlsPanel(id="controls")
+                yield ControlsPanel(self.app.session.scheduler_config.mode, id="controls")
         yield Footer()
 
     def on_mount(self) -> None:

@@ -66,15 +66,16 @@ class ControlsPanel(Vertical):
     ControlsPanel Switch { height: 1; border: none; padding: 0; width: 6; }
     """
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, mode: str = "chunked", **kw) -> None:
         super().__init__(**kw)
         self.border_title = "Controls · Enter applies, Esc leaves"
         self._rate_unit = "req/s"
+        self._mode = mode  # the Select starts at the mode in force: its first Changed is a no-op
 
     def compose(self) -> ComposeResult:
         with Horizontal():
             yield Label("mode")
-            yield Select([(m, m) for m in MODES], allow_blank=False, value="chunked", id="mode",
+            yield Select([(m, m) for m in MODES], allow_blank=False, value=self._mode, id="mode",
                          compact=True)
         for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",
                      "max_num_partial_prefills"):
