@@ -54,11 +54,11 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
 
     Examples:
 
+    \b
       gpuchef report run.jsonl                          # run.html
-
       gpuchef report chunked.jsonl continuous.jsonl -o compare.html
-
       gpuchef report run.jsonl --format perfetto        # run.perfetto.json
+      gpuchef report run.jsonl --format csv -o out/run  # out/run.steps.csv, .requests.csv
     """
     err = Console(stderr=True, highlight=False)
     try:

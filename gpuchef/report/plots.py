@@ -18,7 +18,7 @@ import numpy as np
 
 from gpuchef.probes.timeline import Timeline
 
-from .model import AB_COLORS, Group, ReportData, TraceView, window_throughput
+from .model import AB_COLORS, Group, TraceView, window_throughput
 
 _LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
 PREFILL = "#E9A23B"
