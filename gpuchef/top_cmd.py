@@ -125,13 +125,12 @@ def _build(ctx: click.Context, o: dict, err: Console):
             o["max_input_len"] = CPU_MAX_INPUT_LEN
         if _is_default(ctx, "max_output_len"):
             o["max_output_len"] = CPU_MAX_OUTPUT_LEN
-        note.append(f"CPU defaults: trace ×{o['trace_speed']:g}, prompts ≤{o['max_input_len']}, "
-                    f"outputs ≤{o['max_output_len']}")
+        note.append(f"CPU defaults: prompt≤{o['max_input_len']} output≤{o['max_output_len']}")
     elif _is_default(ctx, "dataset"):
         o["dataset"] = "azure-conv"
     if on_cpu and _is_default(ctx, "max_num_batched_tokens"):
         o["max_num_batched_tokens"] = CPU_BUDGET
-        note.append(f"budget {CPU_BUDGET}")
+        note.append(f"budget {CPU_BUDGET}")  # the load line shows the trace speed
     if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
         o["request_rate"] = str(CPU_RANDOM_RATE if on_cpu else GPU_RANDOM_RATE)
     slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else \

@@ -89,11 +89,17 @@ class GpuchefApp(App):
     # -- commands through the session --------------------------------------------------------------
     def _refused(self, e: ConfigError) -> None:
         self.notify(str(e), title="refused", severity="error", timeout=8)
+        resync = getattr(self.screen, "resync_controls", None)
+        if resync is not None:  # fields go back to what is in force
+            resync()
 
     def request_knob(self, name: str, value: Any) -> bool:
         """Send one knob or the mode to the engine; show the refusal if it is bad. True if sent."""
         if self.session.ab.state().active:
             self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
+            resync = getattr(self.screen, "resync_controls", None)
+            if resync is not None:
+                resync()
             return False
         try:
             parsed = parse_mode(value) if name == "mode" else parse_knob(name, value)

@@ -48,6 +48,7 @@ KEYS: tuple[Key, ...] = (
     Key("a", "a", "ab", "live A/B: start one (A = now, B = the other mode) and show it; "
         "on the A/B screen: back", "A/B", "A/B"),
     Key("x", "x", "ab_stop", "stop the A/B run (settings go back to what they were)", "A/B"),
+    Key("r", "r", "ab_restart", "on the A/B screen: run the same A/B again", "A/B"),
     Key("e", "e", "export_trace", "write the session trace (or finish this part and start the "
         "next)", "session", "trace"),
     Key("s", "s", "screenshot", "save an SVG screenshot", "session", "svg"),
@@ -65,7 +66,7 @@ def bindings() -> list[Binding]:
     """App bindings from :data:`KEYS` (tab and the palette are Textual's own)."""
     out = []
     for k in KEYS:
-        if k.action in ("focus_next", "command_palette"):
+        if k.action in ("focus_next", "command_palette", "ab_restart"):  # Textual's / the A/B screen's
             continue
         out.append(Binding(k.keys, k.action, k.short or k.help[:24], show=bool(k.short),
                            key_display=k.shown))

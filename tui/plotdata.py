@@ -226,11 +226,70 @@ def _step_id(s: StepRecord) -> int:
     return s.step
 
 
+def _t_ns(s) -> int:
+    return s.t_ns
+
+
+class GpuColumns:
+    """GpuSamples as numpy columns (``t_ns`` and :data:`GPU_FIELDS`, NaN where a field was not
+    available), appended incrementally like :class:`StepColumns`; all GPUs pooled."""
+
+    def __init__(self, max_age_ns: int = 700 * 10**9) -> None:
+        self.max_age_ns = max_age_ns
+        self.t = np.zeros(0, dtype=np.int64)
+        self.v = np.zeros((0, len(GPU_FIELDS)))
+        self._last = None
+
+    def extend(self, snap: TimelineSnapshot) -> None:
+        """Add the samples of ``snap`` after the last one added (found by identity, from the
+        end: the snapshot's tail may be cut at its time, and GPUs share a tick's time)."""
+        gs = snap.gpu_samples
+        last = self._last
+        if last is None:
+            i = 0
+        else:
+            i = len(gs)
+            while i > 0 and gs[i - 1] is not last:
+                i -= 1
+            if i == 0:  # it fell out of the ring: go by time instead
+                i = bisect_left(gs, int(self.t[-1]) + 1, key=_t_ns)
+        fresh = gs[i:]
+        new = len(fresh)
+        if new == 0:
+            return
+        self._last = fresh[-1]
+        t = np.fromiter((g.t_ns for g in fresh), np.int64, new)
+        v = np.array([[np.nan if (x := getattr(g, f)) is None else x for f in GPU_FIELDS]
+                      for g in fresh], dtype=np.float64).reshape(new, len(GPU_FIELDS))
+        order = np.argsort(t, kind="stable")  # several GPUs may interleave a little
+        self.t = np.concatenate([self.t, t[order]])
+        self.v = np.concatenate([self.v, v[order]])
+        cut = int(np.searchsorted(self.t, self.t[-1] - self.max_age_ns))
+        if cut > 4096:
+            self.t, self.v = self.t[cut:], self.v[cut:]
+
+    def binned(self, grid: "TimeGrid") -> dict[str, np.ndarray]:
+        """Mean of each field per column of ``grid`` (NaN where a column has no value)."""
+        i = int(np.searchsorted(self.t, grid.t0_ns))
+        j = int(np.searchsorted(self.t, grid.t1_ns))
+        n = grid.cols
+        col = (self.t[i:j] - grid.t0_ns) // grid.bin_ns
+        out = {}
+        for k, f in enumerate(GPU_FIELDS):
+            v = self.v[i:j, k]
+            ok = np.isfinite(v)
+            sums = np.bincount(col[ok], weights=v[ok], minlength=n)[:n]
+            cnts = np.bincount(col[ok], minlength=n)[:n]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[f] = np.where(cnts > 0, sums / np.maximum(cnts, 1), NAN)
+        return out
+
+
 def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
-                steps: StepColumns | None = None) -> WaveFrame:
+                steps: StepColumns | None = None, gpus: GpuColumns | None = None) -> WaveFrame:
     """Bin ``snap`` on ``grid`` (see :class:`WaveFrame`). ``gpu`` False skips the GPU samples.
-    ``steps``: the snapshot's steps already converted (kept up to date by the caller); default:
-    convert the ones in the window now."""
+    ``steps``/``gpus``: the snapshot's records already converted (kept up to date by the
+    caller); default: convert the ones in the window now."""
     n = grid.cols
     edges = grid.edges()
     t0, t1 = grid.t0_ns, grid.t1_ns
@@ -312,8 +371,10 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         kv_total = 0
     gpu_series: dict[str, np.ndarray] = {}
     if gpu and snap.gpu_samples:
-        for f in GPU_FIELDS:
-            gpu_series[f] = snap.sample_waveform(f, t0, t1, n)[1]
+        if gpus is None:
+            gpus = GpuColumns(max_age_ns=1 << 62)
+            gpus.extend(snap)
+        gpu_series = gpus.binned(grid)
     return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
                      preempted, kv, cnt, modes, gpu_series,
                      markers_for(snap.events_between(t0, t1), grid), kv_total)

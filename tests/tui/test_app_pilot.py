@@ -122,7 +122,8 @@ def test_every_key_reaches_the_engine(engine):
             for key, w in (("1", 10), ("2", 60), ("3", 600), ("w", 10)):
                 await pilot.press(key)
                 assert app.window_s == w
-            await pilot.pause(0.3)
+            await pilot.press("3")  # 10 min: every change of this test is in the window
+            await pilot.pause(0.6)
             labels = [m.label for m in app.screen.query_one("#axis")._frame.markers]
             assert "mode→continuous" in labels and "budget 256→512" in labels, labels
 

@@ -133,3 +133,23 @@ def test_nice_max():
     assert nice_max(512) == 600
     assert nice_max(97) == 100
     assert nice_max(float("nan"), 8) == 8
+
+
+def test_gpu_columns_bin_like_the_timeline_and_skip_missing_fields():
+    from gpuchef.probes.nvml import GpuSample
+    from gpuchef.tui.plotdata import GpuColumns
+
+    tl = timeline([])
+    for k in range(40):
+        for gpu in (0, 1):
+            tl.add_gpu_sample(GpuSample(T0 + k * 25 * MS + gpu, gpu, gpu_util=100,
+                                        sm_active=10.0 * gpu + k, power_w=None))
+    g = TimeGrid(T0, 100 * MS, 10, T0 + 1000 * MS - 1)
+    cols = GpuColumns()
+    cols.extend(tl.snapshot())
+    cols.extend(tl.snapshot())  # nothing new twice
+    assert len(cols.t) == 80
+    got = cols.binned(g)
+    want = tl.snapshot().sample_waveform("sm_active", g.t0_ns, g.t1_ns, g.cols)[1]
+    np.testing.assert_allclose(got["sm_active"], want)
+    assert np.isnan(got["power_w"]).all()

@@ -37,7 +37,8 @@ class SideTitle(Static):
 
 
 class ABScreen(Screen):
-    BINDINGS = [("a,escape", "app.pop_screen", "back"), ("x", "app.ab_stop", "stop A/B")]
+    BINDINGS = [("a,escape", "app.pop_screen", "back"), ("x", "app.ab_stop", "stop A/B"),
+                ("r", "app.ab_restart", "run again")]
     DEFAULT_CSS = """
     ABScreen { background: #0b0e14; }
     #ab-banner { height: auto; padding: 0 1; background: #11151c; }
@@ -166,7 +167,7 @@ class ABScreen(Screen):
             t.append("    x stop · a/esc back", style=theme.AXIS)
         else:
             t.append("   finished — settings restored" if res.ended else "", style=theme.LABEL)
-            t.append("    a/esc back", style=theme.AXIS)
+            t.append("    r run again · a/esc back", style=theme.AXIS)
         return t
 
     def _table(self, res: ABResult, st) -> Table:

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from ..chart import GUTTER_L, GUTTER_R
-from ..plotdata import StepColumns, TimeGrid, build_frame
+from ..plotdata import GpuColumns, StepColumns, TimeGrid, build_frame
 from ..widgets.controls import ControlsPanel
 from ..widgets.header import HeaderState, SessionHeader
 from ..widgets.numbers import NumbersPanel, compute_numbers
@@ -64,6 +64,7 @@ class MainScreen(Screen):
         self._load = None
         self._header_t = 0.0
         self.steps = StepColumns()
+        self.gpus = GpuColumns()
 
     def compose(self) -> ComposeResult:
         yield SessionHeader(id="header")
@@ -95,6 +96,12 @@ class MainScreen(Screen):
     def on_resize(self) -> None:
         self._grid_key = None
 
+    def resync_controls(self) -> None:
+        """Put what is in force back into the controls (after a refused value)."""
+        if getattr(self, "ready", False):
+            self.controls.sync(self.app.session.scheduler_config, self.app.session.load.state(),
+                               force=True)
+
     def on_screen_resume(self) -> None:
         self._grid_key = None
         self._last_numbers = 0.0
@@ -116,7 +123,10 @@ class MainScreen(Screen):
             if due:
                 snap = s.timeline.snapshot(now)
                 self.steps.extend(snap.steps)
-                frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps)
+                if self._gpu_on:
+                    self.gpus.extend(snap)
+                frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps,
+                                    gpus=self.gpus)
                 for p in self.panels:
                     if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
                         p.set_frame(frame)

@@ -128,9 +128,10 @@ class ControlsPanel(Vertical):
             self.screen.set_focus(None)
 
     # -- show what is in force -----------------------------------------------------------------
-    def sync(self, cfg: SchedulerConfig, load: LoadState) -> None:
-        """Show ``cfg`` and ``load`` in every field that is not being edited."""
-        focused = self.screen.focused
+    def sync(self, cfg: SchedulerConfig, load: LoadState, force: bool = False) -> None:
+        """Show ``cfg`` and ``load`` in every field that is not being edited (``force``: in
+        every field, e.g. after a refused value)."""
+        focused = None if force else self.screen.focused
         sel = self.query_one("#mode", Select)
         if sel.value != cfg.mode and focused is not sel:
             with self.prevent(Select.Changed):

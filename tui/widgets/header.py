@@ -67,10 +67,10 @@ def header_text(st: HeaderState) -> Text:
         t.append("   A/B ", style=theme.LABEL)
         t.append(f" {st.ab.current}#{st.ab.index} ", style=f"bold #11151c on {colour}")
         t.append(f" {st.ab.window_s:g} s windows", style=theme.LABEL)
-    if st.ui_cost_pct is not None:
-        t.append(f"   UI {st.ui_cost_pct:.1f}% of a core", style=theme.AXIS)
     if i.note:
         t.append(f"   {i.note}", style=theme.AXIS)
+    if st.ui_cost_pct is not None:
+        t.append(f"   UI {st.ui_cost_pct:.1f}% of a core", style=theme.AXIS)
     if st.paused_engine:
         t.append("   ENGINE PAUSED", style=f"bold {theme.PREEMPTED}")
     if st.engine_error:

@@ -118,7 +118,7 @@ def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
     mixed = (m.num_mixed_steps / m.num_steps * 100) if (m and m.num_steps) else None
     _line(t, "  mixed steps", f"{_f(mixed)}%", name_style=theme.MIXED, a_style=theme.MIXED)
     _line(t, "preemptions", _f(m.num_preemptions if m else None))
-    sm = f"{n.mean_sm_active:.0f}%" if math.isfinite(n.mean_sm_active) else "–"
+    sm = f"{n.mean_sm_active:.0f}%" if math.isfinite(n.mean_sm_active) else "no data"
     _line(t, "SM active (GPM)", sm, name_style=theme.SM_ACTIVE)
     _line(t, "done / failed", f"{m.completed if m else 0}", f"{m.failed if m else 0}")
     _line(t, "running/waiting", f"{n.running}", f"{n.waiting}")
