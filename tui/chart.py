@@ -68,15 +68,17 @@ class Cells:
                                       nan=0.0, posinf=0.0).clip(min=0), axis=0)
         cum = np.minimum(cum, h)
         total8 = np.rint(cum[-1] * 8).astype(np.int64)            # exact top, in eighths
-        inner = np.minimum(np.rint(cum[:-1]), cum[-1]) if L > 1 else np.zeros((0, cum.shape[1]))
-        for r in range(h):
-            # layer owning row r: the number of (whole-row) inner boundaries at or below it
-            k = (inner <= r).sum(axis=0) if L > 1 else np.zeros(cum.shape[1], dtype=np.int64)
-            fill = np.clip(total8 - 8 * r, 0, 8)
-            on = fill > 0
-            row = top + h - 1 - r
-            self.chars[row] = np.where(on, EIGHTHS[fill], self.chars[row])
-            self.fg[row] = np.where(on, cidx[np.minimum(k, L - 1)], self.fg[row])
+        r = np.arange(h)[:, None]                                  # row 0 = bottom
+        fill = np.clip(total8[None, :] - 8 * r, 0, 8)              # (h, cols)
+        if L > 1:  # layer owning each row: inner (whole-row) boundaries at or below it
+            inner = np.minimum(np.rint(cum[:-1]), cum[-1])         # (L-1, cols)
+            k = (inner[None, :, :] <= r[:, None, :]).sum(axis=1)
+        else:
+            k = np.zeros_like(fill)
+        on = fill > 0
+        rows = slice(top + h - 1, top - 1 if top > 0 else None, -1)  # bottom row first
+        self.chars[rows] = np.where(on, EIGHTHS[fill], self.chars[rows])
+        self.fg[rows] = np.where(on, cidx[np.minimum(k, L - 1)], self.fg[rows])
 
     def hline(self, level: np.ndarray, colour: str, top: int = 0, height: int | None = None,
               char: str = "╌") -> None:
@@ -126,18 +128,23 @@ class Cells:
             idx = np.where(idx < 0, first[:, None], idx)
             fg = np.take_along_axis(fg, idx, axis=1)
         keys = (fg + 1) * 65536 + (self.bg.astype(np.int32) + 1)
+        text_all = self.chars.tobytes().decode("utf-32-le")  # '<U1' cells: 4 bytes each
+        rr, cc = np.nonzero(keys[:, 1:] != keys[:, :-1]) if n > 1 else ((), ())
+        cuts: list[list[int]] = [[] for _ in range(self.rows)]
+        for a, b in zip(rr.tolist(), (np.asarray(cc) + 1).tolist()):
+            cuts[a].append(b)
+        firsts = keys[:, 0].tolist() if n else []
         out = []
         for r in range(self.rows):
             lt, ls = left[r] if r < len(left) else blank_l
             segs = [Segment(lt[:GUTTER_L].ljust(GUTTER_L), ls)]
             if n:
-                text = self.chars[r].tobytes().decode("utf-32-le")
-                k = keys[r]
-                cuts = (np.flatnonzero(k[1:] != k[:-1]) + 1).tolist()
-                starts = [0] + cuts
-                ends = cuts + [n]
-                kl = k[starts].tolist()
-                for a, b, key in zip(starts, ends, kl):
+                text = text_all[r * n:(r + 1) * n]
+                starts = [0] + cuts[r]
+                ends = cuts[r] + [n]
+                row_keys = keys[r]
+                for a, b in zip(starts, ends):
+                    key = firsts[r] if a == 0 else int(row_keys[a])
                     st = styles.get(key)
                     if st is None:
                         f, g = key // 65536 - 1, key % 65536 - 1

@@ -52,7 +52,7 @@ class LoadState:
     rate: float
     mean_rate: float = 0.0
     paused: bool = False
-    submitted: int = 0
+    submitted: int = field(default=0, compare=False)  # not shown: no redraw when it moves
     done: bool = False
     loop: bool = False
 

@@ -129,28 +129,32 @@ class ControlsPanel(Vertical):
 
     # -- show what is in force -----------------------------------------------------------------
     def sync(self, cfg: SchedulerConfig, load: LoadState, force: bool = False) -> None:
-        """Show ``cfg`` and ``load`` in every field that is not being edited (``force``: in
-        every field, e.g. after a refused value)."""
+        """Show ``cfg`` and ``load``: a field is rewritten only when its value in force changed
+        since the last sync (so a change the user just made is not undone before the app has
+        seen it) and it is not being edited; ``force`` rewrites every field (after a refusal)."""
         focused = None if force else self.screen.focused
+        shown = {"mode": cfg.mode, **{n: str(getattr(cfg, n)) for n in LABELS},
+                 "rate": f"{load.rate:g}", "load": not load.paused}
+        last = {} if force else getattr(self, "_shown", {})
+        self._shown = shown
+        changed = {k for k, v in shown.items() if last.get(k) != v}
         sel = self.query_one("#mode", Select)
-        if sel.value != cfg.mode and focused is not sel:
+        if "mode" in changed and focused is not sel and sel.value != cfg.mode:
             with self.prevent(Select.Changed):
                 sel.value = cfg.mode
         for name in LABELS:
             inp = self.query_one(f"#knob-{name}", Input)
-            want = str(getattr(cfg, name))
-            if focused is not inp and inp.value != want:
-                inp.value = want
+            if name in changed and focused is not inp and inp.value != shown[name]:
+                inp.value = shown[name]
         rate = self.query_one("#rate", Input)
-        want = f"{load.rate:g}"
-        if focused is not rate and rate.value != want:
-            rate.value = want
+        if "rate" in changed and focused is not rate and rate.value != shown["rate"]:
+            rate.value = shown["rate"]
         unit = load.rate_unit
         if unit != self._rate_unit:
             self._rate_unit = unit
             self.query_one("#rate-unit", Label).update(
                 "req/s" if unit == "req/s" else "× trace speed")
         sw = self.query_one("#load", Switch)
-        if sw.value == load.paused:
+        if "load" in changed and sw.value != shown["load"]:
             with self.prevent(Switch.Changed):
-                sw.value = not load.paused
+                sw.value = shown["load"]

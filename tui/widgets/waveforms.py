@@ -102,7 +102,10 @@ class ChartPanel(Widget):
         return parts
 
     def title_strip(self, width: int) -> Strip:
-        return text_strip(self.title_parts(), width, BG)
+        key = (width, self.UNIT, self.SOURCE)  # titles change only with the width
+        if getattr(self, "_title_key", None) != key:
+            self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
+        return self._title
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:  # pragma: no cover
         raise NotImplementedError
