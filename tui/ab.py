@@ -106,7 +106,10 @@ def metrics_for(percentiles: tuple[float, ...], goodput: bool) -> list[Metric]:
     out.append(Metric("tok_step", "tokens/step", "tok", "", lambda m, s: m.mean_tokens_per_step))
     out.append(Metric("mixed", "mixed steps", "%", "",
                       lambda m, s: m.num_mixed_steps / m.num_steps * 100 if m.num_steps else math.nan))
-    out.append(Metric("busy", "engine busy", "%", "", lambda m, s: m.busy_fraction * 100))
+    # busy over the whole window (idle time between steps counts), not summarize's step span
+    out.append(Metric("busy", "engine busy", "%", "",
+                      lambda m, s: min(100.0, m.mean_gpu_ms * m.num_steps / (m.duration_s * 10))
+                      if m.num_steps else math.nan))
     out.append(Metric("sm", "SM active", "%", "", lambda m, s: s))
     return out
 

@@ -13,7 +13,7 @@ IDLE = "#2a2f3a"
 RUNNING = "#2ec4b6"
 WAITING = "#ffbf69"
 PREEMPTED = "#ef476f"
-KV = "#9b5de5"
+KV = "#90be6d"
 
 SM_ACTIVE = "#06d6a0"
 TENSOR_ACTIVE = "#00bbf9"

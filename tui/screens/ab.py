@@ -181,6 +181,8 @@ class ABScreen(Screen):
         t.add_column("spread B", justify="right", style=theme.LABEL)
         t.add_column("verdict (per-window ranges)", no_wrap=True)
         for r in res.rows:
+            if r.verdict == "no data":  # e.g. SM active without NVML
+                continue
             m = r.metric
             nd = 2 if m.unit in ("req/s",) else 1
             colour = {"B better": theme.RUNNING, "B worse": theme.PREEMPTED,

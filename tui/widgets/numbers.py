@@ -30,6 +30,7 @@ class Numbers:
     running: int = 0
     waiting: int = 0
     mean_sm_active: float = float("nan")
+    busy: float = float("nan")  # engine compute time / window (idle time counts), 0–1
 
 
 def compute_numbers(snap: TimelineSnapshot, window_s: float, slos: dict[str, float],
@@ -47,9 +48,10 @@ def compute_numbers(snap: TimelineSnapshot, window_s: float, slos: dict[str, flo
     last = snap.steps[-1] if snap.steps else None
     gs = snap.gpu_samples_between(t0, t1)
     sm = [s.sm_active for s in gs if s.sm_active is not None]
+    busy = min(1.0, sum(s.gpu_ms for s in steps) / (dur * 1e3)) if dur > 0 else float("nan")
     return Numbers(window_s, m, dict(slos), last.num_running if last else 0,
                    last.num_waiting if last else 0,
-                   sum(sm) / len(sm) if sm else float("nan"))
+                   sum(sm) / len(sm) if sm else float("nan"), busy)
 
 
 def _f(v: float | None, nd: int = 0) -> str:
@@ -107,7 +109,7 @@ def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
         _line(t, "goodput", "–", "no SLO", b_style=theme.AXIS)
         t.append(" --goodput ttft:MS tpot:MS sets one\n", style=theme.AXIS)
     _line(t, "engine", name_style=head)
-    busy = m.busy_fraction * 100 if m else None
+    busy = n.busy * 100
     _line(t, "steps/s", _f(m.steps_per_s if m else None, 1), f"busy {_f(busy)}%",
           b_style=theme.LABEL)
     _line(t, "tokens/step", _f(m.mean_tokens_per_step if m else None, 1))

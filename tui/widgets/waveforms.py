@@ -140,8 +140,11 @@ class StepPanel(ChartPanel):
                   self.fit(f.busy_decode, cols) * h]
         c.stacked(layers, [theme.PREFILL, theme.MIXED, theme.DECODE])
         c.markers(self.marker_cols(f, cols))
-        busy = last_value(f.busy, 2) * 100
-        steps_s = float(np.nansum(f.steps[-11:-1])) / max(1e-9, 10 * f.grid.bin_s)
+        # over the last ~2 s of complete columns: the partial last one is too young to read
+        k = max(1, min(len(f.busy) - 1, int(round(2.0 / max(f.grid.bin_s, 1e-9)))))
+        done = slice(-k - 1, -1) if len(f.busy) > 1 else slice(None)
+        busy = float(np.mean(f.busy[done])) * 100
+        steps_s = float(np.nansum(f.steps[done])) / max(1e-9, k * f.grid.bin_s)
         right = _right(h, [("busy", theme.LABEL), (f"{busy:.0f}%", theme.TITLE),
                            ("steps/s", theme.LABEL), (fmt_num(steps_s), theme.TITLE)])
         return c.strips(_gutter(h, "100%", "0%", {h // 2: " 50%"} if h >= 5 else None),
