@@ -21,6 +21,8 @@ def _register() -> None:
     cli.add_command(ab)
     from .report_cmd import report
     cli.add_command(report)
+    from .replay_cmd import replay
+    cli.add_command(replay)
     try:
         from .bench_attention import bench_attention
     except ImportError:  # not written yet / optional

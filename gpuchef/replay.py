@@ -1,0 +1,346 @@
+"""A saved trace as a read-only dashboard session: the playback clock is the dashboard's "now".
+
+:class:`ReplaySession` offers what ``tui.model.Session`` asks of a live session (``info``,
+``timeline``, ``clock``, ``load``, ``ab``, ``scheduler_config``, …) over a trace read with
+``probes.recorder.read_trace``. Every record goes into one :class:`Timeline` whose rings hold the
+whole trace; the screens take snapshots at ``clock()`` = the playback position, and a snapshot
+cut at time t holds exactly the records stamped at or before t (steps by ``t_end_ns``), so the
+panels show what the live dashboard showed at that moment.
+
+Playback: ``position_ns`` (trace monotonic ns, in ``[start_ns, end_ns]``), ``speed``
+(0.25×–16×), ``playing``; ``seek(t_ns)``, ``seek_s(seconds from start)``, ``step(±seconds)``,
+``play()``, ``pause()``, ``set_speed(x)``. The position moves with the wall clock while playing
+and stops (paused) at the end. Steering (knobs, mode, load rate, A/B, trace export) raises
+ConfigError "replay is read-only".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuchef.engine_host.config import ConfigError, SchedulerConfig
+from gpuchef.probes.recorder import Trace, read_trace
+from gpuchef.probes.timeline import Timeline
+from gpuchef.tui.model import ABState, LoadState, SessionInfo
+
+SPEED_MIN, SPEED_MAX = 0.25, 16.0
+READ_ONLY = "replay is read-only: a saved trace cannot be steered"
+
+
+def _read_only(what: str) -> ConfigError:
+    return ConfigError(f"{READ_ONLY} ({what})")
+
+
+def fmt_t(seconds: float) -> str:
+    """Seconds → "mm:ss.s" (or "h:mm:ss.s" past an hour)."""
+    s = max(0.0, seconds)
+    h, r = divmod(s, 3600)
+    m, sec = divmod(r, 60)
+    if h >= 1:
+        return f"{int(h)}:{int(m):02d}:{sec:04.1f}"
+    return f"{int(m):02d}:{sec:04.1f}"
+
+
+def parse_time(text: str) -> float:
+    """"83", "83.5", "1:23", "1:23.5" or "0:01:23" → seconds. Raises ConfigError."""
+    s = str(text).strip().rstrip("s").strip()
+    try:
+        parts = [float(p) for p in s.split(":")]
+    except ValueError:
+        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)") from None
+    if not parts or len(parts) > 3 or any(not math.isfinite(p) or p < 0 for p in parts):
+        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)")
+    v = 0.0
+    for p in parts:
+        v = v * 60 + p
+    return v
+
+
+class ReplayLoad:
+    """The recorded load, read-only: ``state()`` describes it, ``paused`` mirrors playback."""
+
+    def __init__(self, session: "ReplaySession", kind: str, name: str, rate: float) -> None:
+        self._s = session
+        self._kind, self._name, self._rate = kind, name, rate
+
+    def state(self) -> LoadState:
+        return LoadState(self._kind, self._name, self._rate, 0.0, False, 0, False, False)
+
+    def set_rate(self, value: Any) -> float:
+        raise _read_only("load rate")
+
+    def pause(self) -> None:
+        raise _read_only("load")
+
+    def resume(self) -> None:
+        raise _read_only("load")
+
+
+class ReplayAB:
+    """No A/B in a replay: ``start`` raises ConfigError, ``stop`` does nothing."""
+
+    def state(self) -> ABState:
+        return ABState()
+
+    def start(self, a, b, window_s, rounds=None) -> ABState:
+        raise _read_only("A/B")
+
+    def stop(self) -> None:
+        pass
+
+
+def _span(tr: Trace) -> tuple[int, int]:
+    """(first, last) record time of the trace (ns); requests count by arrival only if nothing
+    else is there (a slice may hold requests that arrived long before it)."""
+    lo = [x for x in ((tr.steps[0].t_start_ns if tr.steps else None),
+                      (tr.gpu_samples[0].t_ns if tr.gpu_samples else None),
+                      (tr.host_samples[0].t_ns if tr.host_samples else None),
+                      (tr.events[0].t_ns if tr.events else None)) if x is not None]
+    hi = [x for x in ((max(s.t_end_ns for s in tr.steps) if tr.steps else None),
+                      (tr.gpu_samples[-1].t_ns if tr.gpu_samples else None),
+                      (tr.host_samples[-1].t_ns if tr.host_samples else None),
+                      (tr.events[-1].t_ns if tr.events else None)) if x is not None]
+    for r in tr.requests:
+        f = r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns
+        hi.append(f)
+        if not lo:
+            lo.append(r.arrival_ns)
+    if not lo:
+        c = tr.meta.get("clock") or {}
+        t = int(c.get("monotonic_ns", 0))
+        return t, t
+    a = min(lo)
+    return a, max(a, max(hi))
+
+
+class ReplaySession:
+    """A trace played back. ``trace``: a path or a read :class:`Trace`; ``start_s``: initial
+    position (s from the first record, clipped); ``speed``: initial speed (×, 0.25–16); ``wall``:
+    the wall clock (s, default ``time.monotonic``; tests pass a fake). Raises TraceReadError
+    (not a trace / unreadable) and ConfigError (bad speed or start). ``problems``: skipped lines
+    from the reader (each names its line number)."""
+
+    def __init__(self, trace: str | Path | Trace, *, start_s: float = 0.0, speed: float = 1.0,
+                 wall: Callable[[], float] = time.monotonic,
+                 slos: dict[str, float] | None = None,
+                 percentiles: tuple[float, ...] = (50.0, 99.0),
+                 stats_window_s: float = 30.0) -> None:
+        tr = trace if isinstance(trace, Trace) else read_trace(trace)
+        self.trace = tr
+        self.problems = list(tr.problems)
+        self.path = str(tr.path)
+        self._wall = wall
+        self.start_ns, self.end_ns = _span(tr)
+        self.slos = dict(slos if slos is not None else _default_slos(tr))
+        self.percentiles = tuple(percentiles)
+        self.stats_window_s = float(stats_window_s)
+        n = len(tr.steps)
+        tl = Timeline(max_steps=max(1, n), max_requests=max(1, len(tr.requests)),
+                      max_request_tokens=max(1, sum(len(r.token_times_ns) for r in tr.requests)),
+                      max_gpu_samples=max(1, len(tr.gpu_samples)),
+                      max_host_samples=max(1, len(tr.host_samples)),
+                      max_events=max(1, len(tr.events)), percentiles=self.percentiles,
+                      clock=self.clock_ns, origin_ns=self.start_ns)
+        # each stream in time order, as a live session adds them (snapshots cut by bisection)
+        for s in sorted(tr.steps, key=lambda s: s.t_end_ns):
+            tl.add_step(s)
+        for g in sorted(tr.gpu_samples, key=lambda g: g.t_ns):
+            tl.add_gpu_sample(g)
+        for h in sorted(tr.host_samples, key=lambda h: h.t_ns):
+            tl.add_host_sample(h)
+        for e in sorted(tr.events, key=lambda e: e.t_ns):
+            tl.add_event(e)
+        for r in sorted(tr.requests, key=lambda r: r.token_times_ns[-1] if r.token_times_ns
+                        else r.arrival_ns):
+            tl.add_request(r)
+        self.timeline = tl
+        self._steps = tl.snapshot(self.end_ns).steps
+        self._step_ends = [s.t_end_ns for s in self._steps]
+        self.info = _info(tr)
+        self.load = ReplayLoad(self, *_load(tr))
+        self.ab = ReplayAB()
+        self._base_cfg = _base_config(tr)
+        self.speed = 1.0
+        self.set_speed(speed)
+        self.playing = False
+        self._anchor_pos = self.start_ns
+        self._anchor_wall = wall()
+        self.seek_s(start_s)
+        self.clock = self.clock_ns
+
+    # -- playback -----------------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def position_ns(self) -> int:
+        """The playback clock (trace monotonic ns); stops and pauses at the end."""
+        if not self.playing:
+            return self._anchor_pos
+        p = self._anchor_pos + int((self._wall() - self._anchor_wall) * self.speed * 1e9)
+        if p >= self.end_ns:
+            self._anchor_pos, self.playing = self.end_ns, False
+            return self.end_ns
+        return p
+
+    @property
+    def position_s(self) -> float:
+        """Seconds from the first record."""
+        return (self.position_ns - self.start_ns) / 1e9
+
+    def clock_ns(self) -> int:
+        return self.position_ns
+
+    def _anchor(self, pos: int) -> None:
+        self._anchor_pos = min(max(int(pos), self.start_ns), self.end_ns)
+        self._anchor_wall = self._wall()
+
+    def seek(self, t_ns: int) -> int:
+        """Move to trace time ``t_ns`` (clipped to the trace); keeps playing if it was."""
+        self._anchor(t_ns)
+        return self._anchor_pos
+
+    def seek_s(self, seconds: float) -> int:
+        """Move to ``seconds`` from the first record. Raises ConfigError for a non-number."""
+        try:
+            v = float(seconds)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not math.isfinite(v):
+            raise ConfigError(f"replay time {seconds!r} is not a number of seconds")
+        return self.seek(self.start_ns + int(v * 1e9))
+
+    def step(self, seconds: float) -> int:
+        """Seek by ``seconds`` (negative: back)."""
+        return self.seek(self.position_ns + int(float(seconds) * 1e9))
+
+    def play(self) -> None:
+        """Play from here; from the end, start over."""
+        if self.playing:
+            return
+        if self._anchor_pos >= self.end_ns:
+            self._anchor_pos = self.start_ns
+        self._anchor(self._anchor_pos)
+        self.playing = True
+
+    def pause(self) -> None:
+        self._anchor(self.position_ns)
+        self.playing = False
+
+    def toggle(self) -> bool:
+        """Play/pause; returns ``playing``."""
+        self.pause() if self.playing else self.play()
+        return self.playing
+
+    def set_speed(self, x: Any) -> float:
+        """Playback speed (×) in [0.25, 16]. Raises ConfigError otherwise."""
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not (math.isfinite(v) and SPEED_MIN <= v <= SPEED_MAX):
+            raise ConfigError(f"replay speed {x!r} is out of range: allowed "
+                              f"[{SPEED_MIN:g}, {SPEED_MAX:g}]×")
+        if getattr(self, "playing", False):
+            self._anchor(self.position_ns)
+        self.speed = v
+        return v
+
+    # -- what the dashboard reads ---------------------------------------------------------------
+    def last_step(self, t_ns: int | None = None):
+        """The last StepRecord ending at or before ``t_ns`` (default: the position), or None."""
+        from bisect import bisect_right
+        t = self.position_ns if t_ns is None else t_ns
+        i = bisect_right(self._step_ends, t)
+        return self._steps[i - 1] if i else None
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The settings in force at the position, from the last step's record."""
+        s = self.last_step()
+        if s is None:
+            return self._base_cfg
+        try:
+            return self._base_cfg.with_changes(
+                mode=s.mode, max_num_batched_tokens=s.max_num_batched_tokens,
+                max_num_seqs=s.max_num_seqs,
+                long_prefill_token_threshold=s.long_prefill_token_threshold,
+                max_num_partial_prefills=s.max_num_partial_prefills)
+        except ConfigError:
+            return self._base_cfg
+
+    @property
+    def gpu_available(self) -> bool:
+        return bool(self.trace.gpu_samples)
+
+    @property
+    def gpu_status(self) -> str:
+        if not self.trace.gpu_samples:
+            return "no GPU samples in this trace — GPU panels off"
+        gpus = self.trace.meta.get("gpus") or {}
+        names = ", ".join(sorted(set(map(str, gpus.values())))) if isinstance(gpus, dict) else ""
+        return f"recorded: {len(gpus) or 1} GPU" + (f" ({names})" if names else "")
+
+    @property
+    def trace_path(self) -> str:
+        return self.path
+
+    engine_error = None
+
+    def set_knob(self, name: str, value: Any) -> Any:
+        raise _read_only(name)
+
+    def set_config(self, **changes: Any) -> dict[str, Any]:
+        raise _read_only(", ".join(changes) or "settings")
+
+    def export_trace(self) -> str:
+        raise _read_only("the trace is already saved")
+
+    def close(self) -> None:
+        self.playing = False
+
+
+# -- facts from the meta record -------------------------------------------------------------------
+def _default_slos(tr: Trace) -> dict[str, float]:
+    dev = str(tr.meta.get("device", ""))
+    return {"ttft": 500.0, "tpot": 50.0} if dev.startswith("cuda") else \
+        {"ttft": 3000.0, "tpot": 250.0}
+
+
+def _info(tr: Trace) -> SessionInfo:
+    m = tr.meta
+    model = m.get("model")
+    if isinstance(model, dict):
+        name, rnd, dtype = str(model.get("name", "?")), bool(model.get("random_weights")), \
+            str(model.get("dtype", ""))
+    else:
+        name, rnd, dtype = str(model or "?"), False, ""
+    bad = f"; {len(tr.problems)} bad line(s) skipped" if tr.problems else ""
+    part = "" if tr.complete else "; no end record (writer stopped)"
+    return SessionInfo(name, rnd, str(m.get("device", "?")), str(m.get("attention_backend", "?")),
+                       dtype, int(m.get("kv_blocks") or 0), int(m.get("block_size") or 16),
+                       int(m.get("max_model_len") or 0),
+                       f"recorded {tr.meta.get('created', '')[:19]}{bad}{part}")
+
+
+def _load(tr: Trace) -> tuple[str, str, float]:
+    w = tr.meta.get("workload") or {}
+    ds = str(w.get("dataset") or "?")
+    if ds == "random":
+        rate = w.get("request_rate")
+        return "random", ds, float(rate) if isinstance(rate, (int, float)) else math.inf
+    speed = w.get("trace_speed")
+    return "trace", ds, float(speed) if isinstance(speed, (int, float)) else 1.0
+
+
+def _base_config(tr: Trace) -> SchedulerConfig:
+    sch = ((tr.meta.get("engine_config") or {}).get("scheduler") or {})
+    try:
+        return SchedulerConfig(**{k: v for k, v in sch.items()
+                                  if k in SchedulerConfig.__dataclass_fields__})
+    except (ConfigError, TypeError, ValueError):
+        return SchedulerConfig()

@@ -1,0 +1,300 @@
+"""`gpuchef replay`'s app: the live dashboard's screens over a :class:`ReplaySession`.
+
+Composition, not a fork: :class:`ReplayApp` is ``GpuchefApp`` with playback keys added and every
+steering action refused ("replay is read-only"); :class:`ReplayScreen` is the main screen with a
+status line on top (file, position / length, speed, playing or paused) and the controls panel
+disabled. A seek clears the screen's incremental column caches and redraws at once, so the panels
+show exactly the recorded records up to the new position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, Static
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.tui import theme
+from gpuchef.tui.app import GpuchefApp
+from gpuchef.tui.keys import KEYS
+from gpuchef.tui.plotdata import GpuColumns, StepColumns
+from gpuchef.tui.screens.help import PANELS, HelpScreen
+from gpuchef.tui.screens.main import MainScreen
+from gpuchef.tui.widgets.controls import ControlsPanel
+
+from .replay import READ_ONLY, ReplaySession, fmt_t, parse_time
+
+SEEK_S, BIG_SEEK_S = 5.0, 30.0
+
+
+@dataclass(frozen=True)
+class ReplayKey:
+    keys: str    # Textual key names
+    shown: str
+    action: str
+    help: str
+    short: str = ""
+
+
+REPLAY_KEYS: tuple[ReplayKey, ...] = (
+    ReplayKey("space,p", "space / p", "play_pause", "play / pause", "play/pause"),
+    ReplayKey("left", "←", f"seek({-SEEK_S:g})", f"back {SEEK_S:g} s", "−5s"),
+    ReplayKey("right", "→", f"seek({SEEK_S:g})", f"forward {SEEK_S:g} s", "+5s"),
+    ReplayKey("shift+left", "shift+←", f"seek({-BIG_SEEK_S:g})", f"back {BIG_SEEK_S:g} s"),
+    ReplayKey("shift+right", "shift+→", f"seek({BIG_SEEK_S:g})", f"forward {BIG_SEEK_S:g} s"),
+    ReplayKey("comma", ",", "speed(0.5)", "speed ÷2 (down to 0.25×)", "slower"),
+    ReplayKey("full_stop", ".", "speed(2)", "speed ×2 (up to 16×)", "faster"),
+    ReplayKey("home", "Home", "seek_edge(0)", "go to the start"),
+    ReplayKey("end", "End", "seek_edge(1)", "go to the end"),
+    ReplayKey("g", "g", "goto", "go to a time (seconds or mm:ss.s from the start)", "go to"),
+)
+VIEW_ACTIONS = ("set_window", "cycle_window", "screenshot", "help", "quit")
+
+
+def status_text(s: ReplaySession) -> Text:
+    """"REPLAY file · t = mm:ss.s / total · speed ×N · playing" and the last step's numbers."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(" REPLAY ", style=f"bold #11151c on {theme.WAITING}")
+    t.append(f" {s.path}", style=f"bold {theme.TITLE}")
+    t.append("  ·  t = ", style=theme.LABEL)
+    t.append(f"{fmt_t(s.position_s)}", style=f"bold {theme.TITLE}")
+    t.append(f" / {fmt_t(s.duration_s)}", style=theme.LABEL)
+    t.append("  ·  speed ", style=theme.LABEL)
+    t.append(f"×{s.speed:g}", style=f"bold {theme.TITLE}")
+    t.append("  ·  ", style=theme.LABEL)
+    t.append("playing" if s.playing else "paused",
+             style=f"bold {theme.DECODE if s.playing else theme.WAITING}")
+    st = s.last_step()
+    if st is not None:
+        t.append(f"   step {st.step}  running {st.num_running}  waiting {st.num_waiting}  "
+                 f"KV {st.kv_blocks_used}/{st.kv_blocks_total}", style=theme.LABEL)
+    return t
+
+
+class ReplayBar(Static):
+    DEFAULT_CSS = "ReplayBar { height: 1; background: #11151c; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", **kw)
+        self.plain = ""
+
+    def show(self, s: ReplaySession) -> None:
+        text = status_text(s)
+        if text.plain != self.plain:
+            self.plain = text.plain
+            self.update(text, layout=False)
+
+
+class ReplayScreen(MainScreen):
+    """The main screen plus the replay status line; the controls panel is read-only."""
+
+    def compose(self) -> ComposeResult:
+        yield ReplayBar(id="replay-bar")
+        yield from super().compose()
+
+    def on_mount(self) -> None:
+        # Textual then runs MainScreen.on_mount itself (handlers are dispatched along the MRO)
+        self.bar = self.query_one(ReplayBar)
+        controls = self.query_one(ControlsPanel)
+        controls.disabled = True
+        controls.border_title = "settings in force (read-only)"
+
+    def tick(self, force: bool = False) -> None:
+        super().tick(force)
+        self.bar.show(self.app.session)
+
+    def jumped(self) -> None:
+        """After a seek: forget the incremental columns and redraw everything now."""
+        self.steps = StepColumns()
+        self.gpus = GpuColumns()
+        self._last_numbers = 0.0
+        if getattr(self, "ready", False):
+            self.tick(force=True)
+
+
+class GotoScreen(ModalScreen[str | None]):
+    """Asks for a time; dismisses with the text (None: cancelled)."""
+
+    BINDINGS = [("escape", "cancel", "cancel")]
+    DEFAULT_CSS = """
+    GotoScreen { align: center middle; }
+    GotoScreen > Vertical { width: 50; height: auto; background: #11151c;
+                            border: round #b56cff; padding: 0 1; }
+    """
+
+    def __init__(self, total_s: float) -> None:
+        super().__init__()
+        self.total_s = total_s
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"go to (seconds or mm:ss.s, trace length {fmt_t(self.total_s)})")
+            yield Input(placeholder="e.g. 42 or 1:05.5", id="goto")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, m: Input.Submitted) -> None:
+        self.dismiss(m.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ReplayHelpScreen(HelpScreen):
+    @staticmethod
+    def _content() -> Table:
+        t = Table.grid(padding=(0, 2))
+        t.add_column(no_wrap=True, style=f"bold {theme.WAITING}")
+        t.add_column(style=theme.TITLE)
+        t.add_row(Text("gpuchef replay — keys", style=f"bold {theme.MIXED}"), "")
+        t.add_row(Text("playback", style=f"bold {theme.LABEL}"), "")
+        for k in REPLAY_KEYS:
+            t.add_row(f"  {k.shown}", k.help)
+        t.add_row(Text("view", style=f"bold {theme.LABEL}"), "")
+        for k in KEYS:
+            if k.action.split("(")[0] in VIEW_ACTIONS:
+                t.add_row(f"  {k.shown}", k.help.replace(
+                    "quit: stop load, engine and samplers, finish the trace", "quit"))
+        t.add_row("", "")
+        t.add_row("", Text(f"{READ_ONLY}: the scheduler, load, A/B and trace keys are refused. "
+                           "The panels show what was recorded up to the position; the header "
+                           "shows the settings in force then.", style=theme.LABEL))
+        t.add_row("", "")
+        t.add_row(Text("panels", style=f"bold {theme.LABEL}"), "")
+        for name, text in PANELS:
+            t.add_row(f"  {name}", text)
+        return t
+
+
+class ReplayApp(GpuchefApp):
+    """The dashboard over a :class:`ReplaySession` (same arguments as ``GpuchefApp``)."""
+
+    TITLE = "gpuchef replay"
+    BINDINGS = [Binding(k.keys, k.action, k.short or k.help[:24], show=bool(k.short),
+                        key_display=k.shown.split(" ")[0]) for k in REPLAY_KEYS] + [
+        # the live dashboard's steering keys stay bound (they say "read-only") but leave the footer
+        Binding(k.keys, k.action, k.help[:24], show=False, key_display=k.shown) for k in KEYS
+        if k.short and k.action.split("(")[0] not in VIEW_ACTIONS and k.keys != "p"]
+
+    session: ReplaySession
+
+    def on_mount(self, event) -> None:
+        event.prevent_default()  # not GpuchefApp.on_mount: it would push the live main screen
+        self.push_screen(ReplayScreen())
+        self.set_interval(1.0 / self.fps, self._tick)
+
+    # -- playback ----------------------------------------------------------------------------
+    def _jumped(self) -> None:
+        jumped = getattr(self.screen, "jumped", None)
+        if jumped is not None:
+            jumped()
+        else:  # another screen on top: redraw when it closes
+            for scr in self.screen_stack:
+                if isinstance(scr, ReplayScreen):
+                    scr.steps, scr.gpus = StepColumns(), GpuColumns()
+
+    def _show_bar(self) -> None:
+        bar = getattr(self.screen, "bar", None)
+        if bar is not None:
+            bar.show(self.session)
+
+    def action_play_pause(self) -> None:
+        self.session.toggle()
+        self._show_bar()
+
+    def action_seek(self, seconds: float) -> None:
+        self.session.step(float(seconds))
+        self._jumped()
+
+    def action_seek_edge(self, end: int) -> None:
+        s = self.session
+        s.seek(s.end_ns if end else s.start_ns)
+        self._jumped()
+
+    def action_speed(self, factor: float) -> None:
+        s = self.session
+        new = min(16.0, max(0.25, s.speed * float(factor)))
+        s.set_speed(new)
+        self.notify(f"speed ×{new:g}", timeout=2)
+        self._show_bar()
+
+    def seek_to(self, text: str) -> bool:
+        """Seek to ``text`` (seconds or mm:ss.s from the start); a bad value is refused."""
+        try:
+            self.session.seek_s(parse_time(text))
+        except ConfigError as e:
+            self.notify(str(e), title="refused", severity="error", timeout=6)
+            return False
+        self._jumped()
+        return True
+
+    def action_goto(self) -> None:
+        def done(text: str | None) -> None:
+            if text:
+                self.seek_to(text)
+        self.push_screen(GotoScreen(self.session.duration_s), done)
+
+    # -- steering: refused ---------------------------------------------------------------------
+    def _read_only(self, what: str) -> bool:
+        self._refused(ConfigError(f"{READ_ONLY} ({what})"))
+        return False
+
+    def request_knob(self, name, value) -> bool:
+        return self._read_only(name)
+
+    def request_rate(self, value) -> bool:
+        return self._read_only("load rate")
+
+    def action_toggle_mode(self) -> None:
+        self._read_only("mode")
+
+    def action_knob_step(self, name: str, direction: int) -> None:
+        self._read_only(name)
+
+    def action_rate_step(self, direction: int) -> None:
+        self._read_only("load rate")
+
+    def action_toggle_load(self) -> None:
+        self.action_play_pause()
+
+    def on_knob_request(self, m) -> None:
+        m.prevent_default()  # the disabled controls only echo the recorded settings: ignore
+
+    def on_rate_request(self, m) -> None:
+        m.prevent_default()
+
+    def on_load_toggle(self, m) -> None:
+        m.prevent_default()  # GpuchefApp's handler would toggle playback
+
+    def action_toggle_engine(self) -> None:
+        self._read_only("engine")
+
+    def start_ab(self, a, b, window_s=None, rounds=None) -> bool:
+        return self._read_only("A/B")
+
+    def action_ab(self) -> None:
+        self._read_only("A/B")
+
+    def action_ab_restart(self) -> None:
+        self._read_only("A/B")
+
+    def action_ab_stop(self) -> None:
+        self._read_only("A/B")
+
+    def action_export_trace(self) -> None:
+        self._read_only("the trace is already saved")
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(ReplayHelpScreen())
+
+    async def action_quit(self) -> None:
+        self.session.close()
+        self.exit()
