@@ -9,7 +9,9 @@ show exactly the recorded records up to the new position.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from rich.table import Table
 from rich.text import Text
@@ -31,6 +33,7 @@ from gpuchef.tui.widgets.controls import ControlsPanel
 from .replay import READ_ONLY, ReplaySession, fmt_t, parse_time
 
 SEEK_S, BIG_SEEK_S = 5.0, 30.0
+SEED_MARGIN_S = 5.0  # seconds of columns kept before the window after a seek
 
 
 @dataclass(frozen=True)
@@ -104,18 +107,38 @@ class ReplayScreen(MainScreen):
         controls = self.query_one(ControlsPanel)
         controls.disabled = True
         controls.border_title = "settings in force (read-only)"
+        self.seed()
 
     def tick(self, force: bool = False) -> None:
         super().tick(force)
         self.bar.show(self.app.session)
 
-    def jumped(self) -> None:
-        """After a seek: forget the incremental columns and redraw everything now."""
+    def seed(self) -> None:
+        """Fresh column caches holding the window before the position (plus a margin), so a
+        seek in a long trace converts only what the panels can show."""
+        s: ReplaySession = self.app.session
+        now = s.clock()
+        t0 = now - int((self.app.window_s + SEED_MARGIN_S) * 1e9)
+        steps = s.timeline.snapshot(now).steps
         self.steps = StepColumns()
+        self.steps.extend(steps[bisect_left(steps, t0, key=_t_end):])
+        gs = s.timeline.snapshot(now).gpu_samples
         self.gpus = GpuColumns()
-        self._last_numbers = 0.0
+        self.gpus.extend(SimpleNamespace(gpu_samples=gs[bisect_left(gs, t0, key=_t):]))
+
+    def jumped(self) -> None:
+        """After a seek or a window change: new columns and a redraw now."""
+        self.seed()
         if getattr(self, "ready", False):
             self.tick(force=True)
+
+
+def _t_end(x) -> int:
+    return x.t_end_ns
+
+
+def _t(x) -> int:
+    return x.t_ns
 
 
 class GotoScreen(ModalScreen[str | None]):
@@ -198,7 +221,7 @@ class ReplayApp(GpuchefApp):
         else:  # another screen on top: redraw when it closes
             for scr in self.screen_stack:
                 if isinstance(scr, ReplayScreen):
-                    scr.steps, scr.gpus = StepColumns(), GpuColumns()
+                    scr.seed()
 
     def _show_bar(self) -> None:
         bar = getattr(self.screen, "bar", None)
@@ -290,6 +313,12 @@ class ReplayApp(GpuchefApp):
 
     def action_export_trace(self) -> None:
         self._read_only("the trace is already saved")
+
+    def action_set_window(self, seconds: float) -> None:
+        old = self.window_s
+        super().action_set_window(seconds)
+        if self.window_s > old:  # the columns were seeded for the smaller window
+            self._jumped()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -183,6 +183,12 @@ def test_pilot_seeks_and_plays_the_panels_show_the_recorded_values(trace_path):
             await pilot.press("left")
             await pilot.pause(0.1)
             assert scr.steps.last_step == s.last_step().step
+            assert scr.steps.ints[:, 1].max() <= s.position_ns  # nothing from after the position
+            # a longer window re-reads the columns: every recorded step up to the position
+            await pilot.press("3")
+            await pilot.pause(0.1)
+            assert app.window_s == 600
+            assert len(scr.steps) == len(s.timeline.snapshot(s.position_ns).steps)
             # steering keys are refused; nothing changes
             for key in ("m", "plus", "greater_than_sign", "a", "e"):
                 await pilot.press(key)
@@ -253,6 +259,28 @@ def test_a_real_cpu_bench_trace_replays(tmp_path):
             assert "chunked" in header(app) and "tiny" in header(app)
             snap = s.timeline.snapshot(s.clock())
             assert len(snap.steps) == len(tr.steps) and len(snap.requests) == 12
+            await pilot.press("q")
+
+    run(go())
+
+
+def test_the_h200_slice_replays_with_gpu_panels():
+    """The real 1 s H200 trace: GPU panels on, GPU columns hold the samples up to the position."""
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "gpuchef" / "data" / "h200_chunked_1s.jsonl"
+    app = build_app(str(path), paused=True, window="10s", start_s=0.5)
+    s = app.session
+
+    async def go():
+        async with app.run_test(size=(150, 44)) as pilot:
+            await pilot.pause(0.2)
+            scr = app.screen
+            assert s.gpu_available and not scr.panels[0].off_reason
+            t = s.position_ns
+            assert len(scr.gpus.t) == sum(g.t_ns <= t for g in s.trace.gpu_samples) > 0
+            assert "flashinfer" in header(app) and "NVIDIA H200" in s.gpu_status
+            st = s.last_step()
+            assert f"running {st.num_running}" in bar(app) and "t = 00:00.5 / 00:01.0" in bar(app)
             await pilot.press("q")
 
     run(go())
