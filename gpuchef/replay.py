@@ -119,14 +119,16 @@ def _span(tr: Trace) -> tuple[int, int]:
 class ReplaySession:
     """A trace played back. ``trace``: a path or a read :class:`Trace`; ``start_s``: initial
     position (s from the first record, clipped); ``speed``: initial speed (×, 0.25–16); ``wall``:
-    the wall clock (s, default ``time.monotonic``; tests pass a fake). Raises TraceReadError
+    the wall clock (s, default ``time.monotonic``; tests pass a fake). ``slos`` (ms) and
+    ``percentiles``: for the numbers panel; default: the recorded ones (`gpuchef top` traces),
+    else `top`'s defaults for the recorded device and (50, 99). Raises TraceReadError
     (not a trace / unreadable) and ConfigError (bad speed or start). ``problems``: skipped lines
     from the reader (each names its line number)."""
 
     def __init__(self, trace: str | Path | Trace, *, start_s: float = 0.0, speed: float = 1.0,
                  wall: Callable[[], float] = time.monotonic,
                  slos: dict[str, float] | None = None,
-                 percentiles: tuple[float, ...] = (50.0, 99.0),
+                 percentiles: tuple[float, ...] | None = None,
                  stats_window_s: float = 30.0) -> None:
         tr = trace if isinstance(trace, Trace) else read_trace(trace)
         self.trace = tr
@@ -135,7 +137,7 @@ class ReplaySession:
         self._wall = wall
         self.start_ns, self.end_ns = _span(tr)
         self.slos = dict(slos if slos is not None else _default_slos(tr))
-        self.percentiles = tuple(percentiles)
+        self.percentiles = tuple(percentiles or _default_percentiles(tr))
         self.stats_window_s = float(stats_window_s)
         n = len(tr.steps)
         tl = Timeline(max_steps=max(1, n), max_requests=max(1, len(tr.requests)),
@@ -306,9 +308,21 @@ class ReplaySession:
 
 # -- facts from the meta record -------------------------------------------------------------------
 def _default_slos(tr: Trace) -> dict[str, float]:
+    """The recorded SLOs (`gpuchef top` writes them), else `top`'s defaults for the device."""
+    rec = tr.meta.get("slos_ms")
+    if isinstance(rec, dict) and rec and all(isinstance(v, (int, float)) for v in rec.values()):
+        return {str(k): float(v) for k, v in rec.items()}
     dev = str(tr.meta.get("device", ""))
     return {"ttft": 500.0, "tpot": 50.0} if dev.startswith("cuda") else \
         {"ttft": 3000.0, "tpot": 250.0}
+
+
+def _default_percentiles(tr: Trace) -> tuple[float, ...]:
+    rec = tr.meta.get("percentiles")
+    if isinstance(rec, list) and rec and all(isinstance(v, (int, float)) and 0 < v < 100
+                                             for v in rec):
+        return tuple(float(v) for v in rec)
+    return (50.0, 99.0)
 
 
 def _info(tr: Trace) -> SessionInfo:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
@@ -196,10 +198,54 @@ class ReplayHelpScreen(HelpScreen):
         return t
 
 
+class ReplayCommands(Provider):
+    """Palette hits for playback: "seek 1:23" (or "go"/"t"), "speed 4", play/pause, start/end."""
+
+    def _actions(self) -> list[tuple[str, object, str]]:
+        app = self.app
+        s = app.session
+        return [("Pause replay" if s.playing else "Play replay", app.action_play_pause, "space"),
+                ("Go to the start", partial(app.action_seek_edge, 0), "Home"),
+                ("Go to the end", partial(app.action_seek_edge, 1), "End"),
+                ("Go to a time…", app.action_goto, "or type 'seek 1:23'")]
+
+    async def discover(self) -> Hits:
+        for text, cb, help_ in self._actions():
+            yield DiscoveryHit(text, cb, help=help_)
+
+    async def search(self, query: str) -> Hits:
+        typed = self._typed(query)
+        if typed is not None:
+            yield typed
+        matcher = self.matcher(query)
+        for text, cb, help_ in self._actions():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score * 0.9, matcher.highlight(text), cb, text=text, help=help_)
+
+    def _typed(self, q: str) -> Hit | None:
+        app = self.app
+        word, _, rest = q.strip().partition(" ")
+        word, rest = word.lower(), rest.strip()
+        if not rest:
+            return None
+        try:
+            if word in ("seek", "go", "goto", "t"):
+                v = parse_time(rest)
+                return Hit(1.0, f"Go to {fmt_t(v)}", partial(app.seek_to, rest), text=q)
+            if word == "speed":
+                v = float(rest.rstrip("x×"))
+                return Hit(1.0, f"Replay speed ×{v:g}", partial(app.set_speed, v), text=q)
+        except (ConfigError, ValueError) as e:
+            return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error"), text=q)
+        return None
+
+
 class ReplayApp(GpuchefApp):
     """The dashboard over a :class:`ReplaySession` (same arguments as ``GpuchefApp``)."""
 
     TITLE = "gpuchef replay"
+    COMMANDS = GpuchefApp.COMMANDS | {ReplayCommands}
     BINDINGS = [Binding(k.keys, k.action, k.short or k.help[:24], show=bool(k.short),
                         key_display=k.shown.split(" ")[0]) for k in REPLAY_KEYS] + [
         # the live dashboard's steering keys stay bound (they say "read-only") but leave the footer
@@ -243,10 +289,18 @@ class ReplayApp(GpuchefApp):
 
     def action_speed(self, factor: float) -> None:
         s = self.session
-        new = min(16.0, max(0.25, s.speed * float(factor)))
-        s.set_speed(new)
-        self.notify(f"speed ×{new:g}", timeout=2)
+        self.set_speed(min(16.0, max(0.25, s.speed * float(factor))))
+
+    def set_speed(self, x: float) -> bool:
+        """Playback speed (×, 0.25–16); a bad value is refused with the range."""
+        try:
+            v = self.session.set_speed(x)
+        except ConfigError as e:
+            self._refused(e)
+            return False
+        self.notify(f"speed ×{v:g}", timeout=2)
         self._show_bar()
+        return True
 
     def seek_to(self, text: str) -> bool:
         """Seek to ``text`` (seconds or mm:ss.s from the start); a bad value is refused."""
@@ -301,6 +355,9 @@ class ReplayApp(GpuchefApp):
 
     def start_ab(self, a, b, window_s=None, rounds=None) -> bool:
         return self._read_only("A/B")
+
+    def show_ab(self) -> None:
+        self._read_only("A/B")
 
     def action_ab(self) -> None:
         self._read_only("A/B")

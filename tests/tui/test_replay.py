@@ -284,3 +284,23 @@ def test_the_h200_slice_replays_with_gpu_panels():
             await pilot.press("q")
 
     run(go())
+
+
+def test_palette_seeks_and_sets_the_speed(trace_path):
+    app, s, wall = make_app(trace_path)
+
+    async def go():
+        async with app.run_test(size=(150, 44)) as pilot:
+            await pilot.pause(0.2)
+            for typed in ("seek 0:30", "speed 4"):
+                await pilot.press("ctrl+p")
+                await pilot.pause(0.2)
+                await pilot.press(*typed)
+                await pilot.pause(0.4)
+                await pilot.press("enter")
+                await pilot.pause(0.2)
+            assert s.position_s == pytest.approx(30) and s.speed == 4
+            assert "t = 00:30.0" in bar(app) and "speed ×4" in bar(app)
+            await pilot.press("q")
+
+    run(go())
