@@ -73,7 +73,9 @@ def status_text(s: ReplaySession) -> Text:
     t.append("  ·  speed ", style=theme.LABEL)
     t.append(f"×{s.speed:g}", style=f"bold {theme.TITLE}")
     t.append("  ·  ", style=theme.LABEL)
-    t.append("playing" if s.playing else "paused",
+    state = "playing" if s.playing else ("paused at the end" if s.position_ns >= s.end_ns
+                                         else "paused")
+    t.append(state,
              style=f"bold {theme.DECODE if s.playing else theme.WAITING}")
     st = s.last_step()
     if st is not None:
