@@ -127,9 +127,12 @@ class Report:
     runs: list[Throughput] = field(default_factory=list)
 
 
-def run_app_in_pty(app: GpuchefApp, *, until, warmup_s: float, max_s: float) -> dict[str, float]:
-    """Run ``app`` on a pseudo-terminal; measure the UI thread from ``warmup_s`` until
-    ``until()`` is true (polled) or ``max_s``; then exit. Returns the measurements."""
+def run_app_in_pty(app: GpuchefApp, *, until, warmup_s: float, max_s: float,
+                   on_start=None, settle_s: float = 1.0) -> dict[str, float]:
+    """Run ``app`` on a pseudo-terminal. ``settle_s`` after it has mounted (its start-up
+    composes and paints the whole screen once), call ``on_start()`` (e.g. start the engine),
+    then measure the UI thread from ``warmup_s`` later until ``until()`` is true (polled) or
+    ``max_s``; then exit. Returns the measurements."""
     m: dict[str, float] = {}
 
     def mark0() -> None:
@@ -145,11 +148,13 @@ def run_app_in_pty(app: GpuchefApp, *, until, warmup_s: float, max_s: float) -> 
                                                    app.ticks)
             app.exit()
 
-    def on_ready() -> None:
+    def begin() -> None:
+        if on_start is not None:
+            on_start()
         m["start"] = time.monotonic()
         app.set_interval(0.05, poll)
 
-    app.call_later(on_ready)
+    app.call_later(lambda: app.set_timer(settle_s, begin))
     with PseudoTerminal(*SIZE) as term:
         app.run()
     wall = m["w1"] - m["w0"]
@@ -163,9 +168,9 @@ def ui_cost(engine, wcfg, window_s: float, seconds: float, warmup_s: float, fps:
             log) -> UiCost:
     s = LiveSession(engine, wcfg, host_probe=True)
     app = GpuchefApp(s, window_s=window_s, fps=fps)
-    s.start()
     try:
-        r = run_app_in_pty(app, until=lambda: False, warmup_s=warmup_s, max_s=warmup_s + seconds)
+        r = run_app_in_pty(app, until=lambda: False, warmup_s=warmup_s, max_s=warmup_s + seconds,
+                           on_start=s.start)
     finally:
         s.close()
     w = s.timeline.snapshot().stats_between(r["t0_ns"], r["t1_ns"])  # the measured interval
@@ -194,9 +199,10 @@ def dashboard(engine, specs, wcfg, rep: int, window_s: float, fps: float, hz: fl
     s = LiveSession(engine, wcfg, sample_hz=hz)
     s.host.set_workload(specs)
     app = GpuchefApp(s, window_s=window_s, fps=fps)
-    s.start(load=False)
     try:
-        r = run_app_in_pty(app, until=lambda: s.host.wait_done(0), warmup_s=0.0, max_s=3600)
+        # the requests arrive once the dashboard is up, as they would for a user who opened it
+        r = run_app_in_pty(app, until=lambda: s.host.wait_done(0), warmup_s=0.0, max_s=3600,
+                           on_start=lambda: s.start(load=False))
     finally:
         s.close()
     snap = s.timeline.snapshot()

@@ -1,10 +1,10 @@
 """The main screen: header, the waveforms on one time axis, numbers and controls.
 
-``tick()`` runs on the UI thread about ten times a second and does as little as it can: it
-compares the time grid and the timeline's record counts with the last drawn ones, and only when
-the picture must scroll (a new column) or the last column got data (at most every
-``PARTIAL_REDRAW_S``) does it take a snapshot and rebuild the panels. Numbers are recomputed
-once a second, the header when something in it changed.
+``tick()`` runs on the UI thread ``fps`` times a second and returns at once unless a frame is
+due: one per column of the time grid (10 s window: every tick; 60 s: every 0.5 s) or when the
+mode, a knob or the load changed. A frame takes one timeline snapshot, rebuilds the charts if
+anything arrived, the numbers once a second and the header if what it shows changed — all in
+the same frame, so Textual composes the screen once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..widgets.numbers import NumbersPanel, compute_numbers
 from ..widgets.queue_kv import QueueKvPanel
 from ..widgets.waveforms import BatchPanel, GpuPanel, MemPowerPanel, StepPanel, TimeAxis
 
-PARTIAL_REDRAW_S = 0.5
+MAX_FRAME_S = 0.5       # the last (partial) column and the header refresh at least this often
 NUMBERS_EVERY_S = 1.0
 
 
@@ -57,12 +57,11 @@ class MainScreen(Screen):
         super().__init__(**kw)
         self._grid_key: tuple | None = None
         self._totals: dict | None = None
-        self._last_draw = 0.0
+        self._last_frame = 0.0
         self._last_numbers = 0.0
         self._gpu_on: bool | None = None
         self._cfg = None
         self._load = None
-        self._header_t = 0.0
         self.steps = StepColumns()
         self.gpus = GpuColumns()
 
@@ -108,19 +107,26 @@ class MainScreen(Screen):
 
     # -- the refresh ---------------------------------------------------------------------------
     def tick(self, force: bool = False) -> None:
+        """One frame, when due: every column of the grid (at most ``fps``, at least every
+        ``MAX_FRAME_S``), or at once when the mode, a knob or the load changed. Charts, numbers
+        and header change in the same frame, so Textual composes once instead of three times."""
         app = self.app
         s = app.session
-        now = s.clock()
         wall = time.monotonic()
-        self._tick_gpu(s)
         cols = self.panels[2].size.width - GUTTER_L - GUTTER_R
+        cfg, load = s.scheduler_config, s.load.state()
+        changed = cfg != self._cfg or load != self._load
+        frame_s = min(MAX_FRAME_S, max(1.0 / app.fps, app.window_s / max(cols, 1)))
+        if not (force or changed or wall - self._last_frame >= frame_s - 0.02):
+            return
+        self._last_frame = wall
+        now = s.clock()
+        self._tick_gpu(s)
         snap = None
         if cols > 0:
             grid = TimeGrid.ending_at(now, s.start_ns, app.window_s, cols)
             totals = s.timeline.totals
-            due = grid.key() != self._grid_key or force or (
-                totals != self._totals and wall - self._last_draw >= PARTIAL_REDRAW_S)
-            if due:
+            if force or grid.key() != self._grid_key or totals != self._totals:
                 snap = s.timeline.snapshot(now)
                 self.steps.extend(snap.steps)
                 if self._gpu_on:
@@ -130,18 +136,15 @@ class MainScreen(Screen):
                 for p in self.panels:
                     if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
                         p.set_frame(frame)
-                self._grid_key, self._totals, self._last_draw = grid.key(), totals, wall
-        if force or wall - self._last_numbers >= NUMBERS_EVERY_S:
+                self._grid_key, self._totals = grid.key(), totals
+        if force or wall - self._last_numbers >= NUMBERS_EVERY_S - 0.05:
             snap = snap or s.timeline.snapshot(now)
             self.numbers.show(compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles))
             self._last_numbers = wall
-        cfg, load = s.scheduler_config, s.load.state()
-        if force or cfg != self._cfg or load != self._load or wall - self._header_t >= 0.5:
-            self.header.show(header_state(app))
-            self._header_t = wall
-            if cfg != self._cfg or load != self._load or force:
-                self.controls.sync(cfg, load)
-                self._cfg, self._load = cfg, load
+        self.header.show(header_state(app))  # redraws only if something shown changed
+        if changed or force:
+            self.controls.sync(cfg, load)
+            self._cfg, self._load = cfg, load
 
     def _tick_gpu(self, s) -> None:
         on = bool(s.gpu_available)
