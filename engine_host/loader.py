@@ -15,7 +15,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -126,7 +126,12 @@ def _result(net, cfg, name, random_weights, source) -> LoadedModel:
 # ----------------------------------------------------------------------------- files
 
 
-def _read_config(path: Path) -> ModelConfig:
+def read_config_json(path: Path) -> dict[str, Any]:
+    """The ``config.json`` of Hugging Face folder ``path`` as a dict.
+
+    Raises ConfigError naming the file for a missing file, invalid JSON (with line and column),
+    an unreadable file, or JSON that is not an object.
+    """
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"no config.json in model folder {str(path)!r}")
@@ -139,6 +144,12 @@ def _read_config(path: Path) -> ModelConfig:
         raise ConfigError(f"cannot read {str(cfg_path)!r}: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{str(cfg_path)!r} must hold a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
+def _read_config(path: Path) -> ModelConfig:
+    cfg_path = path / "config.json"
+    cfg = read_config_json(path)
     try:
         return ModelConfig.from_hf_config(cfg)
     except ConfigError as e:

@@ -273,18 +273,9 @@ def resolve_vllm_model(model: str) -> VllmModelSource:
     if not path.is_dir():
         raise ConfigError(f"model path {str(path)!r} is not a folder: give a Hugging Face folder "
                           "with config.json")
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise ConfigError(f"no config.json in model folder {str(path)!r}")
-    try:
-        hf = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{str(cfg_path)!r} is not valid JSON: {e.msg} at line {e.lineno} "
-                          f"column {e.colno}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {str(cfg_path)!r}: {e}") from None
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{str(cfg_path)!r} must hold a JSON object, got {type(hf).__name__}")
+    from .loader import read_config_json
+
+    hf = read_config_json(path)
     full = path.resolve()
     has_weights = any(next(full.glob(g), None) is not None for g in _WEIGHT_GLOBS)
     return VllmModelSource(str(full), full.name, not has_weights, str(full),
