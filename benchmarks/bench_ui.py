@@ -194,6 +194,46 @@ def headless(engine, specs, gpus, hz, rep: int, log) -> Throughput:
     return t
 
 
+def gil_probe(engine, specs, duty_ms: float, period_ms: float, switch_s: float | None,
+              log) -> Throughput:
+    """Headless run beside a stand-in for the UI: a thread spinning pure Python (holding the
+    GIL) ``duty_ms`` every ``period_ms``; ``switch_s`` overrides the host's switch interval."""
+    import sys as _sys
+
+    from gpuchef.engine_host import host as host_mod
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            while time.perf_counter() - t < duty_ms / 1e3:
+                sum(range(200))
+            time.sleep(max(0.0, (period_ms - duty_ms) / 1e3))
+
+    orig = host_mod.EngineHost.start
+
+    def start(self):
+        orig(self)
+        if switch_s:
+            _sys.setswitchinterval(switch_s)
+
+    host_mod.EngineHost.start = start
+    th = threading.Thread(target=spin, daemon=True)
+    th.start()
+    try:
+        res = run_load(engine, specs, console=Console(file=io.StringIO()))
+    finally:
+        stop.set()
+        host_mod.EngineHost.start = orig
+    m = summarize(res.requests, res.duration_s, steps=res.steps)
+    t = Throughput(f"gil-probe {duty_ms:g}/{period_ms:g} ms si={switch_s or 'host'}", 0,
+                   res.duration_s, m.total_token_throughput, m.output_throughput,
+                   len(res.steps) / res.duration_s, m.completed)
+    log(str(t))
+    return t
+
+
 def dashboard(engine, specs, wcfg, rep: int, window_s: float, fps: float, hz: float,
               log) -> Throughput:
     s = LiveSession(engine, wcfg, sample_hz=hz)
@@ -236,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None)
     ap.add_argument("--skip-ui", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--gil-probe", action="store_true",
+                    help="also: headless runs beside a pure-Python thread busy 4 ms every 100 ms")
     ap.add_argument("--json", default=None, help="write results here (after every run)")
     ap.add_argument("--screenshots", default=None,
                     help="afterwards, save the dashboard's scenes (make_screenshots.py) here")
@@ -291,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rep.runs.append(dashboard(engine, specs, wcfg, r, 60.0, a.fps, a.sample_hz, log))
             save(rep, a.json)
+        if a.gil_probe:
+            for r in range(2):
+                rep.runs.append(headless(engine, specs, None, a.sample_hz, 100 + r, log))
+                rep.runs.append(gil_probe(engine, specs, 4, 100, None, log))
+                rep.runs.append(gil_probe(engine, specs, 4, 100, 1e-4, log))
+            save(rep, a.json)
     machine["loadavg_end"] = os.getloadavg()
     save(rep, a.json)
     print(render(rep), flush=True)
@@ -328,7 +376,7 @@ def render(rep: Report) -> str:
             ui = "" if t.ui_cpu_pct != t.ui_cpu_pct else f"{t.ui_cpu_pct:.1f}"
             lines.append(f"| {t.rep} | {t.kind} | {t.duration_s:.1f} | {t.total_tok_s:.0f} | "
                          f"{t.output_tok_s:.0f} | {t.steps_per_s:.1f} | {ui} |")
-        h = [t.total_tok_s for t in rep.runs if t.kind == "headless"]
+        h = [t.total_tok_s for t in rep.runs if t.kind == "headless" and t.rep < 100]
         d = [t.total_tok_s for t in rep.runs if t.kind == "dashboard"]
         if h and d:
             ratio = statistics.median(d) / statistics.median(h)
