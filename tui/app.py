@@ -89,18 +89,10 @@ class GpuchefApp(App):
     # -- commands through the session --------------------------------------------------------------
     def _refused(self, e: ConfigError) -> None:
         self.notify(str(e), title="refused", severity="error", timeout=8)
-        resync = getattr(self.screen, "resync_controls", None)
-        if resync is not None:  # fields go back to what is in force
-            resync()
+        self._resync()
 
     def request_knob(self, name: str, value: Any) -> bool:
         """Send one knob or the mode to the engine; show the refusal if it is bad. True if sent."""
-        if self.session.ab.state().active:
-            self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
-            resync = getattr(self.screen, "resync_controls", None)
-            if resync is not None:
-                resync()
-            return False
         try:
             parsed = parse_mode(value) if name == "mode" else parse_knob(name, value)
         except ConfigError as e:
@@ -108,6 +100,10 @@ class GpuchefApp(App):
             return False
         if getattr(self.session.scheduler_config, name, None) == parsed:
             return False  # already in force (e.g. a field re-sent as it was): nothing to do
+        if self.session.ab.state().active:
+            self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
+            self._resync()
+            return False
         try:
             v = self.session.set_knob(name, value)
         except ConfigError as e:
@@ -115,6 +111,11 @@ class GpuchefApp(App):
             return False
         self.notify(f"{name} → {v} (from the next step)", timeout=3)
         return True
+
+    def _resync(self) -> None:
+        resync = getattr(self.screen, "resync_controls", None)
+        if resync is not None:  # fields go back to what is in force
+            resync()
 
     def request_rate(self, value: Any) -> bool:
         try:

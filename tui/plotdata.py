@@ -222,6 +222,10 @@ class StepColumns:
         return slice(i, j)
 
 
+def _t_end(s: StepRecord) -> int:
+    return s.t_end_ns
+
+
 def _step_id(s: StepRecord) -> int:
     return s.step
 
@@ -294,7 +298,12 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
     edges = grid.edges()
     t0, t1 = grid.t0_ns, grid.t1_ns
     if steps is None:
-        steps = StepColumns.from_steps(snap.steps_between(t0, t1 + 3600 * 10**9))
+        s_all = snap.steps
+        i = bisect_left(s_all, t0, key=_t_end)
+        j = bisect_left(s_all, t1, key=_t_end)
+        if j < len(s_all) and s_all[j].t_start_ns < t1:
+            j += 1  # the step running across t1
+        steps = StepColumns.from_steps(s_all[i:j])
     sl = steps.overlapping(t0, t1)
     cols = steps.ints[sl]
     nan = np.full(n, NAN)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 
-from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -41,7 +40,7 @@ class ABScreen(Screen):
                 ("r", "app.ab_restart", "run again")]
     DEFAULT_CSS = """
     ABScreen { background: #0b0e14; }
-    #ab-banner { height: auto; padding: 0 1; background: #11151c; }
+    #ab-banner { height: 2; padding: 0 1; background: #11151c; }
     #ab-sides { height: 1fr; }
     #ab-sides > Vertical { width: 1fr; height: 1fr; margin: 0 1 0 0; }
     #ab-sides StepPanel { height: 1fr; min-height: 5; }
@@ -49,12 +48,13 @@ class ABScreen(Screen):
     #ab-sides GpuPanel { height: 7; }
     #ab-sides GpuPanel.off { display: none; }
     #ab-sides TimeAxis { height: 3; }
-    #ab-table { height: auto; padding: 0 1; background: #11151c; margin-top: 1; }
+    #ab-table { height: 1; padding: 0 1; background: #11151c; margin-top: 1; }
     """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self._last = 0.0
+        self._drawn: dict[str, tuple] = {}
 
     def compose(self) -> ComposeResult:
         yield SessionHeader(id="header")
@@ -104,7 +104,7 @@ class ABScreen(Screen):
         st = s.ab.state()
         snap = s.timeline.snapshot(now)
         res = app.ab_analyser.analyse(snap, st)
-        self.query_one("#ab-banner", Static).update(self._banner(st, res, now))
+        _show(self.query_one("#ab-banner", Static), self._banner(st, res, now))
         gpu_on = bool(s.gpu_available)
         for label in ("A", "B"):
             w = _newest(res.windows, label)
@@ -119,7 +119,7 @@ class ABScreen(Screen):
                 state = "complete" if w.complete else "running"
                 t.append(f"   window {label}#{w.index} ({state}), from step {w.step0}",
                          style=theme.LABEL)
-            title.update(t)
+            title.update(t, layout=False)  # one line, fixed height
             gpu = self.query_one(f"#gpu-{label}", GpuPanel)
             gpu.set_class(not gpu_on, "off")
             if w is None or st.window_s <= 0:
@@ -131,6 +131,10 @@ class ABScreen(Screen):
             t1 = w.t0_ns + int(st.window_s * 1e9)
             if w.t1_ns is not None:
                 t1 = w.t1_ns
+            key = (w.t0_ns, w.t1_ns, cols, gpu_on)
+            if w.complete and self._drawn.get(label) == key and not force:
+                continue  # a finished window's picture does not change
+            self._drawn[label] = key
             grid = TimeGrid.spanning(w.t0_ns, t1, cols, now)
             frame = build_frame(snap, grid, gpu=gpu_on)
             for pid in ("gpu", "step", "batch", "axis"):
@@ -138,7 +142,7 @@ class ABScreen(Screen):
                 if pid == "gpu" and not gpu_on:
                     continue
                 p.set_frame(frame)
-        self.query_one("#ab-table", Static).update(self._table(res, st))
+        _show(self.query_one("#ab-table", Static), self._table(res, st))
 
     # -- text ------------------------------------------------------------------------------------
     def _banner(self, st, res: ABResult, now: int) -> Text:
@@ -170,16 +174,15 @@ class ABScreen(Screen):
             t.append("    r run again · a/esc back", style=theme.AXIS)
         return t
 
-    def _table(self, res: ABResult, st) -> Table:
-        t = Table(expand=True, box=None, padding=(0, 1), header_style=f"bold {theme.TITLE}")
-        t.add_column("metric", style=theme.LABEL, no_wrap=True)
-        t.add_column(Text("A", style=f"bold {theme.AB_COLOURS['A']}"), justify="right")
-        t.add_column(Text("B", style=f"bold {theme.AB_COLOURS['B']}"), justify="right")
-        t.add_column("B − A", justify="right")
-        t.add_column("B − A %", justify="right")
-        t.add_column("spread A", justify="right", style=theme.LABEL)
-        t.add_column("spread B", justify="right", style=theme.LABEL)
-        t.add_column("verdict (per-window ranges)", no_wrap=True)
+    def _table(self, res: ABResult, st) -> Text:
+        """The A/B table as fixed-width lines (cheap to redraw twice a second)."""
+        t = Text(no_wrap=True, overflow="crop")
+        head = f"bold {theme.TITLE}"
+        t.append(f"{'metric':<22}", style=head)
+        t.append(f"{'A':>12}", style=f"bold {theme.AB_COLOURS['A']}")
+        t.append(f"{'B':>12}", style=f"bold {theme.AB_COLOURS['B']}")
+        t.append(f"{'B − A':>12}{'B − A %':>10}{'spread A':>12}{'spread B':>12}  "
+                 "verdict (per-window ranges)\n", style=head)
         for r in res.rows:
             if r.verdict == "no data":  # e.g. SM active without NVML
                 continue
@@ -187,10 +190,25 @@ class ABScreen(Screen):
             nd = 2 if m.unit in ("req/s",) else 1
             colour = {"B better": theme.RUNNING, "B worse": theme.PREEMPTED,
                       "differs": theme.WAITING}.get(r.verdict, theme.AXIS)
-            t.add_row(f"{m.label} ({m.unit})", _f(r.a, nd), _f(r.b, nd), _f(r.delta, nd, sign=True),
-                      _f(r.delta_pct, 0, sign=True, unit="%"), _f(r.spread_a, nd),
-                      _f(r.spread_b, nd), Text(r.verdict, style=colour))
+            t.append(f"{m.label + ' (' + m.unit + ')':<22}", style=theme.LABEL)
+            t.append(f"{_f(r.a, nd):>12}{_f(r.b, nd):>12}{_f(r.delta, nd, sign=True):>12}"
+                     f"{_f(r.delta_pct, 0, sign=True, unit='%'):>10}", style=theme.TITLE)
+            t.append(f"{_f(r.spread_a, nd):>12}{_f(r.spread_b, nd):>12}  ", style=theme.LABEL)
+            t.append(r.verdict + "\n", style=colour)
+        t.rstrip()
         return t
+
+
+def _show(w: Static, text: Text) -> None:
+    """Update ``w``; relayout only when its number of lines changed (a relayout measures and
+    places every widget on the screen)."""
+    lines = text.plain.count("\n") + 1
+    if getattr(w, "_lines", None) != lines:
+        w._lines = lines
+        w.styles.height = lines
+        w.update(text)
+    else:
+        w.update(text, layout=False)
 
 
 def _newest(wins: list[ABWindow], label: str) -> ABWindow | None:
