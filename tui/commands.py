@@ -20,7 +20,7 @@ from typing import Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from gpuchef.engine_host.config import KNOBS, MODES, ConfigError, parse_knob, parse_mode
+from gpuchef.engine_host.config import KNOBS, ConfigError, parse_knob, parse_mode
 
 SHORT_TO_KNOB = {
     "budget": "max_num_batched_tokens",
@@ -165,4 +165,4 @@ class DashboardCommands(Provider):
                    text=f"{head} {rest}", help="in force from the engine's next step")
 
 
-__all__ = ["DashboardCommands", "parse_ab", "parse_setting", "knob_name", "MODES"]
+__all__ = ["DashboardCommands", "parse_ab", "parse_setting", "knob_name"]
