@@ -241,7 +241,7 @@ class LiveSession:
         self.ab.stop()
         self.load.stop()
         self.host.stop()
-        for rid in list(self.engine.requests):
+        for rid in list(getattr(self.engine, "requests", ())):  # any engine without the map: skip
             rec = self.engine.abort(rid)
             if rec is not None:
                 self.host.on_request(rec)
