@@ -63,7 +63,7 @@ from .options import engine_config, engine_options, scheduler_options, workload_
 @click.option("--result-json", default=None, type=click.Path(dir_okay=False),
               help="Also write every run, the pooled results and the deltas as JSON.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,
-              help="NVML/GPM sampling rate (1..100 Hz).")
+              help="NVML/GPM sampling rate (1..100 Hz; 0 = sampler off).")
 @click.option("--gpus", default=None, help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
 def ab(**o) -> None:
     """Run two scheduler settings against the same seeded load on one engine (loaded once) and

@@ -28,8 +28,8 @@ from .options import engine_config, engine_options, scheduler_options, workload_
 @click.option("--result-json", default=None, type=click.Path(dir_okay=False),
               help="Also write the results as JSON to this file.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,
-              help="NVML/GPM sampling rate (1..100 Hz); samples go to the trace and the "
-                   "GPU lines of the results block.")
+              help="NVML/GPM sampling rate (1..100 Hz; 0 = sampler off); samples go to the "
+                   "trace and the GPU lines of the results block.")
 @click.option("--gpus", default=None,
               help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
 def bench(**o) -> None:

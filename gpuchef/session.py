@@ -167,26 +167,31 @@ def open_trace(path: str, meta: dict[str, Any], *, trace_prompts: bool = False):
 
 class Samplers:
     """The NVML/GPM and host samplers of a headless run. Samples go to ``sink`` (e.g. a trace
-    recorder's ``record``) as well as to each sampler's ring buffer. Raises ConfigError for a
-    bad ``sample_hz``."""
+    recorder's ``record``) as well as to each sampler's ring buffer. ``sample_hz`` 0 turns the
+    NVML sampler off (to measure what sampling costs the engine). Raises ConfigError for a bad
+    ``sample_hz``."""
 
     def __init__(self, gpus: list[int] | None, sample_hz: float,
                  sink: Callable[[Any], None] | None = None) -> None:
         from .probes.host import HostSampler
         from .probes.nvml import NvmlSampler
 
-        self.nvml = NvmlSampler(gpus, sample_hz, on_sample=sink)
+        self.nvml = NvmlSampler(gpus, sample_hz, on_sample=sink) if sample_hz != 0 else None
         self.host = HostSampler(on_sample=sink)
 
     def start(self) -> None:
-        self.nvml.start()
+        if self.nvml is not None:
+            self.nvml.start()
         self.host.start()
 
     def stop(self) -> None:
-        self.nvml.stop()
+        if self.nvml is not None:
+            self.nvml.stop()
         self.host.stop()
 
     def gpu_samples(self, t0_ns: int, t1_ns: int) -> list[Any]:
+        if self.nvml is None:
+            return []
         return [x for x in list(self.nvml.samples) if t0_ns <= x.t_ns <= t1_ns]
 
     def gpu_means(self, t0_ns: int, t1_ns: int) -> dict[str, float]:
@@ -201,6 +206,8 @@ class Samplers:
 
     def gpu_lines(self, t0_ns: int, t1_ns: int) -> dict[str, str]:
         """Results-block rows: mean GPU saturation over the run, or why there is none."""
+        if self.nvml is None:
+            return {"GPU:": "NVML sampler off (--sample-hz 0)"}
         if not self.gpu_samples(t0_ns, t1_ns):
             return {"GPU:": self.nvml.status or "no samples"}
         m = {k: ("n/a" if v != v else f"{v:.1f}") for k, v in self.gpu_means(t0_ns, t1_ns).items()}

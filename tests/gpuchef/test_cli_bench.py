@@ -81,3 +81,12 @@ def test_bench_help_explains_every_flag():
                  "--input-len", "--output-len", "--range-ratio", "--num-prompts", "--duration",
                  "--seed", "--goodput", "--trace", "--probe-interval"]:
         assert flag in r.output, flag
+
+
+def test_bench_sampler_off_and_bad_rate():
+    base = ["--device", "cpu", "--model", "tiny", "--num-prompts", "2", "--input-len", "8",
+            "--output-len", "2"]
+    r = invoke([*base, "--sample-hz", "0"])
+    assert r.exit_code == 0 and "NVML sampler off (--sample-hz 0)" in r.output
+    r = invoke([*base, "--sample-hz", "500"])
+    assert r.exit_code == 2 and "500" in r.output and "Traceback" not in r.output
