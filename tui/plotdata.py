@@ -34,6 +34,13 @@ KNOB_SHORT = {
 }
 
 GPU_FIELDS = ("sm_active", "tensor_active", "gpu_util", "dram_bw_util", "power_w")
+# GpuColumns also keeps device memory used, % of total (from mem_used_bytes / mem_total_bytes)
+_GPU_COLS = GPU_FIELDS + ("mem_used_pct",)
+
+
+def _mem_pct(g) -> float:
+    u, t = g.mem_used_bytes, g.mem_total_bytes
+    return 100.0 * u / t if u is not None and t else np.nan
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,9 @@ class WaveFrame:
     ``kv`` (KV blocks used / total, 0–1). ``steps``: steps that ended in the slice. ``modes``:
     mode of each column's last step ("" before any). GPU (means of the samples in the slice, all
     GPUs pooled): ``sm_active``, ``tensor_active``, ``gpu_util``, ``dram_bw_util`` (%),
-    ``power_w`` (W). ``markers``: changes inside the window.
+    ``power_w`` (W), ``mem_used_pct`` (% of device memory). ``per_gpu``: the same GPU
+    series per NVML index, filled only when more than one GPU was sampled. ``markers``: changes
+    inside the window.
     """
 
     grid: TimeGrid
@@ -136,6 +145,7 @@ class WaveFrame:
     steps: np.ndarray
     modes: list[str]
     gpu: dict[str, np.ndarray] = field(default_factory=dict)
+    per_gpu: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
     kv_blocks_total: int = 0
 
@@ -236,13 +246,17 @@ def _t_ns(s) -> int:
 
 class GpuColumns:
     """GpuSamples as numpy columns (``t_ns`` and :data:`GPU_FIELDS`, NaN where a field was not
-    available), appended incrementally like :class:`StepColumns`; all GPUs pooled."""
+    available, plus ``mem_used_pct``) and the NVML index ``g``, appended incrementally like
+    :class:`StepColumns`. :meth:`binned` pools all GPUs; :meth:`binned_per_gpu` keeps them apart.
+    ``indices``: the GPUs seen so far (sorted)."""
 
     def __init__(self, max_age_ns: int = 700 * 10**9) -> None:
         self.max_age_ns = max_age_ns
         self.t = np.zeros(0, dtype=np.int64)
-        self.v = np.zeros((0, len(GPU_FIELDS)))
+        self.g = np.zeros(0, dtype=np.int64)
+        self.v = np.zeros((0, len(_GPU_COLS)))
         self._last = None
+        self.indices: list[int] = []
 
     def extend(self, snap: TimelineSnapshot) -> None:
         """Add the samples of ``snap`` after the last one added (found by identity, from the
@@ -263,30 +277,41 @@ class GpuColumns:
             return
         self._last = fresh[-1]
         t = np.fromiter((g.t_ns for g in fresh), np.int64, new)
+        gi = np.fromiter((g.gpu for g in fresh), np.int64, new)
         v = np.array([[np.nan if (x := getattr(g, f)) is None else x for f in GPU_FIELDS]
-                      for g in fresh], dtype=np.float64).reshape(new, len(GPU_FIELDS))
+                      + [_mem_pct(g)] for g in fresh],
+                     dtype=np.float64).reshape(new, len(_GPU_COLS))
         order = np.argsort(t, kind="stable")  # several GPUs may interleave a little
         self.t = np.concatenate([self.t, t[order]])
+        self.g = np.concatenate([self.g, gi[order]])
         self.v = np.concatenate([self.v, v[order]])
+        if not set(gi.tolist()) <= set(self.indices):
+            self.indices = sorted(set(self.indices) | set(gi.tolist()))
         cut = int(np.searchsorted(self.t, self.t[-1] - self.max_age_ns))
         if cut > 4096:
-            self.t, self.v = self.t[cut:], self.v[cut:]
+            self.t, self.g, self.v = self.t[cut:], self.g[cut:], self.v[cut:]
 
-    def binned(self, grid: "TimeGrid") -> dict[str, np.ndarray]:
-        """Mean of each field per column of ``grid`` (NaN where a column has no value)."""
+    def binned(self, grid: "TimeGrid", gpu: int | None = None) -> dict[str, np.ndarray]:
+        """Mean of each field per column of ``grid`` (NaN where a column has no value), over
+        all GPUs or only NVML index ``gpu``."""
         i = int(np.searchsorted(self.t, grid.t0_ns))
         j = int(np.searchsorted(self.t, grid.t1_ns))
         n = grid.cols
         col = (self.t[i:j] - grid.t0_ns) // grid.bin_ns
+        mine = np.ones(j - i, bool) if gpu is None else self.g[i:j] == gpu
         out = {}
-        for k, f in enumerate(GPU_FIELDS):
+        for k, f in enumerate(_GPU_COLS):
             v = self.v[i:j, k]
-            ok = np.isfinite(v)
+            ok = np.isfinite(v) & mine
             sums = np.bincount(col[ok], weights=v[ok], minlength=n)[:n]
             cnts = np.bincount(col[ok], minlength=n)[:n]
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[f] = np.where(cnts > 0, sums / np.maximum(cnts, 1), NAN)
         return out
+
+    def binned_per_gpu(self, grid: "TimeGrid") -> dict[int, dict[str, np.ndarray]]:
+        """:meth:`binned` for each GPU seen, by NVML index."""
+        return {k: self.binned(grid, k) for k in self.indices}
 
 
 def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
@@ -379,13 +404,16 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         cnt = z
         kv_total = 0
     gpu_series: dict[str, np.ndarray] = {}
+    per_gpu: dict[int, dict[str, np.ndarray]] = {}
     if gpu and snap.gpu_samples:
         if gpus is None:
             gpus = GpuColumns(max_age_ns=1 << 62)
             gpus.extend(snap)
         gpu_series = gpus.binned(grid)
+        if len(gpus.indices) > 1:
+            per_gpu = gpus.binned_per_gpu(grid)
     return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
-                     preempted, kv, cnt, modes, gpu_series,
+                     preempted, kv, cnt, modes, gpu_series, per_gpu,
                      markers_for(snap.events_between(t0, t1), grid), kv_total)
 
 

@@ -18,15 +18,18 @@ from gpuchef.tui.model import ABState, LoadState, SessionInfo
 
 T0 = 1_000_000_000_000  # fake monotonic origin (ns)
 MS = 1_000_000
+GIB = 1 << 30
 
 
 def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list[tuple[float, str]],
              budget_at: list[tuple[float, int]] = (), rate: float = 3.0, seed: int = 0,
-             gpu: bool = True, marks: list[tuple[float, str]] = ()) -> int:
+             gpu: bool = True, marks: list[tuple[float, str]] = (), n_gpus: int = 1,
+             gpu_sm: Any = None) -> int:
     """Fill ``timeline`` with ``seconds`` of a toy engine: Poisson arrivals at ``rate`` req/s,
     prompts 200–1000 tokens, outputs 20–120, step time 2 ms + 0.22 ms/prefill token + 0.35 ms/
     decode. ``mode_at``/``budget_at``: (s, value) changes (recorded as events at the step they
-    apply). Returns the end time (ns)."""
+    apply). ``n_gpus`` > 1: one GpuSample per GPU per tick, SM active ``gpu_sm(k, sm)`` for GPU k
+    (default: the same for all). Returns the end time (ns)."""
     rng = np.random.default_rng(seed)
     cfg = SchedulerConfig(mode=mode_at[0][1], max_num_batched_tokens=512)
     changes = sorted([(t, "mode", v) for t, v in mode_at[1:]] +
@@ -124,10 +127,18 @@ def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list
                                 for b in recent) / (100 * MS))
             pf = sum(b[2] for b in recent) / max(1, len(recent))
             sm = max(0.0, busy * (35 + min(55, pf / 10)))
-            timeline.add_gpu_sample(GpuSample(
-                next_sample, 0, gpu_util=100 if busy > 0 else 0, mem_util=int(30 * busy),
-                power_w=110 + 500 * sm / 100, sm_active=sm, sm_occupancy=sm / 3,
-                tensor_active=sm * 0.8, dram_bw_util=20 + 40 * busy))
+            if n_gpus == 1:
+                timeline.add_gpu_sample(GpuSample(
+                    next_sample, 0, gpu_util=100 if busy > 0 else 0, mem_util=int(30 * busy),
+                    power_w=110 + 500 * sm / 100, sm_active=sm, sm_occupancy=sm / 3,
+                    tensor_active=sm * 0.8, dram_bw_util=20 + 40 * busy))
+            for k in range(n_gpus if n_gpus > 1 else 0):
+                smk = float(gpu_sm(k, sm)) if gpu_sm else sm
+                timeline.add_gpu_sample(GpuSample(
+                    next_sample, k, gpu_util=100 if smk > 0 else 0, mem_util=int(30 * busy),
+                    power_w=110 + 500 * smk / 100, sm_active=smk, sm_occupancy=smk / 3,
+                    tensor_active=smk * 0.8, dram_bw_util=10 + 0.6 * smk,
+                    mem_used_bytes=int(GIB * (60 + k)), mem_total_bytes=int(GIB * 141)))
             next_sample += 100 * MS
     return now
 
@@ -178,7 +189,8 @@ class StaticSession:
     """The ``tui.model.Session`` interface over a fixed timeline and a fixed clock."""
 
     def __init__(self, *, seconds: float = 70.0, gpu: bool = True, mode_switch_s: float = 35.0,
-                 ab_window_s: float | None = None) -> None:
+                 ab_window_s: float | None = None, n_gpus: int = 1, gpu_sm: Any = None,
+                 gpu_label: str = "NVIDIA H200") -> None:
         self.info = SessionInfo("llama-3-8b" if gpu else "tiny", True, "cuda:0" if gpu else "cpu",
                                 "flashinfer" if gpu else "reference",
                                 "bfloat16" if gpu else "float32", 30000, 16, 8192,
@@ -201,7 +213,8 @@ class StaticSession:
         else:
             self.now = simulate(self.timeline, start_ns=T0, seconds=seconds,
                                 mode_at=[(0, "continuous"), (mode_switch_s, "chunked")],
-                                budget_at=[(mode_switch_s + 15, 1024)], gpu=gpu)
+                                budget_at=[(mode_switch_s + 15, 1024)], gpu=gpu,
+                                n_gpus=n_gpus, gpu_sm=gpu_sm)
         self.clock = lambda: self.now
         self.load = FakeLoad()
         self.ab = FakeAB(ab)
@@ -211,6 +224,7 @@ class StaticSession:
         self._cfg = SchedulerConfig(mode="chunked", max_num_batched_tokens=1024)
         self.knob_calls: list[tuple[str, Any]] = []
         self._gpu = gpu
+        self._n_gpus, self._gpu_label = n_gpus, gpu_label
         self.closed = False
 
     @property
@@ -219,6 +233,8 @@ class StaticSession:
 
     @property
     def gpu_status(self) -> str:
+        if self._gpu and self._n_gpus > 1:
+            return f"NVML: {self._n_gpus} GPUs ({self._gpu_label}), GPM on"
         return "NVML: 1 GPU (NVIDIA H200), GPM on" if self._gpu else \
             "NVML not available: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine) " \
             "— GPU panels off"

@@ -22,7 +22,8 @@ from ..widgets.controls import ControlsPanel
 from ..widgets.header import HeaderState, SessionHeader
 from ..widgets.numbers import NumbersPanel, compute_numbers
 from ..widgets.queue_kv import QueueKvPanel
-from ..widgets.waveforms import BatchPanel, GpuPanel, MemPowerPanel, StepPanel, TimeAxis
+from ..widgets.waveforms import (BatchPanel, GpuPanel, MemPowerPanel, PerGpuPanel, StepPanel,
+                                 TimeAxis)
 
 MAX_FRAME_S = 0.5       # the last (partial) column and the header refresh at least this often
 NUMBERS_EVERY_S = 1.0
@@ -60,6 +61,7 @@ class MainScreen(Screen):
         self._last_frame = 0.0
         self._last_numbers = 0.0
         self._gpu_on: bool | None = None
+        self._n_gpus = 0  # GPUs laid out per row (0: the pooled panels)
         self._cfg = None
         self._load = None
         self.steps = StepColumns()
@@ -70,6 +72,7 @@ class MainScreen(Screen):
         with Horizontal(id="body"):
             with Vertical(id="waves"):
                 yield GpuPanel(id="gpu")
+                yield PerGpuPanel(id="gpus")
                 yield MemPowerPanel(id="mem")
                 yield StepPanel(id="step")
                 yield BatchPanel(id="batch")
@@ -83,6 +86,9 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         self.panels = [self.query_one(x) for x in ("#gpu", "#mem", "#step", "#batch", "#queue",
                                                    "#axis")]
+        self.per_gpu = self.query_one(PerGpuPanel)
+        self.per_gpu.display = False
+        self.panels.append(self.per_gpu)
         self.header = self.query_one(SessionHeader)
         self.numbers = self.query_one(NumbersPanel)
         self.controls = self.query_one(ControlsPanel)
@@ -131,6 +137,7 @@ class MainScreen(Screen):
                 self.steps.extend(snap.steps)
                 if self._gpu_on:
                     self.gpus.extend(snap)
+                    self._layout_gpus(len(self.gpus.indices))
                 frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps,
                                     gpus=self.gpus)
                 for p in self.panels:
@@ -156,6 +163,20 @@ class MainScreen(Screen):
         gpu.set_off("" if on else _off_text(s.gpu_status))
         mem.display = on  # one line says why for both GPU panels
         self._grid_key = None
+        self._n_gpus = -1  # lay the GPU panels out again
+        self._layout_gpus(len(self.gpus.indices) if on else 0)
+
+    def _layout_gpus(self, n: int) -> None:
+        """One row per GPU when more than one is sampled (``n`` GPUs); else the pooled panels."""
+        n = n if n > 1 else 0
+        if n == self._n_gpus:
+            return
+        self._n_gpus = n
+        self.per_gpu.display = bool(n)
+        if n:
+            self.per_gpu.styles.height = self.per_gpu.rows_needed(n)
+        self.panels[0].display = not n
+        self.panels[1].display = not n and bool(self._gpu_on)
 
 
 def _off_text(status: str) -> str:

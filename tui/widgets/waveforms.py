@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
@@ -364,3 +365,96 @@ def _fmt_dur(s: float) -> str:
         return f"{s / 60:g}m"
     return f"{s / 3600:g}h"
 
+
+
+class PerGpuPanel(ChartPanel):
+    """Several GPUs: one row per GPU (SM active as a one-row waveform, the latest SM active,
+    tensor active, DRAM bandwidth, memory used (%) and power (W) as numbers), a ``mean`` row over
+    all GPUs and a ``spread`` row: max − min of SM active across GPUs per time slice (%), so that
+    one rank lagging behind its tensor-parallel group shows at a glance.
+
+    The numbers take the right :data:`NUM_W` columns, so this panel's waveforms end that much
+    further left than the other panels' (the right end is still "now")."""
+
+    TITLE = "GPUs"
+    UNIT = "SM active %; spread = max−min across GPUs"
+    SOURCE = "NVML/GPM"
+    NUM_W = 26  # "tens% DRAM% mem%  power" after the SM% gutter
+    HEADS = f"{'SM%':>{GUTTER_R}}{'tens%':>6}{'DRAM%':>6}{'mem%':>6}{'W':>8}"
+
+    def rows_needed(self, n_gpus: int) -> int:
+        """Height (rows) for ``n_gpus``: title, one per GPU, mean, spread."""
+        return n_gpus + 3
+
+    def title_strip(self, width: int) -> Strip:
+        key = (width, self.UNIT, self.SOURCE)
+        if getattr(self, "_title_key", None) != key:
+            heads = self.HEADS  # column heads over the numbers; the source goes first if short
+            parts = self.title_parts()
+            used = sum(len(t) for t, _ in parts)
+            while len(parts) > 2 and used > width - len(heads) - 1:
+                used -= len(parts.pop()[0])
+            short = "  SM active %, spread max−min"
+            if len(parts) == 2 and used + len(short) <= width - len(heads) - 1:
+                parts.append((short, LBL))
+                used += len(short)
+            pad = max(1, width - used - len(heads))
+            parts += [(" " * pad, LBL), (heads, LBL)]
+            self._title_key, self._title = key, text_strip(parts, width, BG)
+        return self._title
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        cols = max(1, cols - self.NUM_W)
+        per = f.per_gpu
+        if not per:
+            return []
+        sm = np.vstack([self.fit(v.get("sm_active", np.full(cols, np.nan)), cols)
+                        for v in per.values()])
+        ok = np.isfinite(sm).sum(axis=0) >= 2
+        with np.errstate(all="ignore"):
+            spread = np.where(ok, np.nanmax(np.where(np.isfinite(sm), sm, -np.inf), axis=0)
+                              - np.nanmin(np.where(np.isfinite(sm), sm, np.inf), axis=0), np.nan)
+        mk = self.marker_cols(f, cols)
+        rows: list[Strip] = []
+        for k, series in per.items():
+            rows.append(self._row(f"GPU {k}", series, cols, mk, theme.SM_ACTIVE))
+        rows.append(self._row("mean", f.gpu, cols, mk, theme.TITLE))
+        last = np.array([last_value(self.fit(v.get("sm_active", np.full(cols, np.nan)), cols), 4)
+                         for v in per.values()])
+        cur = last_value(spread, 4)
+        extra = ""
+        if np.isfinite(last).sum() >= 2:
+            keys = list(per)
+            hi = keys[int(np.nanargmax(last))]
+            lo = keys[int(np.nanargmin(last))]
+            extra = f"hi GPU {hi} · lo GPU {lo}"
+        c = Cells(1, cols, [])
+        c.stacked([spread / 100.0], [theme.PREEMPTED])
+        c.markers(mk)
+        strip = c.strips([("spread", LBL)], [(fmt_num(cur, "%"), style(theme.PREEMPTED, BG,
+                                                                         bold=True))], BG)[0]
+        rows.append(_join(strip, extra.rjust(self.NUM_W)[:self.NUM_W], LBL))
+        return rows[:h]
+
+    def _row(self, label: str, v: dict[str, np.ndarray], cols: int, mk: list[int],
+             colour: str) -> Strip:
+        def cur(key: str) -> float:
+            return last_value(self.fit(v.get(key, np.full(cols, np.nan)), cols), 4)
+
+        sm = self.fit(v.get("sm_active", np.full(cols, np.nan)), cols)
+        c = Cells(1, cols, [])
+        c.stacked([sm / 100.0], [colour])
+        c.markers(mk)
+        strip = c.strips([(label, LBL)], [(_num(cur("sm_active"), "%"),
+                                            style(colour, BG, bold=True))], BG)[0]
+        nums = (f"{_num(cur('tensor_active'), '%'):>6}{_num(cur('dram_bw_util'), '%'):>6}"
+                f"{_num(cur('mem_used_pct'), '%'):>6}{_num(cur('power_w'), 'W'):>8}")
+        return _join(strip, nums[:self.NUM_W].rjust(self.NUM_W), VAL)
+
+
+def _num(v: float, unit: str) -> str:
+    return "–" if not np.isfinite(v) else f"{v:.0f}{unit}"
+
+
+def _join(strip: Strip, text: str, st: Style) -> Strip:
+    return Strip(list(strip) + [Segment(text, st)], strip.cell_length + len(text))
