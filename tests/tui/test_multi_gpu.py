@@ -114,3 +114,60 @@ def test_bad_gpus_are_refused_in_one_line():
         r = run("--gpus", spec)
         assert r.exit_code == 2, (spec, r.output)
         assert msg in " ".join(r.output.split()), (spec, r.output)
+
+
+def _live(gpus):
+    """A LiveSession on the tiny CPU engine with a fake 8-GPU NVML (GPU 3 at 90 % SM active,
+    the others at 10 %), sampling ``gpus`` (None = all)."""
+    from gpuchef.engine_host.config import CacheConfig, EngineConfig
+    from gpuchef.engine_host.engine import LLMEngine
+    from gpuchef.engine_host.workload import WorkloadConfig
+    from gpuchef.live import LiveSession
+    from gpuchef.probes.nvml import FakeNvml
+
+    fake = FakeNvml(n_gpus=8, pcie_window_s=0)
+    for k in range(8):
+        fake.set_load(k, sm_active=90.0 if k == 3 else 10.0)
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=512,
+                                    cache=CacheConfig(num_gpu_blocks=256)))
+    wcfg = WorkloadConfig(dataset="random", request_rate=2.0, input_len=16, output_len=4,
+                          num_prompts=4, vocab_size=engine.model_config.vocab_size,
+                          max_model_len=engine.max_model_len)
+    return LiveSession(engine, wcfg, nvml=fake, gpus=gpus, host_probe=False, sample_hz=20)
+
+
+def _live_rows(gpus, want):
+    s = _live(gpus)
+    a = GpuchefApp(s, window_s=10, show_ui_cost=False)
+
+    async def go():
+        async with a.run_test(size=(120, 40)) as pilot:
+            panel = a.screen.query_one(PerGpuPanel)
+            end = asyncio.get_running_loop().time() + 30
+            while asyncio.get_running_loop().time() < end:
+                await pilot.pause(0.1)
+                lines = [st.text for st in panel._strips] if panel.display else []
+                if len(lines) == want + 3 and all("–" not in ln.split()[-5]
+                                                  for ln in lines[1:want + 1]):
+                    return lines
+            return lines
+
+    s.start()
+    try:
+        return asyncio.run(go())
+    finally:
+        s.close()
+
+
+def test_live_session_with_fake_8_gpu_nvml():
+    lines = _live_rows(None, 8)
+    assert len(lines) == 11, lines
+    by = {ln.split()[1]: ln for ln in lines[1:9]}
+    assert by["3"].split()[-5] == "90%"
+    assert by["0"].split()[-5] == "10%"
+    assert "hi GPU 3" in lines[10]
+
+
+def test_live_session_samples_only_the_chosen_gpus():
+    lines = _live_rows([1, 3], 2)
+    assert [ln.split()[:2] for ln in lines[1:3]] == [["GPU", "1"], ["GPU", "3"]]
