@@ -266,9 +266,9 @@ class EngineHost:
                 heapq.heappush(self._arrivals, self._incoming.get_nowait())
             except queue.Empty:
                 break
-        if self.load_paused:
-            return
-        while self._arrivals and self._arrivals[0].arrival_ns <= now:
+        # a paused load stops arrivals from the pause on; requests that arrived before it still run
+        limit = self._load_paused_at if self.load_paused else now
+        while self._arrivals and self._arrivals[0].arrival_ns <= limit:
             a = heapq.heappop(self._arrivals)
             self.submitted += 1
             try:

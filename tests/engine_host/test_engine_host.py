@@ -212,3 +212,23 @@ def test_abort_frees_pages_and_reports_the_request():
             done[f.request_id] = f
     assert set(done) == {"keep", "queued"}
     assert eng.kv.pool.num_free == 64
+
+
+def test_pausing_the_load_keeps_requests_that_already_arrived(engine_cfg):
+    c = Collector()
+    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=c.on_request)
+    host.start()
+    try:
+        t = time.monotonic_ns()
+        host.submit("arrived", list(range(10, 30)), SamplingParams(max_tokens=3, ignore_eos=True),
+                    arrival_ns=t)
+        host.submit("later", list(range(10, 30)), SamplingParams(max_tokens=3, ignore_eos=True),
+                    arrival_ns=t + 3_000_000_000)
+        host.pause_load()  # may be applied before the engine thread has admitted "arrived"
+        deadline = time.monotonic() + 20
+        while not c.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+    finally:
+        host.stop()
+    assert [r.request_id for r in c.requests] == ["arrived"]
