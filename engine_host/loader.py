@@ -66,17 +66,7 @@ def load_model(model: str, *, dtype: torch.dtype, device: torch.device | str, se
         _random_init(net, cfg, seed, device, progress)
         return _result(net, cfg, model, True, "preset")
 
-    path = Path(model).expanduser()
-    if not path.exists():
-        if os.sep in model or model.startswith((".", "~")):
-            raise ConfigError(f"model folder {model!r} does not exist (gpuchef never downloads: "
-                              f"give a local Hugging Face folder, or a preset: "
-                              f"{', '.join(PRESETS)})")
-        raise ConfigError(f"unknown model preset {model!r} and no such folder; presets: "
-                          f"{', '.join(PRESETS)} (or a local Hugging Face folder)")
-    if not path.is_dir():
-        raise ConfigError(f"model path {str(path)!r} is not a folder: give a Hugging Face folder "
-                          "with config.json and *.safetensors")
+    path = model_folder(model, "config.json and *.safetensors")
     cfg = _read_config(path)
     files = _safetensors_files(path)
     net = _build_empty(cfg, dtype, device)
@@ -124,6 +114,24 @@ def _result(net, cfg, name, random_weights, source) -> LoadedModel:
 
 
 # ----------------------------------------------------------------------------- files
+
+
+def model_folder(model: str, needs: str = "config.json") -> Path:
+    """``model`` (not a preset) as a local folder. Raises ConfigError naming it when it does not
+    exist (an unknown preset when it looks like a name) or is not a folder (``needs`` says what
+    the folder must hold)."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        if os.sep in model or model.startswith((".", "~")):
+            raise ConfigError(f"model folder {model!r} does not exist (gpuchef never downloads: "
+                              f"give a local Hugging Face folder, or a preset: "
+                              f"{', '.join(PRESETS)})")
+        raise ConfigError(f"unknown model preset {model!r} and no such folder; presets: "
+                          f"{', '.join(PRESETS)} (or a local Hugging Face folder)")
+    if not path.is_dir():
+        raise ConfigError(f"model path {str(path)!r} is not a folder: give a Hugging Face folder "
+                          f"with {needs}")
+    return path
 
 
 def read_config_json(path: Path) -> dict[str, Any]:

@@ -262,19 +262,9 @@ def resolve_vllm_model(model: str) -> VllmModelSource:
     if model in PRESETS:
         return VllmModelSource(str(preset_model_folder(model)), model, True, "preset", "dummy",
                                get_preset(model))
-    path = Path(model).expanduser()
-    if not path.exists():
-        if os.sep in model or model.startswith((".", "~")):
-            raise ConfigError(f"model folder {model!r} does not exist (gpuchef never downloads: "
-                              f"give a local Hugging Face folder, or a preset: "
-                              f"{', '.join(PRESETS)})")
-        raise ConfigError(f"unknown model preset {model!r} and no such folder; presets: "
-                          f"{', '.join(PRESETS)} (or a local Hugging Face folder)")
-    if not path.is_dir():
-        raise ConfigError(f"model path {str(path)!r} is not a folder: give a Hugging Face folder "
-                          "with config.json")
-    from .loader import read_config_json
+    from .loader import model_folder, read_config_json
 
+    path = model_folder(model)
     hf = read_config_json(path)
     full = path.resolve()
     has_weights = any(next(full.glob(g), None) is not None for g in _WEIGHT_GLOBS)
