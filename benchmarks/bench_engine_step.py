@@ -17,7 +17,9 @@ Ceilings default to the H200 figures measured in ../shared/gpu/README.md (4.3 TB
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import statistics
 import sys
 import time
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    # a run stopped by `timeout` says where it was (the start-up once seemed to hang on the H200)
+    faulthandler.register(signal.SIGTERM, all_threads=True)
 
     batches = [int(x) for x in a.decode_batches.split(",") if x]
     prefills = [int(x) for x in a.prefill_lens.split(",") if x]

@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-from gpuchef.probes.nvml import FakeNvml, NvmlSampler, NvmlUnavailable, nvml_library
+from gpuchef.probes.nvml import FakeNvml, NvmlSampler, NvmlUnavailable, nvml_library, parse_gpus
+
 
 
 class TimedSampler(NvmlSampler):
@@ -96,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="alternating off/on segments per rate (default 10)")
     ap.add_argument("--fake", action="store_true", help="use the NVML stand-in even with a GPU")
     ap.add_argument("--fake-gpus", type=int, default=1, help="GPUs of the stand-in (default 1)")
+    ap.add_argument("--gpus", default=None,
+                    help="GPUs to sample, as `gpuchef --gpus` (e.g. 0 or 0,1; default: all)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
+    gpus = parse_gpus(args.gpus) if args.gpus else None
     rates = [float(x) for x in args.hz.split(",") if x.strip()]
 
     nvml = None  # None: real NVML; else a FakeNvml marks "fake" (a fresh one per segment)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         gpm_ms = None
         for _ in range(rounds):
             fake = FakeNvml(args.fake_gpus) if nvml is not None else None
-            s = TimedSampler(sample_hz=hz, nvml=fake)
+            s = TimedSampler(gpus=gpus, sample_hz=hz, nvml=fake)
             offs.append(run_busy(seg, None))
             ons.append(run_busy(seg, s))
             status = s.status

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Call 1 of a device session: install the carried wheels, copy the checkout to /tmp/g (the
+# background workers run from there, so later calls cannot change their files), start the two
+# workers in their own process sessions (they outlive this call; the machine stays while calls
+# follow each other within ~30 s).
+set -e
+rm -rf /tmp/g /tmp/res /tmp/flags && mkdir -p /tmp/g /tmp/res /tmp/flags /tmp/vparts /tmp/vdeps
+tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C /tmp/g
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
+nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"
+for w in worker_a worker_b; do
+  setsid nohup bash /tmp/g/benchmarks/device/$w.sh > /tmp/res/$w.out 2>&1 < /dev/null &
+done
+sleep 2; cat /tmp/res/status.txt 2>/dev/null; echo started
