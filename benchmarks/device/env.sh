@@ -3,7 +3,7 @@ export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0 HF_HUB_OFFLINE=1 TRANSFO
 # the multi-GPU machines require NVLink multicast off (KINDS.md): keep it off for every child
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export COLUMNS=200 CUDA_DEVICE_ORDER=PCI_BUS_ID
-R=/tmp/res; F=/tmp/flags; G=/tmp/g
+R=${RES:-/tmp/res}; F=${FLAGS:-/tmp/flags}; G=${GDIR:-/tmp/g}
 mkdir -p $R $F
 NATIVE_PATH=/tmp/site
 VLLM_PATH=/tmp/vstub:/tmp/vsite:/tmp/site
@@ -12,6 +12,7 @@ VLLM_PATH=/tmp/vstub:/tmp/vsite:/tmp/site
 job() {
   local name=$1 to=$2; shift 2
   echo "$(date +%T) start $name (gpu ${CUDA_VISIBLE_DEVICES:-all})" >> $R/status.txt
+  [ -n "$DRY" ] && { sleep ${DRY}; echo "$(date +%T) end   $name (dry)" >> $R/status.txt; return 0; }
   ( cd $G && exec timeout -k 10 $to bash -c "$*" ) > $R/$name.log 2>&1 &
   local pid=$!
   echo $pid > $F/pid_${WORKER:-x}
