@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .decode_inputs import BlockTableCache, build_decode_inputs
 from .kv_cache import KVCacheManager
 from .request import Request
 from .sampling import sample
@@ -188,6 +189,7 @@ class CudaGraphDecode:
                                        device=dev)
         self.max_pages_per_req = -(-max_model_len // bs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.block_tables = BlockTableCache()  # numpy block tables for build_decode_inputs
         self._capture(runner, progress)
 
     @torch.inference_mode()
@@ -228,33 +230,14 @@ class CudaGraphDecode:
         reqs = out.decodes
         B = len(reqs)
         n = self.padded_size(B)
-        ids, pos, slots, indices, indptr, last = [], [], [], [], [0], []
-        for r in reqs:
-            p = r.num_computed_tokens
-            ids.append(r.token_slice(p, 1)[0])
-            pos.append(p)
-            slots.append(r.block_ids[p // bs] * bs + p % bs)
-            pages = p // bs + 1
-            indices.extend(r.block_ids[:pages])
-            indptr.append(len(indices))
-            last.append(p - (pages - 1) * bs + 1)
-        pad = n - B
-        sb = kv.scratch_block
-        ids += [0] * pad
-        pos += [0] * pad
-        slots += [sb * bs] * pad
-        indices += [sb] * pad
-        indptr += range(indptr[-1] + 1, indptr[-1] + 1 + pad)
-        last += [1] * pad
-        i32 = torch.int32
-        self.input_ids[:n].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
-        self.positions[:n].copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
-        self.slot_mapping[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        x = build_decode_inputs(reqs, n, bs, kv.scratch_block, self.block_tables)
+        self.input_ids[:n].copy_(x.input_ids, non_blocking=True)
+        self.positions[:n].copy_(x.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(x.slot_mapping, non_blocking=True)
         meta = AttentionMetadata(
-            block_size=bs, qo_indptr=torch.arange(n + 1, dtype=i32),
-            kv_indptr=torch.tensor(indptr, dtype=i32), kv_indices=torch.tensor(indices, dtype=i32),
-            kv_last_page_len=torch.tensor(last, dtype=i32),
-            kv_lens=[p + 1 for p in pos], qo_lens=[1] * n,
+            block_size=bs, qo_indptr=torch.arange(n + 1, dtype=torch.int32),
+            kv_indptr=x.kv_indptr, kv_indices=x.kv_indices, kv_last_page_len=x.kv_last_page_len,
+            kv_lens=x.kv_lens, qo_lens=[1] * n,
             slot_mapping=self.slot_mapping[:n], positions=self.positions[:n], num_decodes=n)
         t0 = torch.cuda.Event(enable_timing=True)
         t1 = torch.cuda.Event(enable_timing=True)
