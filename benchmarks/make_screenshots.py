@@ -5,6 +5,14 @@ Scenes: the main screen under continuous batching, the same after switching to c
 
     python benchmarks/make_screenshots.py                      # CPU: tiny + the bundled trace
     python benchmarks/make_screenshots.py --model llama-3-8b --prefix h200-   # a GPU machine
+    python benchmarks/make_screenshots.py --engine vllm --tensor-parallel-size 2 \
+        --model llama-3-8b --dataset azure-conv --scenes main-chunked --size 190x50 \
+        --prefix h200-vllm-tp2-                    # 2 GPUs: header "vLLM 0.24.0 TP 2  GPUs 0,1"
+
+``--scenes`` picks shots (default: all, in the order below); the run goes through the same
+sequence but only waits for and saves the scenes asked for: `main-continuous` (warm-up + one
+phase in continuous), `main-chunked` (switch to chunked, one phase), `ab` (A = chunked, B =
+continuous, ``--ab-s``), `help`. `--scenes main-chunked` alone takes warm-up + one phase.
 
 Without --dataset the load is `gpuchef top`'s default for the device (on a CPU: the Azure trace at
 0.5×, prompts ≤ 1024, outputs ≤ 128 tokens, budget 512; on a GPU: the trace at 1×).
@@ -14,25 +22,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.config import (ENGINES, CacheConfig, ConfigError, EngineConfig,
+                                        SchedulerConfig)
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.live import LiveSession
+from gpuchef.probes.host import check_sample_hz
+from gpuchef.probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
 from gpuchef.session import build_engine
 from gpuchef.top_cmd import (CPU_BUDGET, CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, CPU_TRACE_SPEED,
                              DEFAULT_SLOS_CPU, DEFAULT_SLOS_GPU)
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (170, 50)
+SCENES = ("main-continuous", "main-chunked", "ab", "help")
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]*")
+
+
+def parse_scenes(spec: str | None) -> tuple[str, ...]:
+    """``"main-chunked,help"`` → those scenes in run order; None/""/"all" → all. ConfigError for
+    an unknown name."""
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return SCENES
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [x for x in names if x not in SCENES]
+    if bad:
+        raise ConfigError(f"--scenes {spec!r}: unknown {', '.join(bad)}; choose from "
+                          f"{', '.join(SCENES)} (comma-separated) or all")
+    return tuple(x for x in SCENES if x in names)
 
 
 def session_for(engine, *, dataset: str | None, speed: float | None, budget: int | None,
-                trace: str | None = None, sample_hz: float = 10.0) -> LiveSession:
+                trace: str | None = None, sample_hz: float = 10.0,
+                gpus: list[int] | None = None) -> LiveSession:
     """A LiveSession with `gpuchef top`'s defaults for the engine's device."""
     cpu = engine.device.type == "cpu"
     sc = engine.scheduler_config
@@ -47,12 +76,22 @@ def session_for(engine, *, dataset: str | None, speed: float | None, budget: int
         vocab_size=engine.model_config.vocab_size, max_model_len=engine.max_model_len)
     note = (f"CPU defaults: prompt≤{CPU_MAX_INPUT_LEN} output≤{CPU_MAX_OUTPUT_LEN}; budget "
             f"{CPU_BUDGET}") if cpu and not dataset else ""
-    return LiveSession(engine, wcfg, sample_hz=sample_hz, trace_path=trace,
+    return LiveSession(engine, wcfg, sample_hz=sample_hz, gpus=gpus, trace_path=trace,
                        slos=DEFAULT_SLOS_CPU if cpu else DEFAULT_SLOS_GPU, note=note)
 
 
+def parse_size(spec: str) -> tuple[int, int]:
+    """``"170x50"`` → (170, 50): the terminal the app is drawn in. ConfigError otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
+    if not m or not (80 <= int(m.group(1)) <= 400 and 24 <= int(m.group(2)) <= 200):
+        raise ConfigError(f"--size {spec!r}: use COLSxROWS, e.g. 170x50 (80–400 × 24–200)")
+    return int(m.group(1)), int(m.group(2))
+
+
 async def scenes(app: GpuchefApp, out: Path, prefix: str, phase_s: float, ab_s: float,
-                 log, warmup_s: float = 0.0) -> list[Path]:
+                 log, warmup_s: float = 0.0, only: tuple[str, ...] = SCENES,
+                 size: tuple[int, int] = SIZE) -> list[Path]:
+    """Go through the scenes in order, waiting for and saving only those in ``only``."""
     saved = []
 
     def shot(name: str) -> None:
@@ -61,63 +100,109 @@ async def scenes(app: GpuchefApp, out: Path, prefix: str, phase_s: float, ab_s: 
         saved.append(p)
         log(f"saved {p}")
 
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(warmup_s + phase_s)
-        shot("main-continuous")
-        await pilot.press("m")  # → chunked, marked on the waveforms
-        await pilot.pause(phase_s)
-        shot("main-chunked")
-        await pilot.press("a")  # A/B: A = chunked (now), B = continuous
-        await pilot.pause(ab_s)
-        shot("ab")
-        await pilot.press("x")
-        await pilot.pause(1.0)
-        await pilot.press("escape")
-        await pilot.press("question_mark")
-        await pilot.pause(0.5)
-        shot("help")
-        await pilot.press("escape")
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(warmup_s)
+        if "main-continuous" in only:
+            await pilot.pause(phase_s)
+            shot("main-continuous")
+        if "main-chunked" in only or "ab" in only:
+            await pilot.press("m")  # → chunked, marked on the waveforms
+        if "main-chunked" in only:
+            await pilot.pause(phase_s)
+            shot("main-chunked")
+        if "ab" in only:
+            await pilot.press("a")  # A/B: A = chunked (now), B = continuous
+            await pilot.pause(ab_s)
+            shot("ab")
+            await pilot.press("x")
+            await pilot.pause(1.0)
+            await pilot.press("escape")
+        if "help" in only:
+            await pilot.press("question_mark")
+            await pilot.pause(0.5)
+            shot("help")
+            await pilot.press("escape")
     return saved
 
 
 def take(engine, out: Path, *, prefix: str, dataset: str | None = None,
          speed: float | None = None, budget: int | None = None, window_s: float = 60.0,
          ab_window_s: float = 8.0, warmup_s: float = 30.0, phase_s: float = 45.0,
-         ab_s: float = 45.0, log=print) -> list[Path]:
-    """All scenes over ``engine`` (already built); returns the SVG paths."""
+         ab_s: float = 45.0, log=print, sample_hz: float = 10.0,
+         gpus: list[int] | None = None, only: tuple[str, ...] = SCENES,
+         size: tuple[int, int] = SIZE) -> list[Path]:
+    """The scenes in ``only`` (default all) over ``engine`` (already built); returns the SVG
+    paths."""
+    if not SAFE_NAME.fullmatch(prefix):
+        raise ConfigError(f"--prefix {prefix!r}: file names take only letters, digits, . _ -")
     out.mkdir(parents=True, exist_ok=True)
-    session = session_for(engine, dataset=dataset, speed=speed, budget=budget)
+    session = session_for(engine, dataset=dataset, speed=speed, budget=budget,
+                          sample_hz=sample_hz, gpus=gpus)
     app = GpuchefApp(session, window_s=window_s, ab_window_s=ab_window_s, show_ui_cost=True)
     session.start()
     try:
-        return asyncio.run(scenes(app, out, prefix, phase_s, ab_s, log, warmup_s))
+        return asyncio.run(scenes(app, out, prefix, phase_s, ab_s, log, warmup_s, only, size))
     finally:
         session.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", default="native", choices=ENGINES,
+                    help="native: gpuchef's engine; vllm: vLLM hosted in-process (GPU only)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="GPUs for --engine vllm (the native engine uses one)")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dataset", default=None)
     ap.add_argument("--trace-speed", type=float, default=None)
     ap.add_argument("--budget", type=int, default=None, help="max_num_batched_tokens")
+    ap.add_argument("--sample-hz", type=float, default=10.0,
+                    help="NVML/GPM sampling rate (Hz, 1–100), as `gpuchef top --sample-hz`")
+    ap.add_argument("--gpus", default=None,
+                    help="GPUs to sample (NVML indices): 0,1 or 0-3 or all (default: all), "
+                         "as `gpuchef top --gpus`")
+    ap.add_argument("--scenes", default="all",
+                    help=f"comma list of {','.join(SCENES)} (default: all)")
     ap.add_argument("--warmup-s", type=float, default=30.0,
                     help="seconds of load before the first phase (the trace starts slowly)")
     ap.add_argument("--phase-s", type=float, default=45.0, help="seconds per mode before a shot")
     ap.add_argument("--ab-window", type=float, default=8.0)
     ap.add_argument("--ab-s", type=float, default=45.0, help="seconds of A/B before the shot")
     ap.add_argument("--window", type=float, default=60.0, help="waveform window (s)")
+    ap.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}",
+                    help="terminal size COLSxROWS (default %(default)s)")
     ap.add_argument("--out", default="screenshots")
     ap.add_argument("--prefix", default="cpu-")
     a = ap.parse_args(argv)
     err = Console(stderr=True)
-    engine = build_engine(EngineConfig(model=a.model, device=a.device,
-                                       cache=CacheConfig(), scheduler=SchedulerConfig()), err)
-    t0 = time.monotonic()
-    take(engine, Path(a.out), prefix=a.prefix, dataset=a.dataset, speed=a.trace_speed,
-         budget=a.budget, window_s=a.window, ab_window_s=a.ab_window, warmup_s=a.warmup_s,
-         phase_s=a.phase_s, ab_s=a.ab_s, log=err.print)
+    engine = None
+    try:
+        only = parse_scenes(a.scenes)
+        size = parse_size(a.size)
+        if not SAFE_NAME.fullmatch(a.prefix):
+            raise ConfigError(f"--prefix {a.prefix!r}: file names take only letters, digits, "
+                              ". _ -")
+        sample_hz = check_sample_hz(a.sample_hz, *SAMPLE_HZ_RANGE, flag="--sample-hz")
+        gpus = parse_gpus(a.gpus)
+        # the start-up budget is the most vLLM takes live: start with the one the shots use
+        sched = SchedulerConfig() if a.budget is None else \
+            SchedulerConfig(max_num_batched_tokens=a.budget)
+        engine = build_engine(EngineConfig(model=a.model, device=a.device, cache=CacheConfig(),
+                                           scheduler=sched, engine=a.engine,
+                                           tensor_parallel_size=a.tensor_parallel_size), err)
+        t0 = time.monotonic()
+        take(engine, Path(a.out), prefix=a.prefix, dataset=a.dataset, speed=a.trace_speed,
+             budget=a.budget, window_s=a.window, ab_window_s=a.ab_window, warmup_s=a.warmup_s,
+             phase_s=a.phase_s, ab_s=a.ab_s, log=err.print, sample_hz=sample_hz, gpus=gpus,
+             only=only, size=size)
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        return 2
+    finally:
+        close = getattr(engine, "close", None)  # vLLM: stop its TP worker processes
+        if close is not None:
+            close()
     err.print(f"done in {time.monotonic() - t0:.0f} s")
     return 0
 

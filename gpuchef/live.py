@@ -9,6 +9,7 @@ except ``export_trace`` and ``close``, which the app runs in a worker thread.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import fields
@@ -131,6 +132,32 @@ class ABController:
                                   st.settle_s)
 
 
+def engine_identity(engine: Any) -> tuple[str, int, tuple[str, ...]]:
+    """What the header names about ``engine``: its name ("" for gpuchef's native engine, e.g.
+    "vLLM 0.24.0"), its tensor-parallel size, and the GPUs it runs on — CUDA ordinals
+    ``device.index`` … ``+ tp - 1`` (vLLM's workers take the first ``tp`` visible devices),
+    mapped through ``CUDA_VISIBLE_DEVICES`` to NVML indices when that lists plain indices; empty
+    on a CPU."""
+    cfg = getattr(engine, "config", None)
+    kind = getattr(cfg, "engine", "native")
+    tp = int(getattr(engine, "tensor_parallel_size", None)
+             or getattr(cfg, "tensor_parallel_size", 1) or 1)
+    name = ""
+    if kind != "native":
+        ver = getattr(engine, "vllm_version", "") if kind == "vllm" else ""
+        name = f"{'vLLM' if kind == 'vllm' else kind} {ver}".strip()
+    dev = getattr(engine, "device", None)
+    if getattr(dev, "type", None) != "cuda":
+        return name, tp, ()
+    first = dev.index or 0
+    ordinals = list(range(first, first + tp))
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    if visible and all(v.isdigit() for v in visible) and ordinals[-1] < len(visible):
+        return name, tp, tuple(visible[o] for o in ordinals)
+    return name, tp, tuple(str(o) for o in ordinals)
+
+
 def next_part_path(path: Path) -> Path:
     """``run.jsonl`` → ``run.part2.jsonl``, ``run.part2.jsonl`` → ``run.part3.jsonl`` (first free)."""
     stem, suffix = path.stem, path.suffix
@@ -172,11 +199,13 @@ class LiveSession:
         self.stats_window_s = float(stats_window_s)
         self.trace_prompts = trace_prompts
         lm = engine.loaded
+        engine_name, tp, engine_gpus = engine_identity(engine)
         self.info = SessionInfo(
             model=lm.name, random_weights=lm.random_weights, device=str(engine.device),
             attention=engine.attn.name, dtype=str(engine.dtype).replace("torch.", ""),
             kv_blocks=engine.num_blocks, block_size=engine.kv.block_size,
-            max_model_len=engine.max_model_len, note=note)
+            max_model_len=engine.max_model_len, note=note, engine=engine_name,
+            tensor_parallel_size=tp, gpus=engine_gpus)
         self.timeline = Timeline(percentiles=self.percentiles)
         self.start_ns = self.timeline.origin_ns
         self._recorder: TraceRecorder | None = None
@@ -343,4 +372,4 @@ class LiveSession:
         return f"trace {p}: wrote {n} steps held in memory{extra}; recording goes on there"
 
 
-__all__ = ["ABController", "LiveSession", "next_part_path"]
+__all__ = ["ABController", "LiveSession", "engine_identity", "next_part_path"]

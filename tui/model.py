@@ -24,6 +24,10 @@ class SessionInfo:
     ``device``: "cpu" / "cuda:0"; ``attention``: the attention backend's name. ``kv_blocks`` and
     ``block_size``: KV cache size (blocks of ``block_size`` tokens). ``note``: a short line about
     defaults chosen for this machine (e.g. the CPU load), or "".
+    ``engine``: the engine's name as the header shows it, e.g. "vLLM 0.24.0" ("" = gpuchef's
+    native engine, not named). ``tensor_parallel_size``: GPUs the engine shards the model over.
+    ``gpus``: the GPUs the engine runs on (NVML indices where known, e.g. ("0", "1")); empty on a
+    CPU, or when the session did not say (the header then shows ``device``).
     """
 
     model: str
@@ -35,6 +39,9 @@ class SessionInfo:
     block_size: int = 16
     max_model_len: int = 0
     note: str = ""
+    engine: str = ""
+    tensor_parallel_size: int = 1
+    gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

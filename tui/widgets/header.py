@@ -1,5 +1,6 @@
-"""The header: what runs (model, device, attention), how it is scheduled (mode and the knobs in
-force), what load drives it, for how long, and where the trace goes."""
+"""The header: what runs (model, engine and tensor-parallel size, the GPUs or device, attention),
+how it is scheduled (mode and the knobs in force), what load drives it, for how long, and where
+the trace goes."""
 
 from __future__ import annotations
 
@@ -44,7 +45,13 @@ def header_text(st: HeaderState) -> Text:
     t.append(i.model, style=f"bold {theme.TITLE}")
     if i.random_weights:
         t.append(" (random weights)", style=theme.WAITING)
-    t.append(f"  {i.device}", style=theme.TITLE)
+    if i.engine:
+        t.append(f"  {i.engine}", style=f"bold {theme.TITLE}")
+        t.append(f" TP {i.tensor_parallel_size}", style=f"bold {theme.TITLE}")
+    if i.gpus:
+        t.append(f"  GPU{'s' if len(i.gpus) > 1 else ''} {','.join(i.gpus)}", style=theme.TITLE)
+    else:
+        t.append(f"  {i.device}", style=theme.TITLE)
     if i.dtype:
         t.append(f" {i.dtype}", style=theme.LABEL)
     t.append(f"  attention {i.attention}", style=theme.LABEL)
