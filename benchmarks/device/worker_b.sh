@@ -32,7 +32,7 @@ if [ -e $F/vllm_ready ]; then
   fi
   export CUDA_VISIBLE_DEVICES=0,1
   job t01_tp2_bench 560 "gpuchef bench --engine vllm --tensor-parallel-size 2 $M $AZ --num-prompts 600 --trace-speed 3 --max-model-len 8192 --result-json $R/tp2_3x.json --trace $R/tp2_3x.jsonl"
-  job t02_tp2_shot 360 "python3 benchmarks/make_screenshots.py --engine vllm --tensor-parallel-size 2 $M $AZ --scenes main-chunked --out $R/shots --prefix h200x2-tp2-"
+  job t02_tp2_shot 360 "python3 benchmarks/make_screenshots.py --engine vllm --tensor-parallel-size 2 $M $AZ --gpus 0,1 --scenes main-chunked --warmup-s 20 --phase-s 40 --size 190x50 --out $R/shots --prefix h200x2-vllm-tp2-"
   touch $F/tp2_done
   export CUDA_VISIBLE_DEVICES=1
   job v04_ab_3x 580 "gpuchef ab --engine vllm $M $AZ --trace-speed 3 --num-prompts 600 --max-model-len 8192 --a mode=continuous --b mode=chunked --result-json $R/ab_vllm_3x.json"
