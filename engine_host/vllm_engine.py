@@ -354,6 +354,22 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error
            "repetition": "stop"}
 
 
+def use_spawn_for_workers(environ: dict[str, str] | None = None) -> bool:
+    """Make vLLM start its tensor-parallel workers with ``spawn`` unless the user chose a method.
+
+    gpuchef has used CUDA in this process before vLLM starts (device checks, NVML, the native
+    engine in the same session), and a ``fork``ed worker cannot use CUDA: vLLM 0.24's workers
+    then die with "To use CUDA with multiprocessing, you must use the 'spawn' start method"
+    (seen on the 2-GPU H200, 2026-11-29). vLLM reads ``VLLM_WORKER_MULTIPROC_METHOD``
+    (vllm/envs.py) when it builds its ``MultiprocExecutor``. Returns True when it set it.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("VLLM_WORKER_MULTIPROC_METHOD"):
+        return False
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return True
+
+
 class VllmEngine:
     """vLLM 0.24's engine core in this process, with LLMEngine's surface (see module doc).
 
@@ -393,6 +409,8 @@ class VllmEngine:
         self.vllm_version = version
         self.tensor_parallel_size = tp
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        if tp > 1:
+            use_spawn_for_workers()
         self._core = self._start(src, tp, progress)
         self._after_start(src)
 

@@ -277,6 +277,9 @@ class LiveSession:
         self.nvml.stop()
         if self.host_probe is not None:
             self.host_probe.stop()
+        close = getattr(self.engine, "close", None)  # vLLM: its engine core and TP workers
+        if close is not None:
+            close()
         r = self._recorder
         if r is not None:
             r.close()

@@ -500,3 +500,12 @@ def test_engine_host_drives_the_vllm_engine(glue):
     assert all(s.t_start_ns <= s.t_end_ns for s in steps)
     assert all(a.t_end_ns <= b.t_start_ns for a, b in zip(steps, steps[1:]))
     assert all(s.gpu_ms >= 0 for s in steps) and steps[0].mode == "chunked"
+
+
+def test_tensor_parallel_workers_are_spawned_unless_the_user_chose():
+    from gpuchef.engine_host.vllm_engine import use_spawn_for_workers
+
+    env: dict[str, str] = {}
+    assert use_spawn_for_workers(env) is True and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    assert use_spawn_for_workers(env) is False and env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"

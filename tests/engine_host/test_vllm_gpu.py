@@ -100,8 +100,14 @@ def test_records_match_vllms_own_token_counts(eng, spy):
             compared += 1
     assert compared >= len(recs) // 2
     assert any(r.num_prefill_tokens and r.num_decode_reqs for r in recs)  # chunked mixes
-    assert all(0 < r.gpu_ms <= r.wall_ms + 2.0 for r in recs)  # events may start as the
-    # previous step's work ends, a little before the host has processed its output
+    # gpu_ms is the step's span on the GPU stream; with async scheduling it starts when the
+    # previous step's GPU work ends, before the host has processed that step's output (where the
+    # record's wall span starts), so one step's gpu_ms may exceed its own wall_ms. The spans are
+    # back to back on one stream, so together they fit in the wall time of the whole run.
+    assert all(r.gpu_ms > 0 for r in recs)
+    span_ms = (recs[-1].t_end_ns - recs[0].t_start_ns) / 1e6
+    assert sum(r.gpu_ms for r in recs) <= span_ms + 2.0
+    assert all(r.gpu_ms <= r.wall_ms + p.wall_ms + 2.0 for p, r in zip(recs, recs[1:]))
     assert all(0 <= r.kv_blocks_used <= r.kv_blocks_total == eng.num_blocks for r in recs)
 
 

@@ -105,3 +105,18 @@ def test_live_session_reports_vllm_tp2_to_the_header(monkeypatch):
     finally:
         session.nvml.stop()
     assert "vLLM 0.24.0 TP 2" in text and "GPUs 0,1" in text
+
+
+def test_closing_the_session_closes_an_engine_that_can_close():
+    """`gpuchef top --engine vllm` must stop vLLM (its engine core and TP worker processes) on
+    quit: LiveSession.close calls the engine's close() once, and tolerates engines without one."""
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=256,
+                                    cache=CacheConfig(num_gpu_blocks=64)))
+    calls = []
+    engine.close = lambda: calls.append(1)
+    wcfg = WorkloadConfig(dataset="azure-conv", vocab_size=engine.model_config.vocab_size,
+                          max_model_len=engine.max_model_len)
+    session = LiveSession(engine, wcfg, nvml=FakeNvml(1), host_probe=False, sample_hz=10)
+    session.close()
+    session.close()
+    assert calls == [1]
