@@ -200,7 +200,10 @@ class Samplers:
         samples = self.gpu_samples(t0_ns, t1_ns)
         out = {}
         for f in ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w"):
-            v = [getattr(x, f) for x in samples if getattr(x, f) is not None]
+            # None = not read this tick; NaN (a GPM window NVML could not compute) must not
+            # poison the mean: on the H200 three NaN DRAM readings in 1448 turned a run's mean
+            # into "n/a"
+            v = [y for x in samples if (y := getattr(x, f)) is not None and y == y]
             out[f] = sum(v) / len(v) if v else float("nan")
         return out
 
