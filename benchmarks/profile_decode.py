@@ -1,0 +1,647 @@
+"""Where a decode step's time goes: host vs graph replay vs logits, and GPU time per kernel kind.
+
+For each decode batch (every request holding ``--kv-len`` tokens of KV, as in
+``bench_engine_step.py``, whose helpers this reuses):
+
+1. Step timing. The wall time of ``ModelRunner.execute`` (median, as bench_engine_step measures
+   it), then the same step taken apart: host work (input building + H2D copies, FlashInfer
+   ``plan``) with ``perf_counter``, and on the GPU, with CUDA events, the graph replay (or the
+   eager forward), logits (row gather + lm_head + float cast) and sampling (argmax + the
+   device-to-host copy and the sync's round trip).
+2. Kernel profile (CUDA only). ``torch.profiler`` over a few steps run with CUDA graphs (kernels
+   inside the replayed graph are traced by CUPTI) and the same steps run EAGER
+   (``runner.graphs`` set to None). Every kernel gets a category: the model's modules are
+   labelled with ``record_function`` through forward hooks, so a kernel launched inside
+   ``qkv_proj`` is the qkv GEMM whatever cuBLAS names it; kernels the labels don't settle are
+   classed by name (patterns in ``NAME_RULES``); graph kernels take the category of the eager
+   kernel at the same position when the two sequences agree. Unknown kernels land in ``other``
+   and the five costliest names are printed so the rules can be refined.
+   Table: category, kernels/step, µs/step, % of the kernels' busy time, bytes that must move
+   (weight matrices; KV read by attention; KV written by the append), achieved TB/s and % of
+   ``--mem-bw``; then the kernels' busy time against the event-timed replay (the difference is
+   the gaps between kernels inside the graph), and finally the ideal time per category at
+   ``--mem-bw`` next to the measured one.
+
+Usage (H200): python benchmarks/profile_decode.py --model llama-3-8b --json OUT.json [--trace-dir DIR]
+        (CPU smoke test): python benchmarks/profile_decode.py --model tiny --device cpu --batches 1,2
+On the CPU there are no graphs and no kernels: the "kernels" are the outermost aten ops under the
+labels, timed on the CPU, so the bookkeeping is exercised; the numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_engine_step import make_req, time_step  # noqa: E402
+
+from gpuchef.engine_host.attention import AttentionMetadata  # noqa: E402
+from gpuchef.engine_host.config import CacheConfig, EngineConfig  # noqa: E402
+from gpuchef.engine_host.decode_inputs import build_decode_inputs  # noqa: E402
+from gpuchef.engine_host.engine import LLMEngine  # noqa: E402
+from gpuchef.engine_host.kv_cache import BlockPool, cdiv  # noqa: E402
+from gpuchef.engine_host.sampling import sample  # noqa: E402
+from gpuchef.engine_host.scheduler import SchedulerOutput  # noqa: E402
+
+P = "pd:"  # prefix of this script's record_function labels
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
+
+#: Print order of the categories.
+CATEGORIES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attention", "kv_append", "rope",
+              "rmsnorm", "silu_and_mul", "embedding", "copies/elementwise", "attn_other",
+              "lm_head", "logits_gather_cast", "sampling", "input_h2d", "plan_h2d",
+              "gemm (unattributed)", "other")
+
+#: Kernel name → category, first match wins (case-insensitive). Expected names on the H200:
+#: - GEMMs (cuBLAS/cuBLASLt, bf16): "nvjet_tst_*", "sm90_xmma_gemm_*", "cutlass3x_sm90_*gemm*",
+#:   "gemv2T_kernel*"/"gemvx*" at batch 1, plus "splitKreduce_kernel" when split-K is picked.
+#: - FlashInfer attention: "BatchDecodeWithPagedKVCacheKernel*" (or, with tensor cores,
+#:   "BatchPrefillWithPagedKVCacheKernel*"), "PersistentVariableLengthMergeStatesKernel"/
+#:   "MergeStatesKernel" when the KV is split; K/V append: "AppendPagedKVCacheKernel".
+#: - FlashInfer fused ops: "RMSNormKernel", "FusedAddRMSNormKernel", "act_and_mul_kernel"
+#:   (silu_and_mul), "BatchQKApplyRotaryPosIdsCosSinCache*" (RoPE).
+#: - PyTorch: "indexSelectLargeIndex"/"indexSelectSmallIndex" (embedding, row gather),
+#:   "*elementwise_kernel*" (casts, .contiguous() copies, the append's index set-up),
+#:   "*reduce_kernel*ArgMaxOps*" (greedy sampling), "Memcpy HtoD/DtoH", "Memset".
+#: On the CPU the same rules see aten op names (aten::linear, aten::silu, ...).
+NAME_RULES = (
+    ("copies/elementwise", r"^memcpy|^memset"),
+    ("attention", r"batchdecode|batchprefill|singledecode|singleprefill|persistentvariable|"
+                  r"mergestates|fmha|flash_?attn|scaled_dot_product"),
+    ("kv_append", r"appendpaged|append_paged"),
+    ("rope", r"rope|rotary"),
+    ("rmsnorm", r"rmsnorm|rms_norm"),
+    ("silu_and_mul", r"act_and_mul|silu|swiglu"),
+    ("sampling", r"argmax|topk|sampling|multinomial"),
+    ("embedding", r"embedding|indexselect|index_select"),
+    ("gemm (unattributed)", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitk|sm90_|sm100_|sm80_|"
+                            r"ampere_|hopper|aten::mm$|aten::addmm|aten::linear|aten::matmul|"
+                            r"aten::bmm"),
+    ("copies/elementwise", r"copy|elementwise|catarray|aten::to$|aten::_to_copy|aten::contiguous|"
+                           r"aten::cat|fill|aten::clone"),
+)
+_NAME_RULES = tuple((c, re.compile(p, re.I)) for c, p in NAME_RULES)
+_GEMM = dict(_NAME_RULES)["gemm (unattributed)"]
+
+
+def name_category(name: str) -> str:
+    for cat, rx in _NAME_RULES:
+        if rx.search(name):
+            return cat
+    return "other"
+
+
+def categorize(name: str, labels: list[str]) -> str:
+    """Category of a kernel from its name and this script's labels around the op that launched it
+    (innermost first, without the ``pd:`` prefix)."""
+    for lab in labels:
+        if lab.startswith("mod:"):
+            leaf = lab.rsplit(".", 1)[-1]
+            if leaf in LINEARS:
+                return leaf  # everything cuBLAS launches for that Linear (split-K reduce included)
+            by_name = name_category(name)
+            if by_name not in ("other", "copies/elementwise", "gemm (unattributed)"):
+                return by_name
+            if leaf == "embed_tokens":
+                return "embedding"
+            if leaf in NORMS:
+                return "rmsnorm"
+            if leaf == "mlp":
+                return "silu_and_mul"
+            if leaf == "self_attn":
+                return "copies/elementwise" if by_name == "copies/elementwise" else "attn_other"
+            continue
+        if lab == "logits":
+            return "lm_head" if _GEMM.search(name) else "logits_gather_cast"
+        if lab == "sample":
+            return "sampling"
+        if lab == "inputs":
+            return "input_h2d"
+        if lab == "plan":
+            return "plan_h2d"
+    return name_category(name)
+
+
+# ----------------------------------------------------------------------------- the step, in parts
+
+
+class Clock:
+    """GPU timestamps with CUDA events, or wall time on the CPU (same interface)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+@contextmanager
+def label(name: str, on: bool):
+    if on:
+        with record_function(P + name):
+            yield
+    else:
+        yield
+
+
+@torch.inference_mode()
+def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> dict[str, float]:
+    """One decode step as ``ModelRunner.execute`` runs it (CudaGraphDecode.execute when
+    ``runner.graphs`` is set, else the eager branch), timed in parts. Returns ms per part."""
+    runner = eng.runner
+    gr = runner.graphs
+    clock = Clock(runner.is_cuda)
+    reqs = out.decodes
+    B = len(reqs)
+    h0 = time.perf_counter()
+    with label("inputs", labels):
+        if gr is not None:
+            kv = runner.kv
+            n = gr.padded_size(B)
+            x = build_decode_inputs(reqs, n, kv.block_size, kv.scratch_block, gr.block_tables)
+            gr.input_ids[:n].copy_(x.input_ids, non_blocking=True)
+            gr.positions[:n].copy_(x.positions, non_blocking=True)
+            gr.slot_mapping[:n].copy_(x.slot_mapping, non_blocking=True)
+            meta = AttentionMetadata(
+                block_size=kv.block_size, qo_indptr=torch.arange(n + 1, dtype=torch.int32),
+                kv_indptr=x.kv_indptr, kv_indices=x.kv_indices,
+                kv_last_page_len=x.kv_last_page_len, kv_lens=x.kv_lens, qo_lens=[1] * n,
+                slot_mapping=gr.slot_mapping[:n], positions=gr.positions[:n], num_decodes=n)
+        else:
+            batch = runner.prepare(out)
+            meta = batch.meta
+    h1 = time.perf_counter()
+    with label("plan", labels):
+        runner.attn.begin_step(meta)
+    h2 = time.perf_counter()
+    e0 = clock.mark()
+    with label("forward", labels):
+        if gr is not None:
+            g, hidden = gr.graphs[n]
+            g.replay()
+            hidden = hidden[:B]
+        else:
+            hidden = runner.model(batch.input_ids, meta.positions, runner.kv.kv_caches, runner.attn)
+    e1 = clock.mark()
+    with label("logits", labels):
+        if gr is None:
+            rows = torch.tensor(batch.sample_rows, dtype=torch.int64, device=runner.device)
+            hidden = hidden.index_select(0, rows)
+        logits = runner.model.compute_logits(hidden)
+    e2 = clock.mark()
+    with label("sample", labels):
+        sample(logits, reqs, runner.engine_seed)  # .tolist(): syncs
+    e3 = clock.mark()
+    if runner.is_cuda:
+        e3.synchronize()
+    h3 = time.perf_counter()
+    return dict(wall_ms=(h3 - h0) * 1e3, host_inputs_ms=(h1 - h0) * 1e3,
+                host_plan_ms=(h2 - h1) * 1e3, gpu_forward_ms=clock.ms(e0, e1),
+                gpu_logits_ms=clock.ms(e1, e2), gpu_sample_ms=clock.ms(e2, e3),
+                gpu_total_ms=clock.ms(e0, e3))
+
+
+def time_phases(eng: LLMEngine, out: SchedulerOutput, iters: int) -> dict[str, float]:
+    for _ in range(3):
+        phased_step(eng, out)
+    runs = [phased_step(eng, out) for _ in range(iters)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+# ----------------------------------------------------------------------------- profiling
+
+
+def add_module_labels(model: torch.nn.Module) -> list:
+    """Forward hooks that wrap every named submodule's forward in ``record_function('pd:mod:NAME')``.
+    Returns the hook handles (remove them when done)."""
+    handles = []
+    for name, mod in model.named_modules():
+        if not name:
+            continue
+        tag = P + "mod:" + name
+
+        def pre(m, args, tag=tag):
+            rf = record_function(tag)
+            rf.__enter__()
+            m.__dict__.setdefault("_pd_rf", []).append(rf)
+
+        def post(m, args, output):
+            stack = m.__dict__.get("_pd_rf")
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    return handles
+
+
+def _labels_of(ev) -> list[str]:
+    out = []
+    while ev is not None:
+        if ev.name.startswith(P):
+            out.append(ev.name[len(P):])
+        ev = ev.cpu_parent
+    return out
+
+
+def kernel_records(prof, cuda: bool) -> list[dict]:
+    """Kernels (CUDA) or outermost labelled aten ops (CPU) of a profile: name, start µs, µs,
+    labels (innermost first). CUDA kernels are tied to the CPU op that launched them through the
+    profiler's correlation ids."""
+    evs = prof.events()
+    recs: list[dict] = []
+    if not cuda:
+        for e in evs:
+            if e.device_type != DeviceType.CPU or e.name.startswith(P):
+                continue
+            if e.cpu_parent is None or e.cpu_parent.name.startswith(P):
+                labs = _labels_of(e)
+                if labs:
+                    recs.append(dict(name=e.name, start=e.time_range.start,
+                                     us=e.time_range.elapsed_us(), labels=labs))
+        return recs
+    frontend = {}
+    for e in evs:
+        if (e.device_type == DeviceType.CPU and not e.is_async
+                and getattr(e, "linked_correlation_id", 0) == 0):
+            frontend.setdefault(e.id, e)
+    dev = [e for e in evs if e.device_type == DeviceType.CUDA and not e.name.startswith(P)]
+    if dev and hasattr(dev[0], "linked_correlation_id"):
+        for e in dev:
+            cpu = frontend.get(e.linked_correlation_id)
+            recs.append(dict(name=e.name, start=e.time_range.start, us=e.time_range.elapsed_us(),
+                             labels=_labels_of(cpu) if cpu is not None else []))
+        return recs
+    # older FunctionEvent without linked_correlation_id: read the raw kineto events
+    for k in prof.profiler.kineto_results.events():
+        if k.device_type() != DeviceType.CUDA or k.name().startswith(P):
+            continue
+        cpu = frontend.get(k.linked_correlation_id())
+        recs.append(dict(name=k.name(), start=k.start_ns() / 1e3, us=k.duration_ns() / 1e3,
+                         labels=_labels_of(cpu) if cpu is not None else []))
+    return recs
+
+
+def profile_steps(eng: LLMEngine, out: SchedulerOutput, iters: int, notes: list[str]
+                  ) -> list[list[dict]]:
+    """Profile ``iters`` phased steps (after warm-up). Returns per step its kernel records, sorted
+    by start, each with a ``cat``; appends anything odd to ``notes``."""
+    cuda = eng.runner.is_cuda
+    for _ in range(2):
+        phased_step(eng, out)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    handles = add_module_labels(eng.runner.model)
+    try:
+        with profile(activities=acts, record_shapes=False) as prof:
+            for i in range(iters):
+                with record_function(f"{P}step{i}"):
+                    phased_step(eng, out, labels=True)
+    finally:
+        for h in handles:
+            h.remove()
+    steps: list[list[dict]] = [[] for _ in range(iters)]
+    recs = kernel_records(prof, cuda)
+    unlinked = []
+    for r in recs:
+        step = next((int(lab[4:]) for lab in r["labels"] if re.fullmatch(r"step\d+", lab)), None)
+        r["cat"] = categorize(r["name"], r["labels"])
+        (unlinked if step is None else steps[step]).append(r)
+    if recs and len(unlinked) == len(recs):
+        # The profiler did not tie kernels to the CPU ops that launched them: pool them all (the
+        # per-step means stay right; busy/span then cover every step and the gaps between them).
+        steps = [unlinked] + [[] for _ in range(iters - 1)]
+        notes.append(f"{len(recs)} kernels not tied to launching CPU ops: categories by name "
+                     "only; busy/span cover all profiled steps")
+    elif unlinked:
+        notes.append(f"{len(unlinked)} of {len(recs)} kernels outside the labelled steps "
+                     f"(ignored; {sum(r['us'] for r in unlinked):.0f} µs in all)")
+    for s in steps:
+        s.sort(key=lambda r: r["start"])
+    return steps
+
+
+def align_graph_to_eager(graph_steps: list[list[dict]], eager_steps: list[list[dict]],
+                         num_layers: int) -> str:
+    """Give the kernels inside the graph replay (labelled only 'forward') the categories of the
+    eager forward's kernels at the same position when the sequences have the same length and
+    names; else GEMMs in the order qkv, o, gate_up, down per layer when their count is 4 × layers.
+    Returns how it was done."""
+    if not eager_steps or not eager_steps[0]:
+        return "no eager kernels to align with"
+    ref = [r for r in eager_steps[0] if "forward" in r["labels"]]
+    how = set()
+    for step in graph_steps:
+        fwd = [r for r in step if "forward" in r["labels"]]
+        if len(fwd) == len(ref):
+            same = sum(a["name"] == b["name"] for a, b in zip(fwd, ref))
+            for a, b in zip(fwd, ref):
+                if a["name"] == b["name"]:
+                    a["cat"] = b["cat"]
+            how.add(f"positional ({same}/{len(ref)} kernel names equal to eager)")
+            continue
+        gemms = [r for r in fwd if r["cat"] == "gemm (unattributed)"]
+        if len(gemms) == 4 * num_layers:
+            for i, r in enumerate(gemms):
+                r["cat"] = LINEARS[i % 4]
+            how.add(f"GEMMs by order ({len(fwd)} graph kernels vs {len(ref)} eager)")
+        else:
+            how.add(f"by name only ({len(fwd)} graph kernels vs {len(ref)} eager, "
+                    f"{len(gemms)} GEMMs)")
+    return "; ".join(sorted(how))
+
+
+def busy_and_span(recs: list[dict]) -> tuple[float, float]:
+    """Union of the kernels' intervals and first start → last end, µs."""
+    if not recs:
+        return 0.0, 0.0
+    iv = sorted((r["start"], r["start"] + r["us"]) for r in recs)
+    busy, (cs, ce) = 0.0, iv[0]
+    for s, e in iv[1:]:
+        if s > ce:
+            busy += ce - cs
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    busy += ce - cs
+    return busy, iv[-1][1] - iv[0][0]
+
+
+def summarize(steps: list[list[dict]]) -> dict:
+    """Per-step means: by category (kernels, µs), the forward's busy time and span, unknowns."""
+    n = max(len(steps), 1)
+    cats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    unknown: dict[str, float] = defaultdict(float)
+    busy = span = fbusy = fspan = 0.0
+    for s in steps:
+        for r in s:
+            cats[r["cat"]][0] += 1
+            cats[r["cat"]][1] += r["us"]
+            if r["cat"] in ("other", "gemm (unattributed)"):
+                unknown[r["name"]] += r["us"]
+        b, sp = busy_and_span(s)
+        fb, fs = busy_and_span([r for r in s if "forward" in r["labels"]])
+        busy, span, fbusy, fspan = busy + b, span + sp, fbusy + fb, fspan + fs
+    return dict(
+        categories={c: dict(kernels=v[0] / n, us=v[1] / n) for c, v in cats.items()},
+        kernels_per_step=sum(len(s) for s in steps) / n,
+        forward_kernels_per_step=sum(sum("forward" in r["labels"] for r in s) for s in steps) / n,
+        busy_us=busy / n, span_us=span / n, forward_busy_us=fbusy / n, forward_span_us=fspan / n,
+        unknown_top=[dict(name=k, us_per_step=v / n)
+                     for k, v in sorted(unknown.items(), key=lambda kv: -kv[1])[:5]])
+
+
+def category_bytes(mc, itemsize: int, batch: int, kv_len: int) -> dict[str, int]:
+    """Bytes a decode step must move per category: weight matrices once, KV read/written."""
+    L, H, I, V = mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size, mc.vocab_size
+    q, kv = mc.q_size, mc.kv_size
+    return {
+        "qkv_proj": L * H * (q + 2 * kv) * itemsize,
+        "o_proj": L * q * H * itemsize,
+        "gate_up_proj": L * H * 2 * I * itemsize,
+        "down_proj": L * I * H * itemsize,
+        "lm_head": H * V * itemsize,
+        "attention": L * batch * (kv_len + 1) * 2 * kv * itemsize,
+        "kv_append": L * batch * 2 * kv * itemsize,
+    }
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def print_table(res: dict, mem_bw: float) -> None:
+    primary = res.get("graph_profile") or res.get("eager_profile")
+    eager = res.get("eager_profile")
+    graph = res.get("graph_profile")
+    byt = res["bytes"]
+    cats = primary["categories"]
+    total = sum(v["us"] for v in cats.values()) or 1.0
+    src = "graph" if graph else "eager"
+    print(f"\n  per step, {src} kernels{' (eager µs alongside)' if graph and eager else ''}:")
+    print(f"  {'category':<20} {'kern':>5} {'µs':>9} {'%':>6} {'eager µs':>9} {'MB':>9} "
+          f"{'TB/s':>6} {'% BW':>6}")
+    order = [c for c in CATEGORIES if c in cats or (eager and c in eager["categories"])]
+    order += sorted(set(cats) - set(order))
+    for c in order:
+        v = cats.get(c, dict(kernels=0, us=0.0))
+        ev = eager["categories"].get(c, {}).get("us") if (graph and eager) else None
+        b = byt.get(c)
+        tbs = b / (v["us"] * 1e-6) / 1e12 if b and v["us"] else None
+        print(f"  {c:<20} {v['kernels']:>5.0f} {v['us']:>9.1f} {100 * v['us'] / total:>5.1f}% "
+              f"{'' if ev is None else f'{ev:.1f}':>9} {'' if b is None else f'{b / 1e6:.1f}':>9} "
+              f"{'' if tbs is None else f'{tbs:.2f}':>6} "
+              f"{'' if tbs is None else f'{100 * tbs * 1e12 / mem_bw:.0f}%':>6}")
+    print(f"  {'total':<20} {primary['kernels_per_step']:>5.0f} {total:>9.1f}")
+    for name, p in (("graph", graph), ("eager", eager)):
+        if p:
+            print(f"  {name}: {p['kernels_per_step']:.0f} kernels/step "
+                  f"({p['forward_kernels_per_step']:.0f} in the forward); forward kernels busy "
+                  f"{p['forward_busy_us']:.1f} µs over a {p['forward_span_us']:.1f} µs span "
+                  f"(gaps {p['forward_span_us'] - p['forward_busy_us']:.1f} µs); whole step "
+                  f"busy {p['busy_us']:.1f} µs")
+    ph = res["phases"]
+    fb = primary["forward_busy_us"]
+    print(f"  event-timed {'graph replay' if graph else 'forward'}: {ph['gpu_forward_ms'] * 1e3:.1f}"
+          f" µs vs forward kernels busy {fb:.1f} µs → {ph['gpu_forward_ms'] * 1e3 - fb:.1f} µs "
+          f"not in kernels (gaps, launch){' [profiled, so slower]' if not graph else ''}")
+    if primary["unknown_top"]:
+        print("  top unattributed kernel names (refine NAME_RULES):")
+        for u in primary["unknown_top"]:
+            print(f"    {u['us_per_step']:>9.1f} µs  {u['name'][:150]}")
+    print(f"\n  ideal at {mem_bw / 1e12:.1f} TB/s vs measured ({src}), µs per step:")
+    print(f"  {'category':<20} {'ideal':>9} {'measured':>9} {'gap':>9}")
+    ideal_sum = meas_sum = 0.0
+    for c in order:
+        m = cats.get(c, {}).get("us", 0.0)
+        ideal = byt[c] / mem_bw * 1e6 if c in byt else 0.0
+        ideal_sum += ideal
+        meas_sum += m
+        print(f"  {c:<20} {ideal:>9.1f} {m:>9.1f} {m - ideal:>9.1f}")
+    print(f"  {'kernels total':<20} {ideal_sum:>9.1f} {meas_sum:>9.1f} {meas_sum - ideal_sum:>9.1f}")
+    extra = ph["wall_ms"] * 1e3 - meas_sum
+    print(f"  {'+ not in kernels':<20} {'':>9} {extra:>9.1f} {extra:>9.1f}   (host, gaps, sync: "
+          f"phased wall {ph['wall_ms'] * 1e3:.1f} µs − kernels)")
+    print(f"  roofline as bench_engine_step counts it (all weights incl. the embedding table + KV): "
+          f"{res['roofline_ms'] * 1e3:.1f} µs; wall {res['wall_ms'] * 1e3:.1f} µs "
+          f"= {100 * res['roofline_ms'] / res['wall_ms']:.1f}% of roofline")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--kv-len", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=30, help="timed steps per batch")
+    ap.add_argument("--prof-iters", type=int, default=5, help="profiled steps per batch and mode")
+    ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--trace-dir", default=None,
+                    help="write one chrome trace per batch (one graph step + one eager step)")
+    a = ap.parse_args(argv)
+    # a run stopped by `timeout` says where it was
+    try:
+        faulthandler.register(signal.SIGTERM, all_threads=True)
+    except (AttributeError, ValueError, RuntimeError):  # no SIGTERM / not the main thread
+        pass
+    t_start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if done in (0, total):
+            say(f"{stage}: {done}/{total}")
+
+    batches = [int(x) for x in a.batches.split(",") if x]
+    bs = 16
+    blocks = max(batches) * cdiv(a.kv_len + 1, bs) + 64
+    eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
+                                 attention_backend=a.attention_backend, max_model_len=a.kv_len + 1,
+                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)),
+                    progress=progress)
+    mc = eng.model_config
+    cuda = eng.runner.is_cuda
+    itemsize = torch.empty((), dtype=eng.dtype).element_size()
+    kv_per_token = 2 * mc.num_hidden_layers * mc.kv_size * itemsize
+    graphs = eng.runner.graphs
+    head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "
+            f"{eng.dtype}, {eng.device}"
+            f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if cuda else ''}, "
+            f"attention {eng.attn.name}, fused ops {'on' if getattr(eng, 'fused_ops', False) else 'off'}, "
+            f"CUDA graphs {'on' if graphs is not None else 'off'}, torch {torch.__version__}")
+    print(head)
+    lin_bytes = sum(v for k, v in category_bytes(mc, itemsize, 0, 0).items() if k in LINEARS
+                    or k == "lm_head")
+    print(f"weights {eng.loaded.weight_bytes / 1e9:.2f} GB, of which a decode step reads "
+          f"{lin_bytes / 1e9:.2f} GB (linears + lm_head; the embedding table only B rows); "
+          f"KV {kv_per_token * (a.kv_len + 1) / 1e6:.1f} MB per request at KV {a.kv_len}")
+    if not cuda:
+        print("CPU run: no CUDA graphs or kernels; the 'kernels' below are aten ops timed on the "
+              "CPU (smoke test of the bookkeeping only)")
+    if a.trace_dir:
+        os.makedirs(a.trace_dir, exist_ok=True)
+    # All timing first, all profiling after: a profiler session can leave CUPTI attached and
+    # slow later launches down.
+    def decode_batch(b: int) -> SchedulerOutput:
+        eng.kv.pool = BlockPool(eng.kv.num_blocks)
+        return SchedulerOutput(decodes=[make_req(eng, i, a.kv_len, 1) for i in range(b)])
+
+    results = []
+    for b in batches:
+        out = decode_batch(b)
+        say(f"batch {b}: timing")
+        wall = time_step(eng, out, a.iters)
+        phases = time_phases(eng, out, a.iters)
+        eager_phases = None
+        if graphs is not None:
+            eng.runner.graphs = None
+            try:
+                eager_phases = time_phases(eng, out, max(5, a.iters // 3))
+            finally:
+                eng.runner.graphs = graphs
+        roof = (eng.loaded.weight_bytes + b * (a.kv_len + 1) * kv_per_token) / a.mem_bw * 1e3
+        byt = category_bytes(mc, itemsize, b, a.kv_len)
+        results.append(dict(batch=b, kv_len=a.kv_len, wall_ms=wall, roofline_ms=roof,
+                            roofline_read_ms=(lin_bytes + byt["attention"]) / a.mem_bw * 1e3,
+                            phases=phases, eager_phases=eager_phases, bytes=byt,
+                            graph_profile=None, eager_profile=None, graph_alignment=None,
+                            cuda_graphs=graphs is not None))
+    for res in results:
+        b, wall, roof, phases = res["batch"], res["wall_ms"], res["roofline_ms"], res["phases"]
+        out = decode_batch(b)
+        say(f"batch {b}: profiling")
+        graph_steps = None
+        if graphs is not None and b <= graphs.max_batch_size:
+            graph_notes: list[str] = []
+            graph_steps = profile_steps(eng, out, a.prof_iters, graph_notes)
+        eng.runner.graphs = None
+        try:
+            eager_notes: list[str] = []
+            eager_steps = profile_steps(eng, out, a.prof_iters, eager_notes)
+        finally:
+            eng.runner.graphs = graphs
+        if graph_steps is not None:
+            res["graph_alignment"] = align_graph_to_eager(graph_steps, eager_steps,
+                                                          mc.num_hidden_layers)
+            res["graph_profile"] = summarize(graph_steps)
+            if not any("forward" in r["labels"] for s in graph_steps for r in s):
+                graph_notes.append("no kernels traced inside the graph replay (CUPTI): the graph "
+                                   "table lacks the forward, read the eager µs column")
+            res["graph_profile"]["notes"] = graph_notes
+        res["eager_profile"] = summarize(eager_steps)
+        res["eager_profile"]["notes"] = eager_notes
+        if a.trace_dir:  # one graph step then one eager step, small enough to open
+            path = os.path.join(a.trace_dir, f"decode_b{b}.json")
+            with profile(activities=[ProfilerActivity.CPU]
+                         + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+                with record_function(f"{P}graph_step" if graphs else f"{P}step"):
+                    phased_step(eng, out, labels=True)
+                if graphs is not None:
+                    eng.runner.graphs = None
+                    try:
+                        with record_function(f"{P}eager_step"):
+                            phased_step(eng, out, labels=True)
+                    finally:
+                        eng.runner.graphs = graphs
+            prof.export_chrome_trace(path)
+            res["trace"] = path
+
+        ph = phases
+        print(f"\n=== decode batch {b}, KV {a.kv_len}/request: wall {wall:.3f} ms "
+              f"(roofline {roof:.3f} ms, {100 * roof / wall:.1f}%; counting only the bytes a "
+              f"decode reads: {res['roofline_read_ms']:.3f} ms, "
+              f"{100 * res['roofline_read_ms'] / wall:.1f}%) ===")
+        print(f"  phased step: wall {ph['wall_ms']:.3f} ms = host inputs {ph['host_inputs_ms']:.3f}"
+              f" + plan {ph['host_plan_ms']:.3f} + GPU {ph['gpu_total_ms']:.3f} "
+              f"[{'graph replay' if graphs else 'forward'} {ph['gpu_forward_ms']:.3f}, logits "
+              f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] + rest "
+              f"{ph['wall_ms'] - ph['host_inputs_ms'] - ph['host_plan_ms'] - ph['gpu_total_ms']:.3f}")
+        if res.get("eager_phases"):
+            ep = res["eager_phases"]
+            print(f"  eager step:  wall {ep['wall_ms']:.3f} ms, forward {ep['gpu_forward_ms']:.3f} ms")
+        if res["graph_alignment"]:
+            print(f"  graph kernels categorised: {res['graph_alignment']}")
+        for mode in ("graph", "eager"):
+            for note in (res[f"{mode}_profile"] or {}).get("notes", []):
+                print(f"  NOTE ({mode} profile): {note}")
+        print_table(res, a.mem_bw)
+
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(header=head, args=vars(a), mem_bw=a.mem_bw,
+                           model=dict(name=a.model, layers=mc.num_hidden_layers,
+                                      hidden=mc.hidden_size, intermediate=mc.intermediate_size,
+                                      q_size=mc.q_size, kv_size=mc.kv_size, vocab=mc.vocab_size,
+                                      itemsize=itemsize, weight_bytes=eng.loaded.weight_bytes,
+                                      decode_weight_bytes=lin_bytes),
+                           device=str(eng.device), cuda=cuda, batches=results), f, indent=2)
+        say(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
