@@ -11,12 +11,20 @@ Columns:
   the samples), measured around ``_tick`` on the sampler thread.
 * ``CPU %``: CPU time of the sampler thread (``time.thread_time_ns``) / wall time, % of one core.
 * ``GPM ms``: the shortest spacing of two GPM samples (NVML wants > 100 ms).
+* ``calls/tick`` (and ``/GPU``): NVML calls made inside ticks (counted by a wrapper around the
+  module, PCIe thread excluded) per tick, and per tick and GPU. Each pynvml call is one ctypes
+  call, which releases the GIL and must win it back — behind a GIL-bound thread that can take up
+  to ``sys.getswitchinterval()`` (5 ms), so this count bounds the rate the sampler can keep.
 * ``busy %`` (IQR): throughput of a GIL-bound Python worker thread with the sampler on, relative
   to the run without it just before (median and inter-quartile range of ``--rounds`` pairs) — a
   proxy for what the in-process engine thread loses. The issue's target is >= 99 % of engine
   throughput at 20 Hz; measure the real engine on the H200 for the record. On a small shared VM
   the IQR is several % wide: read the column only when the IQR is narrow.
 PCIe runs on its own thread (1 s period); its measured call time is printed once.
+
+``--fake-release-gil`` makes the stand-in's calls go through a C function via ctypes, as pynvml's
+do, so the GIL round trips (and the busy thread's effect on the achieved rate) show on a CPU
+machine too; ``--fake-call-us`` adds time inside that C call.
 """
 
 from __future__ import annotations
@@ -33,17 +41,45 @@ from gpuchef.probes.nvml import FakeNvml, NvmlSampler, NvmlUnavailable, nvml_lib
 
 
 
-class TimedSampler(NvmlSampler):
-    """NvmlSampler that keeps the duration of every tick (ns)."""
+class CountingNvml:
+    """Wraps an NVML module (pynvml or FakeNvml): counts calls to its ``nvml*`` functions."""
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
+    def __init__(self, module):
+        self._module = module
+        self.n_calls = 0
+        self.by_name: dict[str, int] = {}
+        self._wrapped: dict[str, object] = {}
+
+    def __getattr__(self, name):
+        v = getattr(self._module, name)
+        if not (name.startswith("nvml") and callable(v)):
+            return v
+        w = self._wrapped.get(name)
+        if w is None:
+            def w(*a, _f=v, _n=name):
+                self.n_calls += 1
+                self.by_name[_n] = self.by_name.get(_n, 0) + 1
+                return _f(*a)
+            self._wrapped[name] = w
+        return w
+
+
+class TimedSampler(NvmlSampler):
+    """NvmlSampler that keeps the duration of every tick (ns) and the NVML calls made in ticks."""
+
+    def __init__(self, *a, counter: CountingNvml | None = None, **kw):
+        super().__init__(*a, nvml=counter, **kw)
         self.tick_ns: list[int] = []
+        self.counter = counter
+        self.tick_calls = 0
 
     def _tick(self):
+        c = self.counter
+        n0 = c.n_calls - c.by_name.get("nvmlDeviceGetPcieThroughput", 0)
         t0 = time.perf_counter_ns()
         out = super()._tick()
         self.tick_ns.append(time.perf_counter_ns() - t0)
+        self.tick_calls += c.n_calls - c.by_name.get("nvmlDeviceGetPcieThroughput", 0) - n0
         return out
 
 
@@ -75,10 +111,10 @@ def run_busy(seconds: float, sampler: NvmlSampler | None) -> float:
     return out[0] / dt
 
 
-def tight_loop_us(nvml, n: int = 2000) -> float:
+def tight_loop_us(nvml, n: int = 2000, **opts) -> float:
     """Mean µs of ``sample_once`` back to back (warm caches, no thread wake-ups)."""
     fake = None if nvml is None else FakeNvml(nvml.n_gpus, pcie_window_s=0)
-    s = NvmlSampler(nvml=fake, pcie_interval_s=0)
+    s = NvmlSampler(nvml=fake, pcie_interval_s=0, **opts)
     s.sample_once()
     t0 = time.perf_counter_ns()
     for _ in range(n):
@@ -97,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="alternating off/on segments per rate (default 10)")
     ap.add_argument("--fake", action="store_true", help="use the NVML stand-in even with a GPU")
     ap.add_argument("--fake-gpus", type=int, default=1, help="GPUs of the stand-in (default 1)")
+    ap.add_argument("--fake-release-gil", action="store_true",
+                    help="the stand-in's calls release the GIL through ctypes, as pynvml's do")
+    ap.add_argument("--fake-call-us", type=int, default=0,
+                    help="µs spent inside each emulated C call (with --fake-release-gil)")
+    ap.add_argument("--slow-interval", type=float, default=None,
+                    help="sampler's slow_interval_s (temperature, clocks); 0 = every field every "
+                         "tick, the behaviour before it existed (default: the sampler's, 1 s)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="sampler's parallel=True: one worker thread per GPU")
     ap.add_argument("--gpus", default=None,
                     help="GPUs to sample, as `gpuchef --gpus` (e.g. 0 or 0,1; default: all)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
@@ -118,6 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     if nvml is not None:
         print(f"# {source}: figures are the sampler's Python overhead only, not driver time")
 
+    def new_fake():
+        return FakeNvml(args.fake_gpus, release_gil=args.fake_release_gil,
+                        call_us=args.fake_call_us)
+
+    if nvml is not None and args.fake_release_gil:
+        print(f"# stand-in calls release the GIL via ctypes ({args.fake_call_us} us inside)")
+    real_counter = None
+    if nvml is None:
+        import pynvml
+        real_counter = CountingNvml(pynvml)
+    opts = {} if args.slow_interval is None else {"slow_interval_s": args.slow_interval}
+    if args.parallel:
+        opts["parallel"] = True
     rows = []
     pcie_ms = None
     status = ""
@@ -127,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         # off and on segments alternate and each pair is compared: a shared VM drifts by
         # several % over seconds, far more than the effect being measured
         offs, ons, tick_ns = [], [], []
-        ticks = run_ns = cpu_ns = periods = 0
+        ticks = run_ns = cpu_ns = periods = tick_calls = 0
         gpm_ms = None
         for _ in range(rounds):
-            fake = FakeNvml(args.fake_gpus) if nvml is not None else None
-            s = TimedSampler(gpus=gpus, sample_hz=hz, nvml=fake)
+            fake = new_fake() if nvml is not None else None
+            counter = real_counter if fake is None else CountingNvml(fake)
+            s = TimedSampler(gpus=gpus, sample_hz=hz, counter=counter, **opts)
             offs.append(run_busy(seg, None))
             ons.append(run_busy(seg, s))
             status = s.status
@@ -139,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             # n ticks span n - 1 periods (the first tick runs at once)
             ticks, run_ns, cpu_ns = ticks + s.ticks, run_ns + s.run_ns, cpu_ns + s.cpu_ns_total
             periods += max(0, s.ticks - 1)
+            tick_calls += s.tick_calls
             n_gpus = len(s.gpu_names) or 1
             if fake is not None and fake.gpm_intervals_ns.get(0):
                 m = min(fake.gpm_intervals_ns[0]) / 1e6
@@ -152,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             "us_per_tick_mean": float(t_us.mean()) if t_us.size else float("nan"),
             "us_per_tick_p99": float(np.percentile(t_us, 99)) if t_us.size else float("nan"),
             "cpu_pct_one_core": 100.0 * cpu_ns / run_ns if run_ns else float("nan"),
+            "nvml_calls_per_tick": tick_calls / ticks if ticks else float("nan"),
+            "nvml_calls_per_tick_gpu": tick_calls / ticks / n_gpus if ticks else float("nan"),
             "gpm_min_interval_ms": gpm_ms,
             "busy_thread_pct": float(np.median(ratios)),
             "busy_thread_pct_iqr": [float(np.percentile(ratios, 25)),
@@ -160,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# {status}")
     hdr = f"{'Hz':>5} {'GPUs':>4} {'ticks':>6} {'got Hz':>7} {'us/tick':>8} {'p99 us':>8} " \
-          f"{'CPU %':>6} {'GPM ms':>7} {'busy %':>7} {'(IQR)':>13}"
+          f"{'CPU %':>6} {'GPM ms':>7} {'busy %':>7} {'(IQR)':>13} {'calls/tick':>10} {'/GPU':>5}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -168,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['hz']:5.0f} {r['gpus']:4d} {r['ticks']:6d} {r['achieved_hz']:7.2f} "
               f"{r['us_per_tick_mean']:8.1f} {r['us_per_tick_p99']:8.1f} "
               f"{r['cpu_pct_one_core']:6.2f} {gpm} {r['busy_thread_pct']:7.1f} "
-              f"({r['busy_thread_pct_iqr'][0]:5.1f}-{r['busy_thread_pct_iqr'][1]:5.1f})")
-    warm = tight_loop_us(nvml)
+              f"({r['busy_thread_pct_iqr'][0]:5.1f}-{r['busy_thread_pct_iqr'][1]:5.1f}) "
+              f"{r['nvml_calls_per_tick']:10.2f} {r['nvml_calls_per_tick_gpu']:5.2f}")
+    warm = tight_loop_us(nvml, **opts)
     print(f"# warm tick in a tight loop (sample_once x 2000, GPM windows mostly skipped): "
           f"{warm:.1f} us")
     if pcie_ms is not None:

@@ -17,9 +17,16 @@ Usage::
         s.wait_ready(2.0); print(s.status)        # "NVML: 2 GPUs (2× NVIDIA H200), GPM on"
         ...
 
-Per tick and GPU the sampler makes 6 NVML calls (utilization, memory, power, SM clock, memory
-clock, temperature) plus, when a GPM window closes, ``nvmlGpmSampleGet`` and
-``nvmlGpmMetricsGet``; a field that answered NotSupported once is not asked again.
+Per tick and GPU the sampler makes 3 NVML calls (utilization, memory, power) plus, when a GPM
+window closes, ``nvmlGpmSampleGet`` and ``nvmlGpmMetricsGet`` (one call for all metrics), plus,
+once every ``slow_interval_s``, 3 more for the slow fields (temperature, SM clock, memory clock);
+a field that answered NotSupported once is not asked again. The count matters more than the time
+each call takes (~10 µs): every pynvml call is a ctypes call, which releases the GIL and has to
+win it back afterwards — behind a GIL-bound thread (the engine, the dashboard) that waits up to
+``sys.getswitchinterval()`` (5 ms), so 6–8 calls per GPU cost tens of ms per tick on the H200
+(2 GPUs at 20 Hz requested got 10.9 Hz). ``nvmlDeviceGetFieldValues`` cannot merge these: of the
+sampled fields only power has a field id (``NVML_FI_DEV_POWER_AVERAGE`` / ``_INSTANT``), none
+exists for utilization, memory, clocks or the GPU temperature, so it would replace one call by one.
 
 Cadences that differ from ``--sample-hz`` (both facts from the NVML API reference):
 
@@ -34,6 +41,12 @@ Cadences that differ from ``--sample-hz`` (both facts from the NVML API referenc
   call, so one GPU's TX + RX costs ~40 ms — more than a whole 50 Hz tick. It therefore runs on a
   second daemon thread every ``pcie_interval_s`` (default 1 s; 0 turns PCIe off) and the samples
   carry its latest reading. ``NvmlSampler.pcie_query_ms`` holds the measured cost of the last pair.
+* **Slow fields** (temperature, SM clock, memory clock): read on the first tick and then on the
+  first tick at least ``slow_interval_s`` (default 1 s; 0 = every tick) after the last reading;
+  the ticks in between repeat it. Temperature moves over seconds, the HBM clock only with the
+  P-state; the SM clock can move faster under a power cap, so it is the coarsest of the three —
+  pass ``slow_interval_s=0`` to read all of them every tick. With several GPUs the refreshes are
+  staggered over the interval so that no single tick pays for all of them.
 
 Power is ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1 s average on Ampere (except
 GA100) and newer, the instantaneous draw on older GPUs. GPU-Util / memory-Util are NVML's
@@ -73,6 +86,7 @@ DEFAULT_SAMPLE_HZ = 10.0
 DEFAULT_GPM_INTERVAL_S = 0.1   # NVML: GPM samples "should be more than 100 ms" apart
 GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next GPM window a tick out
 DEFAULT_PCIE_INTERVAL_S = 1.0
+DEFAULT_SLOW_INTERVAL_S = 1.0  # temperature, SM clock, memory clock
 GPM_MAX_FAILS = 50             # consecutive GPM errors before GPM is turned off for that GPU
 
 
@@ -272,7 +286,8 @@ class GpuSample:
     in which a kernel ran / device memory was read or written (``nvmlDeviceGetUtilizationRates``).
     ``mem_used_bytes`` / ``mem_total_bytes``: device memory (bytes). ``power_w``: board power (W;
     a 1 s average on Ampere+). ``sm_clock_mhz`` / ``mem_clock_mhz``: current clocks (MHz).
-    ``temp_c``: GPU temperature (°C). ``pcie_tx_kbps`` / ``pcie_rx_kbps``: PCIe throughput in
+    ``temp_c``: GPU temperature (°C). Clocks and temperature are refreshed every
+    ``slow_interval_s`` (1 s by default) and repeated in between. ``pcie_tx_kbps`` / ``pcie_rx_kbps``: PCIe throughput in
     KB/s as NVML reports it (a 20 ms window, refreshed every ``pcie_interval_s``).
     GPM (Hopper+), each % in [0, 100] over the last GPM window (≥ ~100 ms):
     ``sm_active`` (SM_UTIL: share of SMs busy), ``sm_occupancy`` (active warps vs the maximum),
@@ -310,7 +325,8 @@ class _Gpu:
 
     __slots__ = ("index", "handle", "name", "off", "lost", "gpm_on", "gpm_prev", "gpm_cur",
                  "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
-                 "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn")
+                 "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn",
+                 "slow", "slow_next_ns")
 
     def __init__(self, index: int, handle: Any, name: str) -> None:
         self.index = index
@@ -330,6 +346,8 @@ class _Gpu:
         self.errors = 0
         self.last_error = ""
         self.temp_fn: Callable[..., Any] | None = None
+        self.slow: tuple[Any, Any, Any] = (NA, NA, NA)  # last SM clock, memory clock, temperature
+        self.slow_next_ns: int | None = None            # None: read the slow fields this tick
 
 
 def _name(v: Any) -> str:
@@ -347,7 +365,10 @@ class NvmlSampler(PeriodicSampler):
     ``on_status(str)``: called with the new status line whenever it changes (e.g. to record a
     warning event in the trace). ``maxlen``: samples kept in ``samples`` (a bounded deque).
     ``gpm_interval_s``: shortest GPM window (≥ 0.1 s, NVML's floor). ``pcie_interval_s``: PCIe
-    refresh period (0 = off).
+    refresh period (0 = off). ``slow_interval_s``: refresh period of temperature and clocks
+    (0 = every tick; see the module doc). ``parallel``: read the GPUs of a tick on one worker
+    thread each (opt-in: with a GIL-bound thread beside it, 8 fake GPUs went from 3.3 to 9.7 Hz
+    at 10 Hz requested, but that thread lost ~20 % instead of ~7 % of its throughput).
 
     NVML is initialised in the thread, so ``start()`` never blocks the caller; ``wait_ready()``
     waits for set-up. Read ``status``, ``latest`` (dict gpu → newest sample), ``gpu_names``,
@@ -361,7 +382,9 @@ class NvmlSampler(PeriodicSampler):
                  on_sample: Callable[[GpuSample], None] | None = None, *,
                  on_status: Callable[[str], None] | None = None, maxlen: int = 8192,
                  gpm_interval_s: float = DEFAULT_GPM_INTERVAL_S,
-                 pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S) -> None:
+                 pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S,
+                 slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+                 parallel: bool = False) -> None:
         hz = check_sample_hz(sample_hz, *SAMPLE_HZ_RANGE, flag="--sample-hz")
         super().__init__(hz, maxlen=maxlen, on_sample=on_sample, clock=clock)
         if gpm_interval_s < DEFAULT_GPM_INTERVAL_S:
@@ -370,6 +393,9 @@ class NvmlSampler(PeriodicSampler):
         if pcie_interval_s != 0 and not 0.1 <= pcie_interval_s <= 3600:
             raise ConfigError(f"pcie_interval_s {pcie_interval_s!r} is out of range: "
                               "allowed 0 (off) or [0.1, 3600] s")
+        if not 0 <= slow_interval_s <= 3600:
+            raise ConfigError(f"slow_interval_s {slow_interval_s!r} is out of range: "
+                              "allowed [0, 3600] s (0 = every tick)")
         self.gpus_requested = None if gpus is None else [int(i) for i in gpus]
         self._nvml_arg = nvml
         self._lib: NvmlLibrary | None = None
@@ -386,6 +412,9 @@ class NvmlSampler(PeriodicSampler):
         self.gpm_enabled: dict[int, bool] = {}
         self._gpm_interval_ns = int(gpm_interval_s * 1e9)
         self._pcie_interval_s = float(pcie_interval_s)
+        self._slow_interval_ns = int(slow_interval_s * 1e9)
+        self._parallel = bool(parallel)
+        self._pool: Any = None
         self._pcie_thread: threading.Thread | None = None
         self.pcie_query_ms: float | None = None
         self._set_up = False
@@ -546,6 +575,8 @@ class NvmlSampler(PeriodicSampler):
         t = self._pcie_thread
         if t is not None:
             t.join(1.0)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         for g in self._gpus:
             self._free_gpm(g)
 
@@ -571,9 +602,16 @@ class NvmlSampler(PeriodicSampler):
             raise StopIteration
         t = self.clock()
         out = []
-        for g in self._live:
+        if self._parallel and len(self._live) > 1:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(len(self._gpus), thread_name_prefix="gpuchef-nvml")
+            reads = [(g, self._pool.submit(self._read, g, t)) for g in self._live]
+        else:
+            reads = [(g, None) for g in self._live]
+        for g, fut in reads:
             try:
-                s = self._read(g, t)
+                s = self._read(g, t) if fut is None else fut.result()
             except _GpuLost as e:
                 self._lose(g, str(e))
                 continue
@@ -608,9 +646,20 @@ class NvmlSampler(PeriodicSampler):
         u = f(g, "util", nv.nvmlDeviceGetUtilizationRates, h)
         m = f(g, "mem", nv.nvmlDeviceGetMemoryInfo, h)
         p = f(g, "power", nv.nvmlDeviceGetPowerUsage, h)
-        smc = f(g, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
-        mmc = f(g, "mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
-        tc = f(g, "temp", g.temp_fn, h, nv.NVML_TEMPERATURE_GPU) if g.temp_fn else NA
+        if g.slow_next_ns is None or t >= g.slow_next_ns:
+            errors = g.errors
+            g.slow = (f(g, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                      f(g, "mem_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                      f(g, "temp", g.temp_fn, h, nv.NVML_TEMPERATURE_GPU) if g.temp_fn else NA)
+            if g.errors == errors:  # a transient error: ask again on the next tick
+                iv = self._slow_interval_ns
+                if g.slow_next_ns is None and len(self._gpus) > 1:
+                    # the first refresh after start-up is staggered by GPU position
+                    k = next((j for j, x in enumerate(self._gpus) if x is g), 0)
+                    g.slow_next_ns = t + iv + iv * k // len(self._gpus) - GPM_JITTER_NS
+                else:
+                    g.slow_next_ns = t + iv - GPM_JITTER_NS
+        smc, mmc, tc = g.slow
         if g.gpm_on:
             self._gpm(g, t)
         gv = g.gpm_values
@@ -629,7 +678,10 @@ class NvmlSampler(PeriodicSampler):
         )
 
     def _gpm(self, g: _Gpu, t: int) -> None:
-        if g.gpm_have_prev and t - g.gpm_last_ns < self._gpm_interval_ns - GPM_JITTER_NS:
+        # the window is timed at the call, not at the tick's start: the calls before it in the
+        # tick can take ms each (GIL), which would otherwise let two samples come < 100 ms apart
+        now = self.clock()
+        if g.gpm_have_prev and now - g.gpm_last_ns < self._gpm_interval_ns - GPM_JITTER_NS:
             return  # window not closed yet: keep the last values
         nv, lib = self._nv, self._lib
         try:
@@ -667,7 +719,7 @@ class NvmlSampler(PeriodicSampler):
             self._read_gpm(g, t)
         g.gpm_prev, g.gpm_cur = g.gpm_cur, g.gpm_prev
         g.gpm_have_prev = True
-        g.gpm_last_ns = t
+        g.gpm_last_ns = now
 
     def _read_gpm(self, g: _Gpu, t: int) -> None:
         nv = self._nv
@@ -731,6 +783,17 @@ class NvmlSampler(PeriodicSampler):
 
 # ---- a stand-in NVML for tests, benchmarks and demos without a GPU --------------------------------
 
+_LIBC: Any = None
+
+
+def _c_usleep(us: int) -> None:
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        _LIBC = ctypes.CDLL(None)
+    _LIBC.usleep(us)
+
+
 class _Obj:
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
@@ -769,11 +832,16 @@ class FakeNvml:
     :meth:`set_load` (the GPM activity the next windows average), ``pcie_window_s`` (how long a
     PCIe query blocks, 0.02 s like the real one). ``calls`` counts calls by name;
     ``gpm_intervals_ns`` records the spacing of GPM samples per GPU.
+    ``release_gil``: every call goes through one C function via ctypes (libc ``usleep``), which
+    releases and re-acquires the GIL the way each pynvml call does — so a GIL-bound thread beside
+    the sampler slows it on a CPU machine as it does on a GPU one; ``call_us`` is the time
+    spent inside that C call (the driver's share; default 0).
     """
 
     def __init__(self, n_gpus: int = 1, name: str = "NVIDIA H200 (fake)", *, gpm: bool = True,
                  clock: Callable[[], int] = time.monotonic_ns, pcie_window_s: float = 0.02,
-                 mem_total_bytes: int = 143_771_566_080) -> None:
+                 mem_total_bytes: int = 143_771_566_080, release_gil: bool = False,
+                 call_us: int = 0) -> None:
         import pynvml as real  # for the real error classes and constants
         for k in dir(real):
             if k.startswith(("NVML_", "NVMLError")):
@@ -790,6 +858,8 @@ class FakeNvml:
         self.lost: dict[int, type[BaseException]] = {}
         self.pcie_window_s = pcie_window_s
         self.mem_total_bytes = mem_total_bytes
+        self.release_gil = release_gil
+        self.call_us = int(call_us)
         self.initialised = 0
         self.calls: dict[str, int] = {}
         self.gpm_intervals_ns: dict[int, list[int]] = {}
@@ -821,6 +891,8 @@ class FakeNvml:
 
     def _call(self, fn: str, h: Any = None) -> None:
         self.calls[fn] = self.calls.get(fn, 0) + 1
+        if self.release_gil:
+            _c_usleep(self.call_us)  # ctypes drops the GIL for the C call, as pynvml's calls do
         if fn in self.not_supported:
             raise self.NVMLError_NotSupported()
         if h is not None and h.index in self.lost:
@@ -868,7 +940,9 @@ class FakeNvml:
 
     def nvmlDeviceGetClockInfo(self, h: Any, which: int) -> int:
         self._call("nvmlDeviceGetClockInfo", h)
-        return 1980 if which == self.NVML_CLOCK_SM else 2619
+        if which == self.NVML_CLOCK_SM:  # a power cap pulls the SM clock down under load
+            return 1980 - int(4 * self._load[h.index].get(2, 0.0))
+        return 2619
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         self._call("nvmlDeviceGetTemperature", h)

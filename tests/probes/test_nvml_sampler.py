@@ -356,3 +356,160 @@ def test_sample_as_dict_round_trips():
     x = s.sample_once()[0]
     s.stop()
     assert GpuSample(**x.as_dict()) == x
+
+
+# ---- NVML calls per tick (each one a GIL round trip) -------------------------------------------
+
+PER_TICK = ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage")
+SLOW = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperatureV")
+GPM = ("nvmlGpmSampleGet", "nvmlGpmMetricsGet")
+
+
+def _tick_calls(fake: FakeNvml, before: dict[str, int]) -> int:
+    return sum(v - before.get(k, 0) for k, v in fake.calls.items())
+
+
+def test_calls_per_tick_are_bounded():
+    clk = ManualClock()
+    fake = FakeNvml(2, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=50, clock=clk, pcie_interval_s=0)
+    s.sample_once()  # set-up and the first tick (every field once)
+    per_tick = []
+    for _ in range(100):  # 2 s at 50 Hz
+        clk.advance(0.02)
+        before = dict(fake.calls)
+        s.sample_once()
+        per_tick.append(_tick_calls(fake, before))
+    s.stop()
+    n_gpus = 2
+    # most ticks: utilization, memory, power per GPU and nothing else
+    assert sorted(per_tick)[len(per_tick) // 2] == 3 * n_gpus
+    # a tick never asks for more than 3 + GPM 2 + slow 3 per GPU
+    assert max(per_tick) <= 8 * n_gpus
+    # on average: 3 + 2 per 100 ms GPM window (every 5th tick) + 3 per second (every 50th tick)
+    assert sum(per_tick) / len(per_tick) <= n_gpus * (3 + 2 / 5 + 3 / 50) + 0.1
+    # before the change every tick made 6 calls per GPU plus GPM
+    assert sum(per_tick) / len(per_tick) < n_gpus * 6
+    assert fake.calls["nvmlGpmMetricsGet"] <= fake.calls["nvmlGpmSampleGet"]  # one per window
+
+
+def test_slow_fields_refresh_once_per_interval_and_are_staggered():
+    clk = ManualClock()
+    fake = FakeNvml(4, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=10, clock=clk, pcie_interval_s=0)
+    first = s.sample_once()
+    assert [x.temp_c for x in first] == [35] * 4 and [x.sm_clock_mhz for x in first] == [1980] * 4
+    for g in range(4):
+        fake.set_load(g, sm_active=80)   # temperature 55, SM clock 1660 from now on
+    refreshed_at: dict[int, int] = {}
+    for k in range(1, 25):               # 2.4 s at 10 Hz
+        clk.advance(0.1)
+        for x in s.sample_once():
+            if x.temp_c == 55 and x.gpu not in refreshed_at:
+                refreshed_at[x.gpu] = k
+                assert x.sm_clock_mhz == 1660 and x.mem_clock_mhz == 2619
+            if x.gpu not in refreshed_at:  # repeated until the refresh
+                assert x.temp_c == 35 and x.sm_clock_mhz == 1980
+            assert x.power_w == pytest.approx(90 + 6 * 80)  # read every tick
+    s.stop()
+    # every GPU refreshed within 2 intervals, GPU 0 after one, and not all in the same tick
+    assert refreshed_at[0] == 10 and max(refreshed_at.values()) <= 20
+    assert len(set(refreshed_at.values())) == 4
+
+
+def test_fields_equal_every_tick_reading():
+    """Defaults against ``slow_interval_s=0`` (every field every tick, the old behaviour)."""
+    def run(**kw):
+        clk = ManualClock()
+        fake = FakeNvml(2, clock=clk, pcie_window_s=0)
+        s = NvmlSampler(nvml=fake, sample_hz=20, clock=clk, pcie_interval_s=0, **kw)
+        out = []
+        for k in range(40):
+            if k == 3:
+                fake.set_load(1, sm_active=60, tensor_active=30, dram_bw_util=20)
+            out += s.sample_once()
+            clk.advance(0.05)
+        s.stop()
+        return out, fake.calls
+
+    new, new_calls = run()
+    old, old_calls = run(slow_interval_s=0)
+    assert len(new) == len(old) == 80
+    slow = {"temp_c", "sm_clock_mhz", "mem_clock_mhz"}
+    for a, b in zip(new, old):
+        da, db = a.as_dict(), b.as_dict()
+        assert {k: v for k, v in da.items() if k not in slow} == \
+               {k: v for k, v in db.items() if k not in slow}
+        for k in slow:
+            assert da[k] is not None
+    # the slow fields agree wherever the load had not changed since the last refresh
+    assert [x.temp_c for x in new if x.gpu == 0] == [x.temp_c for x in old if x.gpu == 0]
+    assert new[-1] == old[-1]  # after 1.5 s every GPU has refreshed (2 s here)
+    assert sum(new_calls.values()) < sum(old_calls.values()) * 0.7
+    assert old_calls["nvmlDeviceGetClockInfo"] == 2 * 2 * 40
+
+
+def test_slow_field_not_supported_and_transient_errors():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, sample_hz=10, clock=clk, pcie_interval_s=0)
+    s.sample_once()
+    fake.not_supported = {"nvmlDeviceGetClockInfo"}
+    clk.advance(1.0)
+    x = s.sample_once()[0]
+    assert x.sm_clock_mhz is None and x.mem_clock_mhz is None and x.temp_c == 35
+    n = fake.calls["nvmlDeviceGetClockInfo"]
+    fake.not_supported = set()
+    for _ in range(15):
+        clk.advance(0.1)
+        x = s.sample_once()[0]
+        assert x.sm_clock_mhz is None  # NotSupported once: never asked again
+    assert fake.calls["nvmlDeviceGetClockInfo"] == n
+    # a transient error (not NotSupported): None this tick, asked again on the next one
+    fake.lose(0, pynvml.NVMLError_Timeout)
+    clk.advance(1.0)
+    x = s.sample_once()[0]
+    assert x.temp_c is None and x.power_w is None and s.available
+    del fake.lost[0]
+    n = fake.calls["nvmlDeviceGetTemperatureV"]
+    clk.advance(0.1)
+    assert s.sample_once()[0].temp_c == 35
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == n + 1
+    clk.advance(0.1)
+    s.sample_once()
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == n + 1  # then once per interval again
+    s.stop()
+
+
+def test_slow_interval_out_of_range():
+    with pytest.raises(ConfigError, match="slow_interval_s"):
+        NvmlSampler(nvml=FakeNvml(1), slow_interval_s=-1)
+
+
+def test_gil_releasing_fake_still_samples():
+    fake = FakeNvml(2, pcie_window_s=0, release_gil=True, call_us=5)
+    s = NvmlSampler(nvml=fake, sample_hz=50, pcie_interval_s=0)
+    with s:
+        assert s.wait_ready(2.0)
+        assert wait_for(lambda: len(s.samples) >= 10)
+    assert all(x.temp_c == 35 and x.power_w == pytest.approx(90) for x in s.samples)
+
+
+def test_parallel_reads_give_the_same_samples_and_handle_loss():
+    def run(parallel):
+        clk = ManualClock()
+        fake = FakeNvml(3, clock=clk, pcie_window_s=0)
+        s = NvmlSampler(nvml=fake, sample_hz=20, clock=clk, pcie_interval_s=0, parallel=parallel)
+        out = []
+        for k in range(10):
+            if k == 5:
+                fake.lose(1)
+            out += s.sample_once()
+            clk.advance(0.05)
+        s.stop()
+        return out, s, fake
+
+    a, _, _ = run(False)
+    b, s, fake = run(True)
+    assert a == b and len(b) == 5 * 3 + 5 * 2
+    assert "GPU 1 lost mid-run" in s.status and fake.live_gpm_samples == 0
