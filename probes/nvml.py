@@ -59,6 +59,7 @@ GPU indices are NVML's (as ``nvidia-smi`` numbers them), not CUDA's after CUDA_V
 from __future__ import annotations
 
 import atexit
+import math
 import re
 import threading
 import time
@@ -326,7 +327,7 @@ class _Gpu:
     __slots__ = ("index", "handle", "name", "off", "lost", "gpm_on", "gpm_prev", "gpm_cur",
                  "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
                  "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn",
-                 "slow", "slow_next_ns")
+                 "slow", "slow_next_ns", "gpm_seen_ok")
 
     def __init__(self, index: int, handle: Any, name: str) -> None:
         self.index = index
@@ -342,6 +343,7 @@ class _Gpu:
         self.gpm_good_ns = 0
         self.gpm_values: list[float | None] = [None] * len(GPM_METRICS)
         self.gpm_fails = 0                  # consecutive failed GPM windows
+        self.gpm_seen_ok: set[int] = set()  # GPM_METRICS indices that have answered at least once
         self.pcie: tuple[int | None, int | None] = (None, None)
         self.errors = 0
         self.last_error = ""
@@ -731,12 +733,16 @@ class NvmlSampler(PeriodicSampler):
         for j, k in enumerate(g.gpm_slots):
             mtr = g.gpm_req.metrics[j]
             rc = mtr.nvmlReturn
-            if rc == ok:
-                vals[k] = float(mtr.value)
+            v = float(mtr.value) if rc == ok else math.nan
+            if v == v:  # a window NVML could not compute comes back as NaN: None, not a value
+                vals[k] = v
                 any_ok = True
+                g.gpm_seen_ok.add(k)
             else:
                 vals[k] = None
-                if rc == unsupported:
+                # NOT_SUPPORTED from a metric that has answered before is one bad window (seen
+                # for DRAM BW on the H200), not a metric this GPU lacks: keep asking
+                if rc == unsupported and k not in g.gpm_seen_ok:
                     dropped.append(k)
         if any_ok:
             g.gpm_good_ns = t

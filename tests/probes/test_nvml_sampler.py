@@ -223,6 +223,52 @@ def test_gpm_unsupported_metric_turns_off_only_that_field():
     s.stop()
 
 
+def test_gpm_metric_that_answered_before_survives_one_not_supported_window():
+    """Seen on the H200: DRAM BW answered, then NOT_SUPPORTED for a window. That window reads
+    None; the metric is asked again and comes back (it is not turned off for the run)."""
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    fake.set_load(0, sm_active=60, dram_bw_util=50)
+    s.sample_once()
+    clk.advance(0.1)
+    assert s.sample_once()[0].dram_bw_util == pytest.approx(50)
+    fake.gpm_unsupported_metrics = {pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL}
+    clk.advance(0.1)
+    bad = s.sample_once()[0]
+    assert bad.dram_bw_util is None and bad.sm_active == pytest.approx(60)
+    fake.gpm_unsupported_metrics = set()
+    clk.advance(0.1)
+    assert s.sample_once()[0].dram_bw_util == pytest.approx(50)
+    assert "not supported" not in s.status
+    s.stop()
+
+
+def test_gpm_nan_value_reads_as_none():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    fake.set_load(0, sm_active=60, dram_bw_util=50)
+    orig = fake.nvmlGpmMetricsGet
+
+    def nan_dram(req):
+        out = orig(req)
+        for m in out.metrics[:out.numMetrics]:
+            if m.metricId == pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL:
+                m.value = float("nan")
+        return out
+
+    fake.nvmlGpmMetricsGet = nan_dram
+    s.sample_once()
+    clk.advance(0.1)
+    x = s.sample_once()[0]
+    assert x.dram_bw_util is None and x.sm_active == pytest.approx(60)
+    fake.nvmlGpmMetricsGet = orig
+    clk.advance(0.1)
+    assert s.sample_once()[0].dram_bw_util == pytest.approx(50)
+    s.stop()
+
+
 def test_gpm_counters_in_use_turns_off_gpm_fields_only():
     clk = ManualClock()
     fake = FakeNvml(1, clock=clk, pcie_window_s=0)
