@@ -83,7 +83,7 @@ def ab(**o) -> None:
           --output-len 32 --capacity --slo itl_p99:200ms,ttft_p99:2s
           --rate-lo 1 --rate-hi 32 --tolerance 20%
     """
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         _ab(o, err)
     except ConfigError as e:

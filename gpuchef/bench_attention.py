@@ -347,7 +347,7 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
     from rich.console import Console
 
     console = Console()
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     if num_heads % num_kv_heads:
         raise click.BadParameter("--num-heads must be a multiple of --num-kv-heads")
     if "mixed" in cases and chunk_len > seq_len:

@@ -44,7 +44,7 @@ def bench(**o) -> None:
 
       gpuchef bench --device cpu --model tiny --dataset azure-conv --num-prompts 50
     """
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         _bench(o, err)
     except ConfigError as e:

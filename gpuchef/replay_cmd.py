@@ -38,7 +38,7 @@ def replay(trace: str, speed: float, start_s: float, window: str, paused: bool, 
 
       gpuchef replay run.jsonl --start 90 --speed 4 --window 10s
     """
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         app = build_app(trace, speed=speed, start_s=start_s, window=window, paused=paused,
                         fps=fps, screenshot_dir=screenshot_dir, err=err)

@@ -60,7 +60,7 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
       gpuchef report run.jsonl --format perfetto        # run.perfetto.json
       gpuchef report run.jsonl --format csv -o out/run  # out/run.steps.csv, .requests.csv
     """
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         _report(list(traces), output, fmt, goodput, metric_percentiles, title, err)
     except ConfigError as e:

@@ -27,7 +27,7 @@ def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine
     ``console`` (stderr by default). ``cfg.engine`` picks gpuchef's native engine or vLLM
     (``engine_host.factory.make_engine``). Raises ConfigError for bad settings or a bad model
     folder, and, for vLLM, when it is missing or cannot run here."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=not console.is_terminal) as progress:
@@ -98,7 +98,7 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
 
     host = EngineHost(engine, on_step=on_step, on_request=on_request, on_event=on_event)
     host.set_workload(specs)
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     total = len(specs)
     with Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,

@@ -82,7 +82,7 @@ def top(ctx: click.Context, **o) -> None:
 
       gpuchef top --model llama-3-8b --dataset azure-conv   # H200
     """
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         app = _build(ctx, o, err)
     except ConfigError as e:
