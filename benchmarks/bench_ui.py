@@ -17,6 +17,13 @@ terminal as an emulator would. One process builds the engine once and alternates
     python benchmarks/bench_ui.py                              # CPU, tiny
     python benchmarks/bench_ui.py --model llama-3-8b --num-prompts 400 --input-len 1024 \\
         --output-len 256 --request-rate 40                     # a GPU machine
+
+3. ``--synthetic-steps-per-s N``: the UI cost (1.) at a GPU's step rate on any machine: the
+   session's engine is not run; ``synthetic_feed.SyntheticFeed`` emits StepRecords at N steps/s
+   and the finished requests through the same listeners (Timeline, trace), with 2 fake GPUs
+   (``FakeNvml``) sampled at ``--sample-hz``. Throughput runs are skipped.
+
+    python benchmarks/bench_ui.py --synthetic-steps-per-s 150  # H200-like load on a CPU
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from gpuchef.session import Samplers, build_engine, run_load
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (170, 50)
+PROFILE: str | None = None  # --profile: cProfile stats of the UI thread go here
 
 
 class PseudoTerminal:
@@ -155,8 +163,20 @@ def run_app_in_pty(app: GpuchefApp, *, until, warmup_s: float, max_s: float,
         app.set_interval(0.05, poll)
 
     app.call_later(lambda: app.set_timer(settle_s, begin))
+    prof = None
+    if PROFILE:  # cProfile of the UI thread from the start of the measurement
+        import cProfile
+        prof = cProfile.Profile()
+        orig = mark0
+
+        def mark0() -> None:  # noqa: F811
+            orig()
+            prof.enable()
     with PseudoTerminal(*SIZE) as term:
         app.run()
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(PROFILE)
     wall = m["w1"] - m["w0"]
     return {"wall": wall, "t0_ns": int(m["w0"] * 1e9), "t1_ns": int(m["w1"] * 1e9),
             "ui_cpu_pct": (m["c1"] - m["c0"]) / wall * 100,
@@ -177,6 +197,32 @@ def ui_cost(engine, wcfg, window_s: float, seconds: float, warmup_s: float, fps:
     out = UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
                  w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
     log(f"ui window {window_s:g} s: {out}")
+    return out
+
+
+def ui_cost_synthetic(engine, wcfg, window_s: float, seconds: float, warmup_s: float,
+                      fps: float, steps_per_s: float, hz: float, req_rate: float,
+                      log) -> UiCost:
+    """:func:`ui_cost` with the engine replaced by a synthetic feed (see the module docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from synthetic_feed import SyntheticFeed
+
+    from gpuchef.probes.nvml import FakeNvml
+
+    fake = FakeNvml(2, pcie_window_s=0)
+    s = LiveSession(engine, wcfg, host_probe=True, nvml=fake, sample_hz=hz)
+    feed = SyntheticFeed(s, steps_per_s, req_rate=req_rate, nvml=fake)
+    app = GpuchefApp(s, window_s=window_s, fps=fps)
+    try:
+        r = run_app_in_pty(app, until=lambda: False, warmup_s=warmup_s, max_s=warmup_s + seconds,
+                           on_start=feed.start)
+    finally:
+        feed.stop()
+        s.close()
+    w = s.timeline.snapshot().stats_between(r["t0_ns"], r["t1_ns"])
+    out = UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
+                 w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
+    log(f"ui window {window_s:g} s (synthetic {steps_per_s:g} steps/s): {out}")
     return out
 
 
@@ -275,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="chunked")
     ap.add_argument("--budget", type=int, default=None)
     ap.add_argument("--skip-ui", action="store_true")
+    ap.add_argument("--synthetic-steps-per-s", type=float, default=None,
+                    help="UI cost only, fed by a synthetic engine at this many steps/s, 2 fake GPUs")
+    ap.add_argument("--synthetic-req-rate", type=float, default=6.0,
+                    help="synthetic arrivals, req/s (prompts ~1000, outputs ~250 tokens)")
+    ap.add_argument("--ui-runs", type=int, default=1, help="UI cost runs per window")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--gil-probe", action="store_true",
                     help="also: headless runs beside a pure-Python thread busy 4 ms every 100 ms")
@@ -283,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="afterwards, save the dashboard's scenes (make_screenshots.py) here")
     ap.add_argument("--prefix", default="", help="screenshot file prefix")
     ap.add_argument("--shot-s", type=float, default=30.0, help="seconds per screenshot scene")
+    ap.add_argument("--profile", default=None,
+                    help="cProfile the UI thread over the measured interval; stats to this file")
     a = ap.parse_args(argv)
+    global PROFILE
+    PROFILE = a.profile
     err = Console(stderr=True)
     log = err.print
     engine = build_engine(EngineConfig(model=a.model, device=a.device,
@@ -312,10 +367,19 @@ def main(argv: list[str] | None = None) -> int:
                                 max_input_len=CPU_MAX_INPUT_LEN if cpu else None,
                                 max_output_len=CPU_MAX_OUTPUT_LEN if cpu else None,
                                 vocab_size=vocab, max_model_len=mml)
-        for w in (float(x) for x in a.windows.split(",")):
-            rep.ui.append(ui_cost(engine, steady, w, a.ui_seconds, a.ui_warmup, a.fps, log))
-            save(rep, a.json)
-    if not a.skip_throughput:
+        for _ in range(a.ui_runs):
+            for w in (float(x) for x in a.windows.split(",")):
+                if a.synthetic_steps_per_s:
+                    rep.ui.append(ui_cost_synthetic(engine, steady, w, a.ui_seconds, a.ui_warmup,
+                                                    a.fps, a.synthetic_steps_per_s, a.sample_hz,
+                                                    a.synthetic_req_rate, log))
+                else:
+                    rep.ui.append(ui_cost(engine, steady, w, a.ui_seconds, a.ui_warmup, a.fps,
+                                          log))
+                save(rep, a.json)
+    if a.synthetic_steps_per_s:
+        machine["synthetic_steps_per_s"] = a.synthetic_steps_per_s
+    if not a.skip_throughput and not a.synthetic_steps_per_s:
         wcfg = WorkloadConfig(dataset="random", request_rate=a.request_rate,
                               num_prompts=a.num_prompts, input_len=a.input_len,
                               output_len=a.output_len, range_ratio=0.5, seed=1,

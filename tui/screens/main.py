@@ -20,7 +20,7 @@ from ..chart import GUTTER_L, GUTTER_R
 from ..plotdata import GpuColumns, StepColumns, TimeGrid, build_frame
 from ..widgets.controls import ControlsPanel
 from ..widgets.header import HeaderState, SessionHeader
-from ..widgets.numbers import NumbersPanel, compute_numbers
+from ..widgets.numbers import NumbersPanel, RequestColumns, compute_numbers_fast
 from ..widgets.queue_kv import QueueKvPanel
 from ..widgets.waveforms import (BatchPanel, GpuPanel, MemPowerPanel, PerGpuPanel, StepPanel,
                                  TimeAxis)
@@ -66,6 +66,7 @@ class MainScreen(Screen):
         self._load = None
         self.steps = StepColumns()
         self.gpus = GpuColumns()
+        self.reqs = RequestColumns()
 
     def compose(self) -> ComposeResult:
         yield SessionHeader(id="header")
@@ -146,7 +147,10 @@ class MainScreen(Screen):
                 self._grid_key, self._totals = grid.key(), totals
         if force or wall - self._last_numbers >= NUMBERS_EVERY_S - 0.05:
             snap = snap or s.timeline.snapshot(now)
-            self.numbers.show(compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles))
+            self.steps.extend(snap.steps)
+            self.reqs.extend(snap)
+            self.numbers.show(compute_numbers_fast(snap, s.stats_window_s, s.slos, s.percentiles,
+                                                   self.steps, self.reqs))
             self._last_numbers = wall
         self.header.show(header_state(app))  # redraws only if something shown changed
         if changed or force:

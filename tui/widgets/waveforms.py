@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -78,9 +79,30 @@ class ChartPanel(Widget):
         if h > 1:
             body = self.draw(self._frame, w - GUTTER_L - GUTTER_R, h - 1) if self._frame else []
             rows.extend(body)
-        self._strips = rows
-        self._built_for = (w, h)
-        self.refresh()
+        self._publish(rows, w, h)
+
+    def _publish(self, rows: list[Strip], w: int, h: int) -> None:
+        """Show ``rows``; repaint only the lines that differ from the ones shown (Textual
+        re-renders and composites a refreshed widget line by line: a title, an idle series or an
+        empty top row need not be redone each frame)."""
+        old, self._strips = self._strips, rows
+        if self._built_for != (w, h) or len(old) != len(rows):
+            self._built_for = (w, h)
+            self.refresh()
+            return
+        regions = []
+        y0 = None
+        for y, (a, b) in enumerate(zip(old, rows)):
+            same = a is b or a == b
+            if not same and y0 is None:
+                y0 = y
+            elif same and y0 is not None:
+                regions.append(Region(0, y0, w, y - y0))
+                y0 = None
+        if y0 is not None:
+            regions.append(Region(0, y0, w, len(rows) - y0))
+        if regions:
+            self.refresh(*regions)
 
     def on_resize(self) -> None:
         self._rebuild()
@@ -271,8 +293,7 @@ class TimeAxis(ChartPanel):
         w, h = self.size.width, self.size.height
         if w <= 0 or h <= 0 or self._frame is None:
             return
-        self._strips = self.draw(self._frame, w - GUTTER_L - GUTTER_R, h)
-        self.refresh()
+        self._publish(self.draw(self._frame, w - GUTTER_L - GUTTER_R, h), w, h)
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
         shift = cols - f.grid.cols
@@ -290,7 +311,7 @@ class TimeAxis(ChartPanel):
                 c0.chars[0, col] = "┃"
                 c0.fg[0, col] = c0.colour(theme.AB_COLOURS.get(mk.label[:1], theme.TITLE)
                                           if mk.kind == "ab" else theme.TITLE)
-        rows = c0.strips([("mode", LBL)], [("1 col =", LBL)], BG)
+        rows = c0.strips([("mode", LBL)], [("", LBL)], BG)
         # row 1: marker labels, newest kept when they collide
         line = [" "] * cols
         owner = [-1] * cols
@@ -311,7 +332,8 @@ class TimeAxis(ChartPanel):
         c1 = Cells(1, cols, [])
         c1.chars[0] = line
         c1.fg[0] = c1.colour(theme.TITLE)
-        rows += c1.strips([("changes", LBL)], [("", LBL)], BG)
+        # "1 col =" sits right above its value (the time row's right gutter)
+        rows += c1.strips([("changes", LBL)], [(" 1 col =", LBL)], BG)
         # row 2: ticks back from now
         win = f.grid.bin_s * cols
         step = _tick_step(win, cols)
