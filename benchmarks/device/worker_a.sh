@@ -23,7 +23,7 @@ for n in 512 8192 2048 1024 4096; do
   claim sweep_$n && run f_sweep_$n 300 "gpuchef bench $M $AZ --duration 40 --trace-speed 3 --mode chunked --max-num-batched-tokens $n --gpus 0 --result-json $R/sweep_$n.json"
 done
 # issue 5: the dashboard's cost again (after the tick was made incremental)
-run a05_bench_ui 540 "python3 benchmarks/bench_ui.py $M --num-prompts 300 --input-len 512 --output-len 128 --request-rate 50 --reps 5 --json $R/bench_ui.json"
+run a05_bench_ui 540 "python3 benchmarks/bench_ui.py $M --num-prompts 300 --input-len 512 --output-len 128 --request-rate 50 --reps 5 --ui-runs 2 --json $R/bench_ui.json"
 # issue 7: the native engine on the vLLM peer runs
 claim native_peer && run f_native_peer 480 "python3 benchmarks/bench_vllm_host.py --run native --out $R/bv"
 claim peer3x && run f_peer_3x 300 "gpuchef bench $M $AZ --num-prompts 600 --trace-speed 3 --max-model-len 8192 --gpus 0 --result-json $R/native_3x.json"
