@@ -151,6 +151,8 @@ class EngineConfig:
     "float16". ``max_model_len`` None = the model's ``max_position_embeddings`` capped at 8192.
     ``engine``: "native" (gpuchef's own) or "vllm" (vLLM hosted in-process, the ``[vllm]``
     extra; see vllm_engine.py). ``tensor_parallel_size``: GPUs for vLLM (native: 1 only).
+    ``async_scheduling`` (vLLM's ``--async-scheduling``): the native engine schedules and launches
+    step N+1 while step N runs on the GPU (docs/async_scheduling.md); same tokens.
     Raises ConfigError for an unknown engine or a size below 1.
     """
 
@@ -165,6 +167,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     engine: str = "native"
     tensor_parallel_size: int = 1
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -17,10 +17,10 @@ from .config import ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepRecord
-from .request import Request, RequestStatus, SamplingParams
+from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams
 from . import ops
-from .runner import CudaGraphDecode, ModelRunner
-from .scheduler import Scheduler
+from .runner import CudaGraphDecode, ModelRunner, StepHandle
+from .scheduler import Scheduler, SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -62,6 +62,23 @@ class StepResult:
     finished: list[RequestRecord] = field(default_factory=list)
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """A step launched and not yet completed (async scheduling).
+
+    ``slots[i]``: index in ``output_token_ids`` of the placeholder for the token it samples for
+    ``handle.sample_reqs[i]``. ``deferred_free``: requests that finished (or were aborted) while
+    this step still writes their KV; their blocks go back when it completes.
+    """
+
+    step_id: int
+    out: SchedulerOutput
+    handle: StepHandle
+    slots: list[int]
+    t_sched_ns: int
+    deferred_free: list[Request] = field(default_factory=list)
+
+
 class LLMEngine:
     """A Llama-family engine with a paged KV cache and a two-mode scheduler.
 
@@ -98,8 +115,10 @@ class LLMEngine:
         if self.device.type == "cuda":
             self._warm_up(progress)
         self.requests: dict[str, Request] = {}
-        self.step_id = 0
+        self.step_id = 0  # the id the next scheduled step gets
         self._preempted_total = 0
+        self._inflight: _InFlight | None = None  # async scheduling: the step on the GPU
+        self._last_t_end = 0
 
     def _warm_up(self, progress: Callable[[str, int, int], None] | None) -> None:
         """Compile JIT kernels, then capture CUDA graphs for decode-only steps, each shown as
@@ -187,13 +206,27 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        self.scheduler.remove(req)
+        inf = self._inflight
+        if inf is not None and req.last_step == inf.step_id:
+            # the step in flight still writes its KV: free its blocks when that step completes
+            self._unschedule(req)
+            inf.deferred_free.append(req)
+        else:
+            self.scheduler.remove(req)
+        out = req.output_token_ids
+        while out and out[-1] == PLACEHOLDER_TOKEN:  # tokens not seen yet are not reported
+            out.pop()
         req.status = RequestStatus.FINISHED
         req.finish_reason = "abort"
         return self._record(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        """Requests left, or (async scheduling) a step still to complete and return."""
+        return bool(self.requests) or self._inflight is not None
+
+    @property
+    def has_step_in_flight(self) -> bool:
+        return self._inflight is not None
 
     @property
     def num_waiting(self) -> int:
@@ -206,7 +239,12 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
     def step(self) -> StepResult:
         """Schedule, run and sample one step. Returns its record and the finished requests;
-        ``record`` is None (and the step id unchanged) when there is nothing to run."""
+        ``record`` is None (and the step id unchanged) when there is nothing to run.
+
+        With ``config.async_scheduling`` see ``_step_async``: the record returned is that of the
+        step launched by the previous call, if one is in flight."""
+        if self.config.async_scheduling:
+            return self._step_async()
         t_start = time.monotonic_ns()
         out = self.scheduler.schedule()
         if out.is_empty:
@@ -233,10 +271,17 @@ class LLMEngine:
             r.status = RequestStatus.FINISHED
             del self.requests[r.request_id]
             finished.append(self._record(r))
+        rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
+                                self.runner.last_step_used_graph)
+        self.step_id += 1
+        return StepResult(rec, finished)
+
+    def _step_record(self, step_id: int, out: SchedulerOutput, t_start: int, gpu_ms: float,
+                     num_finished: int, cuda_graph: bool) -> StepRecord:
         cfg = out.config
         usage = self.kv.usage()
-        rec = StepRecord(
-            step=self.step_id, t_start_ns=t_start, t_end_ns=time.monotonic_ns(), gpu_ms=gpu_ms,
+        return StepRecord(
+            step=step_id, t_start_ns=t_start, t_end_ns=time.monotonic_ns(), gpu_ms=gpu_ms,
             mode=cfg.mode, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_seqs=cfg.max_num_seqs,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
@@ -245,10 +290,143 @@ class LLMEngine:
             num_decode_reqs=len(out.decodes), num_partial_prefills=out.num_partial_prefills,
             num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(out.preempted), kv_blocks_used=usage.used,
-            kv_blocks_total=usage.total, num_finished=len(finished),
-            cuda_graph=self.runner.last_step_used_graph,
+            kv_blocks_total=usage.total, num_finished=num_finished, cuda_graph=cuda_graph,
         )
+
+    # -- async scheduling ------------------------------------------------------------------
+    def _step_async(self) -> StepResult:
+        """One step of the pipeline: launch step N if nothing is in flight, schedule and launch
+        step N+1 while N runs (its decode inputs read N's sampled tokens on the device), then
+        wait for N, post-process it and return N's record. At most one step stays in flight.
+
+        Falls back to completing N before scheduling N+1 when scheduling might preempt (a
+        preempted request must not have a token in flight); the next call then schedules with
+        nothing in flight, exactly as the synchronous engine does.
+        """
+        t_sched = time.monotonic_ns()
+        cur = self._inflight
+        if cur is None:
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                return StepResult(None)
+            cur = self._launch(out, None, t_sched)
+            t_sched = time.monotonic_ns()
+        nxt = None
+        if not self._may_preempt():
+            out = self.scheduler.schedule()
+            if any(v.last_step == cur.step_id for v in out.preempted):
+                raise RuntimeError("async scheduling preempted a request of the step in flight")
+            if not out.is_empty:
+                nxt = self._launch(out, cur, t_sched)
+        self._inflight = nxt
+        return self._complete(cur, nxt)
+
+    def drain(self) -> StepResult:
+        """Complete the step in flight (async scheduling) and return it; StepResult(None) if
+        there is none. Schedules nothing."""
+        cur = self._inflight
+        if cur is None:
+            return StepResult(None)
+        self._inflight = None
+        return self._complete(cur, None)
+
+    def _may_preempt(self) -> bool:
+        """Whether ``schedule()`` now could preempt (conservative: never a false "no").
+
+        Preemption happens only (a) when a decode needs a new block and none is free — decodes
+        are scheduled before any block is taken in a step (chunked: first; continuous: only in a
+        step without prefills) — or (b) when nothing at all could be scheduled with more than one
+        request running, which needs every running request to be mid-prefill and stuck."""
+        sched, kv = self.scheduler, self.kv
+        bs = kv.block_size
+        need = 0
+        any_decode = False
+        first_prefill = None
+        for r in sched.running:
+            if r.is_prefill:
+                if first_prefill is None:
+                    first_prefill = r
+                continue
+            any_decode = True
+            if r.num_computed_tokens >= len(r.block_ids) * bs:
+                need += 1
+        free = kv.pool.num_free
+        if any_decode:
+            return need > free
+        if len(sched.running) <= 1:
+            return False
+        if sched.config.mode == "chunked":
+            return free == 0
+        return not kv.can_grow(first_prefill, first_prefill.remaining_prefill)
+
+    def _launch(self, out: SchedulerOutput, prev: _InFlight | None, t_sched: int) -> _InFlight:
+        """Launch ``out`` and book it as done: computed tokens advance now (vLLM does so at
+        schedule time), each sampling request gets a placeholder token, and a request that
+        surely finishes in this step (its length) leaves the running list so that it is not
+        scheduled again; its blocks stay until the step completes."""
+        sid = self.step_id
         self.step_id += 1
+        h = self.runner.launch(out, prev.handle if prev is not None else None)
+        for r in out.decodes:
+            r.num_computed_tokens += 1
+            r.last_step = sid
+        for r, n in out.prefills:
+            r.num_computed_tokens += n
+            r.last_step = sid
+        slots: list[int] = []
+        max_len = self.max_model_len
+        for r in h.sample_reqs:
+            ids = r.output_token_ids
+            ids.append(PLACEHOLDER_TOKEN)
+            slots.append(len(ids) - 1)
+            if len(ids) >= r.sampling.max_tokens or r.num_tokens >= max_len:
+                self.scheduler.running.remove(r)
+        return _InFlight(sid, out, h, slots, t_sched)
+
+    def _unschedule(self, r: Request) -> None:
+        """Take ``r`` out of the scheduler's queues without freeing its blocks."""
+        sched = self.scheduler
+        if r in sched.running:
+            sched.running.remove(r)
+        elif r in sched.waiting:
+            sched.waiting.remove(r)
+
+    def _complete(self, cur: _InFlight, nxt: _InFlight | None) -> StepResult:
+        """Wait for ``cur``, put its tokens in place of the placeholders, finish requests (a
+        request also in ``nxt`` keeps its blocks until ``nxt`` completes; its row there is
+        discarded), free what waited on ``cur``, and return ``cur``'s record."""
+        sampled, gpu_ms = self.runner.wait(cur.handle)
+        now = time.monotonic_ns()
+        finished: list[RequestRecord] = []
+        eos = self.model_config.eos_token_ids
+        max_len = self.max_model_len
+        for (r, tok), slot in zip(sampled, cur.slots):
+            if r.status is RequestStatus.FINISHED:
+                continue  # stopped in the step before, or aborted: this row is discarded
+            r.output_token_ids[slot] = tok
+            r.token_times_ns.append(now)
+            sp = r.sampling
+            if slot + 1 >= sp.max_tokens or r.prompt_len + slot + 1 >= max_len:
+                r.finish_reason = "length"
+            elif not sp.ignore_eos and tok in eos:
+                r.finish_reason = "stop"
+            else:
+                continue
+            if nxt is not None and r.last_step == nxt.step_id:
+                del r.output_token_ids[slot + 1:]
+                self._unschedule(r)
+                nxt.deferred_free.append(r)
+            else:
+                self.scheduler.remove(r)
+            r.status = RequestStatus.FINISHED
+            del self.requests[r.request_id]
+            finished.append(self._record(r))
+        for r in cur.deferred_free:
+            self.kv.free(r)
+        t_start = max(cur.t_sched_ns, self._last_t_end)
+        rec = self._step_record(cur.step_id, cur.out, t_start, gpu_ms, len(finished),
+                                cur.handle.used_graph)
+        self._last_t_end = rec.t_end_ns
         return StepResult(rec, finished)
 
     @staticmethod

@@ -289,6 +289,13 @@ class EngineHost:
                     except queue.Empty:
                         break
                 self._admit_due(time.monotonic_ns())
+                if self.paused and getattr(eng, "has_step_in_flight", False):
+                    res = eng.drain()  # async scheduling: the launched step still reports
+                    if res.record is not None:
+                        self.on_step(res.record)
+                    for f in res.finished:
+                        self.on_request(f)
+                    continue
                 if self.paused or not eng.has_unfinished():
                     if not eng.has_unfinished() and not self._arrivals and self._incoming.empty() \
                             and self.submitted >= self.workload_total:

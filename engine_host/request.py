@@ -41,6 +41,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+#: Stands in ``output_token_ids`` for a token that a launched, not yet completed step samples
+#: (async scheduling). Never reaches the model: the runner reads it on the device instead.
+PLACEHOLDER_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -71,6 +76,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str = ""
     generator: object = None  # torch.Generator, created lazily by the sampler
+    last_step: int = -1  # id of the latest step launched with this request in it (async)
 
     @property
     def prompt_len(self) -> int:

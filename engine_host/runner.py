@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
 from .decode_inputs import BlockTableCache, build_decode_inputs
 from .kv_cache import KVCacheManager
 from .request import Request
-from .sampling import sample
+from .sampling import sample_tensor
 from .scheduler import SchedulerOutput
 
 
@@ -24,6 +25,35 @@ class StepBatch:
     meta: AttentionMetadata
     sample_rows: list[int]  # row of each request that samples this step
     sample_reqs: list[Request]
+    pending_rows: list[int] = field(default_factory=list)  # decode rows whose input is pending
+
+
+@dataclass(eq=False)
+class StepHandle:
+    """A launched step (``ModelRunner.launch``): what ``wait`` needs to hand back its tokens, and
+    what the next launch needs to read this step's sampled tokens on the device.
+
+    ``tokens``: int64 ``[S]`` on the device, row ``i`` sampled for ``sample_reqs[i]`` (None when
+    the step samples nothing). On CUDA ``host_tokens`` is its pinned copy, made asynchronously;
+    ``t1`` is recorded after that copy, so ``t1.synchronize()`` makes it readable.
+    """
+
+    sample_reqs: list[Request]
+    used_graph: bool
+    tokens: torch.Tensor | None = None
+    host_tokens: torch.Tensor | None = None
+    t0: Any = None  # CUDA events around the step's GPU work
+    t1: Any = None
+    c0: float = 0.0  # CPU: wall clock
+    cpu_ms: float = 0.0
+    inputs_ready: Any = None  # CUDA event after the step's input copies and attention plan
+    _rows: dict | None = None
+
+    def row_of(self, r: Request) -> int:
+        """Row of ``r`` in ``tokens``. Raises KeyError if ``r`` does not sample in this step."""
+        if self._rows is None:
+            self._rows = {q: i for i, q in enumerate(self.sample_reqs)}
+        return self._rows[r]
 
 
 class ModelRunner:
@@ -112,6 +142,13 @@ class ModelRunner:
             if start + n == r.num_tokens:  # caught up: this step samples its next token
                 sample_rows.append(qo_indptr[-1] - 1)
                 sample_reqs.append(r)
+        pending: list[int] = []
+        if ids and min(ids) < 0:  # async scheduling: tokens the step in flight samples
+            pending = [j for j, t in enumerate(ids) if t < 0]
+            if pending[-1] >= len(out.decodes):
+                raise RuntimeError("a prefill row's input token is still pending")
+            for j in pending:
+                ids[j] = 0  # read on the device from the previous step's tokens
         kv_indptr, kv_indices, last_page_len = kv.page_table(reqs, kv_lens)
         dev = self.device
         meta = AttentionMetadata(
@@ -124,41 +161,93 @@ class ModelRunner:
             num_decodes=len(out.decodes),
         )
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
-        return StepBatch(input_ids, meta, sample_rows, sample_reqs)
+        return StepBatch(input_ids, meta, sample_rows, sample_reqs, pending)
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list[tuple[Request, int]], float]:
         """Run one step. Returns ``([(request, sampled token)], forward ms)``.
 
         The forward time is measured with CUDA events on GPU, wall clock on CPU; it covers
         attention planning, the forward pass, the logits and sampling.
         """
+        return self.wait(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
+        """Enqueue one step's GPU work without waiting for it (on CPU the work runs here).
+
+        A decode row whose input token is still ``PLACEHOLDER_TOKEN`` (sampled by ``prev``, the
+        step in flight) reads it on the device from ``prev.tokens``. Raises RuntimeError if
+        such a row has no ``prev``, KeyError if ``prev`` did not sample that request.
+        """
+        if prev is not None and prev.inputs_ready is not None:
+            # the host buffers prev's input copies and plan read from may be reused from here
+            prev.inputs_ready.synchronize()
         if (self.graphs is not None and not out.prefills
                 and len(out.decodes) <= self.graphs.max_batch_size):
             self.last_step_used_graph = True
-            return self.graphs.execute(self, out)
+            return self.graphs.launch(self, out, prev)
         self.last_step_used_graph = False
         batch = self.prepare(out)
-        if self.is_cuda:
-            t0 = torch.cuda.Event(enable_timing=True)
-            t1 = torch.cuda.Event(enable_timing=True)
-            t0.record()
-        else:
-            c0 = time.perf_counter()
+        h = StepHandle(batch.sample_reqs, used_graph=False)
+        self.start_timing(h)
         self.attn.begin_step(batch.meta)
+        if batch.pending_rows:
+            self.gather_pending(batch.input_ids, batch.pending_rows, out.decodes, prev)
+        self.mark_inputs_ready(h)
         hidden = self.model(batch.input_ids, batch.meta.positions, self.kv.kv_caches, self.attn)
-        tokens: list[int] = []
+        tokens = None
         if batch.sample_rows:
             rows = torch.tensor(batch.sample_rows, dtype=torch.int64, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            tokens = sample(logits, batch.sample_reqs, self.engine_seed)  # syncs on GPU
+            tokens = sample_tensor(logits, batch.sample_reqs, self.engine_seed)
+        self.finish_launch(h, tokens)
+        return h
+
+    def wait(self, h: StepHandle) -> tuple[list[tuple[Request, int]], float]:
+        """Block until ``h``'s step is done. Returns ``([(request, sampled token)], gpu ms)``."""
         if self.is_cuda:
-            t1.record()
-            t1.synchronize()
-            ms = t0.elapsed_time(t1)
+            h.t1.synchronize()
+            toks = h.host_tokens.tolist() if h.host_tokens is not None else []
+            ms = h.t0.elapsed_time(h.t1)
         else:
-            ms = (time.perf_counter() - c0) * 1e3
-        return list(zip(batch.sample_reqs, tokens)), ms
+            toks = h.tokens.tolist() if h.tokens is not None else []
+            ms = h.cpu_ms
+        return list(zip(h.sample_reqs, toks)), ms
+
+    # -- launch helpers (shared with CudaGraphDecode) ------------------------------------------
+    def start_timing(self, h: StepHandle) -> None:
+        if self.is_cuda:
+            h.t0 = torch.cuda.Event(enable_timing=True)
+            h.t1 = torch.cuda.Event(enable_timing=True)
+            h.t0.record()
+        else:
+            h.c0 = time.perf_counter()
+
+    def mark_inputs_ready(self, h: StepHandle) -> None:
+        if self.is_cuda:
+            h.inputs_ready = torch.cuda.Event()
+            h.inputs_ready.record()
+
+    def gather_pending(self, input_ids: torch.Tensor, rows: list[int], reqs: list[Request],
+                       prev: StepHandle | None) -> None:
+        """``input_ids[rows[k]] = prev.tokens[row of reqs[rows[k]] in prev]``, on the device
+        (stream-ordered after ``prev``'s sampling; the host does not wait)."""
+        if prev is None or prev.tokens is None:
+            raise RuntimeError("a decode input token is pending but no step is in flight")
+        src = [prev.row_of(reqs[j]) for j in rows]
+        idx = torch.tensor([rows, src], dtype=torch.int64).to(self.device, non_blocking=True)
+        input_ids.index_copy_(0, idx[0], prev.tokens.index_select(0, idx[1]))
+
+    def finish_launch(self, h: StepHandle, tokens: torch.Tensor | None) -> None:
+        """Start the device→pinned-host copy of the sampled tokens and close the timing."""
+        h.tokens = tokens
+        if self.is_cuda:
+            if tokens is not None:
+                h.host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                h.host_tokens.copy_(tokens, non_blocking=True)
+            h.t1.record()
+        else:
+            h.cpu_ms = (time.perf_counter() - h.c0) * 1e3
 
 
 #: Padded decode batch sizes to capture (vLLM captures 1, 2, 4, then multiples of 8).
@@ -223,14 +312,20 @@ class CudaGraphDecode:
         raise ValueError(f"decode batch {b} exceeds the largest captured size {self.max_batch_size}")
 
     @torch.inference_mode()
-    def execute(self, runner: ModelRunner, out: SchedulerOutput
-                ) -> tuple[list[tuple[Request, int]], float]:
+    def launch(self, runner: ModelRunner, out: SchedulerOutput,
+               prev: StepHandle | None = None) -> StepHandle:
+        """Enqueue a decode-only step as a graph replay (see ``ModelRunner.launch``)."""
         kv = runner.kv
         bs = kv.block_size
         reqs = out.decodes
         B = len(reqs)
         n = self.padded_size(B)
         x = build_decode_inputs(reqs, n, bs, kv.scratch_block, self.block_tables)
+        ids = x.input_ids.numpy()  # shares memory with x.input_ids
+        pending: list[int] = []
+        if B and ids[:B].min() < 0:  # async scheduling: tokens the step in flight samples
+            pending = np.flatnonzero(ids[:B] < 0).tolist()
+            ids[pending] = 0
         self.input_ids[:n].copy_(x.input_ids, non_blocking=True)
         self.positions[:n].copy_(x.positions, non_blocking=True)
         self.slot_mapping[:n].copy_(x.slot_mapping, non_blocking=True)
@@ -239,14 +334,18 @@ class CudaGraphDecode:
             kv_indptr=x.kv_indptr, kv_indices=x.kv_indices, kv_last_page_len=x.kv_last_page_len,
             kv_lens=x.kv_lens, qo_lens=[1] * n,
             slot_mapping=self.slot_mapping[:n], positions=self.positions[:n], num_decodes=n)
-        t0 = torch.cuda.Event(enable_timing=True)
-        t1 = torch.cuda.Event(enable_timing=True)
-        t0.record()
+        h = StepHandle(list(reqs), used_graph=True)
+        runner.start_timing(h)
         runner.attn.begin_step(meta)
+        if pending:  # into the static buffer the graph reads, after the host copy above
+            runner.gather_pending(self.input_ids, pending, reqs, prev)
+        runner.mark_inputs_ready(h)
         g, hidden = self.graphs[n]
         g.replay()
         logits = runner.model.compute_logits(hidden[:B])
-        tokens = sample(logits, reqs, runner.engine_seed)
-        t1.record()
-        t1.synchronize()
-        return list(zip(reqs, tokens)), t0.elapsed_time(t1)
+        runner.finish_launch(h, sample_tensor(logits, reqs, runner.engine_seed))
+        return h
+
+    def execute(self, runner: ModelRunner, out: SchedulerOutput
+                ) -> tuple[list[tuple[Request, int]], float]:
+        return runner.wait(self.launch(runner, out))

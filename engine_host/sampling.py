@@ -36,9 +36,19 @@ def sample(logits: torch.Tensor, reqs: list[Request], engine_seed: int = 0) -> l
     logits: [S, V] float32/float64, row ``i`` belongs to ``reqs[i]``. Returns S token ids (ints).
     Greedy rows use argmax (ties → lowest id, as torch.argmax).
     """
+    return sample_tensor(logits, reqs, engine_seed).tolist()
+
+
+def sample_tensor(logits: torch.Tensor, reqs: list[Request], engine_seed: int = 0) -> torch.Tensor:
+    """``sample`` without leaving the device: int64 ``[S]`` on ``logits.device``.
+
+    No host synchronisation (no ``.item()``): greedy rows are one argmax, each sampled row's
+    multinomial draw is copied into its slot on the device. The same ops in the same order as
+    the host path, so the same tokens (and the same generator state) come out.
+    """
+    out = logits.argmax(dim=-1)
     if all(r.sampling.greedy for r in reqs):
-        return logits.argmax(dim=-1).tolist()
-    out = logits.argmax(dim=-1).tolist()
+        return out
     for i, r in enumerate(reqs):
         sp = r.sampling
         if sp.greedy:
@@ -50,5 +60,5 @@ def sample(logits: torch.Tensor, reqs: list[Request], engine_seed: int = 0) -> l
             r.generator = g
         row = _filter_top_k_top_p(logits[i] / sp.temperature, sp.top_k, sp.top_p)
         probs = torch.softmax(row.float(), dim=-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+        out[i:i + 1] = torch.multinomial(probs, 1, generator=r.generator)
     return out
