@@ -9,7 +9,13 @@ attention planning, forward, logits, sampling, synchronise), timed on the host a
 (median of ``--iters``). Request state is set up directly (pages allocated, KV length set) so that
 no prefill is needed to reach a KV length; step time does not depend on the KV values.
 
+``--steady``: instead, the engine's whole step (``LLMEngine.step``: schedule, inputs, plan,
+forward, sample, post-process) on B real requests decoding with ~``--kv-len`` tokens of KV, sync
+vs ``--async-scheduling`` (step N+1 scheduled and launched while N runs): ms per step from the
+StepRecords (t_end to t_end over ``--steady-steps`` decode-only steps), against the roofline.
+
 Usage (H200): python benchmarks/bench_engine_step.py --model llama-3-8b [--enforce-eager]
+              python benchmarks/bench_engine_step.py --model llama-3-8b --steady
         (CPU smoke test): python benchmarks/bench_engine_step.py --model tiny --device cpu
 Ceilings default to the H200 figures measured in ../shared/gpu/README.md (4.3 TB/s, 790 TFLOP/s).
 """
@@ -26,7 +32,7 @@ import time
 
 import torch
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig
+from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.kv_cache import BlockPool, cdiv
 from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams
@@ -61,6 +67,34 @@ def time_step(eng: LLMEngine, out: SchedulerOutput, iters: int, warmup: int = 3)
     return statistics.median(ts)
 
 
+def steady_decode(eng: LLMEngine, b: int, kv_len: int, steps: int, async_on: bool
+                  ) -> dict:
+    """``b`` requests (prompt ``kv_len``) prefilled, then ``steps`` + 5 decode-only engine steps;
+    returns ms/step (record t_end to t_end, the first 5 dropped) and the median GPU ms."""
+    while eng.has_step_in_flight:
+        eng.drain()
+    eng.config.async_scheduling = async_on
+    ids = [f"s{b}-{int(async_on)}-{i}" for i in range(b)]
+    for i, rid in enumerate(ids):
+        eng.add_request(rid, [11 + (i + j) % 1000 for j in range(kv_len)],
+                        SamplingParams(max_tokens=steps + 40, ignore_eos=True))
+    recs = []
+    for _ in range(100 * (steps + 5) + 10 * b):
+        rec = eng.step().record
+        if rec is not None and rec.num_prefill_reqs == 0 and rec.num_decode_reqs == b:
+            recs.append(rec)
+            if len(recs) == steps + 5:
+                break
+    for rid in ids:
+        eng.abort(rid)
+    while eng.has_step_in_flight:
+        eng.drain()
+    recs = recs[5:]
+    ms = (recs[-1].t_end_ns - recs[0].t_end_ns) / 1e6 / (len(recs) - 1)
+    return dict(ms=ms, gpu_ms=statistics.median(r.gpu_ms for r in recs),
+                graphs=all(r.cuda_graph for r in recs))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3-8b")
@@ -76,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--steady", action="store_true",
+                    help="engine steps on real decoding requests, sync vs --async-scheduling")
+    ap.add_argument("--steady-steps", type=int, default=50)
     a = ap.parse_args(argv)
     # a run stopped by `timeout` says where it was (the start-up once seemed to hang on the H200)
     faulthandler.register(signal.SIGTERM, all_threads=True)
@@ -93,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
 
     blocks = max(max(batches) * cdiv(a.kv_len + 1, bs), cdiv(max(prefills), bs),
                  mix_dec * cdiv(a.kv_len + 1, bs) + cdiv(mix_budget, bs)) + 64
+    max_len = max(max(prefills), a.kv_len + 1)
+    if a.steady:
+        max_len = a.kv_len + a.steady_steps + 48
+        blocks = max(batches) * cdiv(max_len, bs) + 64
     eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
                                  enforce_eager=a.enforce_eager,
                                  attention_backend=a.attention_backend,
-                                 max_model_len=max(max(prefills), a.kv_len + 1),
-                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)),
+                                 max_model_len=max_len,
+                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks),
+                                 scheduler=SchedulerConfig(mode="chunked",
+                                                           max_num_batched_tokens=8192)),
                     progress=progress)
     mc = eng.model_config
     itemsize = torch.empty((), dtype=eng.dtype).element_size()
@@ -118,6 +161,26 @@ def main(argv: list[str] | None = None) -> int:
 
     def reset():
         eng.kv.pool = BlockPool(eng.kv.num_blocks)
+
+    if a.steady:
+        print(f"\n{'decode batch':>12} {'KV/req':>7} {'sync ms':>9} {'async ms':>9} "
+              f"{'gpu ms':>8} {'roofline ms':>11} {'% roof sync':>11} {'% roof async':>12}")
+        kv_mid = a.kv_len + a.steady_steps // 2 + 5
+        for b in batches:
+            res = {m: steady_decode(eng, b, a.kv_len, a.steady_steps, m) for m in (False, True)}
+            s_, as_ = res[False], res[True]
+            roof = (weight_bytes + b * kv_mid * kv_bytes_per_token) / a.mem_bw * 1e3
+            rows.append(dict(kind="steady", batch=b, kv_len=kv_mid, sync_ms=s_["ms"],
+                             async_ms=as_["ms"], gpu_ms=as_["gpu_ms"],
+                             sync_gpu_ms=s_["gpu_ms"], roofline_ms=roof,
+                             frac_sync=roof / s_["ms"], frac_async=roof / as_["ms"],
+                             cuda_graph=as_["graphs"]))
+            print(f"{b:>12} {kv_mid:>7} {s_['ms']:>9.3f} {as_['ms']:>9.3f} {as_['gpu_ms']:>8.3f} "
+                  f"{roof:>11.3f} {100 * roof / s_['ms']:>10.1f}% {100 * roof / as_['ms']:>11.1f}%")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(header=head, rows=rows, args=vars(a)), f, indent=2)
+        return 0
 
     print(f"\n{'decode batch':>12} {'KV/req':>7} {'step ms':>9} {'roofline ms':>11} {'% roofline':>10} {'tok/s':>10}")
     for b in batches:
