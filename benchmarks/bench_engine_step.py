@@ -177,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                              cuda_graph=as_["graphs"]))
             print(f"{b:>12} {kv_mid:>7} {s_['ms']:>9.3f} {as_['ms']:>9.3f} {as_['gpu_ms']:>8.3f} "
                   f"{roof:>11.3f} {100 * roof / s_['ms']:>10.1f}% {100 * roof / as_['ms']:>11.1f}%")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(dict(header=head, rows=rows, args=vars(a)), f, indent=2)
+        write_json(a, head, rows)
         return 0
 
     print(f"\n{'decode batch':>12} {'KV/req':>7} {'step ms':>9} {'roofline ms':>11} {'% roofline':>10} {'tok/s':>10}")
@@ -212,10 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(dict(kind="mixed", decodes=mix_dec, chunk=chunk, chunk_kv=a.kv_len, ms=ms))
     print(f"\nmixed step: {mix_dec} decodes (KV {a.kv_len}) + a {chunk}-token chunk on {a.kv_len} "
           f"cached: {ms:.3f} ms")
+    write_json(a, head, rows)
+    return 0
+
+
+def write_json(a: argparse.Namespace, head: str, rows: list[dict]) -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(header=head, rows=rows, args=vars(a)), f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

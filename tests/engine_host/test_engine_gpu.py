@@ -136,18 +136,26 @@ def test_cuda_graph_engine_serves_both_modes_and_preemption():
     eng = engine("flashinfer", blocks=40, mode="continuous", max_model_len=400)
     for i, p in enumerate(PROMPTS * 3):
         eng.add_request(f"r{i}", p, SamplingParams(max_tokens=40 + i, ignore_eos=True))
+    done, pre = run_with_mode_switch(eng)
+    ops.use_flashinfer_ops(False)
+    assert pre > 0
+    assert {k: f.output_len for k, f in done.items()} == {f"r{i}": 40 + i
+                                                         for i in range(len(PROMPTS) * 3)}
+
+
+def run_with_mode_switch(eng, at=30):
+    """Step to the end, switching to chunked before call ``at``. Returns the finished records
+    by id and the preemptions made."""
     done, k, pre = {}, 0, 0
     while eng.has_unfinished():
-        if k == 30:
+        if k == at:
             eng.set_scheduler_config(eng.scheduler_config.with_changes(mode="chunked"))
         res = eng.step()
         pre += res.record.num_preempted if res.record else 0
         for f in res.finished:
-            done[f.request_id] = f.output_len
+            done[f.request_id] = f
         k += 1
-    ops.use_flashinfer_ops(False)
-    assert pre > 0
-    assert done == {f"r{i}": 40 + i for i in range(len(PROMPTS) * 3)}
+    return done, pre
     assert eng.kv.pool.num_free == 40
 
 
@@ -183,15 +191,7 @@ def test_async_scheduling_with_eos_preemption_and_sampling():
             sp = (SamplingParams(max_tokens=40 + i, temperature=0.8, top_k=50, seed=i)
                   if i % 3 == 0 else SamplingParams(max_tokens=40 + i, ignore_eos=i % 3 == 1))
             eng.add_request(f"r{i}", p, sp)
-        done, k, pre = {}, 0, 0
-        while eng.has_unfinished():
-            if k == 30:
-                eng.set_scheduler_config(eng.scheduler_config.with_changes(mode="chunked"))
-            res = eng.step()
-            pre += res.record.num_preempted if res.record else 0
-            for f in res.finished:
-                done[f.request_id] = f
-            k += 1
+        done, pre = run_with_mode_switch(eng)
         assert eng.kv.pool.num_free == 40
         eos = eng.model_config.eos_token_ids
         for i in range(len(PROMPTS) * 3):
