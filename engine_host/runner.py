@@ -197,7 +197,9 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.meta.positions, self.kv.kv_caches, self.attn)
         tokens = None
         if batch.sample_rows:
-            rows = torch.tensor(batch.sample_rows, dtype=torch.int64, device=self.device)
+            # non_blocking: a blocking host→device copy would wait for the step in flight
+            rows = torch.tensor(batch.sample_rows, dtype=torch.int64).to(self.device,
+                                                                         non_blocking=True)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
             tokens = sample_tensor(logits, batch.sample_reqs, self.engine_seed)
         self.finish_launch(h, tokens)
