@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import ConfigError
+
 
 @dataclass
 class AttentionMetadata:
@@ -149,8 +151,9 @@ class ReferenceAttention(AttentionBackend):
 def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     """Return the attention backend ``name`` ("auto", "reference", "flashinfer").
 
-    "auto" picks "flashinfer" on CUDA when it imports, else "reference". Raises ValueError for an
-    unknown name, RuntimeError when "flashinfer" is asked for where it cannot run.
+    "auto" picks "flashinfer" on CUDA when it imports, else "reference". Raises ConfigError (a
+    ValueError) for an unknown name or when "flashinfer" is asked for where it cannot run (no
+    CUDA device, flashinfer does not import).
     """
     dev = torch.device(device)
     if name == "auto":
@@ -166,12 +169,12 @@ def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
         return ReferenceAttention()
     if name == "flashinfer":
         if dev.type != "cuda":
-            raise RuntimeError("--attention-backend flashinfer needs a CUDA device; "
+            raise ConfigError("--attention-backend flashinfer needs a CUDA device; "
                                f"this run is on {dev.type} (use reference)")
         try:
             from .flashinfer_backend import FlashInferAttention
         except ImportError as e:
-            raise RuntimeError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
+            raise ConfigError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
                                "install the [gpu] extra or use reference") from e
         return FlashInferAttention(dev)
-    raise ValueError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")
+    raise ConfigError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")

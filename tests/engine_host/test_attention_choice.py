@@ -1,0 +1,39 @@
+"""Choosing the attention backend: bad choices are one clear ConfigError (exit 2 in the CLI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gpuchef.cli import _register, cli
+from gpuchef.engine_host.attention import make_backend
+from gpuchef.engine_host.config import ConfigError
+
+_register()  # the subcommands are registered lazily by the entry point
+
+
+def test_reference_and_auto_on_cpu():
+    assert make_backend("reference", "cpu").name == "reference"
+    assert make_backend("auto", "cpu").name == "reference"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
+def test_flashinfer_on_cpu_is_a_config_error():
+    with pytest.raises(ConfigError, match="flashinfer needs a CUDA device; this run is on cpu"):
+        make_backend("flashinfer", "cpu")
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(ConfigError, match="'sdpa' is not one of auto, reference, flashinfer"):
+        make_backend("sdpa", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
+@pytest.mark.parametrize("cmd", ["bench", "ab"])
+def test_cli_flashinfer_on_cpu_exits_2_with_one_line(cmd):
+    r = CliRunner().invoke(cli, [cmd, "--device", "cpu", "--model", "tiny",
+                                 "--attention-backend", "flashinfer", "--num-prompts", "2"])
+    assert r.exit_code == 2, r.output
+    assert "error: --attention-backend flashinfer needs a CUDA device" in r.output
+    assert "Traceback" not in r.output
