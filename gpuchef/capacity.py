@@ -169,6 +169,10 @@ def check_rates(lo: Any, hi: Any) -> tuple[float, float]:
     return vals[0], vals[1]
 
 
+#: A probe whose arrivals span less than this (s) cannot show that its rate is sustained.
+MIN_PROBE_SPAN_S = 10.0
+
+
 @dataclass
 class Probe:
     """One measured rate: ``rate`` (req/s asked for), ``met`` (every SLO held), ``values``
@@ -196,7 +200,27 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
     converged: bool = True
 
+    def short_probes(self, min_span_s: float = MIN_PROBE_SPAN_S) -> list[Probe]:
+        """Probes that met the SLOs with arrivals spanning less than ``min_span_s`` (requests
+        completed / rate): too short for a queue to build, so "met" says little about whether
+        the rate is sustained (20 requests at 32 req/s arrive in 0.6 s)."""
+        out = []
+        for p in self.probes:
+            n = getattr(p.metrics, "completed", None)
+            if p.met and n is not None and p.rate > 0 and n / p.rate < min_span_s:
+                out.append(p)
+        return out
+
     def describe(self) -> str:
+        s = self._describe()
+        short = self.short_probes()
+        if short:
+            s += (f" — warning: {len(short)} probe(s) that met the SLOs had arrivals spanning "
+                  f"< {MIN_PROBE_SPAN_S:g} s (e.g. {short[-1].rate:.3g} req/s); too short to "
+                  "show a sustained rate: give --duration 30 or more")
+        return s
+
+    def _describe(self) -> str:
         if self.capacity is None:
             lo = self.probes[0].rate if self.probes else math.nan
             return f"none: the SLOs fail already at {lo:g} req/s (the lowest rate tried)"

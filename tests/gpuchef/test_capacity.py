@@ -189,3 +189,19 @@ def test_cli_capacity_bad_flags(args, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.output
     assert "Traceback" not in r.output
+
+
+def test_short_probes_that_met_are_flagged():
+    """20 requests at 32 req/s arrive in 0.6 s: "met" there says nothing about sustaining it."""
+    from types import SimpleNamespace as NS
+
+    from gpuchef.capacity import MIN_PROBE_SPAN_S, Probe
+
+    long_run = Probe(2.0, True, {}, NS(completed=60))      # 30 s of arrivals
+    short_met = Probe(32.0, True, {}, NS(completed=20))    # 0.6 s
+    short_failed = Probe(16.0, False, {}, NS(completed=20))
+    res = CapacityResult(32.0, True, (32.0, None), [long_run, short_met, short_failed])
+    assert res.short_probes() == [short_met]
+    assert f"< {MIN_PROBE_SPAN_S:g} s" in res.describe() and "--duration" in res.describe()
+    ok = CapacityResult(2.0, False, (2.0, 4.0), [long_run])
+    assert "warning" not in ok.describe()
