@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -54,13 +55,16 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     """The ReplayApp for ``trace``; warnings (skipped lines, a missing end record) go to ``err``.
     Raises ConfigError for a file that is not a readable gpuchef trace or a bad option."""
     from .probes.recorder import TraceReadError, read_trace
-    from .replay import ReplaySession
+    from .replay import SPEED_MAX, SPEED_MIN, ReplaySession
     from .replay_app import ReplayApp
     from .top_cmd import parse_window
 
     window_s = parse_window(window)
     if not start_s >= 0:
         raise ConfigError(f"--start {start_s:g} is out of range: seconds >= 0")
+    if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
+        raise ConfigError(f"--speed {speed:g} is out of range: allowed [{SPEED_MIN:g}, "
+                          f"{SPEED_MAX:g}]×")
     if not 1 <= fps <= 30:
         raise ConfigError(f"--fps {fps:g} is out of range: allowed [1, 30]")
     try:
@@ -74,6 +78,9 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
             err.print(f"[yellow]warning:[/] {escape(trace)}: no end record — the writer stopped "
                       "early; replaying what was written")
     session = ReplaySession(tr, start_s=start_s, speed=speed)
+    if start_s > session.duration_s:
+        raise ConfigError(f"--start {start_s:g} is beyond the end of {trace}: allowed "
+                          f"[0, {session.duration_s:.1f}] s")
     if not (tr.steps or tr.gpu_samples or tr.requests):
         raise ConfigError(f"{trace}: the trace holds no steps, samples or requests to replay")
     if not paused:

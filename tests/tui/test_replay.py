@@ -218,6 +218,14 @@ def test_cli_refuses_a_file_that_is_not_a_trace(tmp_path):
     assert r.exit_code == 2
 
 
+def test_cli_start_beyond_the_end_and_bad_speed_name_the_flag(trace_path):
+    r = CliRunner().invoke(cli, ["replay", str(trace_path), "--start", "99999"])
+    assert r.exit_code == 2 and "--start 99999 is beyond the end of" in r.output
+    assert "allowed [0, " in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["replay", str(trace_path), "--speed", "0"])
+    assert r.exit_code == 2 and "--speed 0 is out of range: allowed [0.25, 16]" in r.output
+
+
 def test_a_truncated_trace_warns_with_line_numbers_and_still_plays(trace_path, tmp_path):
     lines = trace_path.read_text().splitlines(keepends=True)
     lines[5] = "{not json\n"
