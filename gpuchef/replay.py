@@ -282,7 +282,7 @@ class ReplaySession:
     @property
     def gpu_status(self) -> str:
         if not self.trace.gpu_samples:
-            return "no GPU samples in this trace — GPU panels off"
+            return "no GPU samples in this trace"
         gpus = self.trace.meta.get("gpus") or {}
         names = ", ".join(sorted(set(map(str, gpus.values())))) if isinstance(gpus, dict) else ""
         return f"recorded: {len(gpus) or 1} GPU" + (f" ({names})" if names else "")

@@ -474,14 +474,14 @@ class NvmlSampler(PeriodicSampler):
             self._nv = lib.module
             count = lib.device_count()
         except NvmlUnavailable as e:
-            self._summary = f"NVML not available: {e} — GPU panels off"
+            self._summary = f"NVML not available: {e}"
             self._update_status()
             return False
         nv = self._nv
         wanted = list(range(count)) if self.gpus_requested is None else self.gpus_requested
         if not wanted:
-            self._summary = "NVML: no GPU found — GPU panels off" if count == 0 else \
-                "NVML: no GPU selected — GPU panels off"
+            self._summary = "NVML: no GPU found" if count == 0 else \
+                "NVML: no GPU selected"
             self._update_status()
             return False
         for i in wanted:
@@ -502,7 +502,7 @@ class NvmlSampler(PeriodicSampler):
             self.gpm_enabled[i] = g.gpm_on
         self._live = list(self._gpus)
         if not self._live:
-            self._summary = "NVML: no usable GPU — GPU panels off"
+            self._summary = "NVML: no usable GPU"
             self._update_status()
             return False
         self.available = True

@@ -80,7 +80,7 @@ def test_init_failure_gives_status_line(err):
     with NvmlSampler(nvml=fake, sample_hz=50, on_status=seen.append) as s:
         assert s.wait_ready(2.0)
         assert wait_for(lambda: not s.running)
-    assert s.status.startswith("NVML not available: ") and s.status.endswith("GPU panels off")
+    assert s.status.startswith("NVML not available: ") and "panels" not in s.status
     assert "\n" not in s.status
     assert not s.available and len(s.samples) == 0 and s.latest == {}
     assert seen and seen[-1] == s.status

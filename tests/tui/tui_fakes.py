@@ -236,8 +236,7 @@ class StaticSession:
         if self._gpu and self._n_gpus > 1:
             return f"NVML: {self._n_gpus} GPUs ({self._gpu_label}), GPM on"
         return "NVML: 1 GPU (NVIDIA H200), GPM on" if self._gpu else \
-            "NVML not available: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine) " \
-            "— GPU panels off"
+            "NVML not available: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine)"
 
     @property
     def gpu_available(self) -> bool:
