@@ -76,10 +76,9 @@ def top(ctx: click.Context, **o) -> None:
     within seconds (the header says so). Keys: m mode, +/- budget, [/] chunk, </> rate,
     p pause load, a live A/B, e trace, s screenshot, ? help, q quit.
 
+    \b
     Examples:
-
       gpuchef top                                   # CPU: tiny model, bundled trace
-
       gpuchef top --model llama-3-8b --dataset azure-conv   # H200
     """
     err = Console(stderr=True, soft_wrap=True)
