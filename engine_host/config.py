@@ -7,6 +7,7 @@ whole prompts) and ``chunked`` is Sarathi-Serve's stall-free batching (decode-fi
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -136,10 +137,14 @@ class CacheConfig:
             raise ConfigError(f"--block-size {self.block_size} is not allowed: use a power of two "
                               "in [1, 128] (FlashInfer and vLLM use 16)")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ConfigError(f"--num-gpu-blocks {self.num_gpu_blocks} must be >= 1")
-        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
-            raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} is out of "
-                              "range: allowed [0.05, 0.99]")
+            raise ConfigError(f"--num-gpu-blocks {self.num_gpu_blocks} must be > 0 (blocks)")
+        gb = self.kv_cache_memory_gb
+        if gb is not None and not (gb > 0 and math.isfinite(gb)):  # NaN fails both
+            raise ConfigError(f"--kv-cache-memory {gb:g} must be > 0 GiB (a finite number)")
+        u = self.gpu_memory_utilization
+        if not 0 < u <= 1:
+            raise ConfigError(f"--gpu-memory-utilization {u:g} is out of range: allowed (0, 1] "
+                              "(a fraction of GPU memory)")
 
 
 @dataclass

@@ -24,7 +24,7 @@ import csv
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -554,6 +554,53 @@ def _trace_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
     return out
 
 
+def _items(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
+    """The load's ``(arrival_s, prompt_len, output_len)`` before clipping (probes left out)."""
+    if cfg.is_random:
+        arrivals = _random_arrivals(cfg)
+        ins, outs = _random_lengths(cfg, len(arrivals))
+        return list(zip(arrivals.tolist(), ins.tolist(), outs.tolist()))
+    return _trace_rows(cfg)
+
+
+@dataclass(frozen=True)
+class ClipStats:
+    """What ``max_model_len`` cut from a load (after ``max_input_len``/``max_output_len``, which
+    the user asked for): of ``requests`` requests, ``prompts`` had their prompt and ``outputs``
+    their output shortened so that prompt + output <= ``max_model_len``; ``prompt_max`` and
+    ``output_max`` are the longest such clipped lengths (tokens; 0 when none was clipped)."""
+
+    max_model_len: int | None
+    requests: int
+    prompts: int = 0
+    outputs: int = 0
+    prompt_max: int = 0
+    output_max: int = 0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.prompts or self.outputs)
+
+
+def clip_stats(cfg: WorkloadConfig) -> ClipStats:
+    """Count the requests of ``cfg``'s load (probes left out) whose lengths ``max_model_len``
+    shortens in ``generate``. Prints nothing: the caller reports it. Raises ConfigError as
+    ``generate`` does (bad config, unreadable or malformed trace file)."""
+    cfg.validate()
+    items = _items(cfg)
+    n_p = n_o = p_max = o_max = 0
+    if cfg.max_model_len is not None:
+        only_caps = replace(cfg, max_model_len=None)
+        for _, p, o in items:
+            p1, o1 = _clip(only_caps, int(p), int(o))
+            p2, o2 = _clip(cfg, p1, o1)
+            if p2 < p1:
+                n_p, p_max = n_p + 1, max(p_max, p2)
+            if o2 < o1:
+                n_o, o_max = n_o + 1, max(o_max, o2)
+    return ClipStats(cfg.max_model_len, len(items), n_p, n_o, p_max, o_max)
+
+
 def generate(cfg: WorkloadConfig) -> list[RequestSpec]:
     """The whole request stream of ``cfg``, probes included, sorted by ``arrival_s``.
 
@@ -571,12 +618,7 @@ def generate(cfg: WorkloadConfig) -> list[RequestSpec]:
     Raises ConfigError for a bad config or a malformed trace file.
     """
     cfg.validate()
-    if cfg.is_random:
-        arrivals = _random_arrivals(cfg)
-        ins, outs = _random_lengths(cfg, len(arrivals))
-        items = list(zip(arrivals.tolist(), ins.tolist(), outs.tolist()))
-    else:
-        items = _trace_rows(cfg)
+    items = _items(cfg)
 
     specs: list[RequestSpec] = []
     for i, (a, p, o) in enumerate(items):

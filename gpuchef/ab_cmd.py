@@ -3,7 +3,6 @@ capacity of each under latency SLOs (``--capacity``). The logic is in ab.py and 
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import replace
@@ -14,7 +13,9 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
+from .options import (check_output_path, check_sampling, engine_config, engine_options, run_config,
+                      scheduler_options, scheduling_desc, workload_config, workload_options,
+                      write_json)
 
 
 @click.command("ab")
@@ -57,13 +58,13 @@ from .options import engine_config, engine_options, scheduler_options, workload_
                    "(5%) or req/s (0.5).")
 @click.option("--max-probes", default=16, show_default=True, type=int,
               help="--capacity: most runs per setting.")
-@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write one session trace (JSON Lines) with a mark event at each run or window.")
 @click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
-@click.option("--result-json", default=None, type=click.Path(dir_okay=False),
+@click.option("--result-json", default=None, type=click.Path(),
               help="Also write every run, the pooled results and the deltas as JSON.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,
-              help="NVML/GPM sampling rate (1..100 Hz; 0 = sampler off).")
+              help="NVML/GPM sampling rate (0 = sampler off, or 1..100 Hz).")
 @click.option("--gpus", default=None, help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
 def ab(**o) -> None:
     """Run two scheduler settings against the same seeded load on one engine (loaded once) and
@@ -119,13 +120,15 @@ def _check(o: dict) -> dict[str, Any]:
         o["request_rate"] = str(c["rates"][0])
     elif o["slo_spec"]:
         raise ConfigError("--slo is for --capacity; for goodput under SLOs use --goodput ttft:MS")
-    workload_config(o, vocab_size=1 << 20, max_model_len=None)
+    workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
+    c["sample_hz"], c["gpus"] = check_sampling(o["sample_hz"], o["gpus"])
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
+    check_output_path(o["result_json"], "--result-json")
     return c
 
 
 def _ab(o: dict, err: Console) -> None:
     from .engine_host.workload import generate
-    from .probes.nvml import parse_gpus
     from .session import Samplers, build_engine, open_trace, trace_meta
 
     c = _check(o)
@@ -133,7 +136,6 @@ def _ab(o: dict, err: Console) -> None:
     if settings["A"].config == settings["B"].config:
         err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
                   "show the run-to-run noise")
-    gpus = parse_gpus(o["gpus"]) if o["gpus"] else None
     engine = build_engine(c["ecfg"], err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
@@ -155,7 +157,7 @@ def _ab(o: dict, err: Console) -> None:
             meta["ab"]["slos"] = [str(s) for s in c["slos"]]
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
-    samplers = Samplers(gpus, o["sample_hz"], sink=recorder.record if recorder else None)
+    samplers = Samplers(c["gpus"], c["sample_hz"], sink=recorder.record if recorder else None)
     samplers.start()
     try:
         if o["capacity"]:
@@ -168,8 +170,8 @@ def _ab(o: dict, err: Console) -> None:
             recorder.close()
             err.print(f"[dim]trace: {o['trace_path']}[/dim]")
     if o["result_json"]:
-        with open(o["result_json"], "w") as f:
-            json.dump(result, f, indent=2)
+        result["config"] = run_config(c["ecfg"], engine)
+        write_json(o["result_json"], result, "--result-json")
 
 
 def _header(engine, wcfg, settings, specs_n: int, load: str | None = None) -> list[str]:
@@ -178,6 +180,7 @@ def _header(engine, wcfg, settings, specs_n: int, load: str | None = None) -> li
     lm = engine.loaded
     return [f"Model: {lm.name}{' (random weights)' if lm.random_weights else ''} on "
             f"{engine.device} / {engine.attn.name}",
+            f"Scheduling: {scheduling_desc(engine)}",
             f"Load: {load or load_desc(wcfg)}; {specs_n} requests, seed {wcfg.seed}",
             f"A: {settings['A'].describe()}",
             f"B: {settings['B'].describe()}"]

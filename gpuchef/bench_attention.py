@@ -23,14 +23,13 @@ Work counted per case, the same for every backend (useful work, not what a kerne
   ``qo·(kv − qo) + qo·(qo + 1)/2`` pairs, so a full prefill counts about half of ``qo·kv``; a
   decode row sees all ``kv`` keys.
 
-Ceilings default to what was measured on the H200 (../shared/gpu/README.md): 4.3 TB/s
+Ceilings default to what was measured on an H200 (benchmarks/RESULTS.md): 4.3 TB/s
 device-to-device copy, 790 TFLOP/s bf16 matmul. Times are medians over ``--iters`` runs timed
 with CUDA events, L2 flushed before each (the method of ``triton.testing.do_bench``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import statistics
@@ -318,8 +317,9 @@ def _csv(choices):
               help="KV heads (GQA when fewer than --num-heads).")
 @click.option("--head-dim", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
-@click.option("--chunk-len", type=click.IntRange(1), default=512, show_default=True,
-              help="Mixed case: new tokens per prefill chunk (on seq-len − chunk-len cached).")
+@click.option("--chunk-len", type=click.IntRange(1), default=None,
+              help="Mixed case: new tokens per prefill chunk (on seq-len − chunk-len cached). "
+                   "Default: min(512, --seq-len).")
 @click.option("--page-size", type=click.IntRange(1), default=16, show_default=True,
               help="FlashInfer page size, tokens.")
 @click.option("--cases", default="prefill,decode,mixed", show_default=True,
@@ -328,13 +328,16 @@ def _csv(choices):
               callback=_csv(BACKENDS), help="Comma-separated subset of flashinfer,sdpa,naive.")
 @click.option("--iters", type=click.IntRange(1), default=50, show_default=True,
               help="Timed runs per measurement (median reported).")
-@click.option("--device", default="cuda", show_default=True,
-              help="cuda, cuda:N, or cpu (cpu: SDPA and naive only; keep shapes small).")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (cpu: SDPA and "
+                   "naive only; smaller shapes run faster, e.g. --seq-len 128).")
 @click.option("--peak-tbps", type=float, default=4.3, show_default=True,
-              help="Memory ceiling, TB/s (H200 copy, ../shared/gpu/README.md).")
+              help="Memory ceiling, TB/s. Default measured on an H200: 4.3 TB/s device copy, "
+                   "790 TFLOP/s bf16 matmul (benchmarks/RESULTS.md).")
 @click.option("--peak-tflops", type=float, default=790.0, show_default=True,
-              help="Compute ceiling, TFLOP/s (H200 bf16 matmul, ../shared/gpu/README.md).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Compute ceiling, TFLOP/s. Default measured on an H200: 4.3 TB/s device "
+                   "copy, 790 TFLOP/s bf16 matmul (benchmarks/RESULTS.md).")
+@click.option("--json", "json_path", type=click.Path(), default=None,
               help="Also write the results as JSON here.")
 def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
                     page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
@@ -342,50 +345,68 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
     """Time attention alone: FlashInfer (paged) vs PyTorch SDPA vs naive, per case.
 
     Prints ms (median), speed-up against naive, achieved TB/s and TFLOP/s and their fraction of
-    the ceilings. Exits with status 2 when the device cannot run (e.g. no CUDA).
+    the ceilings. Exits with status 2 (one `error:` line) for a bad flag or when the device
+    cannot run (e.g. no CUDA).
     """
+    from .engine_host.config import ConfigError
+
+    try:
+        _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
+                         page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
+                         json_path)
+    except ConfigError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
+                     page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
+                     json_path):
     from rich.console import Console
+
+    from .engine_host.config import ConfigError
+    from .options import check_output_path, write_json
 
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
     if num_heads % num_kv_heads:
-        raise click.BadParameter("--num-heads must be a multiple of --num-kv-heads")
-    if "mixed" in cases and chunk_len > seq_len:
-        raise click.BadParameter("--chunk-len must not exceed --seq-len")
+        raise ConfigError(f"--num-heads {num_heads} must be a multiple of --num-kv-heads "
+                          f"{num_kv_heads}")
+    if chunk_len is None:
+        chunk_len = min(512, seq_len)
+    elif "mixed" in cases and chunk_len > seq_len:
+        raise ConfigError(f"--chunk-len {chunk_len} must not exceed --seq-len {seq_len}")
+    for flag, v in (("--peak-tbps", peak_tbps), ("--peak-tflops", peak_tflops)):
+        if not (v > 0 and math.isfinite(v)):
+            raise ConfigError(f"{flag} {v:g} must be a finite number > 0")
+    check_output_path(json_path, "--json")
 
     import torch
 
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise click.BadParameter(str(e), param_hint="--device") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        click.echo("bench-attention: no CUDA device here (torch.cuda.is_available() is False); "
-                   "run it on a GPU machine, or use --device cpu with small shapes to time "
-                   "SDPA and naive only.", err=True)
-        sys.exit(2)
-    if dev.type not in ("cuda", "cpu"):
-        click.echo(f"bench-attention: unsupported device {device!r} (cuda or cpu)", err=True)
-        sys.exit(2)
+    from .engine_host.engine import resolve_device
+
+    dev = resolve_device(device)  # ConfigError: not a device, or CUDA asked for where there is none
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
 
     notes: list[str] = []
     fi_version = None
+    fi_why = None
     if "flashinfer" in backends:
         if dev.type != "cuda":
-            backends = [b for b in backends if b != "flashinfer"]
-            notes.append("FlashInfer skipped: it needs a CUDA device.")
+            fi_why = f"FlashInfer needs a CUDA device and this run is on {dev.type}"
         else:
             try:
                 import flashinfer
                 fi_version = getattr(flashinfer, "__version__", "?")
             except Exception as e:  # missing or broken install: still time the others
-                backends = [b for b in backends if b != "flashinfer"]
-                notes.append(f"FlashInfer skipped: it does not import ({type(e).__name__}: {e}).")
+                fi_why = f"FlashInfer does not import ({type(e).__name__}: {e})"
+        if fi_why:
+            backends = [b for b in backends if b != "flashinfer"]
+            notes.append(f"FlashInfer skipped: {fi_why}.")
     if not backends:
-        click.echo("bench-attention: no backend can run here.", err=True)
-        sys.exit(2)
+        raise ConfigError(f"--backends flashinfer cannot run here: {fi_why}; add sdpa,naive "
+                          "(e.g. --backends sdpa,naive) or run on a CUDA machine")
 
     tdtype = getattr(torch, DTYPES[dtype])
     elt = torch.empty((), dtype=tdtype).element_size()
@@ -479,8 +500,7 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
             "results": [asdict(r) for r in results],
             "notes": notes,
         }
-        with open(json_path, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(json_path, payload, "--json")
         err.print(f"[dim]wrote {json_path}[/dim]")
 
 

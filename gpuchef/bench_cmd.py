@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -10,7 +9,9 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
+from .options import (check_output_path, check_sampling, engine_config, engine_options, run_config,
+                      scheduler_options, scheduling_desc, workload_config, workload_options,
+                      write_json)
 
 
 @click.command("bench")
@@ -22,13 +23,13 @@ from .options import engine_config, engine_options, scheduler_options, workload_
                    "--goodput ttft:500 --goodput tpot:50 or --goodput 'ttft:500 tpot:50'.")
 @click.option("--metric-percentiles", default="50,99", show_default=True,
               help="Comma-separated percentiles to report.")
-@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write the session trace (JSON Lines) to this file.")
 @click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
-@click.option("--result-json", default=None, type=click.Path(dir_okay=False),
+@click.option("--result-json", default=None, type=click.Path(),
               help="Also write the results as JSON to this file.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,
-              help="NVML/GPM sampling rate (1..100 Hz; 0 = sampler off); samples go to the "
+              help="NVML/GPM sampling rate (0 = sampler off, or 1..100 Hz); samples go to the "
                    "trace and the GPU lines of the results block.")
 @click.option("--gpus", default=None,
               help="GPUs to sample, e.g. 0 or 0,1 or 0-3 (default: all).")
@@ -57,27 +58,29 @@ def _bench(o: dict, err: Console) -> None:
     from .probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
     from .session import build_engine, run_load
 
+    # everything that can be refused is refused before the model loads
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
+    sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
     ecfg = engine_config(o)
-    workload_config(o, vocab_size=1 << 20, max_model_len=None)  # bad load flags fail before loading
+    workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
+    check_output_path(o["result_json"], "--result-json")
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
-    from .probes.nvml import parse_gpus
     from .session import Samplers, load_desc, open_trace, trace_meta
 
-    gpus = parse_gpus(o["gpus"]) if o["gpus"] else None
     listeners = []
     recorder = None
     if o["trace_path"]:
         recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
                               trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
-    samplers = Samplers(gpus, o["sample_hz"], sink=recorder.record if recorder else None)
+    samplers = Samplers(gpus, sample_hz, sink=recorder.record if recorder else None)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
@@ -92,12 +95,14 @@ def _bench(o: dict, err: Console) -> None:
             engine.close()
     m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
     lm = engine.loaded
+    scheduling = scheduling_desc(engine)
     extra = {
         "Model:": f"{lm.name}{' (random weights)' if lm.random_weights else ''}",
         "Engine:": (ecfg.engine if ecfg.engine == "native" else
                     f"vllm {getattr(engine, 'vllm_version', '')} "
                     f"(tensor parallel {ecfg.tensor_parallel_size})"),
         "Device / attention:": f"{engine.device} / {engine.attn.name}",
+        "Scheduling:": scheduling,
         "Mode:": sc.mode,
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
         "Load:": load_desc(wcfg),
@@ -107,7 +112,6 @@ def _bench(o: dict, err: Console) -> None:
     if o["result_json"]:
         d = m.to_dict()
         d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
-                 engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size)
-        with open(o["result_json"], "w") as f:
-            json.dump(d, f, indent=2)
-
+                 engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
+                 config=run_config(ecfg, engine))
+        write_json(o["result_json"], d, "--result-json")

@@ -38,7 +38,9 @@ engine_options = _opts(
     click.option("--seed", default=0, show_default=True, type=int,
                  help="Seed for random weights, prompt token ids, arrivals and sampling."),
     click.option("--max-model-len", default=None, type=int,
-                 help="Context length (prompt + output, tokens). Default: the model's, capped at 8192."),
+                 help="Context length (prompt + output, tokens). Default: the model's, capped at "
+                      "8192. Longer requests are clipped to fit (prompt first, then output; a "
+                      "warning says how many)."),
     click.option("--attention-backend", default="auto", show_default=True,
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
@@ -128,9 +130,15 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
     )
 
 
-def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | None):
-    """WorkloadConfig from the parsed options, sized to the model. Raises ConfigError."""
-    from .engine_host.workload import WorkloadConfig
+def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | None,
+                    warn: Callable[[str], None] | None = None):
+    """WorkloadConfig from the parsed options, sized to the model. Raises ConfigError, also for
+    a trace file that cannot be read or parsed (so that calling it with ``max_model_len=None``
+    before the model loads refuses a bad load early).
+
+    When ``max_model_len`` shortens requests, one line says how many, to ``warn`` (default:
+    ``warning: ...`` on stderr)."""
+    from .engine_host.workload import WorkloadConfig, clip_stats
 
     try:
         rate = float(o["request_rate"])
@@ -139,7 +147,7 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
     num_prompts = o["num_prompts"]
     if num_prompts is None and o["duration_s"] is None and o["dataset"] == "random":
         num_prompts = 100
-    return WorkloadConfig(
+    wcfg = WorkloadConfig(
         dataset=o["dataset"], request_rate=rate if not math.isnan(rate) else rate,
         burstiness=o["burstiness"], arrival=o["arrival"], input_len=o["input_len"],
         output_len=o["output_len"], range_ratio=o["range_ratio"], num_prompts=num_prompts,
@@ -147,3 +155,120 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
         max_input_len=o["max_input_len"], max_output_len=o["max_output_len"],
         max_model_len=max_model_len, vocab_size=vocab_size, seed=o["seed"],
         probe_interval_s=o["probe_interval_s"])
+    stats = clip_stats(wcfg)  # reads a trace file through: a bad one fails here
+    if stats.any:
+        (warn or _warn)(clip_warning(stats, given=o.get("max_model_len") is not None))
+    return wcfg
+
+
+def _warn(msg: str) -> None:
+    click.echo(f"warning: {msg}", err=True)
+
+
+def clip_warning(stats: Any, *, given: bool) -> str:
+    """One line saying what ``max_model_len`` cut from the load (``workload.ClipStats``)."""
+    name = f"--max-model-len {stats.max_model_len}" if given else \
+        f"max_model_len {stats.max_model_len} (the model's)"
+    parts = []
+    if stats.prompts:
+        parts.append(f"{stats.prompts} of {stats.requests} prompts (to <= {stats.prompt_max} "
+                     f"token{'s' if stats.prompt_max != 1 else ''})")
+    if stats.outputs:
+        parts.append(f"{stats.outputs} of {stats.requests} outputs (to <= {stats.output_max} "
+                     f"token{'s' if stats.output_max != 1 else ''})")
+    return (f"{name} clipped {' and '.join(parts)} so that prompt + output fits; raise it "
+            "or shorten the load (--max-input-len, --max-output-len)")
+
+
+def check_output_path(path: str | None, flag: str, *, make_parents: bool = False) -> None:
+    """Refuse, before any work, a file path that cannot be written: a folder, a missing
+    parent folder (created instead with ``make_parents``, as the trace recorder does), or a
+    place where no file can be created (tried: the file is opened for append, and removed
+    again if it was not there). Raises ConfigError naming the flag and the path."""
+    import os
+    from pathlib import Path
+
+    if not path:
+        return
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a folder: give a file path")
+    parent = p.parent
+    if make_parents and not parent.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{flag} {path!r}: cannot create folder {str(parent)!r} "
+                              f"({e.strerror or e})") from None
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path!r}: folder {str(parent)!r} does not exist")
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path!r}: cannot write a file there "
+                          f"({e.strerror or e})") from None
+    if not existed:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def write_json(path: str, data: Any, flag: str) -> None:
+    """Write ``data`` as indented JSON to ``path``. Raises ConfigError naming ``flag`` when
+    it cannot (``check_output_path`` refuses most such paths before the run)."""
+    import json
+
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path!r}: cannot write ({e.strerror or e})") from None
+
+
+def check_sampling(sample_hz: float, gpus: str | None, *, allow_off: bool = True):
+    """``(sample_hz, gpu indices or None)`` from ``--sample-hz`` and ``--gpus``, checked with the
+    functions `gpuchef top` uses. ``allow_off``: 0 turns the NVML sampler off (bench, ab).
+    Raises ConfigError naming the value and what is allowed."""
+    from .probes.host import check_sample_hz
+    from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
+
+    if not (allow_off and sample_hz == 0):
+        try:
+            sample_hz = check_sample_hz(sample_hz, *SAMPLE_HZ_RANGE, flag="--sample-hz")
+        except ConfigError:
+            if not allow_off:
+                raise
+            lo, hi = SAMPLE_HZ_RANGE
+            raise ConfigError(f"--sample-hz {sample_hz:g} is out of range: allowed 0 (off) or "
+                              f"[{lo:g}, {hi:g}] Hz") from None
+    return sample_hz, (parse_gpus(gpus) if gpus else None)
+
+
+def runs_async(engine: Any) -> bool:
+    """Whether ``engine`` schedules step N+1 while step N runs: ``--async-scheduling``, or for
+    vLLM its own default (the engine's ``async_scheduling`` attribute)."""
+    v = getattr(engine, "async_scheduling", None)
+    return bool(engine.config.async_scheduling if v is None else v)
+
+
+def scheduling_desc(engine: Any) -> str:
+    """The results-block ``Scheduling:`` value."""
+    if not runs_async(engine):
+        return "sync"
+    if engine.device.type == "cpu":
+        return "async (step N+1 launched while N runs; no overlap to gain on CPU: it runs the work in launch)"
+    return "async (step N+1 launched while N runs)"
+
+
+def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
+    """The ``config`` section of a headless command's ``--result-json``: what the engine ran
+    with, beyond the scheduler knobs."""
+    return {"engine": ecfg.engine, "device": str(engine.device),
+            "attention_backend": engine.attn.name, "dtype": str(engine.dtype).replace("torch.", ""),
+            "max_model_len": engine.max_model_len, "enforce_eager": ecfg.enforce_eager,
+            "async_scheduling": runs_async(engine),
+            "scheduling": "async" if runs_async(engine) else "sync",
+            "kv_blocks": engine.num_blocks, "block_size": engine.kv.block_size}
