@@ -75,12 +75,13 @@ def ab(**o) -> None:
     KV cache. With --interleave one load is served while the engine alternates the settings
     in windows. With --capacity each setting's highest rate under --slo is searched instead.
 
-    Examples (CPU; the first takes about half a minute, the second a minute or two):
+    Examples (CPU; the first takes about half a minute, the second a few minutes; give
+    --capacity probes a --duration of tens of seconds so that a queue can build):
 
     \b
       gpuchef ab --device cpu --model tiny --num-prompts 20 --input-len 256
           --output-len 32 --request-rate 4 --repetitions 3
-      gpuchef ab --device cpu --model tiny --num-prompts 20 --input-len 256
+      gpuchef ab --device cpu --model tiny --duration 20 --input-len 256
           --output-len 32 --capacity --slo itl_p99:200ms,ttft_p99:2s
           --rate-lo 1 --rate-hi 32 --tolerance 20%
     """

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import engine_config, engine_options, scheduler_options, workload_config, workload_options
+from .options import (check_output_path, engine_config, engine_options, scheduler_options,
+                      workload_config, workload_options)
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
 # Azure conversation trace slowed down and clipped so that the engine is busy but keeps up:
@@ -147,6 +148,7 @@ def _build(ctx: click.Context, o: dict, err: Console):
                           "[1, 3600] s")
     if not 0.5 <= o["ab_window"] <= 3600:
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

@@ -173,3 +173,14 @@ def test_bench_attention_bad_input(args, needle):
     assert r.exit_code == 2, r.output
     assert needle in " ".join(r.output.split()), r.output
     assert r.output.startswith("error: ") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_top_refuses_an_unwritable_trace_before_loading():
+    from click.testing import CliRunner
+
+    from gpuchef.cli import _register, cli
+
+    _register()
+    r = CliRunner().invoke(cli, ["top", "--device", "cpu", "--trace", "/proc/t.jsonl"])
+    assert r.exit_code == 2 and "--trace" in r.output and "/proc/t.jsonl" in r.output
+    assert "loaded tiny" not in r.output and "Traceback" not in r.output
