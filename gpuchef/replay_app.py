@@ -59,7 +59,7 @@ REPLAY_KEYS: tuple[ReplayKey, ...] = (
     ReplayKey("end", "End", "seek_edge(1)", "go to the end"),
     ReplayKey("g", "g", "goto", "go to a time (seconds or mm:ss.s from the start)", "go to"),
 )
-VIEW_ACTIONS = ("set_window", "cycle_window", "screenshot", "help", "quit")
+VIEW_ACTIONS = ("set_window", "cycle_window", "toggle_side", "screenshot", "help", "quit")
 
 
 def status_text(s: ReplaySession) -> Text:
@@ -111,6 +111,7 @@ class ReplayScreen(MainScreen):
         controls = self.query_one(ControlsPanel)
         controls.disabled = True
         controls.border_title = "settings in force (read-only)"
+        controls.query_one("#load-hint", Label).update("as recorded")  # p/space: playback
         self.seed()
 
     def tick(self, force: bool = False) -> None:

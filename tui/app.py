@@ -206,6 +206,11 @@ class GpuchefApp(App):
         self.window_s = w
         self.notify(f"waveform window {w:g} s", timeout=2)
 
+    def action_toggle_side(self) -> None:
+        toggle = getattr(self.screen, "toggle_side", None)
+        if toggle is not None:
+            toggle()
+
     def action_cycle_window(self) -> None:
         later = [w for w in WINDOWS_S if w > self.window_s]
         self.action_set_window(later[0] if later else WINDOWS_S[0])

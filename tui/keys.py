@@ -45,6 +45,8 @@ KEYS: tuple[Key, ...] = (
     Key("2", "2", "set_window(60)", "waveform window 60 s", "view"),
     Key("3", "3", "set_window(600)", "waveform window 10 min", "view"),
     Key("w", "w", "cycle_window", "next waveform window (10 s → 60 s → 10 min)", "view", "window"),
+    Key("n", "n", "toggle_side", "hide / show numbers and controls (hidden below 120 columns: "
+        "n shows them full width)", "view"),
     Key("a", "a", "ab", "live A/B: start one (A = now, B = the other mode) and show it; "
         "on the A/B screen: back", "A/B", "A/B"),
     Key("x", "x", "ab_stop", "stop the A/B run (settings go back to what they were)", "A/B"),

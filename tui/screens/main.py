@@ -14,7 +14,7 @@ import time
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 
 from ..chart import GUTTER_L, GUTTER_R
 from ..plotdata import GpuColumns, StepColumns, TimeGrid, build_frame
@@ -38,7 +38,18 @@ def header_state(app) -> HeaderState:
                        bool(getattr(s, "engine_paused", False)))
 
 
+SIDE_HIDDEN_HINT = "narrow terminal: n shows numbers/controls"
+SIDE_SHOWN_HINT = "narrow terminal: n goes back to the charts"
+SCROLL_HINT = "short terminal: scroll ↓ for more charts"
+
+
 class MainScreen(Screen):
+    """Below 120 columns (``-narrow``) the side panel is hidden and ``n`` shows it full width
+    instead of the charts; below 40 rows (``-short``, where the charts no longer fit) the
+    charts shrink and scroll. A hint line says so. At 120×40 and up nothing of this shows."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]  # the charts need ~39 rows
     DEFAULT_CSS = """
     MainScreen { layout: vertical; background: #0b0e14; }
     #body { height: 1fr; }
@@ -52,6 +63,21 @@ class MainScreen(Screen):
     QueueKvPanel { height: 1fr; min-height: 7; }
     TimeAxis { height: 3; }
     NumbersPanel, ControlsPanel { border-top: solid #3a4356; border-title-color: #d8dee9; }
+    #hints { height: 1; display: none; background: #1b2130; }
+    #hints Static { width: auto; display: none; color: #e0af68; padding: 0 1; }
+    MainScreen.-narrow #hints, MainScreen.-short #hints { display: block; }
+    MainScreen.-narrow #hint-side, MainScreen.-short #hint-scroll { display: block; }
+    MainScreen.-narrow.-side-on #hint-scroll { display: none; }
+    MainScreen.-narrow #side { display: none; }
+    MainScreen.-narrow.-side-on #side { display: block; width: 1fr; border-left: none; }
+    MainScreen.-narrow.-side-on #waves { display: none; }
+    MainScreen.-wide.-side-on #side { display: none; }
+    MainScreen.-short #waves { overflow-y: auto; scrollbar-size-vertical: 1; }
+    MainScreen.-short GpuPanel { height: 5; }
+    MainScreen.-short GpuPanel.off { height: 2; }
+    MainScreen.-short MemPowerPanel { height: 4; }
+    MainScreen.-short StepPanel, MainScreen.-short BatchPanel { height: 6; }
+    MainScreen.-short QueueKvPanel { height: 7; }
     """
 
     def __init__(self, **kw) -> None:
@@ -82,6 +108,9 @@ class MainScreen(Screen):
             with VerticalScroll(id="side"):
                 yield NumbersPanel(self.app.session.percentiles, id="numbers")
                 yield ControlsPanel(self.app.session.scheduler_config.mode, id="controls")
+        with Horizontal(id="hints"):
+            yield Static(SIDE_HIDDEN_HINT, id="hint-side")
+            yield Static(SCROLL_HINT, id="hint-scroll")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -98,6 +127,15 @@ class MainScreen(Screen):
     def _first_tick(self) -> None:
         self.tick(force=True)
         self.ready = True
+
+    def toggle_side(self) -> None:
+        """``n``: the side panel (numbers, controls) off on a wide terminal; on a narrow one,
+        where it is hidden, shown full width in place of the charts."""
+        on = not self.has_class("-side-on")
+        self.set_class(on, "-side-on")
+        self.query_one("#hint-side", Static).update(SIDE_SHOWN_HINT if on else SIDE_HIDDEN_HINT)
+        self._grid_key = None
+        self._last_numbers = 0.0
 
     def on_resize(self) -> None:
         self._grid_key = None

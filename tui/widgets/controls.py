@@ -98,7 +98,7 @@ class ControlsPanel(Vertical):
         with Horizontal():
             yield Label("load on")
             yield Switch(value=True, id="load", animate=False)
-            yield Label("p pauses/resumes", classes="hint")
+            yield Label("p pauses/resumes", classes="hint", id="load-hint")
 
     # -- user input ----------------------------------------------------------------------------
     @on(Input.Submitted)
