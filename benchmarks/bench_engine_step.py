@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from gpuchef.engine_host import ops
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.kv_cache import BlockPool, cdiv
@@ -113,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", action="store_true",
                     help="engine steps on real decoding requests, sync vs --async-scheduling")
     ap.add_argument("--steady-steps", type=int, default=50)
+    ap.add_argument("--strided-qk", action="store_true",
+                    help="experiment: q/k reach FlashInfer as strided views, not copies "
+                         "(ops.use_strided_qk)")
     a = ap.parse_args(argv)
+    ops.use_strided_qk(a.strided_qk)  # before the engine: its CUDA graphs capture the path
     # a run stopped by `timeout` says where it was (the start-up once seemed to hang on the H200)
     faulthandler.register(signal.SIGTERM, all_threads=True)
 
@@ -155,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "
             f"{eng.dtype}, {eng.device}"
             f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if eng.device.type == 'cuda' else ''}, "
-            f"attention {eng.attn.name}, CUDA graphs {'on' if graphs else 'off'}")
+            f"attention {eng.attn.name}, CUDA graphs {'on' if graphs else 'off'}"
+            f"{', strided q/k' if a.strided_qk else ''}")
     print(head)
     rows = []
 

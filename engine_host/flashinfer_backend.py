@@ -45,6 +45,7 @@ from __future__ import annotations
 import flashinfer
 import torch
 
+from . import ops
 from .attention import AttentionBackend, AttentionMetadata, write_kv
 
 #: Default float workspace: FlashInfer recommends 128 MiB; REFERENCE §4 shares 256 MiB between
@@ -271,9 +272,10 @@ class FlashInferAttention(AttentionBackend):
         in_dtype = q.dtype
         if q.dtype != self.dtype:
             q = q.to(self.dtype)
-        q = q.contiguous()
+        if not (ops.strided_qk() and q.stride(-1) == 1):
+            q = q.contiguous()
         if out is None:
-            out = torch.empty_like(q)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = self._num_decode_rows
         T = q.shape[0]
         if nd > 0:

@@ -51,6 +51,26 @@ def use_flashinfer_ops(on: bool) -> bool:
     return True
 
 
+# Experiment (off by default until measured on the H200): hand q and k to FlashInfer's RoPE,
+# KV-append and attention kernels as strided views of the fused qkv output instead of copying
+# them first. Those kernels take row/head strides and need only the last dim contiguous
+# (flashinfer csrc rope.cu, page.cu, batch_prefill.cu: CHECK_LAST_DIM_CONTIGUOUS, q_stride_n/h),
+# which saves two copy kernels per layer (64 per step at 32 layers).
+_strided_qk = False
+
+
+def use_strided_qk(on: bool) -> bool:
+    """Turn the strided-q/k experiment on or off (process-wide; set it before an engine is
+    built, since CUDA graphs capture whichever path is in force). Returns the new setting."""
+    global _strided_qk
+    _strided_qk = bool(on)
+    return _strided_qk
+
+
+def strided_qk() -> bool:
+    return _strided_qk
+
+
 def _fused(x: torch.Tensor) -> bool:
     return _fi is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
@@ -187,7 +207,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     """
     if _fused(q) and q.dtype == k.dtype:
         T, D = q.shape[0], q.shape[-1]
-        q, k = q.contiguous(), k.contiguous()  # views of the fused qkv output: copy once
+        if not (_strided_qk and q.stride(-1) == 1 and k.stride(-1) == 1):
+            q, k = q.contiguous(), k.contiguous()  # views of the fused qkv output: copy once
         _fi.apply_rope_with_cos_sin_cache_inplace(positions, q.view(T, -1), k.view(T, -1), D,
                                                   cos_sin_cache, is_neox=True)
         return q, k

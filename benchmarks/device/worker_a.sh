@@ -17,6 +17,7 @@ AZ="--dataset azure-conv"
 run a01_profile_decode 480 "python3 -u benchmarks/profile_decode.py $M --batches 1,32,128 --kv-len 1024 --json $R/profile_decode.json --trace-dir $R/traces"
 run a02_pytest_gpu 420 "python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine_host/test_engine_gpu.py tests/engine_host/test_flashinfer_gpu.py tests/probes/test_nvml_gpu.py"
 run a03_step_graphs 240 "python3 benchmarks/bench_engine_step.py $M --json $R/steps_graphs.json"
+run a03c_step_strided 240 "python3 benchmarks/bench_engine_step.py $M --strided-qk --json $R/steps_strided.json"
 run a03b_steady 480 "python3 benchmarks/bench_engine_step.py $M --steady --kv-len 1024 --decode-batches 1,8,32,64,128,256 --steady-steps 50 --json $R/steady.json"
 # issue 6: capacity under P99 ITL <= 100 ms, then the budget sweep
 claim capacity && run f_capacity 590 "gpuchef ab $M $AZ --capacity --slo itl_p99:100ms --a mode=continuous --b mode=chunked --rate-lo 2 --rate-hi 32 --tolerance 10% --max-probes 6 --duration 30 --gpus 0 --result-json $R/capacity.json"

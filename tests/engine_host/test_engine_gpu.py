@@ -77,7 +77,16 @@ PROMPTS = [[11 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in
            enumerate([5, 130, 17, 64, 1, 300, 33, 16])]
 
 
-def test_flashinfer_engine_logits_match_reference():
+@pytest.fixture(params=[False, True], ids=["copied-qk", "strided-qk"])
+def qk_layout(request):
+    """Both ways of handing q/k to FlashInfer (ops.use_strided_qk): the default copies, and the
+    experiment that passes strided views of the fused qkv output."""
+    ops.use_strided_qk(request.param)
+    yield request.param
+    ops.use_strided_qk(False)
+
+
+def test_flashinfer_engine_logits_match_reference(qk_layout):
     pytest.importorskip("flashinfer")
     logits = {}
     for backend in ("flashinfer", "reference"):
@@ -120,7 +129,7 @@ def greedy_run(eng, n_out=24):
     return outs, graph_steps
 
 
-def test_cuda_graph_decode_equals_eager():
+def test_cuda_graph_decode_equals_eager(qk_layout):
     pytest.importorskip("flashinfer")
     eager, g0 = greedy_run(engine("flashinfer", eager=True))
     graphs, g1 = greedy_run(engine("flashinfer", eager=False))
