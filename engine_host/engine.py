@@ -17,7 +17,7 @@ from .config import ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepRecord
-from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams
+from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, ModelRunner, StepHandle
 from .scheduler import Scheduler, SchedulerOutput
@@ -178,17 +178,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ConfigError(f"request id {request_id!r} is already in the engine")
         prompt = list(prompt_token_ids)
-        if not prompt:
-            raise ConfigError(f"request {request_id!r}: the prompt is empty (need ≥ 1 token)")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ConfigError(f"request {request_id!r}: token id {bad} is outside the vocabulary "
-                              f"[0, {vocab})")
-        if len(prompt) >= self.max_model_len:
-            raise ConfigError(f"request {request_id!r}: prompt of {len(prompt)} tokens is longer "
-                              f"than the context allows: max_model_len {self.max_model_len} needs "
-                              f"prompt ≤ {self.max_model_len - 1}")
+        check_prompt(request_id, prompt, self.model_config.vocab_size, self.max_model_len)
         total = min(len(prompt) + sampling.max_tokens, self.max_model_len)
         usable = self.num_blocks - self.scheduler.watermark_blocks
         if cdiv(total, self.kv.block_size) > usable:

@@ -43,6 +43,24 @@ class SamplingParams:
 
 #: Stands in ``output_token_ids`` for a token that a launched, not yet completed step samples
 #: (async scheduling). Never reaches the model: the runner reads it on the device instead.
+def check_prompt(request_id: str, prompt: list[int], vocab_size: int, max_model_len: int) -> None:
+    """The checks every engine makes before queueing a prompt (token ids, int).
+
+    Raises ConfigError for an empty prompt, a token id outside ``[0, vocab_size)`` or a prompt
+    that leaves no room for one output token in ``max_model_len``.
+    """
+    if not prompt:
+        raise ConfigError(f"request {request_id!r}: the prompt is empty (need ≥ 1 token)")
+    lo, hi = min(prompt), max(prompt)
+    if lo < 0 or hi >= vocab_size:
+        raise ConfigError(f"request {request_id!r}: token id {lo if lo < 0 else hi} is "
+                          f"outside the vocabulary [0, {vocab_size})")
+    if len(prompt) >= max_model_len:
+        raise ConfigError(f"request {request_id!r}: prompt of {len(prompt)} tokens is longer "
+                          f"than the context allows: max_model_len {max_model_len} needs "
+                          f"prompt ≤ {max_model_len - 1}")
+
+
 PLACEHOLDER_TOKEN = -1
 
 

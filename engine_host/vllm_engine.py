@@ -54,7 +54,7 @@ from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage
 from .presets import PRESETS, get_preset
 from .records import RequestRecord, StepRecord
-from .request import SamplingParams
+from .request import SamplingParams, check_prompt
 from .vllm_mapping import (StepSplit, cdiv, check_live_knobs, check_startup_knobs,
                            record_from_split, split_scheduler_output)
 
@@ -606,17 +606,7 @@ class VllmEngine:
             raise ConfigError(f"request id {request_id!r} is already in the engine")
         tolist = getattr(prompt_token_ids, "tolist", None)
         prompt = [int(t) for t in (tolist() if tolist else prompt_token_ids)]
-        if not prompt:
-            raise ConfigError(f"request {request_id!r}: the prompt is empty (need ≥ 1 token)")
-        vocab = self.model_config.vocab_size
-        lo, hi = min(prompt), max(prompt)
-        if lo < 0 or hi >= vocab:
-            raise ConfigError(f"request {request_id!r}: token id {lo if lo < 0 else hi} is "
-                              f"outside the vocabulary [0, {vocab})")
-        if len(prompt) >= self.max_model_len:
-            raise ConfigError(f"request {request_id!r}: prompt of {len(prompt)} tokens is longer "
-                              f"than the context allows: max_model_len {self.max_model_len} needs "
-                              f"prompt ≤ {self.max_model_len - 1}")
+        check_prompt(request_id, prompt, self.model_config.vocab_size, self.max_model_len)
         total = min(len(prompt) + sampling.max_tokens, self.max_model_len)
         need = cdiv(total, self.kv.block_size)
         if need > self.num_blocks:
