@@ -240,6 +240,21 @@ def _step_id(s: StepRecord) -> int:
     return s.step
 
 
+def resume_index(seq, last, item, key, last_key: int | None) -> int:
+    """Where new entries of ``seq`` (a ring buffer's snapshot, ascending ``key``) start after
+    ``last``, the last one already folded in: found by identity from the end (the tail may be
+    cut, entries may share a key), or, when ``last`` fell out of the ring, by ``last_key``.
+    ``item(e)`` is the object compared with ``last``; 0 when nothing was folded in yet."""
+    if last is None:
+        return 0
+    i = len(seq)
+    while i > 0 and item(seq[i - 1]) is not last:
+        i -= 1
+    if i == 0 and seq and last_key is not None:
+        i = bisect_left(seq, last_key + 1, key=key)
+    return i
+
+
 def _t_ns(s) -> int:
     return s.t_ns
 
@@ -262,15 +277,8 @@ class GpuColumns:
         """Add the samples of ``snap`` after the last one added (found by identity, from the
         end: the snapshot's tail may be cut at its time, and GPUs share a tick's time)."""
         gs = snap.gpu_samples
-        last = self._last
-        if last is None:
-            i = 0
-        else:
-            i = len(gs)
-            while i > 0 and gs[i - 1] is not last:
-                i -= 1
-            if i == 0:  # it fell out of the ring: go by time instead
-                i = bisect_left(gs, int(self.t[-1]) + 1, key=_t_ns)
+        i = resume_index(gs, self._last, lambda g: g, _t_ns,
+                         int(self.t[-1]) if len(self.t) else None)
         fresh = gs[i:]
         new = len(fresh)
         if new == 0:

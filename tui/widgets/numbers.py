@@ -8,7 +8,6 @@ of that window (clipped to the session's start).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -20,7 +19,7 @@ from gpuchef.probes.metrics import (COMPLETED_REASONS, PROBE_ID_PREFIX, BenchMet
                                     summarize)
 from gpuchef.probes.timeline import TimelineSnapshot
 
-from ..plotdata import StepColumns
+from ..plotdata import StepColumns, resume_index
 
 from .. import theme
 
@@ -82,15 +81,9 @@ class RequestColumns:
 
     def extend(self, snap: TimelineSnapshot) -> None:
         pairs = snap._req_pairs
-        last = self._last
-        if last is None:
-            i = 0
-        else:
-            i = len(pairs)
-            while i > 0 and pairs[i - 1][1] is not last:
-                i -= 1
-            if i == 0 and pairs and len(self.cols["key"]):  # it fell out of the ring: by key
-                i = bisect_left(pairs, int(self.cols["key"][-1]) + 1, key=lambda p: p[0])
+        keys = self.cols["key"]
+        i = resume_index(pairs, self._last, lambda p: p[1], lambda p: p[0],
+                         int(keys[-1]) if len(keys) else None)
         fresh = pairs[i:]
         if fresh:
             self._last = fresh[-1][1]
