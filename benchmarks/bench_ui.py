@@ -187,17 +187,26 @@ def run_app_in_pty(app: GpuchefApp, *, until, warmup_s: float, max_s: float,
 def ui_cost(engine, wcfg, window_s: float, seconds: float, warmup_s: float, fps: float,
             log) -> UiCost:
     s = LiveSession(engine, wcfg, host_probe=True)
+    out = _measure_ui(s, window_s, seconds, warmup_s, fps, s.start)
+    log(f"ui window {window_s:g} s: {out}")
+    return out
+
+
+def _measure_ui(s, window_s: float, seconds: float, warmup_s: float, fps: float, on_start,
+                on_stop=None) -> UiCost:
+    """Run the dashboard over session ``s`` in a pty (``on_start`` starts its load) and return
+    the UI's cost over the measured interval; the session is closed afterwards."""
     app = GpuchefApp(s, window_s=window_s, fps=fps)
     try:
         r = run_app_in_pty(app, until=lambda: False, warmup_s=warmup_s, max_s=warmup_s + seconds,
-                           on_start=s.start)
+                           on_start=on_start)
     finally:
+        if on_stop is not None:
+            on_stop()
         s.close()
     w = s.timeline.snapshot().stats_between(r["t0_ns"], r["t1_ns"])  # the measured interval
-    out = UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
-                 w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
-    log(f"ui window {window_s:g} s: {out}")
-    return out
+    return UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
+                  w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
 
 
 def ui_cost_synthetic(engine, wcfg, window_s: float, seconds: float, warmup_s: float,
@@ -212,16 +221,7 @@ def ui_cost_synthetic(engine, wcfg, window_s: float, seconds: float, warmup_s: f
     fake = FakeNvml(2, pcie_window_s=0)
     s = LiveSession(engine, wcfg, host_probe=True, nvml=fake, sample_hz=hz)
     feed = SyntheticFeed(s, steps_per_s, req_rate=req_rate, nvml=fake)
-    app = GpuchefApp(s, window_s=window_s, fps=fps)
-    try:
-        r = run_app_in_pty(app, until=lambda: False, warmup_s=warmup_s, max_s=warmup_s + seconds,
-                           on_start=feed.start)
-    finally:
-        feed.stop()
-        s.close()
-    w = s.timeline.snapshot().stats_between(r["t0_ns"], r["t1_ns"])
-    out = UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
-                 w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
+    out = _measure_ui(s, window_s, seconds, warmup_s, fps, feed.start, feed.stop)
     log(f"ui window {window_s:g} s (synthetic {steps_per_s:g} steps/s): {out}")
     return out
 
