@@ -5,7 +5,7 @@ import asyncio
 
 import numpy as np
 from click.testing import CliRunner
-from tui_fakes import StaticSession
+from tui_fakes import StaticSession, settle
 
 from gpuchef.cli import _register, cli
 from gpuchef.tui.app import GpuchefApp
@@ -32,8 +32,6 @@ def app(session, window_s=60.0):
     return GpuchefApp(session, window_s=window_s, show_ui_cost=False)
 
 
-async def settle(pilot):
-    await pilot.pause(0.3)
 
 
 def test_8_gpus_120x40(snap_compare):
@@ -71,7 +69,7 @@ def test_rows_show_each_gpu_and_the_spread():
 
     async def go():
         async with a.run_test(size=(120, 40)) as pilot:
-            await pilot.pause(0.3)
+            await settle(pilot)
             panel = a.screen.query_one(PerGpuPanel)
             assert panel.display
             assert not a.screen.query_one("#gpu").display
@@ -96,7 +94,7 @@ def test_one_gpu_keeps_the_pooled_panels():
 
     async def go():
         async with a.run_test(size=(120, 40)) as pilot:
-            await pilot.pause(0.3)
+            await settle(pilot)
             assert not a.screen.query_one(PerGpuPanel).display
             assert a.screen.query_one("#gpu").display and a.screen.query_one("#mem").display
 

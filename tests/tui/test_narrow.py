@@ -4,21 +4,19 @@ static session of test_snapshots (fake clock, fake GPU samples)."""
 
 import asyncio
 
-from tui_fakes import StaticSession
+from tui_fakes import StaticSession, settle
 
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.keys import KEYS
 from gpuchef.tui.screens.main import SIDE_HIDDEN_HINT, SIDE_SHOWN_HINT
 
 
-async def settle(pilot):
-    await pilot.pause(0.3)
 
 
 async def settle_side(pilot):
-    await pilot.pause(0.3)
+    await settle(pilot)
     await pilot.press("n")
-    await pilot.pause(0.3)
+    await settle(pilot)
 
 
 def app(session=None):

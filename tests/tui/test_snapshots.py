@@ -2,21 +2,19 @@
 samples), so that the pictures depend on the code only. Update with --snapshot-update after
 looking at the new SVGs."""
 
-from tui_fakes import StaticSession
+from tui_fakes import StaticSession, settle
 
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (160, 48)
 
 
-async def settle(pilot):
-    await pilot.pause(0.3)
 
 
 async def settle_long(pilot):
-    await pilot.pause(0.3)
+    await settle(pilot)
     await pilot.press("a")
-    await pilot.pause(0.8)
+    await settle(pilot, min_ticks=8)
 
 
 def app(session, window_s=60.0):

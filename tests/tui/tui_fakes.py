@@ -259,3 +259,26 @@ class StaticSession:
 
     def close(self) -> None:
         self.closed = True
+
+
+async def settle(pilot, min_ticks: int = 3, timeout_s: float = 20.0) -> None:
+    """Wait until the app has mounted its screen and run ``min_ticks`` refresh ticks, then draw one
+    forced frame. A fixed ``pause(0.3)`` was not enough on a loaded 2-core CI machine: the
+    wall-clock throttles of the refresh (charts at most ``fps``, numbers once a second) then
+    decided what the snapshot showed."""
+    import time
+
+    app = pilot.app
+    start = app.ticks
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if app.ticks - start >= min_ticks and getattr(app.screen, "ready", False):
+            break
+        await pilot.pause(0.05)
+    else:
+        raise AssertionError(f"the app ran {app.ticks - start} ticks in {timeout_s} s")
+    scr = app.screen
+    if hasattr(scr, "tick"):
+        scr.tick(force=True)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
