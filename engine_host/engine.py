@@ -108,6 +108,8 @@ class LLMEngine:
                                 num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
                                 dtype=self.dtype)
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        if config.async_scheduling and hasattr(self.attn, "device_page_indices"):
+            self.attn.device_page_indices = True
         self.runner = ModelRunner(self.loaded.model, self.kv, self.attn, self.device, config.seed)
         # FlashInfer's fused norm/RoPE/activation kernels go with its attention (process-wide
         # switch: the engine last built decides).

@@ -20,7 +20,10 @@ float workspace. Both are planned from the CPU int32 tensors of ``AttentionMetad
 ``pos_encoding_mode="NONE"`` (the model applies RoPE itself). Facts: ../shared/REFERENCE.md §4.
 Measured on the H200 (benchmarks/RESULTS.md): planning costs 0.14 ms (16 decodes) to 1.9 ms
 (16 × 2048-token prefill) of host time a step and does not wait for the GPU (it returned in
-< 2 ms with 55 ms of kernels queued), so it overlaps the previous step's kernels.
+< 2 ms with 55 ms of kernels queued), so it overlaps the previous step's kernels. That holds for
+the eager wrappers; a CUDA-graph wrapper's plan copies CPU page indices into its device buffer
+with a blocking copy, so under async scheduling they are handed over on the device
+(``device_page_indices``; not yet run on a GPU).
 
 CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 
@@ -94,6 +97,10 @@ class FlashInferAttention(AttentionBackend):
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self._graph_decode: dict[int, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}
         self._active_decode = self._decode
+        # Set by the engine under async scheduling: a graph wrapper's plan copies CPU page indices
+        # into its device buffer with a blocking copy (FlashInfer: non_blocking only for device
+        # indices), which would make launching step N+1 wait for step N.
+        self.device_page_indices = False
         # Model shape: set by configure() or, lazily, by the first forward() of a step.
         self.num_qo_heads: int | None = None
         self.num_kv_heads: int | None = None
@@ -156,7 +163,8 @@ class FlashInferAttention(AttentionBackend):
         """Plan this step's decode and prefill wrappers (once; every layer reuses the plan).
 
         Index tensors are taken from ``meta`` as CPU int32 (device tensors are copied to the
-        host, which blocks). Raises ValueError when a decode request has other than one query row.
+        host, which blocks); with ``device_page_indices`` a CUDA-graph decode wrapper gets its
+        page indices as a device tensor instead (async scheduling, see ``__init__``). Raises ValueError when a decode request has other than one query row.
         """
         self.meta = meta
         self._kv_rows = None
@@ -182,7 +190,12 @@ class FlashInferAttention(AttentionBackend):
             if nd == nreq and nd in self._graph_decode:
                 self._active_decode = self._graph_decode[nd]
             p = int(kvp[nd])
-            self._active_decode.plan(kvp[:nd + 1], idx[:p], lpl[:nd], hq, hkv, d, ps, **common)
+            ind = idx[:p]
+            if self.device_page_indices and self._active_decode is not self._decode:
+                # pinned → device without waiting; the caching host allocator keeps the pinned
+                # block until the copy has run
+                ind = ind.pin_memory().to(self.device, non_blocking=True)
+            self._active_decode.plan(kvp[:nd + 1], ind, lpl[:nd], hq, hkv, d, ps, **common)
         if nd < nreq:
             # Prefill chunks are the tail of the batch: rebase their CSR arrays to 0.
             p0 = int(kvp[nd])

@@ -148,6 +148,7 @@ def test_cuda_graph_engine_serves_both_modes_and_preemption():
     done, pre = run_with_mode_switch(eng)
     ops.use_flashinfer_ops(False)
     assert pre > 0
+    assert eng.kv.pool.num_free == 40
     assert {k: f.output_len for k, f in done.items()} == {f"r{i}": 40 + i
                                                          for i in range(len(PROMPTS) * 3)}
 
@@ -165,7 +166,6 @@ def run_with_mode_switch(eng, at=30):
             done[f.request_id] = f
         k += 1
     return done, pre
-    assert eng.kv.pool.num_free == 40
 
 
 @pytest.mark.parametrize("backend,eager", [("flashinfer", False), ("flashinfer", True),

@@ -8,6 +8,8 @@ for FlashInfer's prefill against a float32 reference).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -177,10 +179,14 @@ def test_output_dtype_follows_q(fi_backend):
 
 
 @pytest.mark.parametrize("kv_append", ["flashinfer", "scatter"])
-def test_decode_cuda_graph_replay(fi_backend, kv_append):
-    """The CUDA-graph seam: capture one decode forward, re-plan, replay with new lengths."""
+@pytest.mark.parametrize("device_page_indices", [False, True])
+def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices):
+    """The CUDA-graph seam: capture one decode forward, re-plan, replay with new lengths (page
+    indices given to the graph wrapper's plan on the host, or on the device as under async
+    scheduling)."""
     hq, hkv, n = 32, 8, 4
     be = fi_backend("cuda", kv_append=kv_append)
+    be.device_page_indices = device_page_indices
     be.configure(hq, hkv, 128, torch.bfloat16)
     be.graph_decode_wrapper(n, max_pages=256)
     metas = [make_batch([(kv, 1) for kv in kvs], n, hq, hkv, seed=20 + i)
@@ -220,6 +226,27 @@ def test_decode_cuda_graph_replay(fi_backend, kv_append):
         torch.cuda.synchronize()
         assert rel_err(out_s, ref) <= RTOL
         assert torch.equal(cache, ref_cache)
+
+
+def test_graph_plan_with_device_page_indices_does_not_wait(fi_backend):
+    """Under async scheduling the next step is planned while the previous one runs: with
+    ``device_page_indices`` a graph wrapper's plan returns without waiting for queued GPU work."""
+    hq, hkv, n = 32, 8, 4
+    be = fi_backend("cuda")
+    be.configure(hq, hkv, 128, torch.bfloat16)
+    be.graph_decode_wrapper(n, max_pages=256)
+    be.device_page_indices = True
+    meta = make_batch([(kv, 1) for kv in (5, 16, 300, 1024)], n, hq, hkv)[0]
+    be.begin_step(meta)  # first plan: JIT and allocations outside the timed part
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of queued GPU work at H200 clocks
+    t0 = time.perf_counter()
+    be.begin_step(meta)
+    planned_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    waited_ms = (time.perf_counter() - t0) * 1e3
+    assert be._active_decode is be._graph_decode[n]
+    assert planned_ms < 0.2 * waited_ms, (planned_ms, waited_ms)
 
 
 def test_make_backend_picks_flashinfer(fi_backend):
