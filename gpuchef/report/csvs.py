@@ -1,7 +1,7 @@
-"""Session traces as two CSV files, for spreadsheets and pandas: one row per engine step and one
-row per request. Times are seconds since each trace's first record; latencies in ms with
-``vllm bench serve``'s definitions; ``group`` is the A/B setting or mode the row was counted in
-(see report/model.py)."""
+"""Session traces as CSV files, for spreadsheets and pandas: one row per engine step, one row per
+request and one row per GPU sample (``gpu``: the NVML index of the sampled GPU). Times are
+seconds since each trace's first record; latencies in ms with ``vllm bench serve``'s
+definitions; ``group`` is the A/B setting or mode the row was counted in (see report/model.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 from gpuchef.engine_host.records import StepRecord
 
-from .model import ReportData, TraceView
+from gpuchef.probes.nvml import GpuSample
+
+from .model import ReportData, TraceView, segment_finder
 
 STEP_FIELDS = [f.name for f in fields(StepRecord)]
 STEP_HEADER = ["trace", "group", "window", "t_start_s", "t_end_s", "wall_ms", "num_tokens",
@@ -19,6 +21,8 @@ STEP_HEADER = ["trace", "group", "window", "t_start_s", "t_end_s", "wall_ms", "n
 REQUEST_HEADER = ["trace", "group", "window", "request_id", "arrival_s", "first_token_s",
                   "finish_s", "prompt_len", "output_len", "finish_reason", "num_preemptions",
                   "ttft_ms", "tpot_ms", "e2el_ms", "mean_itl_ms", "max_itl_ms", "is_probe"]
+GPU_SAMPLE_FIELDS = [f.name for f in fields(GpuSample)]
+GPU_SAMPLE_HEADER = ["trace", "group", "window", "t_s", *GPU_SAMPLE_FIELDS]
 
 
 def _where(view: TraceView) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]]]:
@@ -35,12 +39,42 @@ def _f(v: float | None, nd: int = 3) -> str:
     return "" if v is None else f"{v:.{nd}f}"
 
 
-def write(data: ReportData, prefix: str | Path) -> tuple[Path, Path, int, int]:
-    """Write ``<prefix>.steps.csv`` and ``<prefix>.requests.csv``. Returns the two paths and
-    their row counts (header not counted)."""
+def _prefix(prefix: str | Path) -> str:
     prefix = str(prefix)
-    if prefix.endswith(".csv"):
-        prefix = prefix[:-4]
+    return prefix[:-4] if prefix.endswith(".csv") else prefix
+
+
+def write_gpu_samples(data: ReportData, prefix: str | Path) -> tuple[Path, int]:
+    """Write ``<prefix>.gpu_samples.csv``: GPU_SAMPLE_HEADER, one row per GPU sample of every
+    trace, by time (``t_s``: s since the trace's start; then every GpuSample field as recorded:
+    %, W, bytes, MHz, °C, KB/s; empty where not sampled). ``group``/``window``: the segment the
+    sample's time falls in (empty outside every segment). Returns the path and its row count
+    (header not counted)."""
+    gp = Path(_prefix(prefix) + ".gpu_samples.csv")
+    gp.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(gp, "w", newline="", encoding="utf-8") as fg:
+        wg = csv.writer(fg)
+        wg.writerow(GPU_SAMPLE_HEADER)
+        for v in data.views:
+            find = segment_finder(v.segments)
+            for x in sorted(v.trace.gpu_samples, key=lambda x: (x.t_ns, x.gpu)):
+                seg = find(x.t_ns)
+                wg.writerow([v.name, seg.label if seg else "", seg.name if seg else "",
+                             _f(v.t(x.t_ns), 6),
+                             *["" if (val := getattr(x, k)) is None else val
+                               for k in GPU_SAMPLE_FIELDS]])
+                n += 1
+    return gp, n
+
+
+def write(data: ReportData, prefix: str | Path) -> tuple[Path, Path, int, int]:
+    """Write ``<prefix>.steps.csv`` and ``<prefix>.requests.csv``, and
+    ``<prefix>.gpu_samples.csv`` (``write_gpu_samples``; a header only when the traces have no
+    GPU samples). Returns the steps and requests paths and their row counts (header not
+    counted)."""
+    prefix = _prefix(prefix)
+    write_gpu_samples(data, prefix)
     sp, rp = Path(prefix + ".steps.csv"), Path(prefix + ".requests.csv")
     sp.parent.mkdir(parents=True, exist_ok=True)
     ns = nr = 0

@@ -11,13 +11,15 @@ from typing import Any, Callable, Sequence
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
-from .model import Group, ReportData, TraceView, window_throughput
+from .model import (Group, ReportData, TraceView, gpu_indices, gpu_names, per_gpu_means,
+                    window_throughput)
 
 #: Section ids, in page order (tests and the table of contents use them).
 SECTIONS = {
     "summary": "Summary",
     "run": "Run",
     "waveforms": "Waveforms",
+    "gpus": "Per-GPU",
     "closeups": "Step close-ups",
     "composition": "Batch composition",
     "latency": "Latency CDFs",
@@ -300,6 +302,36 @@ def _windows_table(view: TraceView, pct: float) -> str:
                   num_cols=range(2, 9)) + extra
 
 
+#: The per-GPU table's columns: (per_gpu_means key, header).
+GPU_TABLE_COLUMNS = (("samples", "samples"), ("sm_active", "SM active %"),
+                     ("tensor_active", "tensor active %"), ("dram_bw_util", "DRAM BW %"),
+                     ("gpu_util", "GPU-Util %"), ("power_w", "power W"),
+                     ("mem_used_gib", "memory used GiB"))
+
+
+def gpu_table(view: TraceView) -> str:
+    """The per-GPU table of one trace: a row per GPU with the means over the whole trace of
+    ``GPU_TABLE_COLUMNS`` (%, W, GiB), then the mean over the GPUs and the spread (max − min of
+    the GPUs' means); "n/a" where a field was never sampled (spread: on fewer than two GPUs)."""
+    means = per_gpu_means(view)
+    names = gpu_names(view)
+    rows: list[Any] = []
+    for k, m in means.items():
+        rows.append([f"GPU {k}", names.get(k, "")] +
+                    [_num(int(m[c])) if c == "samples" else _num(m[c], "{:.1f}")
+                     for c, _ in GPU_TABLE_COLUMNS])
+    for label, agg in (("mean (all GPUs)", lambda v: sum(v) / len(v) if v else math.nan),
+                       ("spread (max − min)",
+                        lambda v: max(v) - min(v) if len(v) > 1 else math.nan)):
+        cells = []
+        for c, _ in GPU_TABLE_COLUMNS[1:]:
+            v = [m[c] for m in means.values() if math.isfinite(m[c])]
+            cells.append(_num(agg(v), "{:.1f}"))
+        rows.append([label, "", ""] + cells)
+    return _table(["GPU", "name", *[h for _, h in GPU_TABLE_COLUMNS]], rows,
+                  num_cols=range(2, 2 + len(GPU_TABLE_COLUMNS)), cls="per-gpu")
+
+
 def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
            title: str | None = None) -> str:
     """The whole report page (a str of HTML). ``progress(name)`` is called before each figure
@@ -366,6 +398,25 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             "computed against the token budget (log axis). With several traces the time axes "
             "are aligned at each trace's start and share one scale.")
     parts.append(_section("waveforms", "".join(body), note))
+    # per GPU (traces with samples of several GPUs)
+    body = []
+    for v in views:
+        if len(gpu_indices(v)) < 2:
+            continue
+        say(f"per-GPU {v.name}")
+        svg = plots.per_gpu(v, span_s=span if len(views) > 1 else None)
+        fig = _figure(svg, f"gpus-{plots._slug(v.name)}", (
+            f"{v.name}: each GPU over time (mean per bin), the spread across GPUs per bin "
+            "(max − min) and, when sampled, DRAM bandwidth and power per GPU.")) if svg else ""
+        body.append(f"<h3>{esc(v.name)}</h3>{fig}{gpu_table(v)}")
+    if body:
+        parts.append(_section("gpus", "".join(body), (
+            "One line per GPU of the trace. The GPUs of a tensor-parallel group run the same "
+            "kernels in lock step, so their utilisation should match: a lasting spread means a "
+            "rank that lags (throttled, on a slow link) or idles at each collective waiting for "
+            "the others. SM active is GPM's share of SMs busy; when GPM was off the figure uses "
+            "GPU-Util, which only says that some kernel was running. The table's means are over "
+            "the whole trace.")))
     with_steps = [g for g in groups if g.steps]
     # close-ups
     if with_steps:

@@ -23,10 +23,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.metrics import BenchMetrics, summarize
+from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import Trace, read_trace
 
 AB_MARK = re.compile(r"^ab:(\d+):(A|B|end)(?::(\d+))?$")
@@ -186,14 +187,11 @@ def mode_segments(steps: Sequence[StepRecord], start_ns: int, end_ns: int) -> li
     return out
 
 
-def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
-            steps: Sequence[StepRecord]) -> None:
-    """Requests by arrival, steps by start, into the segment whose range holds them; records
-    outside every segment (a dashboard session before or between A/B runs) belong to none."""
+def segment_finder(segments: Sequence[Segment]) -> Callable[[int], Segment | None]:
+    """A function of a time (monotonic ns) giving the segment whose ``[t0_ns, t1_ns)`` holds it,
+    or None (before, between or after the segments)."""
     import bisect
 
-    if not segments:
-        return
     segs = sorted(segments, key=lambda s: s.t0_ns)
     starts = [s.t0_ns for s in segs]
 
@@ -204,6 +202,16 @@ def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
         s = segs[i]
         return s if t < s.t1_ns else None
 
+    return find
+
+
+def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
+            steps: Sequence[StepRecord]) -> None:
+    """Requests by arrival, steps by start, into the segment whose range holds them; records
+    outside every segment (a dashboard session before or between A/B runs) belong to none."""
+    if not segments:
+        return
+    find = segment_finder(segments)
     for r in requests:
         s = find(r.arrival_ns)
         if s is not None:
@@ -281,9 +289,51 @@ def _gpu_means(view: TraceView, segs: Sequence[Segment]) -> dict[str, float]:
     ts = [g.t_ns for g in gs]
     samples = [g for s in segs
                for g in gs[bisect.bisect_left(ts, s.t0_ns):bisect.bisect_left(ts, s.t1_ns)]]
+    return _field_means(samples)
+
+
+def _field_means(samples: Sequence[GpuSample]) -> dict[str, float]:
+    """Mean of each of GPU_FIELDS (% or W) over ``samples``, NaN for a field none of them has."""
+    out = {}
     for f in GPU_FIELDS:
         v = [getattr(g, f) for g in samples if getattr(g, f) is not None]
         out[f] = sum(v) / len(v) if v else math.nan
+    return out
+
+
+def gpu_names(view: TraceView) -> dict[int, str]:
+    """GPU index → its name, from the trace meta's ``gpus`` ({"0": "NVIDIA H200", …}); GPUs
+    not named there are left out."""
+    g = view.meta.get("gpus")
+    out: dict[int, str] = {}
+    if isinstance(g, dict):
+        for k, v in g.items():
+            try:
+                out[int(k)] = str(v)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def gpu_indices(view: TraceView) -> list[int]:
+    """The GPU indices (NVML) that have samples in the trace, ascending."""
+    return sorted({g.gpu for g in view.trace.gpu_samples})
+
+
+def per_gpu_means(view: TraceView) -> dict[int, dict[str, float]]:
+    """Per GPU (index → fields), over the whole trace: the mean of each of GPU_FIELDS (% or W),
+    ``mem_used_gib`` (mean device memory used, GiB) and ``samples`` (how many samples, a float
+    count). A field never sampled on that GPU is NaN."""
+    by: dict[int, list[GpuSample]] = {}
+    for g in view.trace.gpu_samples:
+        by.setdefault(g.gpu, []).append(g)
+    out = {}
+    for k in sorted(by):
+        m = _field_means(by[k])
+        mem = [g.mem_used_bytes for g in by[k] if g.mem_used_bytes is not None]
+        m["mem_used_gib"] = sum(mem) / len(mem) / 2**30 if mem else math.nan
+        m["samples"] = float(len(by[k]))
+        out[k] = m
     return out
 
 

@@ -28,7 +28,7 @@ import heapq
 import json
 from typing import Any, Sequence
 
-from .model import ReportData, TraceView
+from .model import ReportData, TraceView, gpu_indices, gpu_names
 
 PID_STRIDE = 100  # pids of trace k: k*100 + 1 (engine), + 2 (requests), + 10 + gpu (GPUs)
 TID_STEPS, TID_OVERLAP, TID_SETTINGS, TID_COUNTERS = 1, 2, 3, 4
@@ -122,11 +122,10 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
                        "cat": "request", "ts": ts, "dur": round(max(tf - ts, 0.0), 3),
                        "args": {"ttft_ms": r.ttft_ms}})
     # GPUs and host
-    gpus = sorted({g.gpu for g in tr.gpu_samples})
-    names = view.meta.get("gpus") if isinstance(view.meta.get("gpus"), dict) else {}
-    for g in gpus:
+    names = gpu_names(view)
+    for g in gpu_indices(view):
         pid = base + 10 + g
-        ev.append(_meta(pid, None, "process_name", f"GPU {g} {names.get(str(g), '')} — {view.name}"))
+        ev.append(_meta(pid, None, "process_name", f"GPU {g} {names.get(g, '')} — {view.name}"))
         ev.append(_meta(pid, None, "process_sort_index", base + 10 + g))
     for x in sorted(tr.gpu_samples, key=lambda x: x.t_ns):
         pid, ts = base + 10 + x.gpu, _us(view, x.t_ns)

@@ -1,24 +1,28 @@
 """`gpuchef report` on recorded traces: the HTML parses, embeds every plot and fetches nothing;
 the Perfetto JSON loads with nested slices, counters and instants; the CSVs have the right
-headers and rows; a corrupt or cut-short trace gives warnings and still a report; a file that is
-not a trace gives one clear error."""
+headers and rows; a trace of several GPUs gets a per-GPU figure, table and CSV; a corrupt or
+cut-short trace gives warnings and still a report; a file that is not a trace gives one clear
+error."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import shutil
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from gpuchef.cli import _register, cli
-from gpuchef.probes.recorder import read_trace
-from gpuchef.report.csvs import REQUEST_HEADER, STEP_HEADER
+from gpuchef.probes.nvml import GpuSample
+from gpuchef.probes.recorder import TraceRecorder, read_trace
+from gpuchef.report.csvs import GPU_SAMPLE_HEADER, REQUEST_HEADER, STEP_HEADER
 
 _register()
 
@@ -167,6 +171,7 @@ def test_html_report_compares_several_traces_with_gpu_panels(traces, tmp_path):
     page, text = parse(out)
     assert {"fig-waveforms-bench", "fig-waveforms-h200-chunked-1s"} <= set(page.figures)
     assert page.svg_in_figure == len(page.figures) == 5
+    assert "gpus" not in page.ids and 'class="per-gpu"' not in text  # one GPU: no per-GPU part
     assert "NVIDIA H200" in text and "llama-3-8b (random weights)" in text
     assert "GPU SM active / tensor active (mean %)" in text
     out_text = " ".join(r.output.split())
@@ -245,6 +250,172 @@ def test_csv_headers_and_rows(traces, tmp_path):
     i = REQUEST_HEADER.index("ttft_ms")
     assert all(float(r[i]) > 0 for r in rows[1:])
     assert f"({len(tr.steps)} steps)" in r.output
+    with open(f"{prefix}.gpu_samples.csv") as f:  # a CPU run: the header alone
+        assert list(csv.reader(f)) == [GPU_SAMPLE_HEADER]
+
+
+# ---- several GPUs ---------------------------------------------------------------------------------
+
+N_GPUS, N_TICKS, TICK_NS = 4, 30, 40_000_000
+SLOW = 3  # the lagging rank: SM active about half the others'
+
+
+def _multi_gpu_trace(path: Path, gpm: bool = True, n_gpus: int = N_GPUS) -> dict[str, np.ndarray]:
+    """The H200 fixture's steps and requests with GPU samples of ``n_gpus`` GPUs written by the
+    real recorder: every GPU sampled each 40 ms tick; GPU 3 the slow rank; GPU 2 (of more than two)
+    without power.
+    ``gpm`` False: no GPM fields (sm_active, tensor_active, dram_bw_util all None). Returns the
+    generated values, each (n_gpus, N_TICKS) float (NaN where not sampled)."""
+    src = read_trace(H200)
+    t0 = min(s.t_start_ns for s in src.steps)
+    rng = np.random.default_rng(7)
+    base = np.where(np.arange(n_gpus)[:, None] == SLOW, 30.0, 60.0)
+    vals = {"sm_active": base + rng.normal(0, 4, (n_gpus, N_TICKS)),
+            "tensor_active": base / 10 + rng.uniform(0, 1, (n_gpus, N_TICKS)),
+            "dram_bw_util": base * 0.8 + rng.normal(0, 3, (n_gpus, N_TICKS)),
+            "gpu_util": rng.integers(70, 100, (n_gpus, N_TICKS)).astype(float),
+            "power_w": 300 + base * 4 + rng.normal(0, 10, (n_gpus, N_TICKS)),
+            "mem_used_bytes": rng.integers(100, 130, (n_gpus, N_TICKS)).astype(float) * 2**30}
+    if not gpm:
+        for f in ("sm_active", "tensor_active", "dram_bw_util"):
+            vals[f][:] = np.nan
+    if n_gpus > 2:
+        vals["power_w"][2] = np.nan
+    rec = TraceRecorder(path, meta={"command": "bench", "device": "cuda",
+                                    "attention_backend": "flashinfer",
+                                    "gpus": {str(k): "NVIDIA H200" for k in range(n_gpus)}})
+    for r in (*src.steps, *src.requests):
+        rec.record(r)
+    for i in range(N_TICKS):
+        for k in range(n_gpus):
+            v = {f: (None if np.isnan(a[k, i]) else
+                     int(a[k, i]) if f in ("gpu_util", "mem_used_bytes") else float(a[k, i]))
+                 for f, a in vals.items()}
+            rec.record(GpuSample(t_ns=t0 + i * TICK_NS, gpu=k, mem_total_bytes=150 * 2**30, **v))
+    rec.close()
+    return vals
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    d = tmp_path_factory.mktemp("multi")
+    return {"gpm": (d / "tp4.jsonl", _multi_gpu_trace(d / "tp4.jsonl")),
+            "nogpm": (d / "tp2.jsonl", _multi_gpu_trace(d / "tp2.jsonl", gpm=False, n_gpus=2))}
+
+
+class Tables(HTMLParser):
+    """The cells of every ``<table class="per-gpu">``: one list of row cell texts per table."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._in = self._cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._in = "per-gpu" in (dict(attrs).get("class") or "")
+            if self._in:
+                self.tables.append([])
+        elif self._in and tag == "tr":
+            self.tables[-1].append([])
+        elif self._in and tag in ("td", "th"):
+            self._cell = True
+            self.tables[-1][-1].append("")
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._in = False
+        elif tag in ("td", "th"):
+            self._cell = False
+
+    def handle_data(self, data):
+        if self._in and self._cell:
+            self.tables[-1][-1][-1] += data
+
+
+def _cell(x: str) -> float:
+    return math.nan if x == "n/a" else float(x.replace(",", ""))
+
+
+def test_html_report_of_several_gpus_has_a_per_gpu_figure_and_table(multi, tmp_path):
+    src, vals = multi["gpm"]
+    out = tmp_path / "tp4.html"
+    run("report", src, "-o", out)
+    page, text = parse(out)
+    assert "gpus" in page.ids and "fig-gpus-tp4" in page.figures
+    assert page.svg_in_figure == len(page.figures) == text.count("<svg")
+    assert 'aria-label="Per-GPU utilisation of tp4"' in text
+    assert_self_contained(page, text)
+    t = Tables()
+    t.feed(text)
+    (rows,) = t.tables
+    head, body = rows[0], rows[1:]
+    assert [r[0] for r in body] == [f"GPU {k}" for k in range(N_GPUS)] + [
+        "mean (all GPUs)", "spread (max − min)"]
+    col = {h: i for i, h in enumerate(head)}
+    want_means = {"SM active %": np.nanmean(vals["sm_active"], axis=1),
+                  "tensor active %": np.nanmean(vals["tensor_active"], axis=1),
+                  "DRAM BW %": np.nanmean(vals["dram_bw_util"], axis=1),
+                  "GPU-Util %": np.nanmean(vals["gpu_util"], axis=1),
+                  "memory used GiB": np.nanmean(vals["mem_used_bytes"], axis=1) / 2**30}
+    power = [np.mean(vals["power_w"][k]) if k != 2 else math.nan for k in range(N_GPUS)]
+    want_means["power W"] = np.array(power)
+    for h, want in want_means.items():
+        got = np.array([_cell(r[col[h]]) for r in body[:N_GPUS]])
+        np.testing.assert_allclose(got, want, atol=0.051, err_msg=h)
+        ok = want[np.isfinite(want)]
+        assert _cell(body[N_GPUS][col[h]]) == pytest.approx(ok.mean(), abs=0.051), h
+        assert _cell(body[N_GPUS + 1][col[h]]) == pytest.approx(ok.max() - ok.min(), abs=0.051), h
+    assert body[2][col["power W"]] == "n/a"  # GPU 2 never reported its power
+    assert [r[col["samples"]] for r in body[:N_GPUS]] == [str(N_TICKS)] * N_GPUS
+    assert {r[1] for r in body[:N_GPUS]} == {"NVIDIA H200"}
+    # the slow rank shows: its SM active is the lowest, and the spread is about the gap
+    sm = [_cell(r[col["SM active %"]]) for r in body[:N_GPUS]]
+    assert int(np.argmin(sm)) == SLOW and _cell(body[-1][col["SM active %"]]) > 20
+
+
+def test_per_gpu_figure_without_gpm_uses_gpu_util(multi, tmp_path):
+    from gpuchef.report import build
+    from gpuchef.report.plots import spread, util_field
+
+    src, vals = multi["nogpm"]
+    (view,) = build([src]).views
+    assert util_field(view) == ("gpu_util", "GPU-Util (NVML: any kernel running)")
+    (mview,) = build([multi["gpm"][0]]).views
+    assert util_field(mview)[0] == "sm_active"
+    out = tmp_path / "tp2.html"
+    run("report", src, "-o", out)
+    page, text = parse(out)
+    assert "fig-gpus-tp2" in page.figures
+    t = Tables()
+    t.feed(text)
+    (rows,) = t.tables
+    col = {h: i for i, h in enumerate(rows[0])}
+    assert [r[col["SM active %"]] for r in rows[1:]] == ["n/a"] * 4  # 2 GPUs, mean, spread
+    assert [_cell(r[col["GPU-Util %"]]) for r in rows[1:3]] == pytest.approx(
+        vals["gpu_util"].mean(axis=1), abs=0.051)
+    # the spread per bin: max − min across the GPUs that have a value, NaN under two
+    v = np.array([[1.0, np.nan, 5.0, np.nan], [4.0, 2.0, 5.0, np.nan], [2.0, np.nan, 9.0, 1.0]])
+    np.testing.assert_array_equal(spread(v), [3.0, np.nan, 4.0, np.nan])
+
+
+def test_csv_of_several_gpus_has_a_row_per_gpu_sample(multi, tmp_path):
+    src, vals = multi["gpm"]
+    prefix = tmp_path / "tp4"
+    run("report", src, "--format", "csv", "-o", prefix)
+    with open(f"{prefix}.gpu_samples.csv") as f:
+        rows = list(csv.DictReader(f))
+    with open(f"{prefix}.gpu_samples.csv") as f:
+        assert next(csv.reader(f)) == GPU_SAMPLE_HEADER
+    assert "gpu" in GPU_SAMPLE_HEADER and len(rows) == N_GPUS * N_TICKS
+    assert [sum(r["gpu"] == str(k) for r in rows) for k in range(N_GPUS)] == [N_TICKS] * N_GPUS
+    for k in range(N_GPUS):
+        sm = [float(r["sm_active"]) for r in rows if r["gpu"] == str(k)]
+        np.testing.assert_allclose(sm, vals["sm_active"][k])  # by time, as generated
+    assert all(r["power_w"] == "" for r in rows if r["gpu"] == "2")
+    assert {r["group"] for r in rows} <= {"chunked", ""} and rows[0]["trace"] == "tp4"
+    t = [float(r["t_s"]) for r in rows]
+    assert t == sorted(t)
 
 
 def test_corrupt_and_truncated_trace_warns_and_still_reports(traces, tmp_path):
