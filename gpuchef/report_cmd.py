@@ -27,12 +27,13 @@ def _default_output(paths: list[str], fmt: str) -> str:
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default=None,
               help="Output file (html: .html; perfetto: .json; csv: a prefix, writing "
-                   "PREFIX.steps.csv and PREFIX.requests.csv). Default: named after the trace, "
-                   "in the current folder.")
+                   "PREFIX.steps.csv, PREFIX.requests.csv and PREFIX.gpu_samples.csv). "
+                   "Default: named after the trace, in the current folder.")
 @click.option("--format", "fmt", default="html", show_default=True,
               type=click.Choice(["html", "perfetto", "csv"]),
               help="html: the report with plots and tables; perfetto: Chrome Trace Event JSON "
-                   "(open in ui.perfetto.dev or chrome://tracing); csv: steps and requests.")
+                   "(open in ui.perfetto.dev or chrome://tracing); csv: steps, requests and GPU "
+                   "samples (a gpu index per row).")
 @click.option("--goodput", multiple=True,
               help="SLOs for the goodput row, KEY:MS pairs (ttft, tpot, e2el), as in bench.")
 @click.option("--metric-percentiles", default="50,90,99", show_default=True,
@@ -58,7 +59,7 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
       gpuchef report run.jsonl                          # run.html
       gpuchef report chunked.jsonl continuous.jsonl -o compare.html
       gpuchef report run.jsonl --format perfetto        # run.perfetto.json
-      gpuchef report run.jsonl --format csv -o out/run  # out/run.steps.csv, .requests.csv
+      gpuchef report run.jsonl --format csv -o out/run  # out/run.steps.csv, .requests.csv, .gpu_samples.csv
     """
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
@@ -116,7 +117,7 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
         else:
             from .report.csvs import write
 
-            sp, rp, ns, nr = write(data, out)
-            err.print(f"wrote {sp} ({ns} steps) and {rp} ({nr} requests)")
+            files = write(data, out)
+            err.print("wrote " + ", ".join(f"{p} ({n} {what})" for p, n, what in files))
     except OSError as e:
         raise ConfigError(f"-o {out!r}: cannot write: {e.strerror or e}") from None

@@ -68,13 +68,12 @@ def write_gpu_samples(data: ReportData, prefix: str | Path) -> tuple[Path, int]:
     return gp, n
 
 
-def write(data: ReportData, prefix: str | Path) -> tuple[Path, Path, int, int]:
+def write(data: ReportData, prefix: str | Path) -> list[tuple[Path, int, str]]:
     """Write ``<prefix>.steps.csv`` and ``<prefix>.requests.csv``, and
     ``<prefix>.gpu_samples.csv`` (``write_gpu_samples``; a header only when the traces have no
-    GPU samples). Returns the steps and requests paths and their row counts (header not
-    counted)."""
+    GPU samples). Returns ``(path, rows, what)`` for each file, rows not counting the header."""
     prefix = _prefix(prefix)
-    write_gpu_samples(data, prefix)
+    gp, ng = write_gpu_samples(data, prefix)
     sp, rp = Path(prefix + ".steps.csv"), Path(prefix + ".requests.csv")
     sp.parent.mkdir(parents=True, exist_ok=True)
     ns = nr = 0
@@ -104,4 +103,4 @@ def write(data: ReportData, prefix: str | Path) -> tuple[Path, Path, int, int]:
                              _f(sum(itl) / len(itl)) if itl else "", _f(max(itl)) if itl else "",
                              int(r.request_id.startswith("probe-"))])
                 nr += 1
-    return sp, rp, ns, nr
+    return [(sp, ns, "steps"), (rp, nr, "requests"), (gp, ng, "GPU samples")]

@@ -250,6 +250,7 @@ def test_csv_headers_and_rows(traces, tmp_path):
     i = REQUEST_HEADER.index("ttft_ms")
     assert all(float(r[i]) > 0 for r in rows[1:])
     assert f"({len(tr.steps)} steps)" in r.output
+    assert f"({len(tr.requests)} requests)" in r.output and "(0 GPU samples)" in r.output
     with open(f"{prefix}.gpu_samples.csv") as f:  # a CPU run: the header alone
         assert list(csv.reader(f)) == [GPU_SAMPLE_HEADER]
 
