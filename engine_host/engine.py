@@ -94,7 +94,8 @@ class LLMEngine:
                                               seed=config.seed, progress=progress)
         mc = self.model_config = self.loaded.config
         limit = mc.max_context  # max_position_embeddings, or the sliding window if smaller
-        self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        self.max_model_len = (min(limit, DEFAULT_MAX_MODEL_LEN) if config.max_model_len is None
+                              else config.max_model_len)
         if not 2 <= self.max_model_len <= limit:
             raise ConfigError(f"--max-model-len {self.max_model_len} is out of range for "
                               f"{self.loaded.name}: allowed [2, {limit}]")

@@ -430,7 +430,11 @@ class VllmEngine:
 
         cfg, sc, cc = self.config, self.config.scheduler, self.config.cache
         limit = int(src.hf_config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)
-        max_model_len = cfg.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        max_model_len = (min(limit, DEFAULT_MAX_MODEL_LEN) if cfg.max_model_len is None
+                         else cfg.max_model_len)
+        if not 2 <= max_model_len <= limit:
+            raise ConfigError(f"--max-model-len {max_model_len} is out of range for {src.path}: "
+                              f"allowed [2, {limit}]")
         dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
         kw: dict[str, Any] = dict(
             model=src.path, load_format=src.load_format, skip_tokenizer_init=True, dtype=dtype,

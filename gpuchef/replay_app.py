@@ -257,10 +257,20 @@ class ReplayApp(GpuchefApp):
 
     session: ReplaySession
 
+    def __init__(self, session: ReplaySession, *, warnings: list[str] | tuple[str, ...] = (),
+                 **kw) -> None:
+        super().__init__(session, **kw)
+        self.warnings = list(warnings)  # what reading the trace found (shown once mounted)
+
     def on_mount(self, event) -> None:
         event.prevent_default()  # not GpuchefApp.on_mount: it would push the live main screen
         self.push_screen(ReplayScreen())
         self.set_interval(1.0 / self.fps, self._tick)
+        for w in self.warnings[:3]:  # the terminal's copy is hidden behind the dashboard
+            self.notify(w, title="trace", severity="warning", timeout=12)
+        if len(self.warnings) > 3:
+            self.notify(f"… and {len(self.warnings) - 3} more (printed before the dashboard "
+                        "started)", title="trace", severity="warning", timeout=12)
 
     # -- playback ----------------------------------------------------------------------------
     def _jumped(self) -> None:
@@ -308,10 +318,15 @@ class ReplayApp(GpuchefApp):
     def seek_to(self, text: str) -> bool:
         """Seek to ``text`` (seconds or mm:ss.s from the start); a bad value is refused."""
         try:
-            self.session.seek_s(parse_time(text))
+            t = parse_time(text)
+            self.session.seek_s(t)
         except ConfigError as e:
             self.notify(str(e), title="refused", severity="error", timeout=6)
             return False
+        if t > self.session.duration_s:
+            self.notify(f"time {text!r} is beyond the end of the trace "
+                        f"({self.session.duration_s:.1f} s): showing the end",
+                        severity="warning", timeout=6)
         self._jumped()
         return True
 

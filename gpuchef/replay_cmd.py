@@ -57,9 +57,10 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     from .probes.recorder import TraceReadError, read_trace
     from .replay import SPEED_MAX, SPEED_MIN, ReplaySession
     from .replay_app import ReplayApp
-    from .top_cmd import parse_window
+    from .top_cmd import check_screenshot_dir, parse_window
 
     window_s = parse_window(window)
+    check_screenshot_dir(screenshot_dir)
     if not start_s >= 0:
         raise ConfigError(f"--start {start_s:g} is out of range: seconds >= 0")
     if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
@@ -71,12 +72,13 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
         tr = read_trace(trace)
     except TraceReadError as e:
         raise ConfigError(str(e)) from None
+    warnings = list(tr.problems)
+    if not tr.complete:
+        warnings.append(f"{trace}: no end record — the writer stopped early; replaying what "
+                        "was written")
     if err is not None:
-        for p in tr.problems:
+        for p in warnings:
             err.print(f"[yellow]warning:[/] {escape(p)}")
-        if not tr.complete:
-            err.print(f"[yellow]warning:[/] {escape(trace)}: no end record — the writer stopped "
-                      "early; replaying what was written")
     session = ReplaySession(tr, start_s=start_s, speed=speed)
     if start_s > session.duration_s:
         raise ConfigError(f"--start {start_s:g} is beyond the end of {trace}: allowed "
@@ -86,4 +88,4 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     if not paused:
         session.play()
     return ReplayApp(session, window_s=window_s, fps=fps, screenshot_dir=screenshot_dir,
-                     show_ui_cost=False)
+                     show_ui_cost=False, warnings=warnings)

@@ -29,6 +29,20 @@ DEFAULT_SLOS_GPU = {"ttft": 500.0, "tpot": 50.0}
 WINDOW_CHOICES = {"10s": 10.0, "60s": 60.0, "1m": 60.0, "10m": 600.0}
 
 
+def check_screenshot_dir(path: str) -> None:
+    """Refuse, before any work, a ``--screenshot-dir`` that is not a folder this process can
+    write into (``s`` would fail later, mid-session). Raises ConfigError naming the path."""
+    import os
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        what = "is a file" if p.exists() else "does not exist"
+        raise ConfigError(f"--screenshot-dir {path!r} {what}: give an existing folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"--screenshot-dir {path!r}: this user cannot write there")
+
+
 def parse_window(text: str) -> float:
     """"10s", "60s", "10m", or seconds ("90") → seconds in [1, 3600]. Raises ConfigError."""
     s = str(text).strip().lower()
@@ -149,6 +163,7 @@ def _build(ctx: click.Context, o: dict, err: Console):
     if not 0.5 <= o["ab_window"] <= 3600:
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
     check_output_path(o["trace_path"], "--trace", make_parents=True)
+    check_screenshot_dir(o["screenshot_dir"])
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

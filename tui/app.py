@@ -218,7 +218,7 @@ class GpuchefApp(App):
     def start_ab(self, a: dict, b: dict, window_s: float | None = None,
                  rounds: int | None = None) -> bool:
         try:
-            self.session.ab.start(a, b, window_s or self.ab_window_s, rounds)
+            self.session.ab.start(a, b, self.ab_window_s if window_s is None else window_s, rounds)
         except ConfigError as e:
             self._refused(e)
             return False
@@ -273,7 +273,12 @@ class GpuchefApp(App):
             self.post_message(TraceExported(text, True))
 
     def action_screenshot(self) -> None:
-        path = self.save_screenshot(path=self.screenshot_dir)
+        try:
+            path = self.save_screenshot(path=self.screenshot_dir)
+        except OSError as e:  # the folder went away or is read-only: say so, keep running
+            self.notify(f"screenshot not saved: {self.screenshot_dir!r}: {e.strerror or e}",
+                        title="screenshot", severity="error", timeout=8)
+            return
         self.notify(f"screenshot saved: {path}", timeout=5)
 
     def action_help(self) -> None:

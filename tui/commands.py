@@ -60,9 +60,14 @@ def parse_setting(text: str) -> dict[str, Any]:
 def parse_ab(text: str) -> tuple[dict[str, Any], dict[str, Any], float | None]:
     """``"mode=chunked vs mode=continuous window=20"`` → (A, B, window_s or None)."""
     window = None
-    m = re.search(r"\bwindow\s*=\s*([0-9.]+)\s*s?\b", text)
+    m = re.search(r"\bwindow\s*=\s*(\S+)", text)
     if m:
-        window = float(m.group(1))
+        raw = m.group(1).rstrip(",")
+        try:
+            window = float(raw[:-1] if raw.endswith("s") else raw)
+        except ValueError:
+            raise ConfigError(f"A/B window {raw!r} is not a number of seconds (e.g. window=20)"
+                              ) from None
         text = text[:m.start()] + text[m.end():]
     if " vs " not in f" {text} ":
         raise ConfigError("write the A/B as 'ab SETTING vs SETTING', e.g. "
@@ -120,8 +125,9 @@ class DashboardCommands(Provider):
     async def search(self, query: str) -> Hits:
         q = query.strip()
         typed = self._typed(q)
-        if typed is not None:
-            yield typed
+        if typed is not None:  # a typed command is what was meant: no fuzzy look-alikes
+            yield typed       # ("window 0" must not offer "Waveform window 10 s" first)
+            return
         matcher = self.matcher(q)
         for text, cb, help_ in self._actions():
             score = matcher.match(text)
@@ -140,7 +146,7 @@ class DashboardCommands(Provider):
             except ConfigError as e:
                 return Hit(1.0, f"A/B: {e}", partial(app.notify, str(e), severity="error"),
                            text=f"ab {rest}")
-            w = window or app.ab_window_s
+            w = app.ab_window_s if window is None else window
             return Hit(1.0, f"Start A/B: {a} vs {b}, windows of {w:g} s",
                        partial(app.start_ab, a, b, w), text=f"ab {rest}")
         if head == "rate":
@@ -151,6 +157,10 @@ class DashboardCommands(Provider):
                 w = float(rest.rstrip("s"))
             except ValueError:
                 return None
+            if not 1 <= w <= 3600:  # the same range as action_set_window
+                msg = f"waveform window {w:g} s is out of range: allowed [1, 3600] s"
+                return Hit(1.0, f"⚠ {msg}", partial(app.notify, msg, severity="error",
+                                                     title="refused"), text=f"window {rest}")
             return Hit(1.0, f"Waveform window {w:g} s", partial(app.action_set_window, w),
                        text=f"window {rest}")
         name = knob_name(head)

@@ -176,6 +176,8 @@ def test_engine_errors_name_the_value():
         CacheConfig(block_size=12)
     with pytest.raises(ConfigError, match="max-model-len 100000"):
         LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=100000))
+    with pytest.raises(ConfigError, match=r"max-model-len 0 .*allowed \[2, "):
+        LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=0))  # not "the default"
     eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=64,
                                  cache=CacheConfig(num_gpu_blocks=16)))
     eng.add_request("a", [11, 12, 13], SamplingParams(max_tokens=2))

@@ -216,6 +216,22 @@ def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine
             assert any("max_num_seqs=99999 is out of range: allowed [1, 4096]" in n
                        for n in app.notes), app.notes
             assert s.scheduler_config.max_num_seqs == 256
+            # typed commands win over look-alike actions, and 0 is a value, not "the default"
+            w_before = app.window_s
+            for typed, msg in (("window 0", "waveform window 0 s is out of range"),
+                               ("ab mode=chunked vs mode=continuous window=0",
+                                "allowed [0.5, 3600]"),
+                               ("ab mode=chunked vs mode=continuous window=abc",
+                                "A/B window 'abc' is not a number")):
+                await pilot.press("ctrl+p")
+                await pilot.pause(0.3)
+                await pilot.press(*typed)
+                await pilot.pause(0.5)
+                await pilot.press("enter")
+                await pilot.pause(0.3)
+                assert any(msg in n for n in app.notes), (typed, app.notes)
+            assert app.window_s == w_before
+            assert not s.ab.state().active
 
     try:
         run(go())

@@ -224,6 +224,8 @@ def test_cli_start_beyond_the_end_and_bad_speed_name_the_flag(trace_path):
     assert "allowed [0, " in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(cli, ["replay", str(trace_path), "--speed", "0"])
     assert r.exit_code == 2 and "--speed 0 is out of range: allowed [0.25, 16]" in r.output
+    r = CliRunner().invoke(cli, ["replay", str(trace_path), "--screenshot-dir", "/nonexistent/s"])
+    assert r.exit_code == 2 and "--screenshot-dir '/nonexistent/s' does not exist" in r.output
 
 
 def test_a_truncated_trace_warns_with_line_numbers_and_still_plays(trace_path, tmp_path):
@@ -240,6 +242,21 @@ def test_a_truncated_trace_warns_with_line_numbers_and_still_plays(trace_path, t
     assert "line 6: not valid JSON" in out and "truncated last record" in out
     assert "no end record" in out
     assert app.session.timeline.totals["step"] > 100 and not app.session.playing
+    notes: list[str] = []
+    app.notify = lambda message, *a, **kw: notes.append(str(message))  # what the user sees
+
+    async def go():
+        async with app.run_test(size=(150, 44)) as pilot:
+            await pilot.pause(0.3)
+            app.seek_to("99999")  # beyond the end: shown, and said
+            await pilot.pause(0.1)
+            await pilot.press("q")
+
+    run(go())
+    assert any("line 6: not valid JSON" in n for n in notes), notes
+    assert any("no end record" in n for n in notes), notes
+    assert any("beyond the end of the trace" in n for n in notes), notes
+    assert app.session.position_s == pytest.approx(app.session.duration_s)
 
 
 def test_a_real_cpu_bench_trace_replays(tmp_path):
