@@ -67,10 +67,45 @@ class Setting:
         return {f.name: getattr(self.config, f.name) for f in fields(self.config)}
 
 
+def _aliases() -> dict[str, str]:
+    """Knob name → vLLM knob name: the dashboard palette's short names (``budget``, ``chunk``,
+    ``seqs``, ``partial``), ``mode`` and every knob of ``engine_host.config.KNOBS``."""
+    from .tui.commands import SHORT_TO_KNOB  # textual: imported only when a spec is parsed
+
+    return SHORT_TO_KNOB
+
+
+def knob_alias(word: str) -> str | None:
+    """The vLLM-spelled knob (or ``mode``) that ``word`` names, or None."""
+    return _aliases().get(word.strip().lstrip("-").replace("-", "_").lower())
+
+
+def knob_names() -> str:
+    """The accepted knob names for messages: ``mode, max_num_batched_tokens (budget), …``."""
+    short: dict[str, list[str]] = {}
+    for k, v in _aliases().items():
+        if k != v:
+            short.setdefault(v, []).append(k)
+    return ", ".join(["mode", *(f"{k} ({', '.join(short[k])})" if k in short else k
+                                for k in KNOBS)])
+
+
+def check_distinct(settings: dict[str, Setting]) -> None:
+    """Refuse an A/B whose two settings run the same scheduler config (compared over the base
+    settings, so ``mode=chunked`` and ``mode=chunked,max_num_batched_tokens=<the base's>`` are the
+    same). Raises ConfigError."""
+    a, b = settings["A"], settings["B"]
+    if a.config != b.config:
+        return
+    same = a.describe() if a.describe() == b.describe() else f"{a.describe()} vs {b.describe()}"
+    raise ConfigError(f"--a and --b are the same setting ({same}): nothing to compare")
+
+
 def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
                   flag: str | None = None) -> Setting:
     """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` (knobs: ``mode`` and ``engine_host.config.KNOBS``;
-    vLLM's dashed spelling ``max-num-batched-tokens`` works too; a bare ``continuous`` or
+    vLLM's dashed spelling ``max-num-batched-tokens`` and the dashboard palette's short names
+    ``budget``, ``chunk``, ``seqs``, ``partial`` work too; a bare ``continuous`` or
     ``chunked`` means ``mode=…``; "" means the base settings) over ``base``.
 
     Raises ConfigError naming the flag, the value and the allowed range or names.
@@ -89,7 +124,11 @@ def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
             else:
                 raise ConfigError(
                     f"{flag} {spec!r}: {part!r} is not KNOB=VALUE; use e.g. "
-                    f"mode=chunked,max_num_batched_tokens=2048 (knobs: mode, {', '.join(KNOBS)})")
+                    f"mode=chunked,max_num_batched_tokens=2048 (knobs: {knob_names()})")
+        name = knob_alias(key)
+        if name is None:
+            raise ConfigError(f"{flag} {spec!r}: unknown knob {key!r}; knobs are: {knob_names()}")
+        key = name
         if key in changes:
             raise ConfigError(f"{flag} {spec!r}: {key} is given twice")
         try:

@@ -25,8 +25,9 @@ from .options import (check_output_path, check_sampling, engine_config, engine_o
 @click.option("--a", "spec_a", default="mode=continuous", show_default=True,
               help="Setting A: KNOB=VALUE pairs over the base settings (the scheduler flags), "
                    "e.g. mode=continuous or mode=chunked,max_num_batched_tokens=512. Knobs: "
-                   "mode, max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, "
-                   "max_num_partial_prefills.")
+                   "mode, max_num_batched_tokens (budget), max_num_seqs (seqs), "
+                   "long_prefill_token_threshold (chunk), max_num_partial_prefills (partial): "
+                   "the short names are the dashboard palette's.")
 @click.option("--b", "spec_b", default="mode=chunked", show_default=True,
               help="Setting B, as --a.")
 @click.option("--repetitions", default=1, show_default=True, type=int,
@@ -95,7 +96,7 @@ def ab(**o) -> None:
 
 def _check(o: dict) -> dict[str, Any]:
     """Everything that can be refused before the model loads."""
-    from .ab import check_repetitions, check_window, parse_setting
+    from .ab import check_distinct, check_repetitions, check_window, parse_setting
     from .capacity import check_rates, parse_slos, parse_tolerance
     from .probes.metrics import parse_goodput, parse_percentiles
 
@@ -105,6 +106,7 @@ def _check(o: dict) -> dict[str, Any]:
     c["ecfg"] = ecfg = engine_config(o)
     c["settings"] = {"A": parse_setting(o["spec_a"], ecfg.scheduler, "A"),
                      "B": parse_setting(o["spec_b"], ecfg.scheduler, "B")}
+    check_distinct(c["settings"])
     c["reps"] = check_repetitions(o["repetitions"])
     c["window"] = check_window(o["window_s"])
     if o["capacity"]:
@@ -134,9 +136,6 @@ def _ab(o: dict, err: Console) -> None:
 
     c = _check(o)
     settings = c["settings"]
-    if settings["A"].config == settings["B"].config:
-        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
-                  "show the run-to-run noise")
     engine = build_engine(c["ecfg"], err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

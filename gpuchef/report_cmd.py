@@ -3,6 +3,7 @@ Perfetto/Chrome trace JSON, or CSV. The work is in gpuchef/report/."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,12 +24,26 @@ def _default_output(paths: list[str], fmt: str) -> str:
     return {"html": f"{stem}.html", "perfetto": f"{stem}.perfetto.json", "csv": stem}[fmt]
 
 
+def _output(output: str | None, paths: list[str], fmt: str) -> str:
+    """-o as given; an existing folder, or a path ending with a separator, gets the default
+    name inside it (``adir/`` → ``adir/run.html``, ``adir/run.steps.csv``, …)."""
+    name = _default_output(paths, fmt)
+    if not output:
+        return name
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    if output.endswith(seps) or Path(output).is_dir():
+        return str(Path(output) / name)
+    return output
+
+
 @click.command("report")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default=None,
               help="Output file (html: .html; perfetto: .json; csv: a prefix, writing "
                    "PREFIX.steps.csv, PREFIX.requests.csv and PREFIX.gpu_samples.csv). "
-                   "Default: named after the trace, in the current folder.")
+                   "A folder (one that exists, or a path ending in /) gets the default names "
+                   "inside it. Default: named after the trace (one trace; else gpuchef-report), "
+                   "in the current folder.")
 @click.option("--format", "fmt", default="html", show_default=True,
               type=click.Choice(["html", "perfetto", "csv"]),
               help="html: the report with plots and tables; perfetto: Chrome Trace Event JSON "
@@ -60,6 +75,7 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
       gpuchef report chunked.jsonl continuous.jsonl -o compare.html
       gpuchef report run.jsonl --format perfetto        # run.perfetto.json
       gpuchef report run.jsonl --format csv -o out/run  # out/run.steps.csv, .requests.csv, .gpu_samples.csv
+      gpuchef report run.jsonl -o out/                  # out/run.html
     """
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
@@ -94,7 +110,7 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
             err.print(f"  {escape(p)}")
         if n > MAX_PROBLEMS_PRINTED:
             err.print(f"  … and {n - MAX_PROBLEMS_PRINTED} more")
-    out = output or _default_output(paths, fmt)
+    out = _output(output, paths, fmt)
     try:
         if fmt == "html":
             from .report.html import render

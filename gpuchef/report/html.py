@@ -164,7 +164,7 @@ def _run_rows(view: TraceView) -> list[tuple[str, str]]:
         ("Load", _load_text(meta)),
     ]
     if view.ab:
-        rows.append(("A/B settings", "; ".join(f"{k}: {s}" for k, s in view.settings.items())))
+        rows.append(("A/B settings", "; ".join(f"{k}: {s}" if s else k for k, s in view.settings.items())))
     rows += [
         ("Versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),
         ("Host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),

@@ -8,7 +8,8 @@ Grouping:
   the end of the trace). Its groups are the settings A and B, pooled over their windows;
 * any other trace is cut where the scheduler mode changes (first step of each mode stretch);
   its groups are the modes;
-* several traces: each contributes its groups; equal names get the trace's name appended.
+* several traces: each contributes its groups; equal names get the trace's name appended (traces
+  of one file name are told apart by their folder, or numbered: ``run (2)``).
 
 A request belongs to the segment in which it *arrived* (so both arms of an A/B see the same
 arrival process), a step to the one in which it *started*. A segment's duration runs from its
@@ -337,6 +338,28 @@ def per_gpu_means(view: TraceView) -> dict[int, dict[str, float]]:
     return out
 
 
+def _unique_names(views: Sequence[TraceView]) -> None:
+    """Give traces of the same file name distinct names: ``folder/stem`` when their folders are
+    named differently, else ``stem (2)``, ``stem (3)``, … (the first keeps its name)."""
+    by: dict[str, list[TraceView]] = {}
+    for v in views:
+        by.setdefault(v.name, []).append(v)
+    taken = {v.name for v in views}
+    for name, same in by.items():
+        if len(same) < 2:
+            continue
+        folders = [v.path.resolve().parent.name for v in same]
+        if all(folders) and len(set(folders)) == len(same):
+            for v, f in zip(same, folders):
+                v.name = f"{f}/{name}"
+            continue
+        for i, v in enumerate(same[1:], start=2):
+            while f"{name} ({i})" in taken:
+                i += 1
+            v.name = f"{name} ({i})"
+            taken.add(v.name)
+
+
 def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 90.0, 99.0),
           goodput: dict[str, float] | None = None) -> ReportData:
     """Read the traces and compute the groups. Raises TraceReadError (from ``read_trace``) for
@@ -350,6 +373,7 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
             problems.append(f"{tr.path}: no end record — the recording was cut short "
                             "(the process was killed); the report shows what was written")
         views.append(view_trace(tr))
+    _unique_names(views)
     groups: list[Group] = []
     for v in views:
         by: dict[str, list[Segment]] = {}
@@ -371,7 +395,8 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
                 m.steps_per_s = len(steps) / span if span > 0 else math.nan
                 m.busy_fraction = sum(x.gpu_ms for x in steps) / (span * 1e3) if span > 0 \
                     else math.nan
-            name = f"{label}: {v.settings.get(label, '')}" if v.ab else label
+            desc = v.settings.get(label, "")
+            name = f"{label}: {desc}" if v.ab and desc else label
             groups.append(Group(f"{v.name}/{label}", name, v, segs, m, _gpu_means(v, segs), "",
                                 v.settings.get(label, ""), label))
     # names: unique across traces; colours: by mode or A/B when that is unambiguous

@@ -482,3 +482,65 @@ def test_default_output_names(traces, tmp_path, monkeypatch):
     shutil.copy(traces["bench"], tmp_path / "b.jsonl")
     run("report", "b.jsonl", "--format", "perfetto")
     assert (tmp_path / "b.perfetto.json").exists()
+
+
+# ---- output folders, trace names ------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,names", [
+    ("csv", ["h200_chunked_1s.steps.csv", "h200_chunked_1s.requests.csv",
+             "h200_chunked_1s.gpu_samples.csv"]),
+    ("perfetto", ["h200_chunked_1s.perfetto.json"]),
+    ("html", ["h200_chunked_1s.html"]),
+])
+@pytest.mark.parametrize("how", ["existing", "slash"])
+def test_output_folder_gets_the_default_names(tmp_path, fmt, names, how):
+    d = tmp_path / "adir"
+    if how == "existing":
+        d.mkdir()
+        o = str(d)
+    else:  # a folder not made yet, said by the trailing separator
+        o = str(d) + "/"
+    run("report", H200, "--format", fmt, "-o", o)
+    assert sorted(p.name for p in d.iterdir()) == sorted(names)
+
+
+def test_same_file_twice_gets_distinct_names(tmp_path):
+    from gpuchef.report.model import build
+
+    data = build([H200, H200])
+    assert [v.name for v in data.views] == ["h200_chunked_1s", "h200_chunked_1s (2)"]
+    labels = [g.label for g in data.groups]
+    assert len(set(labels)) == len(labels) == 2, labels
+    prefix = tmp_path / "twice"
+    run("report", H200, H200, "--format", "csv", "-o", prefix)
+    with open(f"{prefix}.steps.csv") as f:
+        assert {r[0] for r in list(csv.reader(f))[1:]} == {"h200_chunked_1s",
+                                                           "h200_chunked_1s (2)"}
+
+
+def test_same_file_name_in_two_folders_is_named_by_folder(tmp_path):
+    from gpuchef.report.model import build
+
+    for d in ("chunked", "continuous"):
+        (tmp_path / d).mkdir()
+        shutil.copy(H200, tmp_path / d / "run.jsonl")
+    data = build([tmp_path / "chunked" / "run.jsonl", tmp_path / "continuous" / "run.jsonl"])
+    assert [v.name for v in data.views] == ["chunked/run", "continuous/run"]
+
+
+def test_ab_stopped_before_any_step_has_a_plain_label(tmp_path):
+    """A dashboard A/B stopped at once: marks with nothing between them, no settings in the meta."""
+    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.report.model import build
+
+    src = read_trace(H200)
+    t = max(s.t_end_ns for s in src.steps) + 1_000_000
+    path = tmp_path / "top.jsonl"
+    rec = TraceRecorder(path, meta={"command": "top", "device": "cpu"})
+    for r in (*src.steps, *src.requests):
+        rec.record(r)
+    for i, name in enumerate(("ab:1:A:1", "ab:1:end")):
+        rec.record(EngineEvent("mark", 0, t + i * 1_000_000, name))
+    rec.close()
+    data = build([path])
+    assert [g.label for g in data.groups] == ["A"]
