@@ -10,6 +10,7 @@ import time
 
 import pytest
 from rich.console import Console
+from tui_fakes import palette
 
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
@@ -223,12 +224,7 @@ def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine
                                 "allowed [0.5, 3600]"),
                                ("ab mode=chunked vs mode=continuous window=abc",
                                 "A/B window 'abc' is not a number")):
-                await pilot.press("ctrl+p")
-                await pilot.pause(0.3)
-                await pilot.press(*typed)
-                await pilot.pause(0.5)
-                await pilot.press("enter")
-                await pilot.pause(0.3)
+                await palette(pilot, typed)
                 assert any(msg in n for n in app.notes), (typed, app.notes)
             assert app.window_s == w_before
             assert not s.ab.state().active

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from click.testing import CliRunner
-from tui_fakes import T0, simulate
+from tui_fakes import T0, palette, simulate
 
 from gpuchef.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
@@ -318,12 +318,7 @@ def test_palette_seeks_and_sets_the_speed(trace_path):
         async with app.run_test(size=(150, 44)) as pilot:
             await pilot.pause(0.2)
             for typed in ("seek 0:30", "speed 4"):
-                await pilot.press("ctrl+p")
-                await pilot.pause(0.2)
-                await pilot.press(*typed)
-                await pilot.pause(0.4)
-                await pilot.press("enter")
-                await pilot.pause(0.2)
+                await palette(pilot, typed)
             assert s.position_s == pytest.approx(30) and s.speed == 4
             assert "t = 00:30.0" in bar(app) and "speed ×4" in bar(app)
             await pilot.press("q")

@@ -282,3 +282,13 @@ async def settle(pilot, min_ticks: int = 3, timeout_s: float = 20.0) -> None:
         scr.tick(force=True)
     await pilot.wait_for_scheduled_animations()
     await pilot.pause()
+
+
+async def palette(pilot, typed: str) -> None:
+    """Open the command palette, type ``typed`` and run the first hit."""
+    await pilot.press("ctrl+p")
+    await pilot.pause(0.3)
+    await pilot.press(*typed)
+    await pilot.pause(0.5)
+    await pilot.press("enter")
+    await pilot.pause(0.3)
