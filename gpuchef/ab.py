@@ -90,17 +90,6 @@ def knob_names() -> str:
                                 for k in KNOBS)])
 
 
-def check_distinct(settings: dict[str, Setting]) -> None:
-    """Refuse an A/B whose two settings run the same scheduler config (compared over the base
-    settings, so ``mode=chunked`` and ``mode=chunked,max_num_batched_tokens=<the base's>`` are the
-    same). Raises ConfigError."""
-    a, b = settings["A"], settings["B"]
-    if a.config != b.config:
-        return
-    same = a.describe() if a.describe() == b.describe() else f"{a.describe()} vs {b.describe()}"
-    raise ConfigError(f"--a and --b are the same setting ({same}): nothing to compare")
-
-
 def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
                   flag: str | None = None) -> Setting:
     """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` (knobs: ``mode`` and ``engine_host.config.KNOBS``;

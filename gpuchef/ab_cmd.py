@@ -96,7 +96,7 @@ def ab(**o) -> None:
 
 def _check(o: dict) -> dict[str, Any]:
     """Everything that can be refused before the model loads."""
-    from .ab import check_distinct, check_repetitions, check_window, parse_setting
+    from .ab import check_repetitions, check_window, parse_setting
     from .capacity import check_rates, parse_slos, parse_tolerance
     from .probes.metrics import parse_goodput, parse_percentiles
 
@@ -106,7 +106,6 @@ def _check(o: dict) -> dict[str, Any]:
     c["ecfg"] = ecfg = engine_config(o)
     c["settings"] = {"A": parse_setting(o["spec_a"], ecfg.scheduler, "A"),
                      "B": parse_setting(o["spec_b"], ecfg.scheduler, "B")}
-    check_distinct(c["settings"])
     c["reps"] = check_repetitions(o["repetitions"])
     c["window"] = check_window(o["window_s"])
     if o["capacity"]:
@@ -136,6 +135,9 @@ def _ab(o: dict, err: Console) -> None:
 
     c = _check(o)
     settings = c["settings"]
+    if settings["A"].config == settings["B"].config:  # allowed on purpose: a noise baseline
+        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
+                  "show the run-to-run noise")
     engine = build_engine(c["ecfg"], err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

@@ -207,23 +207,11 @@ def test_palette_short_names_work_in_specs():
         parse_setting("budget=512,max_num_batched_tokens=256", base, "A")
 
 
-@pytest.mark.parametrize("a,b,needle", [
-    ("mode=chunked", "mode=chunked", "(mode=chunked): nothing to compare"),
-    ("chunked", "mode=chunked,budget=2048",
-     "(mode=chunked vs mode=chunked, max_num_batched_tokens=2048): nothing to compare"),
-    ("mode=continuous", "", "(mode=continuous vs the base settings)"),
-])
-def test_cli_same_setting_twice_is_refused(a, b, needle):
-    # the base settings, given explicitly: continuous with a 2048-token budget
+def test_cli_same_setting_twice_is_an_a_a_run_with_a_note():
+    """Two settings that are the same over the base settings (aliases and explicit defaults
+    included) are allowed on purpose: an A/A run measures the run-to-run noise."""
     r = CliRunner().invoke(cli, ["ab", *SMALL, "--mode", "continuous",
-                                 "--max-num-batched-tokens", "2048", "--a", a, "--b", b])
-    out = " ".join(r.output.split())
-    assert r.exit_code == 2, r.output
-    assert "--a and --b are the same setting" in out and needle in out, r.output
-    assert len([ln for ln in r.output.splitlines() if ln.startswith("error:")]) == 1
-    assert "Traceback" not in r.output and "loaded" not in r.output
-    # a setting that differs from the other only in a knob still runs: checked by parsing alone
-    from gpuchef.ab import check_distinct
-    base = SchedulerConfig(mode="continuous", max_num_batched_tokens=2048)
-    check_distinct({"A": parse_setting("mode=chunked", base, "A"),
-                    "B": parse_setting("mode=chunked,budget=512", base, "B")})
+                                 "--max-num-batched-tokens", "2048", "--a", "chunked",
+                                 "--b", "mode=chunked,budget=2048"])
+    assert r.exit_code == 0, r.output
+    assert "an A/A run" in " ".join(r.output.split())
