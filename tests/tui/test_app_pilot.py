@@ -200,6 +200,19 @@ def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine
             await pilot.pause(0.2)
             assert any("allowed (0, 10000]" in n for n in app.notes), app.notes
             assert s.load.state().rate == 12.5
+            # typed key by key, what the user typed is what the refusal names ("1e3" was 13)
+            inp.focus()
+            inp.value = ""
+            await pilot.press(*"1e3", "enter")
+            await pilot.pause(0.3)
+            assert any("got '1e3'" in n for n in app.notes), app.notes
+            assert s.scheduler_config.max_num_batched_tokens == 384
+            rate.focus()
+            rate.value = ""
+            await pilot.press(*"inf", "enter")
+            await pilot.pause(0.3)
+            assert any("'inf'" in n for n in app.notes), app.notes
+            assert s.load.state().rate == 12.5
 
             # the command palette: typed settings
             await pilot.press("ctrl+p")

@@ -82,7 +82,9 @@ class ControlsPanel(Vertical):
             spec = KNOBS[name]
             with Horizontal():
                 yield Label(LABELS[name])
-                yield Input(type="integer", id=f"knob-{name}", validators=[KnobValidator(name)],
+                # type="text": Textual's integer/number types drop what they cannot parse as it
+                # is typed ("1e3" became 13), so the refusal could not name what was typed
+                yield Input(type="text", id=f"knob-{name}", validators=[KnobValidator(name)],
                             validate_on=["changed", "submitted"], compact=True,
                             tooltip=f"{name} ({spec.flag}): {spec.help}; allowed "
                                     f"[{spec.lo}, {spec.hi}]")
@@ -90,7 +92,7 @@ class ControlsPanel(Vertical):
                             else "0 = budget", classes="hint")
         with Horizontal():
             yield Label("rate")
-            yield Input(type="number", id="rate", validators=[RateValidator()],
+            yield Input(type="text", id="rate", validators=[RateValidator()],
                         validate_on=["changed", "submitted"], compact=True,
                         tooltip="request rate (req/s) for random arrivals, or the trace replay "
                                 "speed (×)")
