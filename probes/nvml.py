@@ -475,6 +475,9 @@ class NvmlSampler(PeriodicSampler):
             count = lib.device_count()
         except NvmlUnavailable as e:
             self._summary = f"NVML not available: {e}"
+            if self.gpus_requested is not None:  # --gpus cannot be checked without NVML
+                ids = ",".join(map(str, self.gpus_requested))
+                self._summary += f"; --gpus {ids} not sampled"
             self._update_status()
             return False
         nv = self._nv

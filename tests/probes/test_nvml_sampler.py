@@ -88,6 +88,12 @@ def test_init_failure_gives_status_line(err):
         assert "libnvidia-ml.so.1 not found" in s.status
     if err is pynvml.NVMLError_DriverNotLoaded:
         assert "driver is not loaded" in s.status
+    assert "--gpus" not in s.status
+    fake2 = FakeNvml(1)
+    fake2.init_error = err
+    with NvmlSampler(nvml=fake2, gpus=[7], sample_hz=50) as s:  # cannot be checked: say so
+        assert s.wait_ready(2.0)
+    assert s.status.startswith("NVML not available: ") and s.status.endswith("; --gpus 7 not sampled")
 
 
 def test_this_machine_without_driver_or_pynvml(monkeypatch):
