@@ -93,7 +93,8 @@ def test_init_failure_gives_status_line(err):
     fake2.init_error = err
     with NvmlSampler(nvml=fake2, gpus=[7], sample_hz=50) as s:  # cannot be checked: say so
         assert s.wait_ready(2.0)
-    assert s.status.startswith("NVML not available: ") and s.status.endswith("; --gpus 7 not sampled")
+    assert s.status.startswith("NVML not available: ")
+    assert s.status.endswith("; --gpus 7 not sampled")
 
 
 def test_this_machine_without_driver_or_pynvml(monkeypatch):
