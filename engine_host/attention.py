@@ -148,6 +148,16 @@ class ReferenceAttention(AttentionBackend):
         return out
 
 
+def check_backend(name: str, device: torch.device | str) -> None:
+    """Refuse, before any weights load, a backend that ``make_backend`` would refuse for the
+    device alone (unknown name; flashinfer without CUDA). Raises ConfigError."""
+    if name not in ("auto", "reference", "flashinfer"):
+        raise ConfigError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")
+    if name == "flashinfer" and torch.device(device).type != "cuda":
+        raise ConfigError("--attention-backend flashinfer needs a CUDA device; "
+                          f"this run is on {torch.device(device).type} (use reference)")
+
+
 def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
     """Return the attention backend ``name`` ("auto", "reference", "flashinfer").
 
@@ -165,16 +175,14 @@ def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
                 name = "reference"
         else:
             name = "reference"
+    check_backend(name, dev)
     if name == "reference":
         return ReferenceAttention()
     if name == "flashinfer":
-        if dev.type != "cuda":
-            raise ConfigError("--attention-backend flashinfer needs a CUDA device; "
-                               f"this run is on {dev.type} (use reference)")
         try:
             from .flashinfer_backend import FlashInferAttention
         except ImportError as e:
             raise ConfigError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
                                "install the [gpu] extra or use reference") from e
         return FlashInferAttention(dev)
-    raise ConfigError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")
+    raise AssertionError(name)  # check_backend refused every other name

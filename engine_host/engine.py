@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .attention import make_backend
+from .attention import check_backend, make_backend
 from .config import ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
@@ -90,6 +90,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        check_backend(config.attention_backend, self.device)  # before minutes of weight loading
         self.loaded: LoadedModel = load_model(config.model, dtype=self.dtype, device=self.device,
                                               seed=config.seed, progress=progress)
         mc = self.model_config = self.loaded.config

@@ -37,3 +37,18 @@ def test_cli_flashinfer_on_cpu_exits_2_with_one_line(cmd):
     assert r.exit_code == 2, r.output
     assert "error: --attention-backend flashinfer needs a CUDA device" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only message")
+def test_engine_refuses_flashinfer_on_cpu_before_loading_weights(monkeypatch):
+    """The refusal comes before the weights load (minutes for a real model), not after."""
+    from gpuchef.engine_host import engine as engine_mod
+    from gpuchef.engine_host.config import EngineConfig
+
+    def no_load(*a, **kw):
+        raise AssertionError("weights were loaded before the backend was checked")
+
+    monkeypatch.setattr(engine_mod, "load_model", no_load)
+    with pytest.raises(ConfigError, match="flashinfer needs a CUDA device"):
+        engine_mod.LLMEngine(EngineConfig(model="tiny", device="cpu",
+                                          attention_backend="flashinfer"))
