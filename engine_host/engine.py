@@ -156,7 +156,7 @@ class LLMEngine:
             n = CPU_DEFAULT_BLOCKS
         need = cdiv(self.max_model_len, cc.block_size)
         if n < need:
-            raise ConfigError(f"KV cache of {n} blocks ({n * cc.block_size} tokens) cannot hold one "
+            raise ConfigError(f"KV cache of {n} block{'s' * (n != 1)} ({n * cc.block_size} tokens) cannot hold one "
                               f"request of max_model_len {self.max_model_len}: allowed ≥ {need} "
                               "blocks (raise the KV memory or lower --max-model-len)")
         return n
