@@ -22,28 +22,10 @@ from .engine_host.config import ConfigError
 from .engine_host.request import SamplingParams
 from .engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, WorkloadConfig,
                                    generate)
-from .tui.model import LoadState
+from .tui.model import LoadState, parse_rate
 
 #: Load time generated per chunk of an endless random stream (request units).
 RANDOM_CHUNK = 2000
-#: Highest rate a live control accepts: req/s for random arrivals, × for a trace.
-MAX_RATE = 10_000.0
-
-
-def _parse_rate(value: Any, unit: str) -> float:
-    what = "request rate (req/s)" if unit == "req/s" else "trace speed (×)"
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a number in (0, {MAX_RATE:g}], got {value!r}")
-    try:
-        v = float(str(value).strip().lstrip("x×").rstrip("x×")) if isinstance(value, str) \
-            else float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a number in (0, {MAX_RATE:g}], got {value!r}") from None
-    if not (math.isfinite(v) and 0 < v <= MAX_RATE):
-        raise ConfigError(f"{what} {value!r} is out of range: allowed (0, {MAX_RATE:g}]")
-    return v
-
-
 class LiveLoad:
     """Feeds ``host.submit`` from ``cfg``'s arrival stream on a daemon thread.
 
@@ -156,7 +138,7 @@ class LiveLoad:
     def set_rate(self, value: Any) -> float:
         """New rate from now on: req/s (random) or × (trace). Returns it; ConfigError names the
         allowed range; nothing changes then. The change is marked on the waveforms."""
-        v = _parse_rate(value, "req/s" if self.kind == "random" else "×")
+        v = parse_rate(value, "req/s" if self.kind == "random" else "×")
         with self._lock:
             now = self.clock()
             self._anchor_tau = self._tau_now(now)

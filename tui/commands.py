@@ -14,6 +14,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import math
 import re
 from functools import partial
 from typing import Any
@@ -60,20 +61,29 @@ def parse_setting(text: str) -> dict[str, Any]:
 def parse_ab(text: str) -> tuple[dict[str, Any], dict[str, Any], float | None]:
     """``"mode=chunked vs mode=continuous window=20"`` → (A, B, window_s or None)."""
     window = None
-    m = re.search(r"\bwindow\s*=\s*(\S+)", text)
+    # "window=20", "window = 20s", "window=20 s", "window=20," (then more pairs)
+    m = re.search(r"\bwindow\s*=\s*([^\s,]*)(?:\s*s\b)?\s*,?", text)
     if m:
-        raw = m.group(1).rstrip(",")
+        raw = m.group(1)
         try:
             window = float(raw[:-1] if raw.endswith("s") else raw)
         except ValueError:
-            raise ConfigError(f"A/B window {raw!r} is not a number of seconds (e.g. window=20)"
-                              ) from None
-        text = text[:m.start()] + text[m.end():]
+            window = math.nan
+        if not math.isfinite(window):
+            raise ConfigError(f"A/B window {raw!r} is not a number of seconds (e.g. window=20)")
+        text = text[:m.start()] + " " + text[m.end():]
+        if re.search(r"\bwindow\s*=", text):
+            raise ConfigError("the A/B window is given twice: give one window=SECONDS")
     if " vs " not in f" {text} ":
         raise ConfigError("write the A/B as 'ab SETTING vs SETTING', e.g. "
                           "'ab mode=chunked vs mode=continuous'")
     a, _, b = text.partition(" vs ")
     return parse_setting(a), parse_setting(b), window
+
+
+#: Score of a typed command that parsed (Textual's fuzzy scores run above 1): shown alone. A
+#: typed command that did not parse scores 1.0 and the fuzzy look-alikes follow it.
+TYPED_EXCLUSIVE = 1000.0
 
 
 class DashboardCommands(Provider):
@@ -125,9 +135,10 @@ class DashboardCommands(Provider):
     async def search(self, query: str) -> Hits:
         q = query.strip()
         typed = self._typed(q)
-        if typed is not None:  # a typed command is what was meant: no fuzzy look-alikes
-            yield typed       # ("window 0" must not offer "Waveform window 10 s" first)
-            return
+        if typed is not None:
+            yield typed
+            if typed.score >= TYPED_EXCLUSIVE:  # a command that parsed is what was meant: no
+                return                          # look-alikes ("window 5" vs "Waveform window 10 s")
         matcher = self.matcher(q)
         for text, cb, help_ in self._actions():
             score = matcher.match(text)
@@ -147,10 +158,10 @@ class DashboardCommands(Provider):
                 return Hit(1.0, f"A/B: {e}", partial(app.notify, str(e), severity="error"),
                            text=f"ab {rest}")
             w = app.ab_window_s if window is None else window
-            return Hit(1.0, f"Start A/B: {a} vs {b}, windows of {w:g} s",
+            return Hit(TYPED_EXCLUSIVE, f"Start A/B: {a} vs {b}, windows of {w:g} s",
                        partial(app.start_ab, a, b, w), text=f"ab {rest}")
         if head == "rate":
-            return Hit(1.0, f"Set load rate to {rest}", partial(app.request_rate, rest),
+            return Hit(TYPED_EXCLUSIVE, f"Set load rate to {rest}", partial(app.request_rate, rest),
                        text=f"rate {rest}")
         if head == "window":
             try:
@@ -159,10 +170,10 @@ class DashboardCommands(Provider):
                 return None
             if not 1 <= w <= 3600:  # the same range as action_set_window
                 msg = f"waveform window {w:g} s is out of range: allowed [1, 3600] s"
-                return Hit(1.0, f"⚠ {msg}", partial(app.notify, msg, severity="error",
-                                                     title="refused"), text=f"window {rest}")
-            return Hit(1.0, f"Waveform window {w:g} s", partial(app.action_set_window, w),
-                       text=f"window {rest}")
+                return Hit(TYPED_EXCLUSIVE, f"⚠ {msg}", partial(app.notify, msg,
+                           severity="error", title="refused"), text=f"window {rest}")
+            return Hit(TYPED_EXCLUSIVE, f"Waveform window {w:g} s",
+                       partial(app.action_set_window, w), text=f"window {rest}")
         name = knob_name(head)
         if name is None:
             return None
@@ -171,7 +182,7 @@ class DashboardCommands(Provider):
         except ConfigError as e:
             return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
                                                title="refused"), text=f"{head} {rest}")
-        return Hit(1.0, f"Set {name} = {v}", partial(app.request_knob, name, rest),
+        return Hit(TYPED_EXCLUSIVE, f"Set {name} = {v}", partial(app.request_knob, name, rest),
                    text=f"{head} {rest}", help="in force from the engine's next step")
 
 

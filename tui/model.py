@@ -9,11 +9,32 @@ is run by the app in a worker thread.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.config import ConfigError, SchedulerConfig
 from gpuchef.probes.timeline import Timeline
+
+#: Highest rate a live control accepts: req/s for random arrivals, × for a trace.
+MAX_RATE = 10_000.0
+
+
+def parse_rate(value: Any, unit: str) -> float:
+    """A live load rate from a control or the palette: req/s (``unit`` "req/s") or a trace's
+    speed (×; "2", "2x", "×2"), in (0, MAX_RATE]. Raises ConfigError naming the value. Shared by
+    the load (gpuchef.load) and the controls' validator, so the red mark and the refusal agree."""
+    what = "request rate (req/s)" if unit == "req/s" else "trace speed (×)"
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a number in (0, {MAX_RATE:g}], got {value!r}")
+    try:
+        v = float(str(value).strip().lstrip("x×").rstrip("x×")) if isinstance(value, str) \
+            else float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number in (0, {MAX_RATE:g}], got {value!r}") from None
+    if not (math.isfinite(v) and 0 < v <= MAX_RATE):
+        raise ConfigError(f"{what} {value!r} is out of range: allowed (0, {MAX_RATE:g}]")
+    return v
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ use it so that pixels do not depend on the machine's speed."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -14,7 +13,7 @@ from gpuchef.engine_host.config import ConfigError, SchedulerConfig, parse_knob,
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline
-from gpuchef.tui.model import ABState, LoadState, SessionInfo
+from gpuchef.tui.model import ABState, LoadState, SessionInfo, parse_rate
 
 T0 = 1_000_000_000_000  # fake monotonic origin (ns)
 MS = 1_000_000
@@ -153,9 +152,7 @@ class FakeLoad:
         return LoadState("trace", "azure-conv", self.rate, 5.53, self.paused, 1234, False, True)
 
     def set_rate(self, value: Any) -> float:
-        v = float(value)
-        if not (math.isfinite(v) and v > 0):
-            raise ConfigError(f"trace speed (×) {value!r} is out of range: allowed (0, 10000]")
+        v = parse_rate(value, "×")  # the live load's own parsing
         self.rate = v
         self.calls.append(("rate", v))
         return v

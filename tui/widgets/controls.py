@@ -17,7 +17,7 @@ from textual.widgets import Input, Label, Select, Switch
 from gpuchef.engine_host.config import KNOBS, MODES, ConfigError, SchedulerConfig, parse_knob
 
 from ..messages import KnobRequest, LoadToggle, RateRequest
-from ..model import LoadState
+from ..model import LoadState, parse_rate
 
 LABELS = {
     "max_num_batched_tokens": "budget",
@@ -43,13 +43,17 @@ class KnobValidator(Validator):
 
 
 class RateValidator(Validator):
+    """Validates the rate with the load's own ``parse_rate`` (req/s, or × for a trace)."""
+
+    def __init__(self, panel: "ControlsPanel") -> None:
+        super().__init__()
+        self.panel = panel
+
     def validate(self, value: str) -> ValidationResult:
         try:
-            v = float(value)
-        except ValueError:
-            return self.failure(f"rate {value!r} must be a number > 0")
-        if not v > 0 or v != v or v == float("inf"):
-            return self.failure(f"rate {value!r} must be a finite number > 0")
+            parse_rate(value, self.panel._rate_unit)
+        except ConfigError as e:
+            return self.failure(str(e))
         return self.success()
 
 
@@ -92,7 +96,7 @@ class ControlsPanel(Vertical):
                             else "0 = budget", classes="hint")
         with Horizontal():
             yield Label("rate")
-            yield Input(type="text", id="rate", validators=[RateValidator()],
+            yield Input(type="text", id="rate", validators=[RateValidator(self)],
                         validate_on=["changed", "submitted"], compact=True,
                         tooltip="request rate (req/s) for random arrivals, or the trace replay "
                                 "speed (×)")
