@@ -156,6 +156,13 @@ def check_backend(name: str, device: torch.device | str) -> None:
     if name == "flashinfer" and torch.device(device).type != "cuda":
         raise ConfigError("--attention-backend flashinfer needs a CUDA device; "
                           f"this run is on {torch.device(device).type} (use reference)")
+    if name == "flashinfer":
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is None:  # not installed (a broken install
+            # is caught by make_backend's import)
+            raise ConfigError("--attention-backend flashinfer: flashinfer is not installed; "
+                              "install the [gpu] extra or use reference")
 
 
 def make_backend(name: str, device: torch.device | str) -> AttentionBackend:

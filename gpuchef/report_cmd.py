@@ -29,11 +29,17 @@ def _output(output: str | None, paths: list[str], fmt: str) -> str:
     name inside it (``adir/`` → ``adir/run.html``, ``adir/run.steps.csv``, …)."""
     name = _default_output(paths, fmt)
     if not output:
-        return name
-    seps = tuple(s for s in (os.sep, os.altsep) if s)
-    if output.endswith(seps) or Path(output).is_dir():
-        return str(Path(output) / name)
-    return output
+        out = name
+    else:
+        seps = tuple(s for s in (os.sep, os.altsep) if s)
+        p = Path(output).expanduser()
+        out = str(p / name) if output.endswith(seps) or p.is_dir() else str(p)
+    outs = [out] if fmt != "csv" else [f"{out}.{k}.csv" for k in ("steps", "requests",
+                                                                 "gpu_samples")]
+    for o in outs:
+        if any(Path(o).resolve() == Path(t).resolve() for t in paths):
+            raise ConfigError(f"-o {output!r} would overwrite the trace {o!r}: give another path")
+    return out
 
 
 @click.command("report")
@@ -91,6 +97,7 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
 
     pcts = parse_percentiles(metric_percentiles)
     slos = parse_goodput(" ".join(goodput)) if goodput else {}
+    out = _output(output, paths, fmt)  # before reading: a bad -o is refused at once
     if fmt == "html":
         try:
             import matplotlib  # noqa: F401
@@ -110,7 +117,6 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
             err.print(f"  {escape(p)}")
         if n > MAX_PROBLEMS_PRINTED:
             err.print(f"  … and {n - MAX_PROBLEMS_PRINTED} more")
-    out = _output(output, paths, fmt)
     try:
         if fmt == "html":
             from .report.html import render

@@ -162,8 +162,8 @@ def _build(ctx: click.Context, o: dict, err: Console):
                           "[1, 3600] s")
     if not 0.5 <= o["ab_window"] <= 3600:
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
+    check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
     check_output_path(o["trace_path"], "--trace", make_parents=True)
-    check_screenshot_dir(o["screenshot_dir"])
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

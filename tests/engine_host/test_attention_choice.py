@@ -52,3 +52,17 @@ def test_engine_refuses_flashinfer_on_cpu_before_loading_weights(monkeypatch):
     with pytest.raises(ConfigError, match="flashinfer needs a CUDA device"):
         engine_mod.LLMEngine(EngineConfig(model="tiny", device="cpu",
                                           attention_backend="flashinfer"))
+
+
+def test_flashinfer_not_installed_is_refused_before_loading(monkeypatch):
+    """On a CUDA machine without flashinfer, the same one line, before the weights load."""
+    import importlib.util
+
+    from gpuchef.engine_host import attention
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "flashinfer" else real(n, *a))
+    monkeypatch.setattr(torch, "device", lambda d: type("D", (), {"type": "cuda"})())
+    with pytest.raises(ConfigError, match="flashinfer is not installed; install the \\[gpu\\]"):
+        attention.check_backend("flashinfer", "cuda")

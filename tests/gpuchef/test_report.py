@@ -504,6 +504,21 @@ def test_output_folder_gets_the_default_names(tmp_path, fmt, names, how):
     assert sorted(p.name for p in d.iterdir()) == sorted(names)
 
 
+def test_output_expands_home_and_never_overwrites_a_trace(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run("report", H200, "--format", "perfetto", "-o", "~/out/")
+    assert (tmp_path / "out" / "h200_chunked_1s.perfetto.json").is_file()
+    src = tmp_path / "t.jsonl"
+    shutil.copy(H200, src)
+    before = src.read_bytes()
+    for fmt in ("html", "perfetto"):
+        r = run("report", src, "--format", fmt, "-o", str(src), ok=False)
+        assert r.exit_code == 2 and "would overwrite the trace" in r.output, r.output
+    assert src.read_bytes() == before
+
+
 def test_same_file_twice_gets_distinct_names(tmp_path):
     from gpuchef.report.model import build
 
