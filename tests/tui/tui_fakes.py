@@ -269,7 +269,8 @@ async def settle(pilot, min_ticks: int = 3, timeout_s: float = 20.0) -> None:
     start = app.ticks
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if app.ticks - start >= min_ticks and getattr(app.screen, "ready", False):
+        scr = app.screen  # a screen without a refresh tick (help, palette) has nothing to wait for
+        if app.ticks - start >= min_ticks and getattr(scr, "ready", not hasattr(scr, "tick")):
             break
         await pilot.pause(0.05)
     else:
