@@ -14,7 +14,8 @@ Columns:
 * ``calls/tick`` (and ``/GPU``): NVML calls made inside ticks (counted by a wrapper around the
   module, PCIe thread excluded) per tick, and per tick and GPU. Each pynvml call is one ctypes
   call, which releases the GIL and must win it back — behind a GIL-bound thread that can take up
-  to ``sys.getswitchinterval()`` (5 ms), so this count bounds the rate the sampler can keep.
+  to ``sys.getswitchinterval()`` (5 ms by default; every gpuchef session sets 0.5 ms, as does
+  this script unless ``--switch-interval``), so this count bounds the rate the sampler can keep.
 * ``busy %`` (IQR): throughput of a GIL-bound Python worker thread with the sampler on, relative
   to the run without it just before (median and inter-quartile range of ``--rounds`` pairs) — a
   proxy for what the in-process engine thread loses. The issue's target is >= 99 % of engine
@@ -37,6 +38,7 @@ import time
 
 import numpy as np
 
+from gpuchef.engine_host.host import DEFAULT_SWITCH_INTERVAL_S
 from gpuchef.probes.nvml import FakeNvml, NvmlSampler, NvmlUnavailable, nvml_library, parse_gpus
 
 
@@ -144,8 +146,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="sampler's parallel=True: one worker thread per GPU")
     ap.add_argument("--gpus", default=None,
                     help="GPUs to sample, as `gpuchef --gpus` (e.g. 0 or 0,1; default: all)")
+    ap.add_argument("--switch-interval", type=float, default=DEFAULT_SWITCH_INTERVAL_S,
+                    help="sys.setswitchinterval for the run, s (default "
+                         f"{DEFAULT_SWITCH_INTERVAL_S}: what every gpuchef session sets, see "
+                         "engine_host.host; 0.005 is Python's own default)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
+    if not 1e-6 <= args.switch_interval <= 1.0:
+        ap.error(f"--switch-interval {args.switch_interval}: allowed [1e-06, 1.0] s")
+    # how long a thread that released the GIL (every NVML call) waits to get it back from a
+    # GIL-bound thread: the engine host shortens it for the same reason (REFERENCE §4b)
+    sys.setswitchinterval(args.switch_interval)
+    print(f"# sys.setswitchinterval({args.switch_interval})")
     gpus = parse_gpus(args.gpus) if args.gpus else None
     rates = [float(x) for x in args.hz.split(",") if x.strip()]
 
@@ -240,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"source": source, "status": status, "pcie_query_ms": pcie_ms,
+                       "switch_interval_s": args.switch_interval,
                        "warm_tick_us": warm,
                        "python": sys.version.split()[0], "rows": rows}, f, indent=2)
     return 0

@@ -113,5 +113,5 @@ def _bench(o: dict, err: Console) -> None:
         d = m.to_dict()
         d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
                  engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
-                 config=run_config(ecfg, engine))
+                 config=run_config(ecfg, engine), nvml_sampler=samplers.sampler_cost())
         write_json(o["result_json"], d, "--result-json")

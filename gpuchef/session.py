@@ -172,11 +172,13 @@ class Samplers:
     ``sample_hz``."""
 
     def __init__(self, gpus: list[int] | None, sample_hz: float,
-                 sink: Callable[[Any], None] | None = None) -> None:
+                 sink: Callable[[Any], None] | None = None, *, nvml: Any = None) -> None:
         from .probes.host import HostSampler
         from .probes.nvml import NvmlSampler
 
-        self.nvml = NvmlSampler(gpus, sample_hz, on_sample=sink) if sample_hz != 0 else None
+        # nvml: a stand-in for the pynvml module (tests); None = pynvml
+        self.nvml = (NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=sink)
+                     if sample_hz != 0 else None)
         self.host = HostSampler(on_sample=sink)
 
     def start(self) -> None:
@@ -207,6 +209,19 @@ class Samplers:
             out[f] = sum(v) / len(v) if v else float("nan")
         return out
 
+    def sampler_cost(self) -> dict[str, float] | None:
+        """What the NVML sampler cost over its whole run (None when it is off or never ticked):
+        ``sample_hz`` asked, ``achieved_hz`` (tick periods per second: a tick that overran its
+        period skips the missed slots, so this falls below the asked rate when ticks are slow),
+        ``tick_us_mean`` (wall µs of one tick, all GPUs, GIL waits included) and ``cpu_pct``
+        (CPU time of the sampler thread, % of one core). The PCIe thread is not included."""
+        s = self.nvml
+        if s is None or s.ticks < 2 or not s.run_ns:
+            return None
+        return {"sample_hz": s.sample_hz, "achieved_hz": (s.ticks - 1) / (s.run_ns / 1e9),
+                "tick_us_mean": s.mean_tick_us, "cpu_pct": s.cpu_percent,
+                "gpus": len(s.gpu_names)}
+
     def gpu_lines(self, t0_ns: int, t1_ns: int) -> dict[str, str]:
         """Results-block rows: mean GPU saturation over the run, or why there is none."""
         if self.nvml is None:
@@ -214,7 +229,12 @@ class Samplers:
         if not self.gpu_samples(t0_ns, t1_ns):
             return {"GPU:": self.nvml.status or "no samples"}
         m = {k: ("n/a" if v != v else f"{v:.1f}") for k, v in self.gpu_means(t0_ns, t1_ns).items()}
-        return {"GPU:": self.nvml.status,
+        c = self.sampler_cost()
+        cost = {} if c is None else {
+            "NVML sampler Hz (asked / got):": f"{c['sample_hz']:g} / {c['achieved_hz']:.1f}",
+            "NVML sampler µs/tick / CPU % of a core:":
+                f"{c['tick_us_mean']:,.0f} / {c['cpu_pct']:.2f}"}
+        return {"GPU:": self.nvml.status, **cost,
                 "GPU SM active / tensor active (mean %):": f"{m['sm_active']} / {m['tensor_active']}",
                 "GPU DRAM BW util / GPU-Util (mean %):": f"{m['dram_bw_util']} / {m['gpu_util']}",
                 "GPU power (mean W):": m["power_w"]}

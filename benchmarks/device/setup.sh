@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 1 of a device session: install the carried wheels, copy the checkout to /tmp/g (the
+# Call 1 of a device session (args: the workers to start; default worker_a worker_b): install the carried wheels, copy the checkout to /tmp/g (the
 # background workers run from there, so later calls cannot change their files), start the two
 # workers in their own process sessions (they outlive this call; the machine stays while calls
 # follow each other within ~30 s).
@@ -9,7 +9,9 @@ tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"
-for w in worker_a worker_b; do
+WORKERS=${*:-worker_a worker_b}
+echo $WORKERS > /tmp/flags/workers
+for w in $WORKERS; do
   setsid nohup bash /tmp/g/benchmarks/device/$w.sh > /tmp/res/$w.out 2>&1 < /dev/null &
 done
 sleep 2; cat /tmp/res/status.txt 2>/dev/null; echo started

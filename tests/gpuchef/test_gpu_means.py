@@ -20,3 +20,28 @@ def test_gpu_means_skip_none_and_nan_readings():
     assert m["power_w"] == 500.0
     assert math.isnan(m["tensor_active"])  # never read: NaN, printed as n/a
     assert s.gpu_means(100, 200)["sm_active"] != s.gpu_means(100, 200)["sm_active"]
+
+
+def test_sampler_cost_reports_the_rate_it_kept_and_its_cpu():
+    """The bench's "NVML sampler" rows come from the running sampler (a stand-in NVML here):
+    the asked rate, the kept rate (ticks over the run, never above the asked one), and a CPU
+    share of one core; off (--sample-hz 0) reports none."""
+    import time
+
+    from gpuchef.probes.nvml import FakeNvml
+
+    assert Samplers(None, 0).sampler_cost() is None
+    s = Samplers(None, 20, nvml=FakeNvml(2, pcie_window_s=0))
+    s.start()
+    time.sleep(0.6)
+    t1 = time.monotonic_ns()
+    s.stop()
+    c = s.sampler_cost()
+    assert c is not None and c["sample_hz"] == 20 and c["gpus"] == 2
+    # the loop never bursts: tick periods over the run cannot exceed the asked rate
+    assert 0 < c["achieved_hz"] <= 20 * 1.05
+    assert c["tick_us_mean"] > 0 and 0 <= c["cpu_pct"] <= 100
+    lines = s.gpu_lines(t1 - 2_000_000_000, t1)
+    assert lines["NVML sampler Hz (asked / got):"].startswith("20 / ")
+    assert "/" in lines["NVML sampler µs/tick / CPU % of a core:"]
+    assert all(len(k) <= 40 for k in lines)  # the results block's label column
