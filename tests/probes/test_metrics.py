@@ -184,6 +184,31 @@ def test_against_numpy_on_random_records():
     assert m.output_throughput == pytest.approx(m.total_output / 12.5)
 
 
+def test_itls_are_each_requests_own_gaps_in_order():
+    """The vectorised ITLs equal RequestRecord.itls_ms request by request, element for element:
+    no gap across two requests, none for one-token, untimed, failed or probe requests."""
+    from gpuchef.engine_host.workload import PROBE_ID_PREFIX
+    from gpuchef.probes.metrics import _itls_ms
+
+    rng = np.random.default_rng(7)
+    recs = []
+    for i in range(200):
+        n = int(rng.integers(0, 6))
+        t0 = int(rng.integers(0, 10**12))
+        times = tuple(int(x) for x in t0 + np.cumsum(rng.integers(1, 10**8, size=n)))
+        rid = f"{PROBE_ID_PREFIX}{i}" if i % 17 == 0 else f"req-{i}"
+        reason = "abort" if i % 13 == 0 else "length"
+        recs.append(RequestRecord(rid, t0, 10, n, times, reason))
+    want = [g for r in recs if r.finish_reason != "abort" and not r.request_id.startswith(
+        PROBE_ID_PREFIX) for g in r.itls_ms]
+    got = summarize(recs, 1.0, percentiles=(0, 100))
+    assert got.percentiles_itl_ms == [(0.0, min(want)), (100.0, max(want))]
+    assert got.mean_itl_ms == pytest.approx(float(np.mean(want)))
+    flat = _itls_ms([r.token_times_ns for r in recs if len(r.token_times_ns) > 1])
+    assert flat.tolist() == [g for r in recs for g in r.itls_ms]  # exactly, in order
+    assert _itls_ms([]).size == 0
+
+
 def test_no_completed_requests_is_nan_not_crash():
     m = summarize([rec("req-0", 0, [], reason="abort", output_len=0)], 1.0,
                   goodput={"ttft": 100})

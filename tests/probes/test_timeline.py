@@ -241,3 +241,41 @@ def test_fanout_and_add_dispatch():
 def test_bad_sizes():
     with pytest.raises(ConfigError, match="max_steps"):
         Timeline(max_steps=0)
+
+
+def test_memory_stays_flat_once_the_rings_are_full():
+    """Python memory held by a timeline (tracemalloc) stops growing once every ring is full:
+    after 4x more records than fill it, it holds what it held when first full (within 5 %)."""
+    import gc
+    import tracemalloc
+
+    caps = dict(max_steps=2000, max_requests=300, max_request_tokens=20_000,
+                max_gpu_samples=2000, max_host_samples=200, max_events=100)
+
+    def feed(tl, lo, hi):
+        for i in range(lo, hi):
+            t = i * MS
+            tl.add_step(step(i, t, t + MS // 2, prefill=100, decode=30))
+            tl.add_gpu_sample(gpu(t, sm_active=50.0, power_w=500.0))
+            if i % 5 == 0:
+                tl.add_host_sample(HostSample(t, 1.0, 1, 1.0))
+                tl.add_event(EngineEvent("mark", i, t))
+                tl.add_request(request(i, t, [t + 10 * MS + k for k in range(40 + i % 90)]))
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tl = Timeline(**caps)
+        feed(tl, 0, 4000)  # 2x every count cap: all rings full
+        gc.collect()
+        full = tracemalloc.get_traced_memory()[0] - base
+        feed(tl, 4000, 20_000)
+        gc.collect()
+        later = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    snap = tl.snapshot(10**15)
+    assert len(snap.steps) == 2000 and len(snap.gpu_samples) == 2000
+    assert sum(len(r.token_times_ns) for r in snap.requests) <= 20_000
+    assert full > 500_000  # it did measure the records (~2000 steps of ~400 B)
+    assert later <= full * 1.05, (full, later)
