@@ -503,15 +503,30 @@ def decode_record(kind: str, d: dict[str, Any]) -> Any:
             continue
         ok, v = _type_ok(ann, d[n])
         if not ok:
-            raise ValueError(f"{kind} field {n}={d[n]!r} is not {ann}")
+            raise ValueError(f"{kind} field {n}={_short(d[n])} is not {ann}")
         kw[n] = v
     return cls(**kw)
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    """``repr(v)`` cut to ``limit`` characters (a problem line must stay one readable line)."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[:limit]}… ({len(r):,} characters)"
+
+
+def _json_error(e: BaseException) -> str:
+    """Why ``json.loads`` refused a line, in a few words."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(";")[0]  # e.g. an integer of more than 4300 digits
 
 
 def _check_meta(path: Path, line: str) -> dict[str, Any]:
     try:
         meta = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         meta = None
     if not isinstance(meta, dict) or meta.get("type") != "meta" \
             or meta.get("schema") != TRACE_SCHEMA:
@@ -559,18 +574,22 @@ def iter_trace(path: str | os.PathLike[str],
                 continue
             try:
                 d = json.loads(s)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 if truncated:
                     on_problem(f"{p} line {n}: truncated last record (the writer stopped "
                                "mid-line) — skipped")
                 else:
-                    on_problem(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno}) "
-                               "— skipped")
+                    on_problem(f"{p} line {n}: not valid JSON ({_json_error(e)}) — skipped")
                 continue
             if not isinstance(d, dict):
                 on_problem(f"{p} line {n}: not a JSON object — skipped")
                 continue
             kind = d.get("type")
+            if not isinstance(kind, str):  # e.g. a list: not hashable, not a type name
+                why = ('has no "type" key' if kind is None
+                       else f'record type {_short(kind)} is not a string')
+                on_problem(f"{p} line {n}: {why} — skipped")
+                continue
             if kind == "end":
                 yield TraceRecord("end", n, d)
                 continue
@@ -578,7 +597,7 @@ def iter_trace(path: str | os.PathLike[str],
                 on_problem(f"{p} line {n}: a second meta record — skipped")
                 continue
             if kind not in RECORD_TYPES:
-                on_problem(f"{p} line {n}: unknown record type {kind!r} — skipped")
+                on_problem(f"{p} line {n}: unknown record type {_short(kind)} — skipped")
                 continue
             try:
                 rec = decode_record(kind, d)

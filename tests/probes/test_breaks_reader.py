@@ -1,0 +1,68 @@
+"""Damaged trace lines that used to crash the reader with a traceback (fresh-eyes breakage
+pass): each must become one problem naming its line number, and the rest of the file is read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from gpuchef.engine_host.records import StepRecord
+from gpuchef.probes.recorder import TraceReadError, TraceRecorder, read_trace
+
+STEP = StepRecord(0, 1_000, 9_000, 0.006, "chunked", 2048, 256, 512, 2, 1, 512, 30, 1, 31, 4, 1,
+                  120, 4096)
+
+
+def _trace_with(tmp_path, bad_lines: list[str]):
+    """A closed 3-step trace with ``bad_lines`` inserted after the first step (from line 3)."""
+    p = tmp_path / "t.jsonl"
+    with TraceRecorder(p) as rec:
+        for i in range(3):
+            rec.record(replace(STEP, step=i))
+    lines = p.read_text().splitlines()
+    lines[2:2] = bad_lines
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"type":"step","step":' + "9" * 5000 + "}", "4300 digits"),  # int over Python's limit
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),            # RecursionError
+], ids=["huge-int", "deep-nesting"])
+def test_lines_json_cannot_decode_are_skipped_with_their_number(tmp_path, bad, why):
+    p = _trace_with(tmp_path, [bad])
+    tr = read_trace(p)
+    assert [s.step for s in tr.steps] == [0, 1, 2] and tr.complete
+    assert len(tr.problems) == 1
+    assert f"{p} line 3: not valid JSON" in tr.problems[0] and why in tr.problems[0]
+
+
+def test_a_type_that_is_not_a_string_is_skipped_with_its_line_number(tmp_path):
+    p = _trace_with(tmp_path, ['{"type":["step"]}', '{"type":{"a":1}}', '{"type":5}',
+                               '{"step":3}'])
+    tr = read_trace(p)
+    assert [s.step for s in tr.steps] == [0, 1, 2] and tr.complete
+    assert tr.problems == [
+        f"{p} line 3: record type ['step'] is not a string — skipped",
+        f"{p} line 4: record type {{'a': 1}} is not a string — skipped",
+        f"{p} line 5: record type 5 is not a string — skipped",
+        f'{p} line 6: has no "type" key — skipped',
+    ]
+
+
+def test_a_huge_bad_value_gives_a_short_problem_line(tmp_path):
+    rec = json.loads(_trace_with(tmp_path, []).read_text().splitlines()[1])
+    rec["mode"] = ["x" * 1_000_000]
+    p = _trace_with(tmp_path, [json.dumps(rec)])
+    tr = read_trace(p)
+    assert len(tr.problems) == 1 and "line 3: step field mode=['xxx" in tr.problems[0]
+    assert len(tr.problems[0]) < 300 and "characters)" in tr.problems[0]
+
+
+def test_a_first_line_nested_too_deeply_is_not_a_trace(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(TraceReadError, match="deep.jsonl: not a gpuchef trace"):
+        read_trace(p)
