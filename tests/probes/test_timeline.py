@@ -205,8 +205,9 @@ def test_snapshot_is_consistent_under_a_concurrent_producer():
             assert len(ids) <= 5000
             assert all(s.t_end_ns <= snap.t_ns for s in snap.steps)  # one cut for all streams
             assert all(g.t_ns <= snap.t_ns for g in snap.gpu_samples)
-            assert isinstance(snap.steps, tuple)
+            before = tuple(snap.steps)
             snap.window(0.05)  # computing from a snapshot while the producer runs
+            assert tuple(snap.steps) == before and len(snap.steps) == len(before)  # immutable
     finally:
         stop.set()
         th.join()
