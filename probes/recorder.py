@@ -563,9 +563,18 @@ def iter_trace(path: str | os.PathLike[str],
         raise TraceReadError(f"{p}: cannot open: {e.strerror or e}") from None
     with f:
         first = f.readline()
-        if not first.strip():
+        if not first:
             raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
-        meta = _check_meta(p, first)
+        if not first.strip():
+            raise TraceReadError(f"{p}: line 1 is blank, not a gpuchef trace (a trace starts "
+                                 "with its meta record on line 1)")
+        if first.startswith("\x1f\ufffd"):  # gzip's magic bytes 1f 8b
+            raise TraceReadError(f"{p}: gzip-compressed; decompress it first (gunzip -k {p}) "
+                                 "— a trace is plain UTF-8 JSON Lines")
+        if first.startswith("\ufffd\ufffd") and "\x00" in first[:8]:  # a UTF-16 byte-order mark
+            raise TraceReadError(f"{p}: UTF-16 text (e.g. saved through PowerShell's '>'); a "
+                                 "trace is UTF-8 JSON Lines — convert it back to UTF-8")
+        meta = _check_meta(p, first.removeprefix("\ufeff"))  # a UTF-8 BOM an editor added
         yield TraceRecord("meta", 1, meta)
         for n, line in enumerate(f, start=2):
             truncated = not line.endswith("\n")

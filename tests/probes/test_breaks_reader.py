@@ -66,3 +66,37 @@ def test_a_first_line_nested_too_deeply_is_not_a_trace(tmp_path):
     p.write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(TraceReadError, match="deep.jsonl: not a gpuchef trace"):
         read_trace(p)
+
+
+def _closed_trace(tmp_path) -> bytes:
+    p = tmp_path / "src.jsonl"
+    with TraceRecorder(p) as rec:
+        rec.record(STEP)
+    return p.read_bytes()
+
+
+def test_first_line_problems_say_what_the_file_is(tmp_path):
+    import gzip
+
+    src = _closed_trace(tmp_path)
+    cases = {
+        "lead.jsonl": (b"\n" + src, "lead.jsonl: line 1 is blank"),   # not an "empty file"
+        "t.jsonl.gz": (gzip.compress(src), "t.jsonl.gz: gzip-compressed; decompress it first"),
+        "ps.jsonl": (src.decode().encode("utf-16"), "ps.jsonl: UTF-16 text"),
+    }
+    for name, (data, msg) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TraceReadError) as ei:
+            read_trace(tmp_path / name)
+        assert msg in str(ei.value)
+    e = tmp_path / "empty.jsonl"
+    e.write_bytes(b"")
+    with pytest.raises(TraceReadError, match="empty.jsonl: empty file"):
+        read_trace(e)
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + _closed_trace(tmp_path))  # what some Windows editors save
+    tr = read_trace(p)
+    assert tr.steps == [STEP] and tr.complete and tr.problems == []
