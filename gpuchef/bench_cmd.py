@@ -53,12 +53,34 @@ def bench(**o) -> None:
         sys.exit(2)
 
 
+def _check_output_files(o: dict) -> None:
+    """Expand ``~`` in ``--trace`` / ``--result-json`` (the shell leaves ``--trace=~/t.jsonl``
+    alone; the check and the writer must see the same file) and refuse a folder-style path or
+    one file named twice (the results would overwrite the trace). Raises ConfigError."""
+    import os
+
+    for key, flag in (("trace_path", "--trace"), ("result_json", "--result-json")):
+        v = o[key]
+        if not v:
+            continue
+        if v.endswith(("/", os.sep)):
+            raise ConfigError(f"{flag} {v!r} ends in '/': give a file path, e.g. "
+                              f"{os.path.join(v, 'run.jsonl' if key == 'trace_path' else 'r.json')!r}")
+        o[key] = os.path.expanduser(v)
+    t, r = o["trace_path"], o["result_json"]
+    if t and r and (os.path.abspath(t) == os.path.abspath(r) or (
+            os.path.exists(t) and os.path.exists(r) and os.path.samefile(t, r))):
+        raise ConfigError(f"--trace {t!r} and --result-json {r!r} are the same file: the results "
+                          "would overwrite the trace; give two paths")
+
+
 def _bench(o: dict, err: Console) -> None:
     from .engine_host.workload import generate
     from .probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
     from .session import build_engine, run_load
 
     # everything that can be refused is refused before the model loads
+    _check_output_files(o)
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])

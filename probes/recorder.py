@@ -210,7 +210,7 @@ class TraceRecorder:
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
         self._close_lock = threading.Lock()
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # as check_output_path checks it (--trace=~/t.jsonl)
         self._f = self._open(self.path, previous=None)
         self._thread = threading.Thread(target=self._run, name="gpuchef-trace", daemon=True)
         self._thread.start()
@@ -291,7 +291,7 @@ class TraceRecorder:
         """
         if self._closed:
             raise ConfigError("the trace recorder is closed")
-        return self._command("rotate", Path(new_path), timeout=timeout)
+        return self._command("rotate", Path(new_path).expanduser(), timeout=timeout)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Write everything queued, the ``end`` record, flush and close. Idempotent."""
