@@ -83,6 +83,7 @@ GPM_METRICS: tuple[tuple[str, str, int], ...] = (
 GPM_FIELDS = tuple(f for f, _, _ in GPM_METRICS)
 
 SAMPLE_HZ_RANGE = (1.0, 100.0)
+MAX_GPU_INDEX = 1023           # --gpus without NVML to ask: no host has more GPUs than this
 DEFAULT_SAMPLE_HZ = 10.0
 DEFAULT_GPM_INTERVAL_S = 0.1   # NVML: GPM samples "should be more than 100 ms" apart
 GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next GPM window a tick out
@@ -250,7 +251,7 @@ def parse_gpus(spec: str | list[int] | None, *, device_count: int | None = None,
         if s in ("", "all"):
             return None
         items = [p for p in re.split(r"[,\s]+", s) if p]
-    out: set[int] = set()
+    ranges: list[tuple[int, int]] = []
     for it in items:
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", it.strip())
         if not m:
@@ -260,8 +261,8 @@ def parse_gpus(spec: str | list[int] | None, *, device_count: int | None = None,
         b = int(m.group(2)) if m.group(2) is not None else a
         if b < a:
             raise ConfigError(f"--gpus {spec!r}: range {it!r} runs backwards")
-        out.update(range(a, b + 1))
-    if not out:
+        ranges.append((a, b))
+    if not ranges:
         raise ConfigError(f"--gpus {spec!r} names no GPU (use e.g. 0,1 or all)")
     n = device_count
     if n is None:
@@ -269,13 +270,18 @@ def parse_gpus(spec: str | list[int] | None, *, device_count: int | None = None,
             n = nvml_library(nvml).device_count()
         except NvmlUnavailable:
             n = None
-    if n is not None:
-        bad = sorted(i for i in out if i >= n)
-        if bad:
-            allowed = f"[0, {n - 1}]" if n > 0 else "none (no GPU found)"
-            raise ConfigError(f"--gpus {spec!r}: GPU {bad[0]} does not exist; "
-                              f"{n} GPU(s) found, allowed indices {allowed}")
-    return sorted(out)
+    # checked before a range is expanded: 0-99999999999 would otherwise fill the memory
+    limit = n if n is not None else MAX_GPU_INDEX + 1
+    over = [max(a, limit) for a, b in ranges if b >= limit]  # the lowest index too high
+    if over:
+        bad = min(over)
+        if n is None:
+            raise ConfigError(f"--gpus {spec!r}: GPU {bad} is out of range: allowed indices "
+                              f"[0, {MAX_GPU_INDEX}]")
+        allowed = f"[0, {n - 1}]" if n > 0 else "none (no GPU found)"
+        raise ConfigError(f"--gpus {spec!r}: GPU {bad} does not exist; "
+                          f"{n} GPU(s) found, allowed indices {allowed}")
+    return sorted({i for a, b in ranges for i in range(a, b + 1)})
 
 
 @dataclass(frozen=True, slots=True)
