@@ -523,6 +523,44 @@ def _json_error(e: BaseException) -> str:
     return str(e).split(";")[0]  # e.g. an integer of more than 4300 digits
 
 
+# meta keys gpuchef writes and its readers rely on, with the JSON type each must have
+# (docs/trace-format.md; the caller's keys are those of session.trace_meta)
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "session_id": (str,), "part": (int,), "previous_part": (str,), "created": (str,),
+    "clock": (dict,), "versions": (dict,), "host": (dict,), "trace_prompts": (bool,),
+    "flush_interval_s": (int, float), "command": (str,), "model": (dict, str), "device": (str,),
+    "attention_backend": (str,), "engine_config": (dict,), "config": (dict,), "workload": (dict,),
+    "max_model_len": (int,), "kv_blocks": (int,), "block_size": (int,), "gpus": (dict,),
+}
+_JSON_NAMES = {dict: "an object", str: "a string", int: "an integer", float: "a number",
+               bool: "true or false"}
+
+
+def _meta_problems(meta: dict[str, Any]) -> list[str]:
+    """Drop the meta keys whose value has the wrong JSON type (a hand-edited or foreign file),
+    so that readers fall back to their defaults; returns one message per key dropped."""
+    out = []
+    for key, types in _META_TYPES.items():
+        v = meta.get(key)
+        if v is None or (isinstance(v, types) and not (isinstance(v, bool) and bool not in types)):
+            continue
+        del meta[key]
+        want = " or ".join(_JSON_NAMES[t] for t in types)
+        out.append(f"meta field {key}={_short(v)} is not {want} — ignored")
+    clock = meta.get("clock")
+    if clock is not None and not all(isinstance(clock.get(k), int) and not isinstance(
+            clock.get(k), bool) for k in ("monotonic_ns", "time_ns")):
+        del meta["clock"]
+        out.append(f"meta field clock={_short(clock)} lacks integer monotonic_ns and time_ns — "
+                   "ignored (no wall-clock times)")
+    sched = (meta.get("engine_config") or {}).get("scheduler")
+    if sched is not None and not isinstance(sched, dict):
+        del meta["engine_config"]["scheduler"]
+        out.append(f"meta field engine_config.scheduler={_short(sched)} is not an object — "
+                   "ignored")
+    return out
+
+
 def _check_meta(path: Path, line: str) -> dict[str, Any]:
     try:
         meta = json.loads(line)
@@ -575,6 +613,8 @@ def iter_trace(path: str | os.PathLike[str],
             raise TraceReadError(f"{p}: UTF-16 text (e.g. saved through PowerShell's '>'); a "
                                  "trace is UTF-8 JSON Lines — convert it back to UTF-8")
         meta = _check_meta(p, first.removeprefix("\ufeff"))  # a UTF-8 BOM an editor added
+        for msg in _meta_problems(meta):
+            on_problem(f"{p} line 1: {msg}")
         yield TraceRecord("meta", 1, meta)
         for n, line in enumerate(f, start=2):
             truncated = not line.endswith("\n")

@@ -100,3 +100,39 @@ def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
     p.write_bytes(b"\xef\xbb\xbf" + _closed_trace(tmp_path))  # what some Windows editors save
     tr = read_trace(p)
     assert tr.steps == [STEP] and tr.complete and tr.problems == []
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("host", "gpu-box", "meta field host='gpu-box' is not an object — ignored"),
+    ("versions", "0.1.0", "meta field versions='0.1.0' is not an object"),
+    ("created", 5, "meta field created=5 is not a string"),
+    ("workload", [1], "meta field workload=[1] is not an object"),
+    ("engine_config", {"scheduler": "chunked"}, "meta field engine_config.scheduler='chunked' "
+                                                "is not an object"),
+    ("kv_blocks", "many", "meta field kv_blocks='many' is not an integer"),
+    ("clock", {"monotonic_ns": "1", "time_ns": 2}, "lacks integer monotonic_ns and time_ns"),
+], ids=["host", "versions", "created", "workload", "scheduler", "kv_blocks", "clock"])
+def test_a_meta_field_of_the_wrong_type_is_a_line_1_problem_not_a_crash(tmp_path, key, value,
+                                                                       why):
+    # a hand-edited meta record crashed `gpuchef report` (host, versions) and `gpuchef replay`
+    # (created, workload, engine_config.scheduler, kv_blocks) with a traceback
+    from gpuchef.replay_cmd import build_app
+    from gpuchef.report.html import render
+    from gpuchef.report import build
+
+    p = tmp_path / "t.jsonl"
+    with TraceRecorder(p, {"device": "cpu", "workload": {"dataset": "random"},
+                           "engine_config": {"scheduler": {"mode": "chunked"}}}) as rec:
+        for i in range(3):
+            rec.record(replace(STEP, step=i, t_start_ns=i * 10_000, t_end_ns=i * 10_000 + 9_000))
+    lines = p.read_text().splitlines()
+    meta = json.loads(lines[0])
+    meta[key] = value
+    p.write_text("\n".join([json.dumps(meta), *lines[1:]]) + "\n")
+    tr = read_trace(p)
+    assert len(tr.problems) == 1, tr.problems
+    assert tr.problems[0].startswith(f"{p} line 1: meta field {key}") and why in tr.problems[0]
+    assert key not in tr.meta or key == "engine_config"  # dropped, so readers use defaults
+    assert len(tr.steps) == 3 and tr.complete and tr.meta["schema"] == "gpuchef-trace"
+    render(build([p]))
+    build_app(str(p))
