@@ -8,7 +8,8 @@ Layers, in the style of nvitop's ``api/`` (facts only, no code taken from it):
   NoPermission); every other NVML error is raised for the caller to judge.
 * :class:`GpuSample` — one reading of one GPU (frozen, slots; what the timeline and the trace keep).
 * :class:`NvmlSampler` — the thread. It never raises into the session: NVML missing, a GPU lost
-  mid-run or GPM counters held by another profiler end up as one line in :attr:`NvmlSampler.status`.
+  mid-run, NVML not answering for a second (the line goes when it answers again) or GPM counters
+  held by another profiler end up as one line in :attr:`NvmlSampler.status`.
 
 Usage::
 
@@ -90,6 +91,7 @@ GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next G
 DEFAULT_PCIE_INTERVAL_S = 1.0
 DEFAULT_SLOW_INTERVAL_S = 1.0  # temperature, SM clock, memory clock
 GPM_MAX_FAILS = 50             # consecutive GPM errors before GPM is turned off for that GPU
+FAILING_AFTER_NS = 1_000_000_000  # every per-tick field of a GPU erroring this long: a status line
 
 
 class _NotAvailable:
@@ -333,7 +335,7 @@ class _Gpu:
     __slots__ = ("index", "handle", "name", "off", "lost", "gpm_on", "gpm_prev", "gpm_cur",
                  "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
                  "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn",
-                 "slow", "slow_next_ns", "gpm_seen_ok")
+                 "slow", "slow_next_ns", "gpm_seen_ok", "fail_since_ns", "fail_reason")
 
     def __init__(self, index: int, handle: Any, name: str) -> None:
         self.index = index
@@ -356,6 +358,8 @@ class _Gpu:
         self.temp_fn: Callable[..., Any] | None = None
         self.slow: tuple[Any, Any, Any] = (NA, NA, NA)  # last SM clock, memory clock, temperature
         self.slow_next_ns: int | None = None            # None: read the slow fields this tick
+        self.fail_since_ns: int | None = None  # first tick of a run in which every asked field erred
+        self.fail_reason = ""
 
 
 def _name(v: Any) -> str:
@@ -628,7 +632,20 @@ class NvmlSampler(PeriodicSampler):
                 continue
             self.latest[g.index] = s
             out.append(s)
+            self._check_failing(g, t)
         return out  # when the last GPU was lost, the next tick ends the thread
+
+    def _check_failing(self, g: _Gpu, t: int) -> None:
+        # NVML erring on every call without calling the GPU lost (the driver unloaded, NVML shut
+        # down by another library, timeouts): a status line after FAILING_AFTER_NS, gone when
+        # NVML answers again; the samples meanwhile hold None
+        key = ("failing", g.index)
+        if g.fail_since_ns is not None and t - g.fail_since_ns >= FAILING_AFTER_NS:
+            self._problem(key, f"GPU {g.index}: NVML not answering ({g.fail_reason}) — its "
+                               "fields are n/a until it does")
+        elif g.fail_since_ns is None and key in self._problems:
+            del self._problems[key]
+            self._update_status()
 
     def _lose(self, g: _Gpu, reason: str) -> None:
         g.lost = reason
@@ -654,9 +671,15 @@ class NvmlSampler(PeriodicSampler):
     def _read(self, g: _Gpu, t: int) -> GpuSample:
         nv, h = self._nv, g.handle
         f = self._field
+        errors = g.errors
         u = f(g, "util", nv.nvmlDeviceGetUtilizationRates, h)
         m = f(g, "mem", nv.nvmlDeviceGetMemoryInfo, h)
         p = f(g, "power", nv.nvmlDeviceGetPowerUsage, h)
+        if u is NA and m is NA and p is NA and g.errors > errors:  # erred, not "not supported"
+            if g.fail_since_ns is None:
+                g.fail_since_ns, g.fail_reason = t, g.last_error.partition(": ")[2]
+        else:
+            g.fail_since_ns = None
         if g.slow_next_ns is None or t >= g.slow_next_ns:
             errors = g.errors
             g.slow = (f(g, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
