@@ -403,6 +403,13 @@ class TraceRecorder:
 
     def _rotate(self, new_path: Path) -> Any:
         old = self.path
+        try:
+            same = new_path.exists() and os.path.samefile(new_path, old)
+        except OSError:
+            same = False
+        if same:  # opening it for writing would truncate what this part has written
+            return ConfigError(f"rotate: {str(new_path)!r} is the file being written: rotate "
+                               "to another path (recording goes on in this one)")
         self.part += 1
         try:
             f = self._open(new_path, previous=str(old))

@@ -136,3 +136,24 @@ def test_a_meta_field_of_the_wrong_type_is_a_line_1_problem_not_a_crash(tmp_path
     assert len(tr.steps) == 3 and tr.complete and tr.meta["schema"] == "gpuchef-trace"
     render(build([p]))
     build_app(str(p))
+
+
+def test_rotate_onto_the_file_being_written_is_refused_and_nothing_is_lost(tmp_path,
+                                                                          monkeypatch):
+    # before: the file was reopened for writing (truncated): the part's records were lost and
+    # a run of NUL bytes stood where they had been
+    from gpuchef.engine_host.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    rec = TraceRecorder(tmp_path / "run.jsonl")
+    for i in range(50):
+        rec.record(replace(STEP, step=i))
+    for same in ("run.jsonl", tmp_path / "run.jsonl", "./sub/../run.jsonl"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        with pytest.raises(ConfigError, match="is the file being written"):
+            rec.rotate(same)
+    rec.record(replace(STEP, step=50))
+    rec.close()
+    tr = read_trace(tmp_path / "run.jsonl")
+    assert [s.step for s in tr.steps] == list(range(51)) and tr.problems == [] and tr.complete
+    assert tr.meta["part"] == 0 and tr.end["counts"]["step"] == 51
