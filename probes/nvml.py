@@ -9,7 +9,8 @@ Layers, in the style of nvitop's ``api/`` (facts only, no code taken from it):
 * :class:`GpuSample` — one reading of one GPU (frozen, slots; what the timeline and the trace keep).
 * :class:`NvmlSampler` — the thread. It never raises into the session: NVML missing, a GPU lost
   mid-run, NVML not answering for a second (the line goes when it answers again) or GPM counters
-  held by another profiler end up as one line in :attr:`NvmlSampler.status`.
+  held by another profiler end up as one line in :attr:`NvmlSampler.status` (held counters are
+  asked for again every ``GPM_RETRY_S``, 10 s, and GPM comes back when they are free).
 
 Usage::
 
@@ -91,6 +92,7 @@ GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next G
 DEFAULT_PCIE_INTERVAL_S = 1.0
 DEFAULT_SLOW_INTERVAL_S = 1.0  # temperature, SM clock, memory clock
 GPM_MAX_FAILS = 50             # consecutive GPM errors before GPM is turned off for that GPU
+GPM_RETRY_S = 10.0             # counters held by another profiler: ask again this often
 FAILING_AFTER_NS = 1_000_000_000  # every per-tick field of a GPU erroring this long: a status line
 
 
@@ -335,7 +337,8 @@ class _Gpu:
     __slots__ = ("index", "handle", "name", "off", "lost", "gpm_on", "gpm_prev", "gpm_cur",
                  "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
                  "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn",
-                 "slow", "slow_next_ns", "gpm_seen_ok", "fail_since_ns", "fail_reason")
+                 "slow", "slow_next_ns", "gpm_seen_ok", "fail_since_ns", "fail_reason",
+                 "gpm_retry_ns")
 
     def __init__(self, index: int, handle: Any, name: str) -> None:
         self.index = index
@@ -358,6 +361,7 @@ class _Gpu:
         self.temp_fn: Callable[..., Any] | None = None
         self.slow: tuple[Any, Any, Any] = (NA, NA, NA)  # last SM clock, memory clock, temperature
         self.slow_next_ns: int | None = None            # None: read the slow fields this tick
+        self.gpm_retry_ns: int | None = None  # GPM counters were busy: try them again then
         self.fail_since_ns: int | None = None  # first tick of a run in which every asked field erred
         self.fail_reason = ""
 
@@ -696,6 +700,8 @@ class NvmlSampler(PeriodicSampler):
         smc, mmc, tc = g.slow
         if g.gpm_on:
             self._gpm(g, t)
+        elif g.gpm_retry_ns is not None and self.clock() >= g.gpm_retry_ns:
+            self._retry_gpm(g, t)
         gv = g.gpm_values
         if g.gpm_good_ns and t - g.gpm_good_ns > 5 * self._gpm_interval_ns:
             gv = g.gpm_values = [None] * len(GPM_METRICS)  # stale: GPM stopped answering
@@ -729,10 +735,13 @@ class NvmlSampler(PeriodicSampler):
             raise _GpuLost(describe_nvml_error(e)) from e
         except lib.busy_errors as e:
             self._free_gpm(g)
-            # DCGM / Nsight hold the same profiling counters (REFERENCE §5)
+            # DCGM / Nsight hold the same profiling counters (REFERENCE §5); a profiler run
+            # often ends while the session goes on, so ask again now and then (one call)
+            g.gpm_retry_ns = now + int(GPM_RETRY_S * 1e9)
             g.last_error = f"gpm: {describe_nvml_error(e)}"
             self._problem(("gpm", g.index), "GPM counters in use by another profiler — GPM "
-                          "fields off" + (f" on GPU {g.index}" if len(self._gpus) > 1 else ""))
+                          "fields off" + (f" on GPU {g.index}" if len(self._gpus) > 1 else "")
+                          + f" (retrying every {GPM_RETRY_S:g} s)")
             return
         except lib.na_errors as e:
             self._free_gpm(g)
@@ -754,6 +763,20 @@ class NvmlSampler(PeriodicSampler):
         g.gpm_prev, g.gpm_cur = g.gpm_cur, g.gpm_prev
         g.gpm_have_prev = True
         g.gpm_last_ns = now
+
+    def _retry_gpm(self, g: _Gpu, t: int) -> None:
+        """GPM was off because another profiler held the counters: set it up again and take a
+        first sample. Busy again → off until the next retry; free → the problem line goes and
+        the GPM fields come back with the next window."""
+        g.gpm_retry_ns = None
+        self._setup_gpm(g)
+        if not g.gpm_on:
+            return
+        self._gpm(g, t)  # on busy this frees GPM and schedules the next retry
+        if g.gpm_on:
+            self.gpm_enabled[g.index] = True
+            self._problems.pop(("gpm", g.index), None)
+            self._update_status()
 
     def _read_gpm(self, g: _Gpu, t: int) -> None:
         nv = self._nv

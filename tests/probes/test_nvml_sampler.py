@@ -287,9 +287,44 @@ def test_gpm_counters_in_use_turns_off_gpm_fields_only():
     for smp in (x, y):
         assert all(getattr(smp, f) is None for f in GPM_FIELDS)
         assert smp.gpu_util is not None and smp.power_w is not None
-    assert s.status == "GPM counters in use by another profiler — GPM fields off"
+    assert s.status == ("GPM counters in use by another profiler — GPM fields off "
+                        "(retrying every 10 s)")
     assert fake.live_gpm_samples == 0 and s.gpm_enabled == {0: False}
     s.stop()
+
+
+def test_gpm_comes_back_when_the_other_profiler_lets_go():
+    """Counters held by another profiler (an Nsight run) are asked for again every 10 s, with
+    one call; when they are free the GPM fields come back and the status line is healthy."""
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    fake.set_load(0, sm_active=60.0, tensor_active=30.0, dram_bw_util=40.0)
+    fake.gpm_busy = True
+    seen: list[str] = []
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0, on_status=seen.append)
+    s.sample_once()
+    assert "in use by another profiler" in s.status
+    calls = fake.calls.get("nvmlGpmSampleGet", 0)
+    for _ in range(40):  # 4 s of 10 Hz ticks: no retry before 10 s
+        clk.advance(0.1)
+        assert s.sample_once()[0].sm_active is None
+    assert fake.calls.get("nvmlGpmSampleGet", 0) == calls
+    clk.advance(6.0)
+    s.sample_once()  # retried at 10 s: still busy, one call, the next retry scheduled
+    assert fake.calls["nvmlGpmSampleGet"] == calls + 1 and fake.live_gpm_samples == 0
+    assert "in use by another profiler" in s.status
+    fake.gpm_busy = False  # the profiler ended
+    clk.advance(5.0)
+    assert s.sample_once()[0].sm_active is None  # not yet 10 s since the last retry
+    clk.advance(5.0)
+    s.sample_once()  # retry: the first GPM sample of a new window
+    assert s.status == "NVML: 1 GPU (NVIDIA H200 (fake)), GPM on" and s.gpm_enabled == {0: True}
+    clk.advance(0.1)
+    x = s.sample_once()[0]
+    assert x.sm_active == pytest.approx(60) and x.tensor_active == pytest.approx(30)
+    assert seen[-1] == s.status  # the change reached on_status (a trace event)
+    s.stop()
+    assert fake.live_gpm_samples == 0
 
 
 def test_gpm_not_supported_device():
