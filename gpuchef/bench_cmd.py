@@ -115,6 +115,10 @@ def _bench(o: dict, err: Console) -> None:
             recorder.close()
         if hasattr(engine, "close"):  # vLLM: shut its engine core (and TP workers) down
             engine.close()
+    if recorder is not None and (recorder.error or recorder.dropped):  # e.g. the disk filled up
+        why = (f"{recorder.error}; the trace stops where that happened" if recorder.error else
+               f"{recorder.dropped} record(s) dropped (the writer fell behind)")
+        err.print(f"[yellow]warning:[/] --trace {escape(repr(o['trace_path']))}: {escape(why)}")
     m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
     lm = engine.loaded
     scheduling = scheduling_desc(engine)

@@ -247,7 +247,10 @@ class TraceRecorder:
             f.write(_dumps(self.meta_record(previous)) + "\n")
             f.flush()
         except OSError as e:
-            f.close()
+            try:
+                f.close()  # flushes what is buffered again: fails again on a full disk
+            except OSError:
+                pass
             raise ConfigError(f"--trace {str(path)!r}: cannot write: {e.strerror or e}") from None
         return f
 

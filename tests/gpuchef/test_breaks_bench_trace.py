@@ -70,3 +70,34 @@ def test_recorder_expands_tilde(tmp_path, monkeypatch):
         assert rec.path == tmp_path / "a.jsonl"
         assert rec.rotate("~/b.jsonl") == tmp_path / "a.jsonl"
     assert read_trace(tmp_path / "a.jsonl").complete and read_trace(tmp_path / "b.jsonl").complete
+
+
+def _no_space(self):
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_trace_on_a_full_disk_is_one_error_not_a_traceback(tmp_path):
+    # the meta record's flush failed, then close() flushed again and raised out of the recorder
+    from gpuchef.engine_host.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--trace '/dev/full': cannot write: No space left"):
+        TraceRecorder("/dev/full")
+    r = invoke("--trace", "/dev/full")
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert [ln for ln in r.output.splitlines() if ln.startswith("error:")] == [
+        "error: --trace '/dev/full': cannot write: No space left on device"]
+
+
+def test_a_trace_that_fails_mid_run_is_a_warning_and_the_results_still_print(tmp_path,
+                                                                             monkeypatch):
+    # before: the results printed and nothing said the trace had stopped being written
+    monkeypatch.setattr(TraceRecorder, "_flush", _no_space)
+    p = tmp_path / "t.jsonl"
+    r = invoke("--trace", str(p))
+    assert r.exit_code == 0, r.output
+    assert "Successful requests:" in r.output
+    warn = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
+    assert warn == [f"warning: --trace {str(p)!r}: trace flush failed: [Errno 28] No space left "
+                    "on device; the trace stops where that happened"], r.output
