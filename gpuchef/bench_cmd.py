@@ -55,10 +55,12 @@ def bench(**o) -> None:
 
 def _check_output_files(o: dict) -> None:
     """Expand ``~`` in ``--trace`` / ``--result-json`` (the shell leaves ``--trace=~/t.jsonl``
-    alone; the check and the writer must see the same file) and refuse a folder-style path or
-    one file named twice (the results would overwrite the trace). Raises ConfigError."""
+    alone; the check and the writer must see the same file) and refuse a folder-style path, one
+    file named twice (the results would overwrite the trace) or an output that is the
+    ``--dataset`` CSV (it would be overwritten after it was read). Raises ConfigError."""
     import os
 
+    outs = []
     for key, flag in (("trace_path", "--trace"), ("result_json", "--result-json")):
         v = o[key]
         if not v:
@@ -67,11 +69,21 @@ def _check_output_files(o: dict) -> None:
             raise ConfigError(f"{flag} {v!r} ends in '/': give a file path, e.g. "
                               f"{os.path.join(v, 'run.jsonl' if key == 'trace_path' else 'r.json')!r}")
         o[key] = os.path.expanduser(v)
-    t, r = o["trace_path"], o["result_json"]
-    if t and r and (os.path.abspath(t) == os.path.abspath(r) or (
-            os.path.exists(t) and os.path.exists(r) and os.path.samefile(t, r))):
-        raise ConfigError(f"--trace {t!r} and --result-json {r!r} are the same file: the results "
-                          "would overwrite the trace; give two paths")
+        outs.append((flag, o[key]))
+    ds = os.path.expanduser(o.get("dataset") or "")
+    ins = [("--dataset", ds)] if os.path.isfile(ds) else []
+
+    def same(a: str, b: str) -> bool:
+        return os.path.abspath(a) == os.path.abspath(b) or (
+            os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
+
+    for i, (fa, a) in enumerate(outs):
+        for fb, b in outs[i + 1:] + ins:
+            if same(a, b):
+                what = ("the results would overwrite the trace" if fb == "--result-json" else
+                        f"{fa} would overwrite the dataset it reads")
+                raise ConfigError(f"{fa} {a!r} and {fb} {b!r} are the same file: {what}; "
+                                  "give another path")
 
 
 def _bench(o: dict, err: Console) -> None:

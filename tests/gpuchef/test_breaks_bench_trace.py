@@ -34,12 +34,27 @@ def test_trace_and_result_json_on_one_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = invoke("--trace", "same.json", "--result-json", "./same.json")
     assert_refused_early(r, "--trace 'same.json' and --result-json './same.json' are the same "
-                            "file: the results would overwrite the trace")
+                            "file: the results would overwrite the trace; give another path")
     assert not (tmp_path / "same.json").exists()
     (tmp_path / "a.jsonl").write_text("")
     os.symlink(tmp_path / "a.jsonl", tmp_path / "b.json")   # one file under two names
     assert_refused_early(invoke("--trace", "a.jsonl", "--result-json", "b.json"),
                          "are the same file")
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--result-json"])
+def test_an_output_on_the_dataset_csv_is_refused_and_the_csv_kept(tmp_path, monkeypatch, flag):
+    # `--dataset my.csv --trace my.csv` (the word "trace" names both) read the CSV, then
+    # replaced it with the session trace: the user's dataset was gone
+    monkeypatch.chdir(tmp_path)
+    csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n0.5,20,5\n"
+    (tmp_path / "my.csv").write_text(csv)
+    r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--model", "tiny", "--sample-hz",
+                                 "0", "--dataset", "my.csv", flag, "./my.csv"],
+                           catch_exceptions=False)
+    assert_refused_early(r, f"{flag} './my.csv' and --dataset 'my.csv' are the same file: "
+                            f"{flag} would overwrite the dataset it reads")
+    assert (tmp_path / "my.csv").read_text() == csv
 
 
 @pytest.mark.parametrize("flag", ["--trace", "--result-json"])
