@@ -211,14 +211,16 @@ class Samplers:
 
     def sampler_cost(self) -> dict[str, float] | None:
         """What the NVML sampler cost over its whole run (None when it is off or never ticked):
-        ``sample_hz`` asked, ``achieved_hz`` (tick periods per second: a tick that overran its
-        period skips the missed slots, so this falls below the asked rate when ticks are slow),
+        ``sample_hz`` asked, ``achieved_hz`` (tick periods per second from the first tick to the
+        last, set-up and teardown excluded: a tick that overran its period skips the missed
+        slots, so this falls below the asked rate when ticks are slow),
         ``tick_us_mean`` (wall µs of one tick, all GPUs, GIL waits included) and ``cpu_pct``
         (CPU time of the sampler thread, % of one core). The PCIe thread is not included."""
         s = self.nvml
-        if s is None or s.ticks < 2 or not s.run_ns:
+        if s is None or s.ticks < 2 or not s.run_ns or s.last_tick_ns <= s.first_tick_ns:
             return None
-        return {"sample_hz": s.sample_hz, "achieved_hz": (s.ticks - 1) / (s.run_ns / 1e9),
+        span_s = (s.last_tick_ns - s.first_tick_ns) / 1e9
+        return {"sample_hz": s.sample_hz, "achieved_hz": (s.ticks - 1) / span_s,
                 "tick_us_mean": s.mean_tick_us, "cpu_pct": s.cpu_percent,
                 "gpus": len(s.gpu_names)}
 

@@ -55,7 +55,9 @@ class PeriodicSampler:
     is caught: the thread ends and ``status`` says why (the process goes on).
 
     Attributes: ``samples`` (deque, newest last, bounded by ``maxlen``), ``status`` (one line),
-    ``ticks`` (count), ``tick_ns_total`` (wall ns spent inside ticks), ``cpu_ns_total`` (CPU ns of
+    ``ticks`` (count), ``first_tick_ns`` / ``last_tick_ns`` (monotonic ns at which the first and
+    the latest tick began: ``(ticks - 1) / (last - first)`` is the rate kept), ``tick_ns_total``
+    (wall ns spent inside ticks), ``cpu_ns_total`` (CPU ns of
     the sampling thread, from ``time.thread_time_ns``; with the wall time it gives the probe's CPU %
     of one core).
     """
@@ -73,6 +75,8 @@ class PeriodicSampler:
         self.samples: deque = deque(maxlen=maxlen)
         self.status = "starting"
         self.ticks = 0
+        self.first_tick_ns = 0  # monotonic ns at which the first / latest tick began
+        self.last_tick_ns = 0
         self.tick_ns_total = 0
         self.cpu_ns_total = 0
         self.run_ns = 0
@@ -184,6 +188,9 @@ class PeriodicSampler:
                 for s in out or ():
                     self._emit(s)
                 t1 = time.monotonic_ns()
+                if not self.ticks:
+                    self.first_tick_ns = t0
+                self.last_tick_ns = t0
                 self.ticks += 1
                 self.tick_ns_total += t1 - t0
                 self.cpu_ns_total = time.thread_time_ns() - cpu0

@@ -325,7 +325,11 @@ def _itls_ms(token_times: list[tuple[int, ...]]) -> np.ndarray:
     if not token_times:
         return np.zeros(0)
     lens = np.fromiter(map(len, token_times), np.int64, len(token_times))
-    flat = np.fromiter(chain.from_iterable(token_times), np.int64, int(lens.sum()))
+    try:
+        flat = np.fromiter(chain.from_iterable(token_times), np.int64, int(lens.sum()))
+    except (OverflowError, TypeError):  # times past int64 (a bogus trace): Python's ints
+        return np.asarray([(t[i] - t[i - 1]) / 1e6 for t in token_times
+                           for i in range(1, len(t))], dtype=np.float64)
     d = np.diff(flat) / 1e6
     keep = np.ones(d.size, dtype=bool)
     keep[np.cumsum(lens)[:-1] - 1] = False  # the gaps between one request's last token and the next's first

@@ -338,7 +338,7 @@ class _Gpu:
                  "gpm_req", "gpm_slots", "gpm_have_prev", "gpm_last_ns", "gpm_good_ns",
                  "gpm_values", "gpm_fails", "pcie", "errors", "last_error", "temp_fn",
                  "slow", "slow_next_ns", "gpm_seen_ok", "fail_since_ns", "fail_reason",
-                 "gpm_retry_ns")
+                 "gpm_retry_ns", "gpm_recovering")
 
     def __init__(self, index: int, handle: Any, name: str) -> None:
         self.index = index
@@ -362,6 +362,7 @@ class _Gpu:
         self.slow: tuple[Any, Any, Any] = (NA, NA, NA)  # last SM clock, memory clock, temperature
         self.slow_next_ns: int | None = None            # None: read the slow fields this tick
         self.gpm_retry_ns: int | None = None  # GPM counters were busy: try them again then
+        self.gpm_recovering = False           # retried: healthy once a full window is read
         self.fail_since_ns: int | None = None  # first tick of a run in which every asked field erred
         self.fail_reason = ""
 
@@ -655,6 +656,8 @@ class NvmlSampler(PeriodicSampler):
         g.lost = reason
         self._live = [x for x in self._live if x is not g]
         self._free_gpm(g)
+        g.gpm_retry_ns = None
+        self._problems.pop(("gpm", g.index), None)  # a lost GPU is not read, nor retried
         self._problem(("lost", g.index), f"GPU {g.index} lost mid-run: {reason} — sampling stopped")
 
     def _field(self, g: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -736,8 +739,9 @@ class NvmlSampler(PeriodicSampler):
         except lib.busy_errors as e:
             self._free_gpm(g)
             # DCGM / Nsight hold the same profiling counters (REFERENCE §5); a profiler run
-            # often ends while the session goes on, so ask again now and then (one call)
+            # often ends while the session goes on, so ask again now and then (a few calls)
             g.gpm_retry_ns = now + int(GPM_RETRY_S * 1e9)
+            g.gpm_recovering = False
             g.last_error = f"gpm: {describe_nvml_error(e)}"
             self._problem(("gpm", g.index), "GPM counters in use by another profiler — GPM "
                           "fields off" + (f" on GPU {g.index}" if len(self._gpus) > 1 else "")
@@ -760,23 +764,27 @@ class NvmlSampler(PeriodicSampler):
         g.gpm_fails = 0
         if g.gpm_have_prev:
             self._read_gpm(g, t)
+            if g.gpm_recovering and g.gpm_on:  # a whole window read after a retry: back on
+                g.gpm_recovering = False
+                self.gpm_enabled[g.index] = True
+                self._problems.pop(("gpm", g.index), None)
+                self._update_status()
         g.gpm_prev, g.gpm_cur = g.gpm_cur, g.gpm_prev
         g.gpm_have_prev = True
         g.gpm_last_ns = now
 
     def _retry_gpm(self, g: _Gpu, t: int) -> None:
         """GPM was off because another profiler held the counters: set it up again and take a
-        first sample. Busy again → off until the next retry; free → the problem line goes and
-        the GPM fields come back with the next window."""
+        first sample (six NVML calls at most, every ``GPM_RETRY_S``). Busy again → off until the
+        next retry; any other failure of the set-up → also asked again later (its line shown);
+        free → the problem line goes once the first full window has been read."""
         g.gpm_retry_ns = None
         self._setup_gpm(g)
-        if not g.gpm_on:
+        if not g.gpm_on:  # set-up refused this time (a transient error, "not supported")
+            g.gpm_retry_ns = self.clock() + int(GPM_RETRY_S * 1e9)
             return
+        g.gpm_recovering = True
         self._gpm(g, t)  # on busy this frees GPM and schedules the next retry
-        if g.gpm_on:
-            self.gpm_enabled[g.index] = True
-            self._problems.pop(("gpm", g.index), None)
-            self._update_status()
 
     def _read_gpm(self, g: _Gpu, t: int) -> None:
         nv = self._nv

@@ -128,6 +128,8 @@ class RingView(Sequence):
         return (self[i] for i in range(self._len - 1, -1, -1))
 
     def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
         return len(other) == self._len and all(x == y for x, y in zip(self, other))
@@ -313,16 +315,16 @@ class TimelineSnapshot:
     them all from it.
     """
 
-    def __init__(self, t_ns: int, origin_ns: int, steps: tuple, gpu_samples: tuple,
-                 host_samples: tuple, req_pairs: tuple, events: tuple,
+    def __init__(self, t_ns: int, origin_ns: int, steps: Sequence, gpu_samples: Sequence,
+                 host_samples: Sequence, req_pairs: tuple, events: Sequence,
                  totals: dict[str, int], percentiles: tuple[float, ...]) -> None:
         self.t_ns = t_ns
         self.origin_ns = origin_ns
-        self.steps: tuple[StepRecord, ...] = steps
-        self.gpu_samples: tuple[GpuSample, ...] = gpu_samples
-        self.host_samples: tuple[HostSample, ...] = host_samples
+        self.steps: Sequence[StepRecord] = steps
+        self.gpu_samples: Sequence[GpuSample] = gpu_samples
+        self.host_samples: Sequence[HostSample] = host_samples
         self._req_pairs = req_pairs  # ((monotone finish ns, RequestRecord), ...)
-        self.events: tuple[EngineEvent, ...] = events
+        self.events: Sequence[EngineEvent] = events
         self.totals = totals
         self.percentiles = percentiles
 
@@ -331,22 +333,22 @@ class TimelineSnapshot:
         return tuple(r for _, r in self._req_pairs)
 
     # ---- range selection (bisection on each stream's time key) -------------------------------
-    def steps_between(self, t0_ns: int, t1_ns: int) -> tuple[StepRecord, ...]:
+    def steps_between(self, t0_ns: int, t1_ns: int) -> Sequence[StepRecord]:
         """Steps with ``t0 <= t_end_ns < t1``."""
         s = self.steps
         return s[bisect_left(s, t0_ns, key=_t_end):bisect_left(s, t1_ns, key=_t_end)]
 
     def gpu_samples_between(self, t0_ns: int, t1_ns: int,
-                            gpu: int | None = None) -> tuple[GpuSample, ...]:
+                            gpu: int | None = None) -> Sequence[GpuSample]:
         s = self.gpu_samples
         out = s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
         return out if gpu is None else tuple(x for x in out if x.gpu == gpu)
 
-    def host_samples_between(self, t0_ns: int, t1_ns: int) -> tuple[HostSample, ...]:
+    def host_samples_between(self, t0_ns: int, t1_ns: int) -> Sequence[HostSample]:
         s = self.host_samples
         return s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
 
-    def events_between(self, t0_ns: int, t1_ns: int) -> tuple[EngineEvent, ...]:
+    def events_between(self, t0_ns: int, t1_ns: int) -> Sequence[EngineEvent]:
         s = self.events
         return s[bisect_left(s, t0_ns, key=_t):bisect_left(s, t1_ns, key=_t)]
 

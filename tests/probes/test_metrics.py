@@ -316,3 +316,12 @@ def test_to_dict_is_strict_json():
     assert empty["mean_ttft_ms"] is None and empty["busy_fraction"] is None
     json.dumps(empty, allow_nan=False)
     assert isinstance(m, BenchMetrics)
+
+
+def test_itls_of_times_past_int64_are_still_computed():
+    """A trace may hold integers numpy's int64 cannot (a bogus clock): the ITLs are Python's."""
+    from gpuchef.probes.metrics import _itls_ms
+
+    big = 2**63 + 5
+    got = _itls_ms([(big, big + 2_000_000, big + 5_000_000), (1, 3_000_001)])
+    assert got.tolist() == [2.0, 3.0, 3.0]

@@ -294,8 +294,9 @@ def test_gpm_counters_in_use_turns_off_gpm_fields_only():
 
 
 def test_gpm_comes_back_when_the_other_profiler_lets_go():
-    """Counters held by another profiler (an Nsight run) are asked for again every 10 s, with
-    one call; when they are free the GPM fields come back and the status line is healthy."""
+    """Counters held by another profiler (an Nsight run) are asked for again every 10 s; when
+    they are free the GPM fields come back, and the status line turns healthy once a whole GPM
+    window has been read."""
     clk = ManualClock()
     fake = FakeNvml(1, clock=clk, pcie_window_s=0)
     fake.set_load(0, sm_active=60.0, tensor_active=30.0, dram_bw_util=40.0)
@@ -310,7 +311,7 @@ def test_gpm_comes_back_when_the_other_profiler_lets_go():
         assert s.sample_once()[0].sm_active is None
     assert fake.calls.get("nvmlGpmSampleGet", 0) == calls
     clk.advance(6.0)
-    s.sample_once()  # retried at 10 s: still busy, one call, the next retry scheduled
+    s.sample_once()  # retried at 10 s: still busy, the next retry scheduled
     assert fake.calls["nvmlGpmSampleGet"] == calls + 1 and fake.live_gpm_samples == 0
     assert "in use by another profiler" in s.status
     fake.gpm_busy = False  # the profiler ended
@@ -318,11 +319,51 @@ def test_gpm_comes_back_when_the_other_profiler_lets_go():
     assert s.sample_once()[0].sm_active is None  # not yet 10 s since the last retry
     clk.advance(5.0)
     s.sample_once()  # retry: the first GPM sample of a new window
-    assert s.status == "NVML: 1 GPU (NVIDIA H200 (fake)), GPM on" and s.gpm_enabled == {0: True}
+    assert "in use by another profiler" in s.status  # not yet a whole window
     clk.advance(0.1)
     x = s.sample_once()[0]
     assert x.sm_active == pytest.approx(60) and x.tensor_active == pytest.approx(30)
+    assert s.status == "NVML: 1 GPU (NVIDIA H200 (fake)), GPM on" and s.gpm_enabled == {0: True}
     assert seen[-1] == s.status  # the change reached on_status (a trace event)
+    s.stop()
+    assert fake.live_gpm_samples == 0
+
+
+def test_gpm_retry_survives_a_failed_set_up_and_a_lost_gpu_drops_its_retry_line():
+    clk = ManualClock()
+    fake = FakeNvml(2, clock=clk, pcie_window_s=0)
+    fake.gpm_busy = True
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    s.sample_once()
+    assert s.status.count("retrying every 10 s") == 2
+    # at the retry the set-up itself fails once (a timeout): asked again 10 s later
+    orig = fake.nvmlGpmQueryDeviceSupport
+
+    def timeout_once(h):
+        fake.nvmlGpmQueryDeviceSupport = orig
+        raise fake.NVMLError_Timeout()
+
+    fake.nvmlGpmQueryDeviceSupport = timeout_once
+    fake.gpm_busy = False
+    clk.advance(10.0)
+    s.sample_once()
+    clk.advance(0.1)
+    s.sample_once()
+    assert s.gpm_enabled[1] is True and s.gpm_enabled[0] is False  # GPU 0's set-up failed
+    clk.advance(10.0)
+    s.sample_once()
+    clk.advance(0.1)
+    s.sample_once()
+    assert s.gpm_enabled == {0: True, 1: True} and s.status.endswith("GPM on")
+    # a GPU lost while its counters are held: its line says lost, not "retrying"
+    fake.gpm_busy = True
+    clk.advance(0.2)
+    s.sample_once()
+    fake.lose(0)
+    clk.advance(0.1)
+    s.sample_once()
+    assert "GPU 0 lost mid-run" in s.status
+    assert s.status.count("retrying") == 1 and "on GPU 1 (retrying" in s.status
     s.stop()
     assert fake.live_gpm_samples == 0
 
