@@ -511,7 +511,10 @@ def decode_record(kind: str, d: dict[str, Any]) -> Any:
     for n, ann in _ANN[cls].items():
         if n not in d:
             continue
-        ok, v = _type_ok(ann, d[n])
+        try:
+            ok, v = _type_ok(ann, d[n])
+        except OverflowError:  # an integer too large for a float field
+            ok = False
         if not ok:
             raise ValueError(f"{kind} field {n}={_short(d[n])} is not {ann}")
         kw[n] = v

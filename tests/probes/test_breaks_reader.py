@@ -157,3 +157,15 @@ def test_rotate_onto_the_file_being_written_is_refused_and_nothing_is_lost(tmp_p
     tr = read_trace(tmp_path / "run.jsonl")
     assert [s.step for s in tr.steps] == list(range(51)) and tr.problems == [] and tr.complete
     assert tr.meta["part"] == 0 and tr.end["counts"]["step"] == 51
+
+
+def test_an_integer_too_large_for_a_float_field_is_a_problem_not_a_crash(tmp_path):
+    # float(10**400) raised OverflowError out of read_trace
+    rec = json.loads(_trace_with(tmp_path, []).read_text().splitlines()[1])
+    rec["gpu_ms"] = 10**400
+    p = _trace_with(tmp_path, [json.dumps(rec)])
+    tr = read_trace(p)
+    assert [s.step for s in tr.steps] == [0, 1, 2] and tr.complete
+    assert len(tr.problems) == 1
+    assert tr.problems[0].startswith(f"{p} line 3: step field gpu_ms=1000")
+    assert tr.problems[0].endswith("characters) is not float — skipped")
