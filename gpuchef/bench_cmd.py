@@ -25,7 +25,9 @@ from .options import (check_output_path, check_sampling, engine_config, engine_o
               help="Comma-separated percentiles to report.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write the session trace (JSON Lines) to this file.")
-@click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
+@click.option("--trace-prompts", is_flag=True,
+              help="Also store each request's generated (output) token ids in the trace; "
+                   "without it the trace holds no token ids (prompt token ids are never stored).")
 @click.option("--result-json", default=None, type=click.Path(),
               help="Also write the results as JSON to this file.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,

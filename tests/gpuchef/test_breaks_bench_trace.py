@@ -116,3 +116,20 @@ def test_a_trace_that_fails_mid_run_is_a_warning_and_the_results_still_print(tmp
     warn = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
     assert warn == [f"warning: --trace {str(p)!r}: trace flush failed: [Errno 28] No space left "
                     "on device; the trace stops where that happened"], r.output
+
+
+def test_trace_prompts_stores_what_its_help_says(tmp_path):
+    # the help said "Store prompt token ids in the trace"; what it stores is each request's
+    # output token ids (RequestRecord has no prompt ids): a user after the prompts got neither
+    # the prompts nor a word about it
+    help_text = " ".join(CliRunner().invoke(cli, ["bench", "--help"]).output.split())
+    assert "--trace-prompts Also store each request's generated (output) token ids" in help_text
+    assert "prompt token ids are never stored" in help_text
+    plain, tp = tmp_path / "plain.jsonl", tmp_path / "tp.jsonl"
+    assert invoke("--trace", str(plain)).exit_code == 0
+    assert invoke("--trace", str(tp), "--trace-prompts").exit_code == 0
+    assert "token_ids" not in plain.read_text() and "prompt_token" not in tp.read_text()
+    reqs = [json.loads(ln) for ln in tp.read_text().splitlines() if '"type":"request"' in ln]
+    assert len(reqs) == 2
+    assert all(len(r["output_token_ids"]) == r["output_len"] == 2 for r in reqs)
+    assert read_trace(tp).meta["trace_prompts"] is True
