@@ -658,6 +658,7 @@ class NvmlSampler(PeriodicSampler):
         self._free_gpm(g)
         g.gpm_retry_ns = None
         self._problems.pop(("gpm", g.index), None)  # a lost GPU is not read, nor retried
+        self._problems.pop(("failing", g.index), None)  # "lost" says more than "not answering"
         self._problem(("lost", g.index), f"GPU {g.index} lost mid-run: {reason} — sampling stopped")
 
     def _field(self, g: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -69,6 +69,23 @@ def test_nvml_failing_mid_run_gets_a_status_line_and_clears_when_it_answers(err)
     s.stop()
 
 
+def test_a_gpu_lost_after_not_answering_keeps_only_the_lost_line():
+    clock = ManualClock()
+    fake = FakeNvml(2, pcie_window_s=0, clock=clock)
+    s = NvmlSampler(nvml=fake, sample_hz=10, clock=clock, pcie_interval_s=0)
+    s.sample_once()
+    fake.lose(1, pynvml.NVMLError_Timeout)
+    for _ in range(12):
+        clock.t += 100_000_000
+        s.sample_once()
+    assert "GPU 1: NVML not answering (Timeout)" in s.status
+    fake.lose(1)  # now NVML calls it lost
+    clock.t += 100_000_000
+    s.sample_once()
+    assert s.status == "GPU 1 lost mid-run: GPU is lost — sampling stopped"
+    s.stop()
+
+
 def test_fields_not_supported_are_not_nvml_failing():
     clock = ManualClock()
     fake = FakeNvml(1, pcie_window_s=0, clock=clock)
