@@ -594,6 +594,19 @@ def _check_meta(path: Path, line: str) -> dict[str, Any]:
     return meta
 
 
+def _numbered_lines(f: Any, path: Path,
+                    on_problem: Callable[[str], None]) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` from line 2 on; a read error (a failing disk, a network mount
+    gone) ends the file with one problem naming the line that could not be read."""
+    n = 1
+    try:
+        for n, line in enumerate(f, start=2):
+            yield n, line
+    except OSError as e:
+        on_problem(f"{path} line {n + 1}: cannot read ({e.strerror or e}) — the rest of the "
+                   "file is not read")
+
+
 def iter_trace(path: str | os.PathLike[str],
                on_problem: Callable[[str], None] | None = None) -> Iterator[TraceRecord]:
     """Stream a trace: the meta record first, then each valid record in file order.
@@ -613,7 +626,10 @@ def iter_trace(path: str | os.PathLike[str],
     except OSError as e:
         raise TraceReadError(f"{p}: cannot open: {e.strerror or e}") from None
     with f:
-        first = f.readline()
+        try:
+            first = f.readline()
+        except OSError as e:
+            raise TraceReadError(f"{p}: cannot read: {e.strerror or e}") from None
         if not first:
             raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
         if not first.strip():
@@ -629,7 +645,7 @@ def iter_trace(path: str | os.PathLike[str],
         for msg in _meta_problems(meta):
             on_problem(f"{p} line 1: {msg}")
         yield TraceRecord("meta", 1, meta)
-        for n, line in enumerate(f, start=2):
+        for n, line in _numbered_lines(f, p, on_problem):
             truncated = not line.endswith("\n")
             s = line.strip()
             if not s:

@@ -169,3 +169,44 @@ def test_an_integer_too_large_for_a_float_field_is_a_problem_not_a_crash(tmp_pat
     assert len(tr.problems) == 1
     assert tr.problems[0].startswith(f"{p} line 3: step field gpu_ms=1000")
     assert tr.problems[0].endswith("characters) is not float — skipped")
+
+
+class _FailingFile:
+    """A text file whose reads fail with EIO after ``ok`` lines (a disk or network mount failing
+    under the reader)."""
+
+    def __init__(self, f, ok: int) -> None:
+        self.f, self.ok = f, ok
+
+    def readline(self):
+        if self.ok <= 0:
+            raise OSError(5, "Input/output error")
+        self.ok -= 1
+        return self.f.readline()
+
+    def __iter__(self):
+        return iter(self.readline, "")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("ok", [0, 3])
+def test_a_read_error_is_a_message_not_a_traceback(tmp_path, monkeypatch, ok):
+    import gpuchef.probes.recorder as recorder
+
+    p = _trace_with(tmp_path, [])  # meta, 3 steps, end
+    real_open = open
+    monkeypatch.setattr(recorder, "open", lambda *a, **k: _FailingFile(real_open(*a, **k), ok),
+                        raising=False)
+    if ok == 0:
+        with pytest.raises(TraceReadError, match=r"t.jsonl: cannot read: Input/output error"):
+            read_trace(p)
+        return
+    tr = read_trace(p)  # meta + 2 steps read, line 4 fails
+    assert [s.step for s in tr.steps] == [0, 1] and not tr.complete
+    assert tr.problems == [f"{p} line 4: cannot read (Input/output error) — the rest of the "
+                           "file is not read"]
