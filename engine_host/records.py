@@ -123,8 +123,9 @@ class EngineEvent:
     """A command that took effect (or was refused) between steps.
 
     ``kind``: "knob" (a knob changed), "mode" (mode switched), "pause", "resume", "mark" (a label
-    from above, e.g. an A/B window), "warning", "error" (a command refused: ``message`` says why).
-    ``step``: the id of the first step that runs with the change in force.
+    from above, e.g. an A/B window), "warning", "notice", "error" (a command refused: ``message``
+    says why). ``step``: the id of the first step that runs with the change in force; -1 for a
+    notice not tied to a step (the GPU sampler's status: ``name`` "nvml").
     """
 
     kind: str

@@ -229,7 +229,8 @@ class LiveSession:
                                on_event=listener(tl.add_event))
         self.load = LiveLoad(self.host, wcfg, num_prompts=num_prompts, duration_s=duration_s)
         self.ab = ABController(self.host)
-        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=listener(tl.add_gpu_sample))
+        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=listener(tl.add_gpu_sample),
+                                on_event=listener(tl.add_event))
         self.host_probe = HostSampler(2.0, on_sample=listener(tl.add_host_sample)) \
             if host_probe else None
         if trace_path:

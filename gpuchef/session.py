@@ -177,7 +177,8 @@ class Samplers:
         from .probes.nvml import NvmlSampler
 
         # nvml: a stand-in for the pynvml module (tests); None = pynvml
-        self.nvml = (NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=sink)
+        # status changes (GPU lost, GPM held by a profiler, …) go to the trace as events
+        self.nvml = (NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=sink, on_event=sink)
                      if sample_hz != 0 else None)
         self.host = HostSampler(on_sample=sink)
 

@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.records import EngineEvent
 
 from .host import PeriodicSampler, check_sample_hz
 
@@ -380,7 +381,10 @@ class NvmlSampler(PeriodicSampler):
     ``clock``: gives ``GpuSample.t_ns`` and times GPM windows (default ``time.monotonic_ns``).
     ``on_sample(GpuSample)``: called on the sampler thread for every sample (keep it cheap).
     ``on_status(str)``: called with the new status line whenever it changes (e.g. to record a
-    warning event in the trace). ``maxlen``: samples kept in ``samples`` (a bounded deque).
+    warning event in the trace). ``on_event(EngineEvent)``: the same changes as trace events —
+    kind "warning" (a problem, NVML missing) or "notice" (healthy again), ``name`` "nvml",
+    ``old``/``new`` the previous and new line, ``step`` -1 (not tied to an engine step); a
+    healthy start-up gives none. ``maxlen``: samples kept in ``samples`` (a bounded deque).
     ``gpm_interval_s``: shortest GPM window (≥ 0.1 s, NVML's floor). ``pcie_interval_s``: PCIe
     refresh period (0 = off). ``slow_interval_s``: refresh period of temperature and clocks
     (0 = every tick; see the module doc). ``parallel``: read the GPUs of a tick on one worker
@@ -397,7 +401,8 @@ class NvmlSampler(PeriodicSampler):
     def __init__(self, gpus: list[int] | None = None, sample_hz: float = DEFAULT_SAMPLE_HZ,
                  nvml: Any = None, clock: Callable[[], int] = time.monotonic_ns,
                  on_sample: Callable[[GpuSample], None] | None = None, *,
-                 on_status: Callable[[str], None] | None = None, maxlen: int = 8192,
+                 on_status: Callable[[str], None] | None = None,
+                 on_event: Callable[[EngineEvent], None] | None = None, maxlen: int = 8192,
                  gpm_interval_s: float = DEFAULT_GPM_INTERVAL_S,
                  pcie_interval_s: float = DEFAULT_PCIE_INTERVAL_S,
                  slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
@@ -420,6 +425,7 @@ class NvmlSampler(PeriodicSampler):
         self._gpus: list[_Gpu] = []
         self._live: list[_Gpu] = []
         self.on_status = on_status
+        self.on_event = on_event
         self._summary = "NVML: starting"
         self._problems: dict[tuple[str, int], str] = {}
         self.status = self._summary
@@ -451,13 +457,21 @@ class NvmlSampler(PeriodicSampler):
     def _update_status(self) -> None:
         new = "; ".join(self._problems.values()) if self._problems else self._summary
         if new != self.status:
-            self.status = new
+            old, self.status = self.status, new
             cb = self.on_status
             if cb is not None:
                 try:
                     cb(new)
                 except Exception:
                     self.on_status = None
+            healthy = self.available and not self._problems
+            ev = self.on_event
+            if ev is not None and not (healthy and old == "NVML: starting"):
+                try:  # for the trace: every change but a healthy start
+                    ev(EngineEvent("warning" if not healthy else "notice", -1, self.clock(),
+                                   name="nvml", old=old, new=new, message=new))
+                except Exception:
+                    self.on_event = None
 
     def _problem(self, key: tuple[str, int], line: str) -> None:
         self._problems[key] = line

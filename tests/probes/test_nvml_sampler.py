@@ -642,3 +642,39 @@ def test_parallel_reads_give_the_same_samples_and_handle_loss():
     b, s, fake = run(True)
     assert a == b and len(b) == 5 * 3 + 5 * 2
     assert "GPU 1 lost mid-run" in s.status and fake.live_gpm_samples == 0
+
+
+def test_status_changes_become_trace_events():
+    """on_event gets each status change as an EngineEvent for the trace: none for a healthy
+    start, a warning when GPM counters are taken, a notice when they are back; NVML missing at
+    start is a warning too."""
+    from gpuchef.engine_host.records import EngineEvent
+
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    events: list[EngineEvent] = []
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0, on_event=events.append)
+    s.sample_once()
+    assert events == []  # healthy start
+    fake.gpm_busy = True
+    clk.advance(0.1)
+    s.sample_once()
+    (w,) = events
+    assert (w.kind, w.name, w.step) == ("warning", "nvml", -1)
+    assert w.old.endswith("GPM on") and w.new == s.status and "in use" in w.message
+    assert w.t_ns == clk()
+    fake.gpm_busy = False
+    for _ in range(2):  # the retry, then a whole window
+        clk.advance(10.0)
+        s.sample_once()
+    n = events[-1]
+    assert (n.kind, n.old, n.new) == ("notice", w.new, s.status) and s.status.endswith("GPM on")
+    s.stop()
+
+    missing = FakeNvml(1)
+    missing.init_error = missing.NVMLError_LibraryNotFound
+    got: list[EngineEvent] = []
+    m = NvmlSampler(nvml=missing, pcie_interval_s=0, on_event=got.append)
+    m.sample_once()
+    assert [e.kind for e in got] == ["warning"] and "not available" in got[0].message
+    m.stop()
