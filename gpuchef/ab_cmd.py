@@ -61,7 +61,9 @@ from .options import (check_output_path, check_sampling, engine_config, engine_o
               help="--capacity: most runs per setting.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write one session trace (JSON Lines) with a mark event at each run or window.")
-@click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
+@click.option("--trace-prompts", is_flag=True,
+              help="Also store each request's generated (output) token ids in the trace; "
+                   "without it the trace holds no token ids (prompt token ids are never stored).")
 @click.option("--result-json", default=None, type=click.Path(),
               help="Also write every run, the pooled results and the deltas as JSON.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,

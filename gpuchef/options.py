@@ -201,7 +201,8 @@ def check_output_path(path: str | None, flag: str, *, make_parents: bool = False
             raise ConfigError(f"{flag} {path!r}: cannot create folder {str(parent)!r} "
                               f"({e.strerror or e})") from None
     if not parent.is_dir():
-        raise ConfigError(f"{flag} {path!r}: folder {str(parent)!r} does not exist")
+        what = "is a file, not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"{flag} {path!r}: folder {str(parent)!r} {what}")
     existed = p.exists()
     try:
         with open(p, "a"):
@@ -221,8 +222,10 @@ def write_json(path: str, data: Any, flag: str) -> None:
     it cannot (``check_output_path`` refuses most such paths before the run)."""
     import json
 
+    from pathlib import Path
+
     try:
-        with open(path, "w") as f:
+        with open(Path(path).expanduser(), "w") as f:  # ~ as check_output_path reads it
             json.dump(data, f, indent=2)
     except OSError as e:
         raise ConfigError(f"{flag} {path!r}: cannot write ({e.strerror or e})") from None

@@ -71,7 +71,9 @@ def parse_window(text: str) -> float:
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
               help="Write the session trace (JSON Lines) here from the start; `e` rotates it. "
                    "Without it, `e` writes what the dashboard holds and records from then on.")
-@click.option("--trace-prompts", is_flag=True, help="Store prompt token ids in the trace.")
+@click.option("--trace-prompts", is_flag=True,
+              help="Also store each request's generated (output) token ids in the trace; "
+                   "without it the trace holds no token ids (prompt token ids are never stored).")
 @click.option("--ab-window", default=10.0, show_default=True, type=float,
               help="Live A/B window length (s): the engine alternates settings every N s.")
 @click.option("--goodput", multiple=True,

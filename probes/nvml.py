@@ -773,8 +773,12 @@ class NvmlSampler(PeriodicSampler):
             g.last_error = f"gpm: {describe_nvml_error(e)}"
             if g.gpm_fails >= GPM_MAX_FAILS:
                 self._free_gpm(g)
+                g.gpm_fails = 0
+                g.gpm_retry_ns = now + int(GPM_RETRY_S * 1e9)  # NVML may recover: ask again
+                g.gpm_recovering = False
                 self._problem(("gpm", g.index), f"GPU {g.index}: GPM failing "
-                                                f"({describe_nvml_error(e)}) — GPM fields off")
+                                                f"({describe_nvml_error(e)}) — GPM fields off "
+                                                f"(retrying every {GPM_RETRY_S:g} s)")
             return
         g.gpm_fails = 0
         if g.gpm_have_prev:
@@ -789,8 +793,8 @@ class NvmlSampler(PeriodicSampler):
         g.gpm_last_ns = now
 
     def _retry_gpm(self, g: _Gpu, t: int) -> None:
-        """GPM was off because another profiler held the counters: set it up again and take a
-        first sample (six NVML calls at most, every ``GPM_RETRY_S``). Busy again → off until the
+        """GPM was off because another profiler held the counters, or after ``GPM_MAX_FAILS``
+        failed windows: set it up again and take a first sample (six NVML calls at most, every ``GPM_RETRY_S``). Busy again → off until the
         next retry; any other failure of the set-up → also asked again later (its line shown);
         free → the problem line goes once the first full window has been read."""
         g.gpm_retry_ns = None

@@ -184,3 +184,21 @@ def test_top_refuses_an_unwritable_trace_before_loading():
     r = CliRunner().invoke(cli, ["top", "--device", "cpu", "--trace", "/proc/t.jsonl"])
     assert r.exit_code == 2 and "--trace" in r.output and "/proc/t.jsonl" in r.output
     assert "loaded tiny" not in r.output and "Traceback" not in r.output
+
+
+def test_output_paths_under_a_file_and_with_a_tilde(tmp_path, monkeypatch):
+    """A path whose folder is a file says so (it said the folder "does not exist"), and
+    --result-json=~/x (no shell expansion after '=') is written where it was checked: $HOME."""
+    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.options import check_output_path, write_json
+
+    f = tmp_path / "t.jsonl"
+    f.write_text("")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        check_output_path(str(f / "out.json"), "--result-json")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    check_output_path("~/r.json", "--result-json")
+    write_json("~/r.json", {"a": 1}, "--result-json")
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
+    assert not (tmp_path / "~").exists()

@@ -678,3 +678,30 @@ def test_status_changes_become_trace_events():
     m.sample_once()
     assert [e.kind for e in got] == ["warning"] and "not available" in got[0].message
     m.stop()
+
+
+def test_gpm_turned_off_after_failing_windows_comes_back_when_nvml_recovers():
+    clk = ManualClock()
+    fake = FakeNvml(1, clock=clk, pcie_window_s=0)
+    fake.set_load(0, sm_active=70.0)
+    s = NvmlSampler(nvml=fake, clock=clk, pcie_interval_s=0)
+    s.sample_once()
+    orig = fake.nvmlGpmSampleGet
+
+    def failing(h, smp):
+        raise fake.NVMLError_Unknown()
+
+    fake.nvmlGpmSampleGet = failing
+    for _ in range(60):  # 50 failed windows turn GPM off (the GPU itself still answers)
+        clk.advance(0.1)
+        x = s.sample_once()[0]
+    assert x.gpu_util is not None and x.sm_active is None
+    assert "GPM failing" in s.status and "retrying every 10 s" in s.status
+    assert s.gpm_enabled == {0: False} and fake.live_gpm_samples == 0
+    fake.nvmlGpmSampleGet = orig  # NVML recovered
+    for _ in range(2):  # the retry, then a whole window
+        clk.advance(10.0)
+        x = s.sample_once()[0]
+    assert x.sm_active == pytest.approx(70) and s.status.endswith("GPM on")
+    s.stop()
+    assert fake.live_gpm_samples == 0
