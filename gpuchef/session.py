@@ -7,6 +7,7 @@ Timeline instead of plain lists.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -218,10 +219,10 @@ class Samplers:
         ``tick_us_mean`` (wall µs of one tick, all GPUs, GIL waits included) and ``cpu_pct``
         (CPU time of the sampler thread, % of one core). The PCIe thread is not included."""
         s = self.nvml
-        if s is None or s.ticks < 2 or not s.run_ns or s.last_tick_ns <= s.first_tick_ns:
+        hz = math.nan if s is None else s.achieved_hz
+        if hz != hz or not s.run_ns:
             return None
-        span_s = (s.last_tick_ns - s.first_tick_ns) / 1e9
-        return {"sample_hz": s.sample_hz, "achieved_hz": (s.ticks - 1) / span_s,
+        return {"sample_hz": s.sample_hz, "achieved_hz": hz,
                 "tick_us_mean": s.mean_tick_us, "cpu_pct": s.cpu_percent,
                 "gpus": len(s.gpu_names)}
 

@@ -56,7 +56,7 @@ class PeriodicSampler:
 
     Attributes: ``samples`` (deque, newest last, bounded by ``maxlen``), ``status`` (one line),
     ``ticks`` (count), ``first_tick_ns`` / ``last_tick_ns`` (monotonic ns at which the first and
-    the latest tick began: ``(ticks - 1) / (last - first)`` is the rate kept), ``tick_ns_total``
+    the latest tick began; :attr:`achieved_hz` is the rate kept between them), ``tick_ns_total``
     (wall ns spent inside ticks), ``cpu_ns_total`` (CPU ns of
     the sampling thread, from ``time.thread_time_ns``; with the wall time it gives the probe's CPU %
     of one core).
@@ -140,6 +140,14 @@ class PeriodicSampler:
     def mean_tick_us(self) -> float:
         """Mean wall time of one tick in µs (NaN before the first tick)."""
         return self.tick_ns_total / self.ticks / 1e3 if self.ticks else float("nan")
+
+    @property
+    def achieved_hz(self) -> float:
+        """Ticks per second kept, from the first tick to the latest (set-up, teardown and the
+        wait before ``stop`` excluded); NaN before two ticks. Below ``sample_hz`` when ticks
+        overran their period (the missed slots are skipped)."""
+        span = self.last_tick_ns - self.first_tick_ns
+        return (self.ticks - 1) / (span / 1e9) if self.ticks > 1 and span > 0 else float("nan")
 
     @property
     def cpu_percent(self) -> float:

@@ -794,9 +794,10 @@ class NvmlSampler(PeriodicSampler):
 
     def _retry_gpm(self, g: _Gpu, t: int) -> None:
         """GPM was off because another profiler held the counters, or after ``GPM_MAX_FAILS``
-        failed windows: set it up again and take a first sample (six NVML calls at most, every ``GPM_RETRY_S``). Busy again → off until the
-        next retry; any other failure of the set-up → also asked again later (its line shown);
-        free → the problem line goes once the first full window has been read."""
+        failed windows: set it up again and take a first sample (six NVML calls at most, every
+        ``GPM_RETRY_S``). Busy again → off until the next retry; any other failure of the set-up
+        → also asked again later (its line shown); free → the problem line goes once the first
+        full window has been read."""
         g.gpm_retry_ns = None
         self._setup_gpm(g)
         if not g.gpm_on:  # set-up refused this time (a transient error, "not supported")
