@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             ons.append(run_busy(seg, s))
             status = s.status
             tick_ns += s.tick_ns[1:]
-            # n ticks span n - 1 periods, from the first tick to the last (PeriodicSampler.achieved_hz)
+            # n ticks span n - 1 periods, first tick to last (as PeriodicSampler.achieved_hz)
             ticks, run_ns, cpu_ns = ticks + s.ticks, run_ns + s.run_ns, cpu_ns + s.cpu_ns_total
             periods += max(0, s.ticks - 1)
             span_ns += max(0, s.last_tick_ns - s.first_tick_ns)

@@ -332,7 +332,8 @@ def _itls_ms(token_times: list[tuple[int, ...]]) -> np.ndarray:
                            for i in range(1, len(t))], dtype=np.float64)
     d = np.diff(flat) / 1e6
     keep = np.ones(d.size, dtype=bool)
-    keep[np.cumsum(lens)[:-1] - 1] = False  # the gaps between one request's last token and the next's first
+    # not the gap from one request's last token to the next one's first
+    keep[np.cumsum(lens)[:-1] - 1] = False
     return d[keep]
 
 
