@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_path, check_sampling, engine_config, engine_options, run_config,
+from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json)
 
@@ -126,6 +126,7 @@ def _check(o: dict) -> dict[str, Any]:
         raise ConfigError("--slo is for --capacity; for goodput under SLOs use --goodput ttft:MS")
     workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
     c["sample_hz"], c["gpus"] = check_sampling(o["sample_hz"], o["gpus"])
+    check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)
     check_output_path(o["result_json"], "--result-json")
     return c

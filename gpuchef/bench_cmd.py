@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_path, check_sampling, engine_config, engine_options, run_config,
+from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json)
 
@@ -55,46 +55,13 @@ def bench(**o) -> None:
         sys.exit(2)
 
 
-def _check_output_files(o: dict) -> None:
-    """Expand ``~`` in ``--trace`` / ``--result-json`` (the shell leaves ``--trace=~/t.jsonl``
-    alone; the check and the writer must see the same file) and refuse a folder-style path, one
-    file named twice (the results would overwrite the trace) or an output that is the
-    ``--dataset`` CSV (it would be overwritten after it was read). Raises ConfigError."""
-    import os
-
-    outs = []
-    for key, flag in (("trace_path", "--trace"), ("result_json", "--result-json")):
-        v = o[key]
-        if not v:
-            continue
-        if v.endswith(("/", os.sep)):
-            raise ConfigError(f"{flag} {v!r} ends in '/': give a file path, e.g. "
-                              f"{os.path.join(v, 'run.jsonl' if key == 'trace_path' else 'r.json')!r}")
-        o[key] = os.path.expanduser(v)
-        outs.append((flag, o[key]))
-    ds = os.path.expanduser(o.get("dataset") or "")
-    ins = [("--dataset", ds)] if os.path.isfile(ds) else []
-
-    def same(a: str, b: str) -> bool:
-        return os.path.abspath(a) == os.path.abspath(b) or (
-            os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
-
-    for i, (fa, a) in enumerate(outs):
-        for fb, b in outs[i + 1:] + ins:
-            if same(a, b):
-                what = ("the results would overwrite the trace" if fb == "--result-json" else
-                        f"{fa} would overwrite the dataset it reads")
-                raise ConfigError(f"{fa} {a!r} and {fb} {b!r} are the same file: {what}; "
-                                  "give another path")
-
-
 def _bench(o: dict, err: Console) -> None:
     from .engine_host.workload import generate
     from .probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
     from .session import build_engine, run_load
 
     # everything that can be refused is refused before the model loads
-    _check_output_files(o)
+    check_output_files(o)
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])

@@ -217,6 +217,41 @@ def check_output_path(path: str | None, flag: str, *, make_parents: bool = False
             pass
 
 
+def check_output_files(o: dict) -> None:
+    """For any command's options ``o`` (keys ``trace_path``, ``result_json``, ``dataset``, each
+    optional): expand ``~`` in ``--trace`` / ``--result-json`` (the shell leaves
+    ``--trace=~/t.jsonl`` alone; the check and the writer must see the same file) and refuse a
+    folder-style path, one file named twice (the results would overwrite the trace) or an output
+    that is the ``--dataset`` CSV (it would be overwritten after it was read). Raises
+    ConfigError."""
+    import os
+
+    outs = []
+    for key, flag in (("trace_path", "--trace"), ("result_json", "--result-json")):
+        v = o.get(key)
+        if not v:
+            continue
+        if v.endswith(("/", os.sep)):
+            raise ConfigError(f"{flag} {v!r} ends in '/': give a file path, e.g. "
+                              f"{os.path.join(v, 'run.jsonl' if key == 'trace_path' else 'r.json')!r}")
+        o[key] = os.path.expanduser(v)
+        outs.append((flag, o[key]))
+    ds = os.path.expanduser(o.get("dataset") or "")
+    ins = [("--dataset", ds)] if os.path.isfile(ds) else []
+
+    def same(a: str, b: str) -> bool:
+        return os.path.abspath(a) == os.path.abspath(b) or (
+            os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
+
+    for i, (fa, a) in enumerate(outs):
+        for fb, b in outs[i + 1:] + ins:
+            if same(a, b):
+                what = ("the results would overwrite the trace" if fb == "--result-json" else
+                        f"{fa} would overwrite the dataset it reads")
+                raise ConfigError(f"{fa} {a!r} and {fb} {b!r} are the same file: {what}; "
+                                  "give another path")
+
+
 def write_json(path: str, data: Any, flag: str) -> None:
     """Write ``data`` as indented JSON to ``path``. Raises ConfigError naming ``flag`` when
     it cannot (``check_output_path`` refuses most such paths before the run)."""

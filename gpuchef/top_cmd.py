@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_path, engine_config, engine_options, scheduler_options,
+from .options import (check_output_files, check_output_path, engine_config, engine_options, scheduler_options,
                       workload_config, workload_options)
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
@@ -165,6 +165,7 @@ def _build(ctx: click.Context, o: dict, err: Console):
     if not 0.5 <= o["ab_window"] <= 3600:
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
     check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
+    check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,

@@ -31,6 +31,12 @@ def assert_refused_early(r, needle):
     assert len(errors) == 1, r.output
 
 
+def _good_csv(tmp_path):
+    p = tmp_path / "good.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n0.5,12,5\n")
+    return p
+
+
 def _bad_csv(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,10,5\n0.5,ten,5\n")
@@ -42,7 +48,7 @@ def _bad_csv(tmp_path):
     "result_json_unwritable", "result_json_no_folder", "result_json_is_folder", "trace_unwritable",
     "sample_hz", "sample_hz_negative", "gpus", "dataset_missing", "dataset_contents",
     "kv_cache_memory_neg", "kv_cache_memory_zero", "num_gpu_blocks_zero", "num_gpu_blocks_neg",
-    "gpu_mem_util_zero", "gpu_mem_util_high",
+    "gpu_mem_util_zero", "gpu_mem_util_high", "trace_is_result_json", "trace_is_dataset",
 ])
 def test_refused_before_loading(cmd, case, tmp_path):
     args, needle = {
@@ -66,6 +72,10 @@ def test_refused_before_loading(cmd, case, tmp_path):
                               "--gpu-memory-utilization 0 is out of range: allowed (0, 1]"),
         "gpu_mem_util_high": (["--gpu-memory-utilization", "1.5"],
                               "--gpu-memory-utilization 1.5 is out of range: allowed (0, 1]"),
+        "trace_is_result_json": (["--trace", str(tmp_path / "x"), "--result-json",
+                                  str(tmp_path / "x")], "are the same file"),
+        "trace_is_dataset": (["--dataset", str(_good_csv(tmp_path)), "--trace",
+                              str(_good_csv(tmp_path))], "would overwrite the dataset it reads"),
     }[case]
     r = invoke(cmd, *BASE, *args)
     assert_refused_early(r, needle)
@@ -202,3 +212,12 @@ def test_output_paths_under_a_file_and_with_a_tilde(tmp_path, monkeypatch):
     write_json("~/r.json", {"a": 1}, "--result-json")
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
     assert not (tmp_path / "~").exists()
+
+
+def test_top_refuses_a_trace_that_is_its_dataset(tmp_path):
+    csv = _good_csv(tmp_path)
+    before = csv.read_text()
+    r = invoke("top", "--device", "cpu", "--model", "tiny", "--dataset", str(csv),
+               "--trace", str(csv))
+    assert_refused_early(r, "would overwrite the dataset it reads")
+    assert csv.read_text() == before
