@@ -63,7 +63,7 @@ def _vocab(model: str) -> int:
 
 def _model_path(model: str) -> str:
     from gpuchef.engine_host.presets import PRESETS
-    from gpuchef.engine_host.vllm_engine import preset_model_folder
+    from gpuchef.engine_host.vllm_models import preset_model_folder
 
     return str(preset_model_folder(model)) if model in PRESETS else model
 

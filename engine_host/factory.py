@@ -18,7 +18,7 @@ def make_engine(cfg: EngineConfig, engine: str | None = None,
 
     Raises ConfigError (one line) for an unknown engine, the native engine asked for more than
     one GPU, and whatever the chosen engine refuses (for vLLM: not installed, torch mismatch, no
-    GPU, a model it cannot load — see ``vllm_engine.check_vllm_environment``). Nothing global
+    GPU, a model it cannot load — see ``vllm_env.check_vllm_environment``). Nothing global
     changes on failure: the other engine can still be built in the same process.
     """
     kind = cfg.engine if engine is None else engine

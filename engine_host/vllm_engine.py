@@ -19,31 +19,23 @@
   (split into prefill/decode by ``vllm_mapping.split_scheduler_output``) and every
   ``update_from_output`` to ``on_updated``, which emits the StepRecord and the tokens; nothing is
   read from vLLM's output stream for the records, or from its Prometheus metrics.
-* **Models**: a gpuchef preset becomes a folder with only ``config.json`` (under
-  ``~/.cache/gpuchef/vllm-models/<preset>``, a stable path so that vLLM's compile cache hits on
-  the next start), loaded with ``load_format="dummy"`` (random weights); a local Hugging Face
-  folder is passed through (dummy weights too if it has no weight files). Always
+* **Models**: ``vllm_models.resolve_vllm_model`` (a preset becomes a ``config.json`` folder
+  loaded with random weights; a local folder is passed through). Always
   ``skip_tokenizer_init=True``: prompts are token ids.
 
 vLLM is the ``[vllm]`` extra: nothing here imports it until a VllmEngine is built, and every
-reason it cannot be built (not installed, torch not the one vLLM pins, no GPU, a model folder it
-cannot load) is one ConfigError line that leaves the process usable for ``--engine native``.
+reason it cannot be built (``vllm_env.check_vllm_environment``: not installed, torch not the one
+vLLM pins, no GPU; a model folder it cannot load) is one ConfigError line that leaves the process
+usable for ``--engine native``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata as _md
-import importlib.util
-import json
-import os
-import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -52,248 +44,15 @@ import torch
 from .config import ConfigError, EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage
-from .presets import PRESETS, get_preset
 from .records import RequestRecord, StepRecord
 from .request import SamplingParams, check_prompt
+from .vllm_env import (INSTALL_HINT, VLLM_TESTED, check_vllm_environment, first_line, import_vllm,
+                       use_spawn_for_workers)
 from .vllm_mapping import (StepSplit, cdiv, check_live_knobs, check_startup_knobs,
                            record_from_split, split_scheduler_output)
+from .vllm_models import VllmModelSource, model_info, resolve_vllm_model
 
-VLLM_TESTED = "0.24.0"
-INSTALL_HINT = "pip install 'gpuchef[vllm]'"
 ProgressFn = Callable[[str, int, int], None]
-
-# Seams for the environment checks (tests replace them).
-_dist_version = _md.version
-_dist_requires = _md.requires
-_find_spec = importlib.util.find_spec
-
-
-def _torch_version() -> str:
-    return torch.__version__
-
-
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
-
-
-# ------------------------------------------------------------------------------ environment
-
-
-def torch_requirement(requires: Iterable[str] | None) -> str | None:
-    """The version specifier a distribution's ``Requires-Dist`` lines put on ``torch`` (e.g.
-    "==2.11.0" from vLLM 0.24.0's metadata), or None when there is none. Lines for extras are
-    skipped; ``torchaudio``/``torchvision`` are other packages."""
-    pat = re.compile(r"^\s*torch\s*(?:\[[^\]]*\])?\s*\(?\s*((?:[<>=!~]=?=?)[^;)]*)?\)?\s*$", re.I)
-    for req in requires or ():
-        spec, _, marker = req.partition(";")
-        if "extra" in marker:
-            continue
-        m = pat.match(spec)
-        if m:
-            return (m.group(1) or "").replace(" ", "") or None
-    return None
-
-
-def _release(v: str) -> tuple[int, ...]:
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", v)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def _clause_ok(have: tuple[int, ...], op: str, want: str) -> bool:
-    if want.endswith(".*"):  # prefix match, for == and != only
-        w = _release(want[:-2])
-        return (have[:len(w)] == w) == (op in ("==", "==="))
-    w = _release(want)
-    n = max(len(have), len(w))
-    h, w = have + (0,) * (n - len(have)), w + (0,) * (n - len(w))
-    if op == "~=":
-        k = max(1, len(_release(want)) - 1)
-        return h >= w and h[:k] == w[:k]
-    return {"==": h == w, "===": h == w, "!=": h != w, "<=": h <= w, ">=": h >= w,
-            "<": h < w, ">": h > w}[op]
-
-
-def version_satisfies(version: str, spec: str) -> bool:
-    """Whether ``version`` (e.g. torch's "2.11.0+cu130") meets ``spec`` (e.g. "==2.11.0",
-    ">=2.4,<3"). A local label ("+cu130") is ignored, as PEP 440 says for a specifier without one.
-    Uses ``packaging`` when it imports, else compares release numbers clause by clause."""
-    try:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-        from packaging.version import InvalidVersion, Version
-    except ImportError:
-        pass
-    else:
-        try:
-            return SpecifierSet(spec).contains(Version(version), prereleases=True)
-        except (InvalidSpecifier, InvalidVersion):
-            pass
-    have = _release(version)
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        m = re.match(r"(===|==|!=|<=|>=|~=|<|>)\s*(\S+)", clause)
-        if m and not _clause_ok(have, m.group(1), m.group(2)):
-            return False
-    return True
-
-
-def check_vllm_environment() -> str:
-    """Check that vLLM can run here, before importing it. Returns vLLM's version.
-
-    Raises ConfigError, one line each, for: vLLM not installed (names ``pip install
-    'gpuchef[vllm]'``); the installed torch not meeting the torch requirement in vLLM's own
-    metadata (vLLM 0.24.0 pins ``torch==2.11.0``; a mismatched torch fails inside vLLM's compiled
-    extensions, so it is caught here first); no CUDA GPU visible to torch.
-    """
-    try:
-        ver = _dist_version("vllm")
-    except _md.PackageNotFoundError:
-        if _find_spec("vllm") is None:
-            raise ConfigError(f"vLLM is not installed: {INSTALL_HINT} (vLLM {VLLM_TESTED} "
-                              "needs torch 2.11 and a CUDA GPU), or use --engine native") from None
-        ver = "(unknown version)"
-        spec = None
-    else:
-        spec = torch_requirement(_dist_requires("vllm"))
-    tv = _torch_version()
-    if spec and not version_satisfies(tv, spec):
-        raise ConfigError(f"vLLM {ver} needs torch{spec} but this torch is {tv}: install "
-                          f"vLLM with its own torch (pip install 'torch{spec}' {INSTALL_HINT}) "
-                          "in its own environment, or use --engine native")
-    if not _cuda_available():
-        raise ConfigError(f"--engine vllm needs a CUDA GPU and this torch ({tv}) sees none: run "
-                          "it on a GPU machine, or use --engine native")
-    return ver
-
-
-def import_vllm(version: str = "") -> Any:
-    """Import vLLM. Raises ConfigError (one line, with the import error) when it does not."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would cross the UI
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    try:
-        return importlib.import_module("vllm")
-    except Exception as e:  # ImportError, or whatever its compiled extensions raise
-        name = f"vLLM {version}" if version else "vLLM"
-        raise ConfigError(f"{name} is installed but does not import ({type(e).__name__}: "
-                          f"{_first_line(e)}): reinstall it with {INSTALL_HINT}, or use "
-                          "--engine native") from None
-
-
-# ------------------------------------------------------------------------------ models
-
-
-@dataclass(frozen=True)
-class VllmModelInfo:
-    """What the dashboard says about the model (the native engine's ``LoadedModel`` fields).
-
-    ``source``: "preset" or the folder's absolute path. ``num_params``: from the shapes (0 when
-    gpuchef's ModelConfig does not know the architecture); ``weight_bytes`` in the run's dtype.
-    """
-
-    name: str
-    random_weights: bool
-    source: str
-    num_params: int
-    weight_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class VllmModelSource:
-    """Where vLLM loads the model from: ``path`` (a folder with ``config.json``),
-    ``load_format`` ("dummy" = random weights, "auto" = the folder's weights), and the parsed
-    ``hf_config`` dict."""
-
-    path: str
-    name: str
-    random_weights: bool
-    source: str
-    load_format: str
-    hf_config: dict[str, Any]
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpuchef" / "vllm-models"
-
-
-def preset_model_folder(name: str, root: str | Path | None = None) -> Path:
-    """A folder holding preset ``name``'s ``config.json`` for vLLM's ``load_format="dummy"``.
-
-    ``root`` defaults to ``$XDG_CACHE_HOME/gpuchef/vllm-models`` (``~/.cache/...``); the path is
-    stable so vLLM's torch.compile cache is reused across runs, and the file is rewritten only
-    when its content changes. Falls back to a temporary folder when the cache is not writable.
-    Raises ConfigError for an unknown preset.
-    """
-    cfg = get_preset(name)
-    text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
-    for base in ([Path(root)] if root is not None else [_cache_root()]):
-        folder = base / name
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            f = folder / "config.json"
-            if not f.is_file() or f.read_text(encoding="utf-8") != text:
-                tmp = f.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, f)
-            return folder
-        except OSError:
-            if root is not None:
-                raise ConfigError(f"cannot write the preset's config.json under {str(base)!r}")
-    import tempfile
-
-    folder = Path(tempfile.mkdtemp(prefix=f"gpuchef-vllm-{name}-"))
-    (folder / "config.json").write_text(text, encoding="utf-8")
-    return folder
-
-
-_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
-
-
-def resolve_vllm_model(model: str) -> VllmModelSource:
-    """A preset name or a local Hugging Face folder → where vLLM loads it from.
-
-    Raises ConfigError (one line) for an unknown preset, a path that does not exist or is not a
-    folder, a folder without ``config.json``, or a ``config.json`` that is not a JSON object.
-    A folder with no weight files is loaded with random weights (``load_format="dummy"``).
-    """
-    if model in PRESETS:
-        return VllmModelSource(str(preset_model_folder(model)), model, True, "preset", "dummy",
-                               get_preset(model))
-    from .loader import model_folder, read_config_json
-
-    path = model_folder(model)
-    hf = read_config_json(path)
-    full = path.resolve()
-    has_weights = any(next(full.glob(g), None) is not None for g in _WEIGHT_GLOBS)
-    return VllmModelSource(str(full), full.name, not has_weights, str(full),
-                           "auto" if has_weights else "dummy", hf)
-
-
-def _model_info(src: VllmModelSource, dtype: torch.dtype) -> tuple[VllmModelInfo, Any]:
-    """gpuchef's view of the model: VllmModelInfo and a ``model_config`` with ``vocab_size``,
-    ``eos_token_ids`` and ``max_position_embeddings`` (gpuchef's ModelConfig when it knows the
-    architecture, else the same fields read from config.json)."""
-    from .model import ModelConfig
-
-    try:
-        mc: Any = ModelConfig.from_hf_config(src.hf_config)
-        n = mc.num_params()
-    except (ConfigError, KeyError, TypeError, ValueError):
-        hf = src.hf_config.get("text_config", src.hf_config)
-        eos = hf.get("eos_token_id", src.hf_config.get("eos_token_id"))
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-        mc = SimpleNamespace(vocab_size=int(hf.get("vocab_size", 0)), eos_token_ids=eos_ids,
-                             max_position_embeddings=int(hf.get("max_position_embeddings",
-                                                                DEFAULT_MAX_MODEL_LEN)))
-        n = 0
-    size = torch.tensor([], dtype=dtype).element_size()
-    return VllmModelInfo(src.name, src.random_weights, src.source, n, n * size), mc
-
-
-# ------------------------------------------------------------------------------ the engine
 
 
 @dataclass(eq=False)
@@ -354,22 +113,6 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error
            "repetition": "stop"}
 
 
-def use_spawn_for_workers(environ: dict[str, str] | None = None) -> bool:
-    """Make vLLM start its tensor-parallel workers with ``spawn`` unless the user chose a method.
-
-    gpuchef has used CUDA in this process before vLLM starts (device checks, NVML, the native
-    engine in the same session), and a ``fork``ed worker cannot use CUDA: vLLM 0.24's workers
-    then die with "To use CUDA with multiprocessing, you must use the 'spawn' start method"
-    (seen on the 2-GPU H200, 2026-11-29). vLLM reads ``VLLM_WORKER_MULTIPROC_METHOD``
-    (vllm/envs.py) when it builds its ``MultiprocExecutor``. Returns True when it set it.
-    """
-    env = os.environ if environ is None else environ
-    if env.get("VLLM_WORKER_MULTIPROC_METHOD"):
-        return False
-    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    return True
-
-
 class VllmEngine:
     """vLLM 0.24's engine core in this process, with LLMEngine's surface (see module doc).
 
@@ -425,7 +168,7 @@ class VllmEngine:
             from . import vllm_scheduler
         except ImportError as e:  # another vLLM than the one this was written against
             raise ConfigError(f"vLLM {self.vllm_version} lacks what gpuchef hosts "
-                              f"({_first_line(e)}): gpuchef is tested with vLLM {VLLM_TESTED}; "
+                              f"({first_line(e)}): gpuchef is tested with vLLM {VLLM_TESTED}; "
                               f"{INSTALL_HINT}") from None
 
         cfg, sc, cc = self.config, self.config.scheduler, self.config.cache
@@ -467,7 +210,7 @@ class VllmEngine:
         except Exception as e:  # vLLM raises many kinds; the user needs the first line
             _release_failed_start()
             raise ConfigError(f"vLLM {self.vllm_version} could not start model {src.name!r} "
-                              f"({src.path}): {type(e).__name__}: {_first_line(e)}") from None
+                              f"({src.path}): {type(e).__name__}: {first_line(e)}") from None
         if progress:
             progress(stage, 1, 1)
         self.vllm_config = vcfg
@@ -482,7 +225,7 @@ class VllmEngine:
         self.device = torch.device("cuda", 0)
         self.dtype = vcfg.model_config.dtype
         self.max_model_len = vcfg.model_config.max_model_len
-        self.loaded, self.model_config = _model_info(src, self.dtype)
+        self.loaded, self.model_config = model_info(src, self.dtype)
         vocab = vcfg.model_config.get_vocab_size()
         if vocab and getattr(self.model_config, "vocab_size", 0) != vocab:
             self.model_config = SimpleNamespace(vocab_size=vocab,
@@ -643,14 +386,15 @@ class VllmEngine:
             sp.update_from_generation_config({"eos_token_id": list(eos)}, eos[0])
         return sp
 
-    def abort(self, request_id: str) -> RequestRecord | None:
-        """Stop a request and free its blocks. Returns its record, None if it is unknown."""
+    def abort(self, request_id: str, reason: str = "abort") -> RequestRecord | None:
+        """Stop a request and free its blocks. Returns its record (``finish_reason`` =
+        ``reason``), None if it is unknown."""
         st = self.requests.get(request_id)
         if st is None:
             return None
         self._core.abort_requests([request_id])
         self._core.scheduler.gc_prefill_blocked = False
-        return self._finish(st, "abort")
+        return self._finish(st, reason)
 
     def _finish(self, st: _ReqState, reason: str) -> RequestRecord:
         rid = st.request_id

@@ -503,7 +503,7 @@ def test_engine_host_drives_the_vllm_engine(glue):
 
 
 def test_tensor_parallel_workers_are_spawned_unless_the_user_chose():
-    from gpuchef.engine_host.vllm_engine import use_spawn_for_workers
+    from gpuchef.engine_host.vllm_env import use_spawn_for_workers
 
     env: dict[str, str] = {}
     assert use_spawn_for_workers(env) is True and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

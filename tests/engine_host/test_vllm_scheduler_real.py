@@ -43,7 +43,7 @@ def _cache_home(tmp_path, monkeypatch):
 
 def build_scheduler(*, budget, seqs, num_blocks, async_scheduling, v2_runner):
     from gpuchef.engine_host import vllm_scheduler
-    from gpuchef.engine_host.vllm_engine import preset_model_folder
+    from gpuchef.engine_host.vllm_models import preset_model_folder
 
     mc = ModelConfig(model=str(preset_model_folder("tiny")), dtype="float32", seed=0,
                      skip_tokenizer_init=True, max_model_len=4096)
