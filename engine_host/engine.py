@@ -16,7 +16,7 @@ from .attention import check_backend, make_backend
 from .config import ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
-from .records import RequestRecord, StepRecord
+from .records import RequestRecord, StepOutput, StepRecord
 from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, ModelRunner, StepHandle
@@ -55,11 +55,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 @dataclass
 class StepResult:
-    """What one call of ``step()`` produced: its record (None when there was nothing to run)
-    and the requests that finished in it."""
+    """What one call of ``step()`` produced: its record (None when there was nothing to run),
+    the requests that finished in it, and its new tokens (``output``, None when it sampled
+    none) for whoever streams them."""
 
     record: StepRecord | None
     finished: list[RequestRecord] = field(default_factory=list)
+    output: StepOutput | None = None
+
+
+def _step_output(step_id: int, t_ns: int, tokens: list, first: list) -> StepOutput | None:
+    return StepOutput(step_id, t_ns, tuple(tokens), tuple(first)) if tokens else None
 
 
 @dataclass(eq=False)
@@ -195,8 +201,10 @@ class LLMEngine:
         self.scheduler.add(req)
         return req
 
-    def abort(self, request_id: str) -> RequestRecord | None:
-        """Stop a request and free its blocks. Returns its record, None if it is unknown."""
+    def abort(self, request_id: str, reason: str = "abort") -> RequestRecord | None:
+        """Stop a request and free its blocks. Returns its record (``finish_reason`` =
+        ``reason``: "abort" for a client gone, "stop" for a stop string found above the
+        engine), None if it is unknown."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -211,7 +219,7 @@ class LLMEngine:
         while out and out[-1] == PLACEHOLDER_TOKEN:  # tokens not seen yet are not reported
             out.pop()
         req.status = RequestStatus.FINISHED
-        req.finish_reason = "abort"
+        req.finish_reason = reason
         return self._record(req)
 
     def has_unfinished(self) -> bool:
@@ -243,6 +251,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return StepResult(None)
+        for r, _ in out.prefills:
+            if not r.first_scheduled_ns:
+                r.first_scheduled_ns = t_start
         sampled, gpu_ms = self.runner.execute(out)
         now = time.monotonic_ns()
         for r in out.decodes:
@@ -250,14 +261,19 @@ class LLMEngine:
         for r, n in out.prefills:
             r.num_computed_tokens += n
         finished: list[RequestRecord] = []
+        tokens: list[tuple[str, int]] = []
+        first: list[tuple[str, int, int]] = []
         eos = self.model_config.eos_token_ids
         for r, tok in sampled:
+            if not r.output_token_ids:
+                first.append((r.request_id, r.arrival_ns, r.prompt_len))
             r.output_token_ids.append(tok)
             r.token_times_ns.append(now)
+            tokens.append((r.request_id, tok))
             sp = r.sampling
             if len(r.output_token_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len:
                 r.finish_reason = "length"
-            elif not sp.ignore_eos and tok in eos:
+            elif (not sp.ignore_eos and tok in eos) or tok in sp.stop_token_ids:
                 r.finish_reason = "stop"
             else:
                 continue
@@ -268,7 +284,7 @@ class LLMEngine:
         rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
                                 self.runner.last_step_used_graph)
         self.step_id += 1
-        return StepResult(rec, finished)
+        return StepResult(rec, finished, _step_output(rec.step, now, tokens, first))
 
     def _step_record(self, step_id: int, out: SchedulerOutput, t_start: int, gpu_ms: float,
                      num_finished: int, cuda_graph: bool) -> StepRecord:
@@ -360,6 +376,9 @@ class LLMEngine:
         scheduled again; its blocks stay until the step completes."""
         sid = self.step_id
         self.step_id += 1
+        for r, _ in out.prefills:
+            if not r.first_scheduled_ns:
+                r.first_scheduled_ns = t_sched
         h = self.runner.launch(out, prev.handle if prev is not None else None)
         for r in out.decodes:
             r.num_computed_tokens += 1
@@ -392,17 +411,22 @@ class LLMEngine:
         sampled, gpu_ms = self.runner.wait(cur.handle)
         now = time.monotonic_ns()
         finished: list[RequestRecord] = []
+        tokens: list[tuple[str, int]] = []
+        first: list[tuple[str, int, int]] = []
         eos = self.model_config.eos_token_ids
         max_len = self.max_model_len
         for (r, tok), slot in zip(sampled, cur.slots):
             if r.status is RequestStatus.FINISHED:
                 continue  # stopped in the step before, or aborted: this row is discarded
+            if slot == 0:
+                first.append((r.request_id, r.arrival_ns, r.prompt_len))
             r.output_token_ids[slot] = tok
             r.token_times_ns.append(now)
+            tokens.append((r.request_id, tok))
             sp = r.sampling
             if slot + 1 >= sp.max_tokens or r.prompt_len + slot + 1 >= max_len:
                 r.finish_reason = "length"
-            elif not sp.ignore_eos and tok in eos:
+            elif (not sp.ignore_eos and tok in eos) or tok in sp.stop_token_ids:
                 r.finish_reason = "stop"
             else:
                 continue
@@ -421,7 +445,7 @@ class LLMEngine:
         rec = self._step_record(cur.step_id, cur.out, t_start, gpu_ms, len(finished),
                                 cur.handle.used_graph)
         self._last_t_end = rec.t_end_ns
-        return StepResult(rec, finished)
+        return StepResult(rec, finished, _step_output(cur.step_id, now, tokens, first))
 
     @staticmethod
     def _record(r: Request) -> RequestRecord:
@@ -429,4 +453,5 @@ class LLMEngine:
             request_id=r.request_id, arrival_ns=r.arrival_ns, prompt_len=r.prompt_len,
             output_len=len(r.output_token_ids), token_times_ns=tuple(r.token_times_ns),
             finish_reason=r.finish_reason, num_preemptions=r.num_preemptions,
-            max_tokens=r.sampling.max_tokens, output_token_ids=tuple(r.output_token_ids))
+            max_tokens=r.sampling.max_tokens, output_token_ids=tuple(r.output_token_ids),
+            first_scheduled_ns=r.first_scheduled_ns)

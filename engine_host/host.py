@@ -3,7 +3,9 @@ by commands that take effect between steps.
 
 Everything the host emits goes through three listeners, called on the engine thread, which must
 be cheap (append to a ring buffer or a queue): ``on_step(StepRecord)``,
-``on_request(RequestRecord)``, ``on_event(EngineEvent)``. The host never knows who listens.
+``on_request(RequestRecord)``, ``on_event(EngineEvent)``, and ``on_output(StepOutput)`` (each
+step's new tokens, before the RequestRecords of the requests that finished in it). The host never
+knows who listens.
 
 Usage::
 
@@ -26,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .config import ConfigError, parse_knob, parse_mode
 from .engine import LLMEngine
-from .records import EngineEvent, RequestRecord, StepRecord
+from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 
 # vLLM runs its engine core in another process to keep the GIL away from it; gpuchef hosts it
@@ -73,11 +75,13 @@ class EngineHost:
                  on_step: Callable[[StepRecord], None] = _noop,
                  on_request: Callable[[RequestRecord], None] = _noop,
                  on_event: Callable[[EngineEvent], None] = _noop,
+                 on_output: Callable[[StepOutput], None] = _noop,
                  switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S) -> None:
         self.engine = engine
         self.on_step = on_step
         self.on_request = on_request
         self.on_event = on_event
+        self.on_output = on_output
         self.switch_interval_s = switch_interval_s
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._arrivals: list[_Arrival] = []  # heap, engine thread only after start
@@ -164,8 +168,11 @@ class EngineHost:
         """Put a labelled mark (e.g. an A/B window edge) at the next step."""
         self._command(_Command("mark", label=label))
 
-    def abort(self, request_id: str) -> None:
-        self._command(_Command("abort", label=request_id))
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Stop a request (queued or running) before the next step; its KV blocks are freed then
+        and its RequestRecord (``finish_reason`` = ``reason``) goes to ``on_request``. A request
+        still waiting for its arrival time is dropped the same way. Unknown ids are ignored."""
+        self._command(_Command("abort", (("reason", reason),), label=request_id))
 
     def _command(self, c: _Command) -> None:
         self._commands.put(c)
@@ -256,16 +263,30 @@ class EngineHost:
         elif c.kind == "mark":
             self._emit("mark", c.label)
         elif c.kind == "abort":
-            rec = eng.abort(c.label)
+            reason = dict(c.changes).get("reason", "abort")
+            rec = eng.abort(c.label, reason)
+            if rec is None:  # not admitted yet: drop it from the arrivals
+                self._drain_incoming()
+                for i, a in enumerate(self._arrivals):
+                    if a.request_id == c.label:
+                        self._arrivals.pop(i)
+                        heapq.heapify(self._arrivals)
+                        self.submitted += 1  # counted as handled, so wait_done can finish
+                        rec = RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids), 0,
+                                            (), reason, max_tokens=a.sampling.max_tokens)
+                        break
             if rec is not None:
                 self.on_request(rec)
 
-    def _admit_due(self, now: int) -> None:
+    def _drain_incoming(self) -> None:
         while True:
             try:
                 heapq.heappush(self._arrivals, self._incoming.get_nowait())
             except queue.Empty:
                 break
+
+    def _admit_due(self, now: int) -> None:
+        self._drain_incoming()
         # a paused load stops arrivals from the pause on; requests that arrived before it still run
         limit = self._load_paused_at if self.load_paused else now
         while self._arrivals and self._arrivals[0].arrival_ns <= limit:
@@ -279,6 +300,15 @@ class EngineHost:
                                               0, (), "error", max_tokens=a.sampling.max_tokens,
                                               error=str(e)))
 
+    def _report(self, res: Any) -> None:
+        if res.record is not None:
+            self.on_step(res.record)
+        out = getattr(res, "output", None)
+        if out is not None:
+            self.on_output(out)
+        for f in res.finished:
+            self.on_request(f)
+
     def _run(self) -> None:
         eng = self.engine
         try:
@@ -290,11 +320,7 @@ class EngineHost:
                         break
                 self._admit_due(time.monotonic_ns())
                 if self.paused and getattr(eng, "has_step_in_flight", False):
-                    res = eng.drain()  # async scheduling: the launched step still reports
-                    if res.record is not None:
-                        self.on_step(res.record)
-                    for f in res.finished:
-                        self.on_request(f)
+                    self._report(eng.drain())  # async scheduling: the launched step still reports
                     continue
                 if self.paused or not eng.has_unfinished():
                     if not eng.has_unfinished() and not self._arrivals and self._incoming.empty() \
@@ -308,13 +334,10 @@ class EngineHost:
                     self._wake.clear()
                     continue
                 res = eng.step()
-                if res.record is not None:
-                    self.on_step(res.record)
-                else:  # nothing could be scheduled (all blocked): don't spin
+                if res.record is None:  # nothing could be scheduled (all blocked): don't spin
                     self._wake.wait(0.001)
                     self._wake.clear()
-                for f in res.finished:
-                    self.on_request(f)
+                self._report(res)
         except BaseException as e:  # surface, don't swallow: the UI shows it
             self.error = e
             self._emit("error", "engine", message=f"engine thread died: {type(e).__name__}: {e}")

@@ -68,9 +68,17 @@ class RequestRecord:
     ``arrival_ns``: when the request reached the engine (``add_request``), or its scheduled arrival
     time from the load generator when that is given. ``token_times_ns``: when each output token
     was produced (end of the step that sampled it); the first is the first-token time.
-    ``finish_reason``: "length" (forced/max length reached), "stop" (EOS), "abort", or "error".
+    ``finish_reason``: "length" (forced/max length reached), "stop" (EOS, a stop token, or a
+    stop string found by the server), "abort" (e.g. the client disconnected), or "error".
+    ``first_scheduled_ns``: start of the first step that computed any of its prompt (0 if none
+    did); ``first_scheduled_ns − arrival_ns`` is vLLM's queue time.
     Latency definitions follow ``vllm bench serve``: TTFT = first token − arrival,
-    TPOT = (e2e − TTFT)/(output_len − 1), ITL = each gap between tokens, E2EL = last token − arrival.
+    TPOT = (e2e − TTFT)/(output_len − 1), E2EL = last token − arrival, ITL = one gap per output
+    chunk after the first. A chunk is the tokens that arrived at one time stamp: a step that
+    emits k tokens for a request (vLLM's speculative or multi-step decoding, an SSE chunk of k
+    tokens) repeats its time k times in ``token_times_ns`` and is one ITL, as ``vllm bench
+    serve`` records one ITL per streamed chunk (vllm/benchmarks/lib/endpoint_request_func.py).
+    So ``sum(itls_ms) == e2el_ms − ttft_ms``, and no ITL is a 0 that was not measured.
     """
 
     request_id: str
@@ -83,6 +91,7 @@ class RequestRecord:
     max_tokens: int = 0
     error: str = ""
     output_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    first_scheduled_ns: int = 0
 
     @property
     def ttft_ms(self) -> float | None:
@@ -104,9 +113,23 @@ class RequestRecord:
         return (self.token_times_ns[-1] - self.token_times_ns[0]) / 1e6 / (n - 1)
 
     @property
-    def itls_ms(self) -> list[float]:
+    def chunk_sizes(self) -> list[int]:
+        """Tokens per output chunk (a run of one time stamp in ``token_times_ns``), in order."""
+        out: list[int] = []
         t = self.token_times_ns
-        return [(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t))]
+        for i, x in enumerate(t):
+            if i and x == t[i - 1]:
+                out[-1] += 1
+            else:
+                out.append(1)
+        return out
+
+    @property
+    def itls_ms(self) -> list[float]:
+        """Inter-token latencies (ms), one per chunk after the first (see the class docstring):
+        the gaps between consecutive distinct token times."""
+        t = self.token_times_ns
+        return [(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t)) if t[i] != t[i - 1]]
 
     def as_dict(self, with_tokens: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -116,6 +139,23 @@ class RequestRecord:
         else:
             d.pop("output_token_ids")
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """The tokens one step sampled, for streaming (the HTTP front door) and live counters.
+
+    ``t_ns``: when they were sampled (the time in each request's ``token_times_ns``).
+    ``tokens``: ``(request_id, token_id)`` for every request that got a token this step.
+    ``first_tokens``: ``(request_id, arrival_ns, prompt_len)`` for those whose first token it
+    is (TTFT). A request that finishes this step is in ``tokens`` and, after it, its
+    RequestRecord goes to ``on_request``.
+    """
+
+    step: int
+    t_ns: int
+    tokens: tuple[tuple[str, int], ...]
+    first_tokens: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ class SamplingParams:
     ``temperature`` 0 = greedy. ``top_k`` 0 = off, ``top_p`` 1.0 = off (vLLM's conventions).
     ``seed`` makes a request's samples reproducible whatever it is batched with (each request
     draws from its own generator). ``ignore_eos`` with ``max_tokens`` forces the output length,
-    as trace replay needs (``vllm bench``'s ``ignore_eos``).
+    as trace replay needs (``vllm bench``'s ``ignore_eos``). ``stop_token_ids`` end the request
+    when sampled (finish reason "stop"), ``ignore_eos`` or not, as in vLLM.
     """
 
     max_tokens: int = 16
@@ -25,6 +26,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -35,6 +37,9 @@ class SamplingParams:
             raise ConfigError(f"top_p={self.top_p!r} is out of range: allowed (0, 1]")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = off)")
+        ids = self.stop_token_ids
+        if not isinstance(ids, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise ConfigError(f"stop_token_ids={ids!r} must be a tuple of integer token ids")
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +100,7 @@ class Request:
     finish_reason: str = ""
     generator: object = None  # torch.Generator, created lazily by the sampler
     last_step: int = -1  # id of the latest step launched with this request in it (async)
+    first_scheduled_ns: int = 0  # start of the first step that computed any of it (queue time)
 
     @property
     def prompt_len(self) -> int:
