@@ -13,14 +13,14 @@ import json
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .config import ConfigError
-from .model import LlamaForCausalLM, ModelConfig
+from .model import LlamaForCausalLM, ModelConfig, eos_token_ids
 from .presets import PRESETS, get_preset
 
 ProgressFn = Callable[[str, int, int], None]
@@ -143,25 +143,56 @@ def read_config_json(path: Path) -> dict[str, Any]:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"no config.json in model folder {str(path)!r}")
+    return _read_json_object(cfg_path)
+
+
+def _read_json_object(file: Path) -> dict[str, Any]:
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        obj = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{str(cfg_path)!r} is not valid JSON: {e.msg} at line {e.lineno} "
+        raise ConfigError(f"{str(file)!r} is not valid JSON: {e.msg} at line {e.lineno} "
                           f"column {e.colno}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {str(cfg_path)!r}: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{str(cfg_path)!r} must hold a JSON object, got {type(cfg).__name__}")
-    return cfg
+        raise ConfigError(f"cannot read {str(file)!r}: {e}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{str(file)!r} must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def generation_eos_token_ids(path: Path) -> tuple[int, ...]:
+    """The ``eos_token_id`` (an int or a list) of folder ``path``'s ``generation_config.json``
+    as a tuple; () when the folder has no such file or the file no such field. Raises
+    ConfigError naming the file when it is not a JSON object or the field is not an int, a list
+    of ints or null."""
+    gen_path = path / "generation_config.json"
+    if not gen_path.is_file():
+        return ()
+    gen = _read_json_object(gen_path)
+    try:
+        return eos_token_ids(gen.get("eos_token_id"))
+    except ConfigError as e:
+        raise ConfigError(f"{str(gen_path)!r}: {e}") from None
+
+
+def merge_eos(config_ids: Sequence[int], generation_ids: Sequence[int]) -> tuple[int, ...]:
+    """The ids generation stops on: config.json's, then generation_config.json's, each once.
+
+    As vLLM does (``SamplingParams.update_from_generation_config``, PR #4182 for issue #4180:
+    Llama 3 Instruct ends a turn with ``<|eot_id|>``, listed only in generation_config.json): it
+    stops on the model's eos and on every generation-config eos id. gpuchef loads no tokenizer,
+    so config.json's ids stand for the tokenizer's eos (the first stays the primary one)."""
+    return tuple(dict.fromkeys((*config_ids, *generation_ids)))
 
 
 def _read_config(path: Path) -> ModelConfig:
     cfg_path = path / "config.json"
     cfg = read_config_json(path)
     try:
-        return ModelConfig.from_hf_config(cfg)
+        mc = ModelConfig.from_hf_config(cfg)
     except ConfigError as e:
         raise ConfigError(f"{str(cfg_path)!r}: {e}") from None
+    return replace(mc, eos_token_ids=merge_eos(mc.eos_token_ids,
+                                               generation_eos_token_ids(path)))
 
 
 def _safetensors_files(path: Path) -> list[Path]:

@@ -156,15 +156,7 @@ class ModelConfig:
 
         rope_theta, rope_scaling = _rope_from(cfg)
 
-        eos = cfg.get("eos_token_id")
-        if eos is None:
-            eos_ids: tuple[int, ...] = ()
-        elif isinstance(eos, int) and not isinstance(eos, bool):
-            eos_ids = (eos,)
-        elif isinstance(eos, list) and all(isinstance(e, int) for e in eos):
-            eos_ids = tuple(eos)
-        else:
-            raise ConfigError(f"eos_token_id must be an int, a list of ints or null, got {eos!r}")
+        eos_ids = eos_token_ids(cfg.get("eos_token_id"))
 
         # Qwen2 and Mistral ignore attention_bias/mlp_bias fields: their biases are fixed.
         if model_type == "qwen2":
@@ -205,6 +197,20 @@ class ModelConfig:
             sliding_window=window,
             extra={k: v for k, v in cfg.items() if k not in known},
         )
+
+
+def eos_token_ids(value: Any) -> tuple[int, ...]:
+    """A Hugging Face ``eos_token_id`` field (config.json or generation_config.json: an int, a
+    list of ints, or null/absent) as a tuple of token ids. Raises ConfigError for any other
+    value."""
+    if value is None:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(e, int) and not isinstance(e, bool)
+                                       for e in value):
+        return tuple(value)
+    raise ConfigError(f"eos_token_id must be an int, a list of ints or null, got {value!r}")
 
 
 def _pos_int(cfg: dict[str, Any], key: str) -> int:

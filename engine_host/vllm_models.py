@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -40,8 +40,9 @@ class VllmModelInfo:
 @dataclass(frozen=True)
 class VllmModelSource:
     """Where vLLM loads the model from: ``path`` (a folder with ``config.json``),
-    ``load_format`` ("dummy" = random weights, "auto" = the folder's weights), and the parsed
-    ``hf_config`` dict."""
+    ``load_format`` ("dummy" = random weights, "auto" = the folder's weights), the parsed
+    ``hf_config`` dict, and ``generation_eos`` (generation_config.json's eos ids, read before
+    vLLM starts so that a bad file is refused first)."""
 
     path: str
     name: str
@@ -49,6 +50,7 @@ class VllmModelSource:
     source: str
     load_format: str
     hf_config: dict[str, Any]
+    generation_eos: tuple[int, ...] = ()
 
 
 def _cache_root() -> Path:
@@ -93,38 +95,48 @@ def resolve_vllm_model(model: str) -> VllmModelSource:
     """A preset name or a local Hugging Face folder → where vLLM loads it from.
 
     Raises ConfigError (one line) for an unknown preset, a path that does not exist or is not a
-    folder, a folder without ``config.json``, or a ``config.json`` that is not a JSON object.
+    folder, a folder without ``config.json``, a ``config.json`` that is not a JSON object, or a
+    ``generation_config.json`` whose ``eos_token_id`` cannot be read.
     A folder with no weight files is loaded with random weights (``load_format="dummy"``).
     """
     if model in PRESETS:
         return VllmModelSource(str(preset_model_folder(model)), model, True, "preset", "dummy",
                                get_preset(model))
-    from .loader import model_folder, read_config_json
+    from .loader import generation_eos_token_ids, model_folder, read_config_json
 
     path = model_folder(model)
     hf = read_config_json(path)
     full = path.resolve()
     has_weights = any(next(full.glob(g), None) is not None for g in _WEIGHT_GLOBS)
     return VllmModelSource(str(full), full.name, not has_weights, str(full),
-                           "auto" if has_weights else "dummy", hf)
+                           "auto" if has_weights else "dummy", hf, generation_eos_token_ids(full))
 
 
 def model_info(src: VllmModelSource, dtype: torch.dtype) -> tuple[VllmModelInfo, Any]:
     """gpuchef's view of the model: VllmModelInfo and a ``model_config`` with ``vocab_size``,
     ``eos_token_ids`` and ``max_position_embeddings`` (gpuchef's ModelConfig when it knows the
-    architecture, else the same fields read from config.json)."""
-    from .model import ModelConfig
+    architecture, else the same fields read from config.json). ``eos_token_ids`` include the
+    folder's generation_config.json ones (``loader.merge_eos``)."""
+    from .loader import merge_eos
+    from .model import ModelConfig, eos_token_ids
 
     try:
         mc: Any = ModelConfig.from_hf_config(src.hf_config)
         n = mc.num_params()
     except (ConfigError, KeyError, TypeError, ValueError):
         hf = src.hf_config.get("text_config", src.hf_config)
-        eos = hf.get("eos_token_id", src.hf_config.get("eos_token_id"))
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        try:
+            eos_ids = eos_token_ids(hf.get("eos_token_id", src.hf_config.get("eos_token_id")))
+        except ConfigError:
+            eos_ids = ()  # an architecture gpuchef does not parse: vLLM judges its config
         mc = SimpleNamespace(vocab_size=int(hf.get("vocab_size", 0)), eos_token_ids=eos_ids,
                              max_position_embeddings=int(hf.get("max_position_embeddings",
                                                                 DEFAULT_MAX_MODEL_LEN)))
         n = 0
+    eos = merge_eos(mc.eos_token_ids, src.generation_eos)
+    if isinstance(mc, SimpleNamespace):
+        mc.eos_token_ids = eos
+    else:
+        mc = replace(mc, eos_token_ids=eos)
     size = torch.tensor([], dtype=dtype).element_size()
     return VllmModelInfo(src.name, src.random_weights, src.source, n, n * size), mc

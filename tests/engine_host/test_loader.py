@@ -154,6 +154,53 @@ def test_folder_ignores_rotary_inv_freq_and_extra_lm_head_when_tied(tmp_path):
     assert torch.equal(lm.model.model.embed_tokens.weight, t["model.embed_tokens.weight"])
 
 
+@pytest.mark.parametrize("gen_eos,want", [([2, 60], (2, 60)), (61, (2, 61)), (2, (2,)),
+                                            (None, (2,))])
+def test_generation_config_eos_joins_config_eos(tmp_path, gen_eos, want):
+    # vLLM stops on the model's eos and on every generation_config.json eos id (PR #4182)
+    folder = write_folder(tmp_path / "m", {**SMALL, "eos_token_id": 2})
+    gen = {"bos_token_id": 1} if gen_eos is None else {"eos_token_id": gen_eos}
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    assert load_model(str(folder), dtype=torch.float32, device="cpu").config.eos_token_ids == want
+
+
+def test_generation_config_eos_stops_generation(tmp_path):
+    from gpuchef.engine_host.config import EngineConfig
+    from gpuchef.engine_host.engine import LLMEngine
+    from gpuchef.engine_host.request import SamplingParams
+
+    folder = write_folder(tmp_path / "m", {**SMALL, "eos_token_id": 0})
+
+    def generate():
+        eng = LLMEngine(EngineConfig(model=str(folder), device="cpu", dtype="float32"))
+        eng.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=12))  # greedy
+        done = []
+        while eng.has_unfinished():
+            done += eng.step().finished
+        return done[0]
+
+    free = generate()  # no generation_config.json: runs to max_tokens
+    assert free.finish_reason == "length" and free.output_len == 12
+    ids = list(free.output_token_ids)
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # first new id after the 1st
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, ids[k]]}))
+    stopped = generate()
+    assert stopped.finish_reason == "stop"
+    assert list(stopped.output_token_ids) == ids[:k + 1]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"eos_token_id": "x"}', "eos_token_id must be an int, a list of ints or null"),
+    ('{"eos_token_id": [2, ', "is not valid JSON"),
+    ("[2]", "must hold a JSON object"),
+])
+def test_generation_config_it_cannot_read_is_one_line(tmp_path, text, needle):
+    folder = write_folder(tmp_path / "m")
+    (folder / "generation_config.json").write_text(text)
+    msg = _err(folder)
+    assert needle in msg and "generation_config.json" in msg and "\n" not in msg
+
+
 def _err(path) -> str:
     with pytest.raises(ConfigError) as e:
         load_model(str(path), dtype=torch.float32, device="cpu")

@@ -5,6 +5,7 @@ limits, the one-line messages for a missing or mismatched vLLM, and `--engine` o
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import sys
 from types import SimpleNamespace as NS
 
@@ -419,6 +420,28 @@ def test_local_folder_is_passed_through(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     src = vllm_models.resolve_vllm_model(str(tmp_path))
     assert (src.load_format, src.random_weights) == ("auto", False)
+
+
+@pytest.mark.parametrize("hf_eos", [2, [2, 7]])
+def test_local_folder_eos_includes_generation_config(tmp_path, hf_eos):
+    import torch
+
+    from gpuchef.engine_host.presets import get_preset
+    cfg = {**get_preset("tiny"), "eos_token_id": hf_eos}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [2, 120]}')
+    src = vllm_models.resolve_vllm_model(str(tmp_path))
+    assert src.generation_eos == (2, 120)
+    _, mc = vllm_models.model_info(src, torch.bfloat16)
+    assert mc.eos_token_ids == ((2, 120) if hf_eos == 2 else (2, 7, 120))
+    # an architecture gpuchef does not parse keeps the same rule
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"],
+                                                      "vocab_size": 200, "eos_token_id": 5}))
+    _, mc = vllm_models.model_info(vllm_models.resolve_vllm_model(str(tmp_path)), torch.bfloat16)
+    assert mc.eos_token_ids == (5, 2, 120)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": "</s>"}')
+    with pytest.raises(ConfigError, match="generation_config.json.*eos_token_id must be an int"):
+        vllm_models.resolve_vllm_model(str(tmp_path))  # refused before vLLM starts
 
 
 @pytest.mark.parametrize("setup,needle", [
