@@ -8,7 +8,9 @@ a prefill wrapper wants.
 
 Causal rule (FlashInfer's, aligned to the end of the KV): query row ``i`` of a request with
 ``qo_len`` new tokens and ``kv_len`` tokens of KV (this step's included) sees keys
-``0 … kv_len − qo_len + i``. The step's K/V are written into the pages before attention runs.
+``0 … kv_len − qo_len + i``. A row that sees no key (``qo_len > kv_len``: the top rows)
+outputs 0, as FlashAttention defines its bottom-right causal mask (Dao-AILab/flash-attention
+#1778). The step's K/V are written into the pages before attention runs.
 """
 
 from __future__ import annotations
@@ -142,8 +144,11 @@ class ReferenceAttention(AttentionBackend):
             qb = q[q0:q1].to(acc_dtype).view(L, hkv, group, d)
             scores = torch.einsum("lhgd,khd->hglk", qb, kb) * scale  # [Hkv, G, L, kv_len]
             if L > 1:
-                scores = scores.masked_fill(~self._causal_mask(L, kv_len, q.device), float("-inf"))
+                mask = self._causal_mask(L, kv_len, q.device)
+                scores = scores.masked_fill(~mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
+            if L > 1 and L > kv_len:  # rows that see no key (softmax of all -inf is NaN): 0
+                probs = probs.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             out[q0:q1] = torch.einsum("hglk,khd->lhgd", probs, vb).reshape(L, hq, d).to(q.dtype)
         return out
 
