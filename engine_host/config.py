@@ -8,6 +8,7 @@ whole prompts) and ``chunked`` is Sarathi-Serve's stall-free batching (decode-fi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -43,8 +44,94 @@ KNOBS: dict[str, KnobSpec] = {
         KnobSpec("max_num_partial_prefills", 1, 4096,
                  "prompts that may be left mid-prefill at once (chunked mode)",
                  "--max-num-partial-prefills"),
+        KnobSpec("max_long_partial_prefills", 1, 4096,
+                 "of the partial prefills, how many may be long prompts (over "
+                 "long_prefill_token_threshold), so short ones pass them (chunked mode)",
+                 "--max-long-partial-prefills"),
     )
 }
+
+#: The autopilot's setting (``SchedulerConfig.auto_budget``): not an integer knob, so not in
+#: KNOBS, but live and recorded like one (EngineEvent kind "knob", name "auto_budget").
+AUTO_BUDGET = "auto_budget"
+AUTO_BUDGET_OFF = ("", "off", "none", "0", "false", "no")
+#: Sanity cap on an autopilot target (ms): a target typed with extra zeros is refused.
+AUTO_BUDGET_MAX_MS = 600_000.0
+_TARGET_RE = re.compile(r"^(itl|ttft)_(mean|median|p\d+(?:\.\d+)?)$")
+_DURATION_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(ms|s)?$")
+
+
+@dataclass(frozen=True)
+class AutoBudgetSpec:
+    """The autopilot's targets: ``itl_ms`` (the step time the decodes may see, ms) with the
+    statistic it is meant for (``itl_stat``: "p99", "median", …), and optionally ``ttft_ms``
+    (the time to first token the waiting queue may see, ms) with ``ttft_stat``."""
+
+    itl_ms: float
+    itl_stat: str = "p99"
+    ttft_ms: float | None = None
+    ttft_stat: str = "p99"
+
+    @property
+    def canonical(self) -> str:
+        """``itl_p99:50ms,ttft_p99:2000ms``: the form stored in SchedulerConfig and traces."""
+        s = f"itl_{self.itl_stat}:{self.itl_ms:g}ms"
+        if self.ttft_ms is not None:
+            s += f",ttft_{self.ttft_stat}:{self.ttft_ms:g}ms"
+        return s
+
+
+def parse_auto_budget(spec: Any) -> AutoBudgetSpec | None:
+    """Parse ``--auto-budget itl_p99:50ms[,ttft_p99:2s]`` (values in ms by default, or with a
+    ``ms``/``s`` unit; stats mean, median or p<0-100>, as ``--slo`` spells them). "", "off" or
+    None → None (the autopilot off).
+
+    Raises ConfigError naming the value and what is allowed: an unknown key, a key twice, no
+    ``itl_…`` target, a target that is not a duration, 0, negative or over 600 s, or a TTFT
+    target below one step (below the ITL target: a first token takes at least one step).
+    """
+    if spec is None or isinstance(spec, AutoBudgetSpec):
+        return spec
+    text = str(spec).strip()
+    if text.lower() in AUTO_BUDGET_OFF:
+        return None
+    eg = "e.g. itl_p99:50ms or itl_p99:50ms,ttft_p99:2s"
+    got: dict[str, tuple[str, float]] = {}
+    for pair in re.split(r"[,\s]+", text):
+        if not pair:
+            continue
+        key, sep, val = pair.partition(":")
+        m = _TARGET_RE.match(key.strip().lower())
+        if not sep or not m:
+            raise ConfigError(f"--auto-budget {text!r}: {pair!r} is not TARGET:DURATION with "
+                              f"TARGET itl_<stat> or ttft_<stat> (stat mean, median or p<0-100>); "
+                              f"{eg}; or off")
+        metric, stat = m.group(1), m.group(2)
+        if stat.startswith("p") and not 0.0 <= float(stat[1:]) <= 100.0:
+            raise ConfigError(f"--auto-budget {text!r}: percentile {stat[1:]} is out of range: "
+                              "allowed [0, 100]")
+        v = _DURATION_RE.match(val.strip().lower())
+        if val.strip().startswith("-"):
+            raise ConfigError(f"--auto-budget {text!r}: {metric} target {val!r} is negative: "
+                              f"allowed (0, {AUTO_BUDGET_MAX_MS / 1000:g} s]")
+        if not v:
+            raise ConfigError(f"--auto-budget {text!r}: {val!r} is not a duration ({eg})")
+        ms = float(v.group(1)) * (1000.0 if v.group(2) == "s" else 1.0)
+        if not (math.isfinite(ms) and 0 < ms <= AUTO_BUDGET_MAX_MS):
+            raise ConfigError(f"--auto-budget {text!r}: {metric} target {val!r} is out of range: "
+                              f"allowed (0, {AUTO_BUDGET_MAX_MS / 1000:g} s]")
+        if metric in got:
+            raise ConfigError(f"--auto-budget {text!r}: the {metric} target is given twice")
+        got[metric] = (stat, ms)
+    if "itl" not in got:
+        raise ConfigError(f"--auto-budget {text!r} has no ITL target: the autopilot keeps the "
+                          f"step time under it ({eg})")
+    itl_stat, itl_ms = got["itl"]
+    ttft_stat, ttft_ms = got.get("ttft", ("p99", None))
+    if ttft_ms is not None and ttft_ms < itl_ms:
+        raise ConfigError(f"--auto-budget {text!r}: ttft target {ttft_ms:g} ms is below one step "
+                          f"(the itl target, {itl_ms:g} ms): a first token takes at least one step")
+    return AutoBudgetSpec(itl_ms, itl_stat, ttft_ms, ttft_stat)
 
 
 def parse_mode(value: Any) -> str:
@@ -55,6 +142,18 @@ def parse_mode(value: Any) -> str:
     return v
 
 
+def parse_value(name: str, value: Any) -> Any:
+    """Validate one setting of SchedulerConfig by name: ``mode`` (parse_mode), ``auto_budget``
+    (parse_auto_budget, returned as its canonical string, "" = off) or a knob (parse_knob).
+    Raises ConfigError as those do."""
+    if name == "mode":
+        return parse_mode(value)
+    if name == AUTO_BUDGET:
+        spec = parse_auto_budget(value)
+        return "" if spec is None else spec.canonical
+    return parse_knob(name, value)
+
+
 def parse_knob(name: str, value: Any) -> int:
     """Validate one knob value (int or a string of digits).
 
@@ -63,7 +162,8 @@ def parse_knob(name: str, value: Any) -> int:
     """
     spec = KNOBS.get(name)
     if spec is None:
-        raise ConfigError(f"unknown knob {name!r}; knobs are: {', '.join(KNOBS)}, mode")
+        raise ConfigError(f"unknown knob {name!r}; knobs are: {', '.join(KNOBS)}, mode, "
+                          f"{AUTO_BUDGET}")
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}")
     if isinstance(value, str):
@@ -90,7 +190,12 @@ class SchedulerConfig:
 
     Defaults: ``max_num_batched_tokens`` 2048 (vLLM's default for chunked prefill on small GPUs
     and Sarathi-Serve's larger budget), ``max_num_seqs`` 256 (vLLM's default below 70 GiB),
-    ``long_prefill_token_threshold`` 0 (off, as in vLLM), ``max_num_partial_prefills`` 1 (vLLM V0).
+    ``long_prefill_token_threshold`` 0 (off, as in vLLM), ``max_num_partial_prefills`` 1 (vLLM V0),
+    ``max_long_partial_prefills`` 1 (vLLM V0; at most ``max_num_partial_prefills``, as vLLM's
+    ``SchedulerConfig`` requires), ``auto_budget`` "" (the autopilot off; else its targets in
+    ``AutoBudgetSpec.canonical`` form, see engine_host/autopilot.py).
+    Raises ConfigError for a bad value or ``max_long_partial_prefills`` above
+    ``max_num_partial_prefills``.
     """
 
     mode: str = "chunked"
@@ -98,19 +203,32 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    auto_budget: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", parse_mode(self.mode))
         for f in fields(self):
             if f.name in KNOBS:
                 object.__setattr__(self, f.name, parse_knob(f.name, getattr(self, f.name)))
+        object.__setattr__(self, AUTO_BUDGET, parse_value(AUTO_BUDGET, self.auto_budget))
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ConfigError(
+                f"max_long_partial_prefills={self.max_long_partial_prefills} is above "
+                f"max_num_partial_prefills={self.max_num_partial_prefills}: allowed "
+                f"[1, max_num_partial_prefills] (long prompts are some of the partial prefills)")
 
     def with_changes(self, **changes: Any) -> "SchedulerConfig":
         """A copy with ``changes`` applied and validated (ConfigError on a bad one; self unchanged)."""
         for k in changes:
-            if k != "mode" and k not in KNOBS:
+            if k not in ("mode", AUTO_BUDGET) and k not in KNOBS:
                 parse_knob(k, 0)  # raises with the list of knobs
         return replace(self, **changes)
+
+    @property
+    def auto_budget_spec(self) -> AutoBudgetSpec | None:
+        """``auto_budget`` parsed; None when the autopilot is off."""
+        return parse_auto_budget(self.auto_budget)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -290,7 +290,7 @@ class LLMEngine:
                      num_finished: int, cuda_graph: bool) -> StepRecord:
         cfg = out.config
         usage = self.kv.usage()
-        return StepRecord(
+        rec = StepRecord(
             step=step_id, t_start_ns=t_start, t_end_ns=time.monotonic_ns(), gpu_ms=gpu_ms,
             mode=cfg.mode, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_seqs=cfg.max_num_seqs,
@@ -301,7 +301,11 @@ class LLMEngine:
             num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(out.preempted), kv_blocks_used=usage.used,
             kv_blocks_total=usage.total, num_finished=num_finished, cuda_graph=cuda_graph,
+            max_long_partial_prefills=cfg.max_long_partial_prefills, auto_budget=cfg.auto_budget,
+            prefill_allowance=out.prefill_allowance, predicted_ms=out.predicted_ms,
         )
+        self.scheduler.observe(out, rec.wall_ms)  # the autopilot's model learns the step time
+        return rec
 
     # -- async scheduling ------------------------------------------------------------------
     def _step_async(self) -> StepResult:

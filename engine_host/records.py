@@ -22,6 +22,10 @@ class StepRecord:
     prefill request its chunk. ``num_partial_prefills`` counts requests left mid-prefill after the
     step. ``num_preempted`` counts preemptions made while scheduling this step. Queue sizes and KV
     figures (blocks of ``block_size`` tokens) are taken after the step, finished requests gone.
+    ``prefill_allowance``: the prefill tokens the autopilot allowed this step (-1: autopilot
+    off or not a chunked step; while it falls back, the budget left after the decodes);
+    ``predicted_ms``: its step-time model's prediction for the step as scheduled (ms; -1: none
+    yet), to set against ``wall_ms``. ``auto_budget``: its targets in force ("" = off).
     """
 
     step: int
@@ -44,6 +48,10 @@ class StepRecord:
     kv_blocks_total: int
     num_finished: int = 0
     cuda_graph: bool = False
+    max_long_partial_prefills: int = 1
+    auto_budget: str = ""
+    prefill_allowance: int = -1
+    predicted_ms: float = -1.0
 
     @property
     def num_decode_tokens(self) -> int:

@@ -9,7 +9,10 @@ refuse it outright, which a live budget change must not do to queued requests.
 ``chunked`` — Sarathi-Serve's stall-free batching (vLLM V1 with chunked prefill): every running
 decode first (one token each), then continuing prefill chunks, then new prefills, until the
 token budget ``max_num_batched_tokens`` is spent. ``long_prefill_token_threshold`` caps one
-request's chunk; ``max_num_partial_prefills`` caps the prompts left mid-prefill after a step.
+request's chunk; ``max_num_partial_prefills`` caps the prompts left mid-prefill after a step;
+``max_long_partial_prefills`` (vLLM V0) caps the long prompts among those in prefill so that
+short ones pass them. With ``auto_budget`` set, the autopilot (autopilot.py) picks the step's
+prefill allowance within the budget left after the decodes.
 
 Both: at most ``max_num_seqs`` running requests; new requests are admitted FCFS and not in a
 step that preempted (vLLM V1); when a decode needs a block and none is free, the most recently
@@ -22,10 +25,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
+from .autopilot import Autopilot
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .request import Request, RequestStatus
+
+
+def _quiet(kind: str, message: str) -> None:
+    pass
 
 
 @dataclass
@@ -38,6 +47,11 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_partial_prefills: int = 0
     config: SchedulerConfig | None = None
+    # the autopilot's choice (tokens; -1 = off) and its model's prediction (ms; -1 = none)
+    prefill_allowance: int = -1
+    predicted_ms: float = -1.0
+    ap_features: tuple | None = None
+    ap_decode_ctx: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -65,6 +79,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.watermark_blocks = max(1, kv.num_blocks // 100) if kv.num_blocks >= 100 else 0
+        self.autopilot: Autopilot | None = None  # built when config.auto_budget is set
+        self.notify: Callable[[str, str], None] = _quiet  # the autopilot's status (host sets it)
 
     # -- queue management --------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -85,6 +101,26 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    # -- the autopilot (engine_host/autopilot.py) -------------------------------------------
+    def _autopilot(self, cfg: SchedulerConfig) -> Autopilot | None:
+        """The controller for ``cfg.auto_budget`` (None when off); a target change keeps its
+        fitted model."""
+        ap = self.autopilot
+        if not cfg.auto_budget:
+            self.autopilot = None
+            return None
+        if ap is None:
+            ap = self.autopilot = Autopilot(cfg.auto_budget_spec,
+                                            notify=lambda k, m: self.notify(k, m))
+        elif ap.spec.canonical != cfg.auto_budget:
+            ap.set_spec(cfg.auto_budget_spec)
+        return ap
+
+    def observe(self, out: SchedulerOutput, wall_ms: float) -> None:
+        """Feed one executed step's measured time (ms) to the autopilot's model."""
+        if out.ap_features is not None and self.autopilot is not None:
+            self.autopilot.observe(out.ap_features, wall_ms)
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)
@@ -153,12 +189,24 @@ class Scheduler:
     def _schedule_chunked(self, out: SchedulerOutput) -> None:
         cfg = self.config
         budget = self._schedule_decodes(out, cfg.max_num_batched_tokens)
+        ap = self._autopilot(cfg) if cfg.auto_budget else None
+        if ap is not None:
+            budget = allowance = ap.choose(self, out, budget)
         limit = cfg.chunk_limit
         partial = 0
+        # the long-prompt lane (vLLM V0's PartialPrefillMetadata): with more than one partial
+        # prefill allowed, at most max_long_partial_prefills of the prompts in prefill may be
+        # long (remaining > long_prefill_token_threshold); a long one past that waits in its
+        # place while shorter ones behind it are admitted
+        thr = cfg.long_prefill_token_threshold
+        lane = cfg.max_num_partial_prefills > 1 and thr > 0
+        long_n = 0
         # continuing chunks, in admission order
         for req in self.running:
             if not req.is_prefill:
                 continue
+            if lane and req.remaining_prefill > thr:
+                long_n += 1
             n = min(req.remaining_prefill, budget, limit, self.kv.tokens_that_fit(req))
             if n > 0:
                 self.kv.grow(req, n)
@@ -167,10 +215,15 @@ class Scheduler:
             if n < req.remaining_prefill:
                 partial += 1
         # new prefills, FCFS, not in a step that preempted
+        passed: list[Request] = []  # long prompts the lane holds back, in queue order
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < cfg.max_num_seqs):
             req = self.waiting[0]
             remaining = req.num_tokens
+            is_long = lane and remaining > thr
+            if is_long and long_n >= cfg.max_long_partial_prefills:
+                passed.append(self.waiting.popleft())
+                continue
             n = min(remaining, budget, limit)
             if n < remaining and partial >= cfg.max_num_partial_prefills:
                 break
@@ -179,7 +232,13 @@ class Scheduler:
             budget -= n
             if n < remaining:
                 partial += 1
+            if is_long:
+                long_n += 1
+        if passed:
+            self.waiting.extendleft(reversed(passed))
         out.num_partial_prefills = partial
+        if ap is not None:
+            ap.finish(out, allowance)
 
     def _schedule_continuous(self, out: SchedulerOutput) -> None:
         cfg = self.config

@@ -1,0 +1,286 @@
+"""The autopilot: an SLO-aware controller of the chunked scheduler's prefill token allowance.
+
+Before each chunked step, once the running decodes have their tokens, :class:`Autopilot` picks
+how many prefill tokens the step may carry (its *allowance*): as many as keep the step's
+predicted time (= the ITL its decodes see) within the ITL target, more when a waiting request's
+TTFT target is at risk. It changes when tokens are computed, never which tokens.
+
+**The step-time model** (:class:`StepTimeModel`), fitted online to the engine's own steps::
+
+    t_ms ≈ θ·x,  x = [1, mixed, D/64, P/512, Cd/2^16, Cp/2^20]
+
+``mixed`` = 1 when the step carries prefill (a prefill plan, no CUDA graph), ``D`` decode rows,
+``P`` prefill tokens, ``Cd`` = Σ context length read by the decode rows (tokens), ``Cp`` = Σ
+over prefill chunks of n·(o + (n+1)/2) query-key pairs (a chunk of n tokens at offset o,
+causal). The linear form in batch size, prefill tokens and attention context is the one of
+Vidur's and DistServe's step-time models (Agrawal et al., MLSys 2024; Zhong et al., OSDI 2024:
+"latency ≈ a + b·tokens + c·context"). It is fitted by exponentially weighted least squares,
+the recursive-least-squares problem with forgetting factor λ (Ljung & Söderström, *Theory and
+Practice of Recursive Identification*, 1983, §2.6; Haykin, *Adaptive Filter Theory*, ch. 10),
+solved in information form with a regularisation toward the last estimate added each step,
+(1−λ)·δ·(θ_prev − θ), so that a direction the load stops exciting keeps its value instead of
+winding up (Gunnarsson, "Combining tracking and regularization in recursive least squares
+identification", CDC 1996). The fit error is the a-priori relative error |t − t̂|/t of each
+step, exponentially averaged; residuals beyond 4× that are clipped (Huber) so that one stall
+(GC, a noisy neighbour) does not drag the fit.
+
+**The rule**: with the decodes placed, the fixed part f = t̂(D, Cd, P=0) + θ_mixed is known;
+the allowance is the largest P with f + θ_P·P + θ_Cp·(P·o + P²/2) ≤ g (a quadratic; o is the
+offset of the first prefill in line), where the goal g = ITL target / (1 + z·σ), σ = 1.25 × the
+mean relative error (σ of a normal error) and z its quantile for the target's statistic (p99:
+2.33; median/mean: 0), so that the target's quantile, not the mean, stays under the target.
+With a TTFT target, each request in line for prefill (the running partial prefills, then up to
+32 waiting) with age a and T prefill tokens ahead of its first token (its own included) needs
+T·(f/P + c) ≤ g_ttft − a, i.e. P ≥ T·f/(g_ttft − a − T·c); the allowance is raised to the
+largest such P among the requests that the full budget could still serve in time (a request
+already past rescue is not chased at every decode's expense). Guards: the allowance is never
+above the budget left after the decodes (``max_num_batched_tokens``, the user's cap), never below
+``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves), and while the model is not fitted
+(fewer than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient
+≤ 0) or its error is over ``ERROR_LEAVE`` (back under ``ERROR_ENTER``) the static budget is in
+force, and ``notify`` is told ("warning"/"notice", a message).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .config import AutoBudgetSpec
+
+if TYPE_CHECKING:  # the scheduler imports this module
+    from .scheduler import Scheduler, SchedulerOutput
+
+FEATURES = ("1", "mixed", "decode_rows", "prefill_tokens", "decode_context", "prefill_context")
+#: Feature scales: x = raw / scale, so that every feature is O(1) at real loads.
+SCALES = (1.0, 1.0, 64.0, 512.0, float(1 << 16), float(1 << 20))
+FORGETTING = 0.97          # λ: memory ≈ 1/(1−λ) ≈ 33 steps
+REGULARISATION = 1e-2      # δ
+ERROR_ALPHA = 0.05         # weight of the newest step in the mean relative error (~20 steps)
+MIN_STEPS = 24
+ERROR_FROM_STEP = 8        # the error is tracked from the 9th step fitted (θ has data by then)
+MIN_PREFILL_STEPS = 8
+ERROR_ENTER = 0.20         # the controller takes over at or below this mean relative error
+ERROR_LEAVE = 0.35         # and hands back to the static budget above this
+MIN_PREFILL_ALLOWANCE = 64  # tokens per step, or the budget left if smaller
+TTFT_SCAN = 32             # waiting requests looked at for TTFT risk per step
+MIN_GOAL_SHARE = 0.5       # the headroom never takes the goal below half the target
+
+Notify = Callable[[str, str], None]
+
+
+def _noop(kind: str, message: str) -> None:
+    pass
+
+
+def stat_z(stat: str) -> float:
+    """The normal quantile for a target's statistic: ``p99`` → 2.33, ``median``/``mean``/p≤50 → 0."""
+    if stat.startswith("p"):
+        q = float(stat[1:]) / 100.0
+        if q <= 0.5:
+            return 0.0
+        return NormalDist().inv_cdf(min(q, 0.9999))
+    return 0.0
+
+
+class StepTimeModel:
+    """Exponentially weighted, regularised least squares for ``t_ms ≈ θ·x`` (see the module
+    docstring). ``x``: a length-6 sequence of scaled features (``features``). All times ms."""
+
+    def __init__(self, forgetting: float = FORGETTING, regularisation: float = REGULARISATION) -> None:
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting factor {forgetting} is out of range: allowed (0, 1]")
+        n = len(FEATURES)
+        self.lam = forgetting
+        self.delta = regularisation
+        self.R = np.eye(n) * regularisation
+        self.r = np.zeros(n)
+        self.theta = np.zeros(n)
+        self._reg = (1.0 - forgetting) * regularisation
+        self._diag = np.diag_indices(n)
+        self.n = 0              # steps fitted
+        self.n_prefill = 0      # of them, steps with prefill
+        self.error = 1.0        # mean relative a-priori error (fraction); 1 until fitted
+        self._err_n = 0
+
+    @staticmethod
+    def features(decode_rows: int, prefill_tokens: int, decode_ctx: int, prefill_ctx: float) -> tuple:
+        """Scaled features of a step (tokens; ``prefill_ctx`` in query-key pairs)."""
+        return (1.0, 1.0 if prefill_tokens else 0.0, decode_rows / 64.0, prefill_tokens / 512.0,
+                decode_ctx / 65536.0, prefill_ctx / 1048576.0)
+
+    def predict(self, x) -> float:
+        th = self.theta
+        return (th[0] * x[0] + th[1] * x[1] + th[2] * x[2] + th[3] * x[3] + th[4] * x[4]
+                + th[5] * x[5])
+
+    def update(self, x, y_ms: float) -> float:
+        """Fit one step of ``y_ms``; returns the a-priori prediction it was judged against."""
+        pred = self.predict(x)
+        if self._err_n >= MIN_STEPS - ERROR_FROM_STEP:
+            # Huber: a stall far outside the tracked error moves the fit by a bounded amount
+            lim = 4.0 * self.error * max(abs(pred), 1e-3)
+            y_fit = min(max(y_ms, pred - lim), pred + lim)
+        else:
+            y_fit = y_ms
+        if y_ms > 0 and self.n >= ERROR_FROM_STEP:  # a-priori errors of a model with data
+            e = min(abs(y_ms - pred) / y_ms, 4.0)
+            self._err_n += 1
+            if self._err_n <= MIN_STEPS - ERROR_FROM_STEP:  # plain mean first, then exponential
+                self.error = e if self._err_n == 1 else self.error + (e - self.error) / self._err_n
+            else:
+                self.error += ERROR_ALPHA * (e - self.error)
+        xv = np.asarray(x, dtype=float)
+        lam = self.lam
+        R = self.R
+        R *= lam
+        R += np.outer(xv, xv)
+        R[self._diag] += self._reg
+        self.r *= lam
+        self.r += xv * y_fit + self._reg * self.theta
+        self.theta = np.linalg.solve(R, self.r)
+        self.n += 1
+        if x[1]:
+            self.n_prefill += 1
+        return pred
+
+    def coefficients(self) -> dict[str, float]:
+        """θ in raw units: ms, ms per mixed step, per decode row, per prefill token, per context
+        token, per query-key pair."""
+        return {f: float(t / s) for f, t, s in zip(FEATURES, self.theta, SCALES)}
+
+    @property
+    def fitted(self) -> bool:
+        return (self.n >= MIN_STEPS and self.n_prefill >= MIN_PREFILL_STEPS
+                and self._err_n > 0 and self.theta[3] > 0.0)
+
+
+class Autopilot:
+    """Chooses each chunked step's prefill allowance (see the module docstring).
+
+    ``spec``: the targets (``config.parse_auto_budget``). ``notify(kind, message)`` hears status
+    changes: kind "warning" (the static budget is in force: not fitted, or the error too large)
+    or "notice" (the controller steers). Called on the engine thread; must be cheap.
+    """
+
+    def __init__(self, spec: AutoBudgetSpec, notify: Notify | None = None,
+                 model: StepTimeModel | None = None) -> None:
+        self.model = model or StepTimeModel()
+        self.notify = notify or _noop
+        self.active = False
+        self.last_allowance = -1
+        self.set_spec(spec)
+        self.notify("warning", f"autopilot ({spec.canonical}): fitting the step-time model "
+                               f"(needs {MIN_STEPS} steps, {MIN_PREFILL_STEPS} with prefill); the "
+                               "static budget is in force until then")
+
+    def set_spec(self, spec: AutoBudgetSpec) -> None:
+        """New targets; the fitted model is kept (the step time does not depend on them)."""
+        self.spec = spec
+        self._z_itl = stat_z(spec.itl_stat)
+        self._z_ttft = stat_z(spec.ttft_stat)
+
+    # -- per step ------------------------------------------------------------------------------
+    def _goal(self, target_ms: float, z: float) -> float:
+        sigma = 1.25 * self.model.error
+        return target_ms * max(MIN_GOAL_SHARE, 1.0 / (1.0 + z * sigma))
+
+    def choose(self, sched: "Scheduler", out: "SchedulerOutput", budget_left: int) -> int:
+        """The prefill allowance for the step being scheduled (tokens, ≤ ``budget_left``): its
+        decodes are in ``out``. Stores ``decode_ctx`` on ``out`` for :meth:`finish`."""
+        decode_ctx = 0
+        for r in out.decodes:
+            decode_ctx += r.num_computed_tokens + 1
+        out.ap_decode_ctx = decode_ctx
+        if budget_left <= 0:
+            return 0
+        self._update_status()
+        if not self.active:
+            return budget_left
+        th = self.model.theta
+        d = len(out.decodes)
+        fixed = th[0] + th[1] + th[2] * d / 64.0 + th[4] * decode_ctx / 65536.0
+        c = th[3] / 512.0                       # ms per prefill token
+        e = max(th[5], 0.0) / 1048576.0         # ms per query-key pair
+        o = 0
+        for r in sched.running:
+            if r.is_prefill:
+                o = r.num_computed_tokens
+                break
+        p = _largest_p(self._goal(self.spec.itl_ms, self._z_itl) - fixed, c + e * o, e / 2.0)
+        if self.spec.ttft_ms is not None and p < budget_left:
+            p = max(p, self._ttft_need(sched, fixed, c, budget_left))
+        floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
+        return max(floor, min(int(p), budget_left))
+
+    def _ttft_need(self, sched: "Scheduler", fixed: float, c: float, cap: int) -> float:
+        """The least allowance that serves every rescuable request in line within the TTFT
+        goal (0 when none is at risk)."""
+        goal = self._goal(self.spec.ttft_ms, self._z_ttft)
+        now = time.monotonic_ns()
+        ahead = 0
+        need = 0.0
+        line = [(r, r.remaining_prefill) for r in sched.running if r.is_prefill]
+        for i, r in enumerate(sched.waiting):
+            if i >= TTFT_SCAN:
+                break
+            line.append((r, r.num_tokens))
+        for r, tokens in line:
+            ahead += tokens
+            if r.output_token_ids:  # preempted: its first token is out already
+                continue
+            room = goal - (now - r.arrival_ns) / 1e6 - ahead * c
+            if room <= 0:
+                continue
+            p = ahead * fixed / room
+            if p <= cap:
+                need = max(need, p)
+        return math.ceil(need)
+
+    def finish(self, out: "SchedulerOutput", allowance: int) -> None:
+        """Record the step's allowance, features and predicted time on ``out``."""
+        pt = 0
+        pctx = 0.0
+        for r, n in out.prefills:
+            pt += n
+            pctx += n * (r.num_computed_tokens + (n + 1) / 2.0)
+        x = StepTimeModel.features(len(out.decodes), pt, out.ap_decode_ctx, pctx)
+        out.ap_features = x
+        out.prefill_allowance = allowance
+        m = self.model
+        out.predicted_ms = float(m.predict(x)) if m.n >= MIN_STEPS else -1.0
+        self.last_allowance = allowance
+
+    def observe(self, features, wall_ms: float) -> None:
+        """Fit the model to one executed step (its features and measured wall time, ms)."""
+        self.model.update(features, wall_ms)
+
+    def _update_status(self) -> None:
+        m = self.model
+        if self.active:
+            if not m.fitted or m.error > ERROR_LEAVE:
+                self.active = False
+                why = (f"error {m.error:.0%} > {ERROR_LEAVE:.0%}" if m.fitted
+                       else "prefill coefficient not positive")
+                self.notify("warning", f"autopilot: step-time model {why}: the static budget is "
+                                       f"in force until the error is ≤ {ERROR_ENTER:.0%}")
+        elif m.fitted and m.error <= ERROR_ENTER:
+            self.active = True
+            self.notify("notice", f"autopilot: step-time model fitted ({m.n} steps, error "
+                                  f"{m.error:.0%}); choosing the prefill allowance for "
+                                  f"{self.spec.canonical}")
+
+
+def _largest_p(slack: float, b: float, a: float) -> float:
+    """The largest P ≥ 0 with a·P² + b·P ≤ slack (0 if none; inf if unbounded)."""
+    if slack <= 0:
+        return 0.0
+    if a > 1e-15:
+        return (-b + math.sqrt(b * b + 4.0 * a * slack)) / (2.0 * a)
+    if b <= 0:
+        return math.inf
+    return slack / b
