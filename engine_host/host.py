@@ -26,10 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from .config import ConfigError, parse_knob, parse_mode
+from .config import AUTO_BUDGET, ConfigError, parse_value
 from .engine import LLMEngine
 from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
+from .scheduler import Scheduler
 
 # vLLM runs its engine core in another process to keep the GIL away from it; gpuchef hosts it
 # in-process, and a short switch interval gives the engine thread the GIL back promptly after
@@ -42,6 +43,7 @@ class _Command:
     kind: str  # "set", "pause", "resume", "pause_load", "resume_load", "mark", "abort"
     changes: tuple[tuple[str, Any], ...] = ()
     label: str = ""
+    source: str = ""  # who asked ("http" for the knob endpoint; "" the dashboard or a command)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class EngineHost:
         self.submitted = 0
         self.error: BaseException | None = None
         self.t0_ns = 0
+        sched = getattr(engine, "scheduler", None)
+        if isinstance(sched, Scheduler):  # the autopilot's status lines, as events
+            sched.notify = lambda kind, msg: self._emit(kind, AUTO_BUDGET, message=msg)
 
     # -- load ------------------------------------------------------------------------------
     def set_workload(self, specs: Iterable[Any], t0_ns: int | None = None) -> None:
@@ -126,26 +131,36 @@ class EngineHost:
             return self._seq
 
     # -- commands --------------------------------------------------------------------------
-    def set_knob(self, name: str, value: Any) -> Any:
-        """Validate now, apply between steps. Returns the parsed value; raises ConfigError."""
-        v = parse_mode(value) if name == "mode" else parse_knob(name, value)
+    def set_knob(self, name: str, value: Any, source: str = "") -> Any:
+        """Validate now, apply between steps. Returns the parsed value; raises ConfigError.
+        ``source`` goes into the change's EngineEvent (e.g. "http")."""
+        v = parse_value(name, value)
         self._check_engine_limits({name: v})
-        self._command(_Command("set", ((name, v),)))
+        self._command(_Command("set", ((name, v),), source=source))
         return v
 
-    def set_config(self, **changes: Any) -> dict[str, Any]:
+    def set_config(self, source: str = "", **changes: Any) -> dict[str, Any]:
         """Several knobs (and/or ``mode``) at once, in force from the same step."""
-        parsed = {k: (parse_mode(v) if k == "mode" else parse_knob(k, v)) for k, v in changes.items()}
+        parsed = {k: parse_value(k, v) for k, v in changes.items()}
         self._check_engine_limits(parsed)
-        self._command(_Command("set", tuple(parsed.items())))
+        self._command(_Command("set", tuple(parsed.items()), source=source))
         return parsed
 
     def _check_engine_limits(self, changes: dict[str, Any]) -> None:
-        # An engine with narrower live ranges (vLLM: budget and max_num_seqs at most their
-        # start-up values) says so now, in the caller's thread.
+        # Knobs that bound each other (max_long_partial_prefills ≤ max_num_partial_prefills), and
+        # an engine with narrower live ranges (vLLM: budget and max_num_seqs at most their
+        # start-up values), say so now, in the caller's thread.
+        cfg = self.engine.scheduler_config.with_changes(**changes)
         check = getattr(self.engine, "validate_scheduler_config", None)
         if check is not None:
-            check(self.engine.scheduler_config.with_changes(**changes))
+            check(cfg)
+
+    def set_auto_budget(self, spec: Any) -> str:
+        """Turn the autopilot on with targets ``spec`` (``itl_p99:50ms[,ttft_p99:2s]``, or an
+        AutoBudgetSpec) or off (None, "" or "off"), from the next step. Recorded as a knob
+        event (name "auto_budget"). Returns the canonical spec ("" = off); raises ConfigError
+        for bad targets (nothing changes)."""
+        return self.set_knob(AUTO_BUDGET, "" if spec is None else spec)
 
     def set_mode(self, mode: str) -> str:
         return self.set_knob("mode", mode)
@@ -217,9 +232,9 @@ class EngineHost:
         return self.engine.scheduler_config
 
     def _emit(self, kind: str, name: str = "", old: Any = None, new: Any = None,
-              message: str = "") -> None:
+              message: str = "", source: str = "") -> None:
         self.on_event(EngineEvent(kind, self.engine.step_id, time.monotonic_ns(), name, old, new,
-                                  message))
+                                  message, source))
 
     def _apply(self, c: _Command) -> None:
         eng = self.engine
@@ -228,17 +243,17 @@ class EngineHost:
             try:
                 new = old.with_changes(**dict(c.changes))
             except ConfigError as e:
-                self._emit("error", message=str(e))
+                self._emit("error", message=str(e), source=c.source)
                 return
             try:
                 eng.set_scheduler_config(new)
             except ConfigError as e:  # the engine refused it (e.g. a limit it has live)
-                self._emit("error", message=str(e))
+                self._emit("error", message=str(e), source=c.source)
                 return
             for k, v in c.changes:
                 prev = getattr(old, k)
                 if prev != v:
-                    self._emit("mode" if k == "mode" else "knob", k, prev, v)
+                    self._emit("mode" if k == "mode" else "knob", k, prev, v, source=c.source)
         elif c.kind == "pause":
             if not self.paused:
                 self.paused = True

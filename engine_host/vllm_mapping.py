@@ -313,10 +313,24 @@ def chunked_admission_limit(prefilling_remaining: Sequence[int], num_decodes: in
 # ------------------------------------------------------------------------------ knob limits
 
 
+def check_native_only(cfg: SchedulerConfig) -> None:
+    """Refuse the settings only gpuchef's own scheduler has: the autopilot (``auto_budget``)
+    and the long-prompt lane (``max_long_partial_prefills`` > 1; vLLM V1 has no lane).
+    Raises ConfigError naming the setting."""
+    if cfg.auto_budget:
+        raise ConfigError(f"auto_budget={cfg.auto_budget} needs --engine native: the autopilot "
+                          "steers gpuchef's own scheduler")
+    if cfg.max_long_partial_prefills != 1:
+        raise ConfigError(f"max_long_partial_prefills={cfg.max_long_partial_prefills} needs "
+                          "--engine native: vLLM V1 has no long-prompt lane (allowed: 1)")
+
+
 def check_startup_knobs(cfg: SchedulerConfig) -> None:
     """Refuse start-up knobs vLLM 0.24 refuses (vllm/config/scheduler.py
     ``SchedulerConfig.verify_max_model_len``: the budget must hold one token per running
-    request). Raises ConfigError naming both values."""
+    request) and those only the native engine has (``check_native_only``). Raises ConfigError
+    naming both values."""
+    check_native_only(cfg)
     if cfg.max_num_batched_tokens < cfg.max_num_seqs:
         raise ConfigError(
             f"--max-num-batched-tokens {cfg.max_num_batched_tokens} must be >= --max-num-seqs "
@@ -331,6 +345,7 @@ def check_live_knobs(cfg: SchedulerConfig, *, max_num_batched_tokens: int,
     model_runner.py ``GPUModelRunner.__init__``), so live values may only be at most those.
     Raises ConfigError saying so; ``long_prefill_token_threshold``,
     ``max_num_partial_prefills`` and the mode are always live."""
+    check_native_only(cfg)
     if cfg.max_num_batched_tokens > max_num_batched_tokens:
         raise ConfigError(
             f"max_num_batched_tokens={cfg.max_num_batched_tokens} cannot be set live on vLLM: it "
