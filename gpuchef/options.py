@@ -73,6 +73,15 @@ scheduler_options = _opts(
                  help="Chunk size: cap on one request's prefill tokens per step (0 = the budget)."),
     click.option("--max-num-partial-prefills", default=1, show_default=True, type=int,
                  help="Prompts that may be left mid-prefill at once (chunked mode)."),
+    click.option("--max-long-partial-prefills", default=1, show_default=True, type=int,
+                 help="Of those, how many may be long prompts (over "
+                      "--long-prefill-token-threshold), so that short prompts pass them "
+                      "(vLLM V0; at most --max-num-partial-prefills)."),
+    click.option("--auto-budget", "auto_budget", default=None, metavar="TARGETS",
+                 help="The autopilot (chunked mode): pick each step's prefill tokens within "
+                      "--max-num-batched-tokens to keep the step time under an ITL target, "
+                      "more when a TTFT target is at risk, e.g. itl_p99:50ms,ttft_p99:2s "
+                      "(docs/autopilot.md). Default: off."),
 )
 
 workload_options = _opts(
@@ -124,7 +133,9 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
             mode=o["mode"], max_num_batched_tokens=o["max_num_batched_tokens"],
             max_num_seqs=o["max_num_seqs"],
             long_prefill_token_threshold=o["long_prefill_token_threshold"],
-            max_num_partial_prefills=o["max_num_partial_prefills"]),
+            max_num_partial_prefills=o["max_num_partial_prefills"],
+            max_long_partial_prefills=o.get("max_long_partial_prefills", 1),
+            auto_budget=o.get("auto_budget") or ""),
         engine=o.get("engine", "native"),
         tensor_parallel_size=o.get("tensor_parallel_size", 1),
     )
