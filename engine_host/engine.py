@@ -64,8 +64,10 @@ class StepResult:
     output: StepOutput | None = None
 
 
-def _step_output(step_id: int, t_ns: int, tokens: list, first: list) -> StepOutput | None:
-    return StepOutput(step_id, t_ns, tuple(tokens), tuple(first)) if tokens else None
+def _step_output(step_id: int, t_ns: int, tokens: list, first: list,
+                 finished: list) -> StepOutput | None:
+    return StepOutput(step_id, t_ns, tuple(tokens), tuple(first), tuple(finished)) \
+        if tokens else None
 
 
 @dataclass(eq=False)
@@ -284,7 +286,7 @@ class LLMEngine:
         rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
                                 self.runner.last_step_used_graph)
         self.step_id += 1
-        return StepResult(rec, finished, _step_output(rec.step, now, tokens, first))
+        return StepResult(rec, finished, _step_output(rec.step, now, tokens, first, finished))
 
     def _step_record(self, step_id: int, out: SchedulerOutput, t_start: int, gpu_ms: float,
                      num_finished: int, cuda_graph: bool) -> StepRecord:
@@ -449,7 +451,7 @@ class LLMEngine:
         rec = self._step_record(cur.step_id, cur.out, t_start, gpu_ms, len(finished),
                                 cur.handle.used_graph)
         self._last_t_end = rec.t_end_ns
-        return StepResult(rec, finished, _step_output(cur.step_id, now, tokens, first))
+        return StepResult(rec, finished, _step_output(cur.step_id, now, tokens, first, finished))
 
     @staticmethod
     def _record(r: Request) -> RequestRecord:

@@ -157,13 +157,15 @@ class StepOutput:
     ``tokens``: ``(request_id, token_id)`` for every request that got a token this step.
     ``first_tokens``: ``(request_id, arrival_ns, prompt_len)`` for those whose first token it
     is (TTFT). A request that finishes this step is in ``tokens`` and, after it, its
-    RequestRecord goes to ``on_request``.
+    RequestRecord goes to ``on_request``; ``finished`` holds those records too, so that a
+    streaming consumer can send a request's last token and its end together.
     """
 
     step: int
     t_ns: int
     tokens: tuple[tuple[str, int], ...]
     first_tokens: tuple[tuple[str, int, int], ...] = ()
+    finished: tuple["RequestRecord", ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +175,8 @@ class EngineEvent:
     ``kind``: "knob" (a knob changed), "mode" (mode switched), "pause", "resume", "mark" (a label
     from above, e.g. an A/B window), "warning", "notice", "error" (a command refused: ``message``
     says why). ``step``: the id of the first step that runs with the change in force; -1 for a
-    notice not tied to a step (the GPU sampler's status: ``name`` "nvml").
+    notice not tied to a step (the GPU sampler's status: ``name`` "nvml"). ``source``: who
+    asked for a change: "http" (the knob endpoint), "" (the dashboard or the command itself).
     """
 
     kind: str
@@ -183,6 +186,7 @@ class EngineEvent:
     old: Any = None
     new: Any = None
     message: str = ""
+    source: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,6 +23,8 @@ def _register() -> None:
     cli.add_command(report)
     from .replay_cmd import replay
     cli.add_command(replay)
+    from .serve_cmd import serve
+    cli.add_command(serve)
     try:
         from .bench_attention import bench_attention
     except ImportError:  # not written yet / optional

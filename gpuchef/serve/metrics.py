@@ -1,0 +1,292 @@
+"""``/metrics``: the engine's records as Prometheus series, vLLM's names first.
+
+The values come from the records the trace gets — StepRecord, StepOutput, RequestRecord, and
+the NVML sampler's GpuSample — fed by the EngineHost's listeners: one source of truth. The
+listeners (engine and sampler threads) only append to a deque; the counting happens on the
+server's thread (``drain``, at each scrape and a few times a second), so that /metrics costs
+the engine thread one append per record.
+
+vLLM names, labels (``model_name``, ``engine``) and bucket boundaries are vLLM V1's
+(vllm/v1/metrics/loggers.py), so Grafana boards built for vLLM work unchanged. Deviations:
+``vllm:iteration_tokens_total`` counts every token of a step (prefill chunk + decode rows),
+which is what vLLM PR #51261 makes it count. ``gpuchef:`` series are what no peer exports: the
+per-step split by step kind, the knobs in force, and GPM saturation per GPU (docs/serve.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+import threading
+from typing import Any, Iterable
+
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+from prometheus_client.registry import CollectorRegistry
+
+from ..engine_host.config import KNOBS, MODES
+from ..engine_host.records import RequestRecord, StepOutput, StepRecord
+
+# vLLM V1's buckets (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# gpuchef's step series: step durations from a graphed decode (ms) to a long prefill (s)
+STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
+                        0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+STEP_KINDS = ("prefill_only", "mixed", "decode_only")
+FINISHED_REASONS = ("stop", "length", "abort")
+#: GpuSample field → gpuchef gauge name (percent unless the name says otherwise)
+GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
+              "sm_occupancy": "gpuchef:gpu_sm_occupancy_percent",
+              "tensor_active": "gpuchef:gpu_tensor_active_percent",
+              "dram_bw_util": "gpuchef:gpu_dram_bw_util_percent",
+              "gpu_util": "gpuchef:gpu_util_percent",
+              "power_w": "gpuchef:gpu_power_watts"}
+
+
+def step_kind(r: StepRecord) -> str:
+    """"prefill_only", "mixed" or "decode_only" (a step with neither does not occur)."""
+    if r.num_prefill_tokens and r.num_decode_reqs:
+        return "mixed"
+    return "prefill_only" if r.num_prefill_tokens else "decode_only"
+
+
+class _Hist:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for b, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((_fmt(b), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+def _fmt(b: float) -> str:
+    return repr(float(b))
+
+
+class ServeMetrics:
+    """Prometheus series over the host's records.
+
+    ``model_name``: the ``model_name`` label (``--served-model-name``). Listeners to give the
+    EngineHost / samplers: ``on_step``, ``on_output``, ``on_request``, ``on_gpu_sample``.
+    ``render()`` returns the text exposition (bytes; ``CONTENT_TYPE``).
+    """
+
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, model_name: str, engine_label: str = "0",
+                 kv_blocks_total: int | None = None) -> None:
+        self.labels = {"model_name": model_name, "engine": engine_label}
+        self._pending: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+        self.kv_used = 0
+        self.kv_total = kv_blocks_total or 0
+        self.preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.errors = 0
+        self.ttft = _Hist(TTFT_BUCKETS)
+        self.itl = _Hist(ITL_BUCKETS)
+        self.e2e = _Hist(REQUEST_LATENCY_BUCKETS)
+        self.queue = _Hist(REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = _Hist(REQUEST_LATENCY_BUCKETS)
+        self.decode_time = _Hist(REQUEST_LATENCY_BUCKETS)
+        self.iteration_tokens = _Hist(ITERATION_TOKEN_BUCKETS)
+        self.step_seconds = {k: _Hist(STEP_SECONDS_BUCKETS) for k in STEP_KINDS}
+        self.step_prefill = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
+        self.step_decode = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
+        self.knobs: dict[str, int] = {}
+        self.mode = ""
+        self.gpu: dict[str, dict[str, float]] = {}
+        self._last_token_ns: dict[str, int] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # -- listeners (any thread: one append) --------------------------------------------------
+    def on_step(self, r: StepRecord) -> None:
+        self._pending.append(r)
+
+    def on_output(self, o: StepOutput) -> None:
+        self._pending.append(o)
+
+    def on_request(self, r: RequestRecord) -> None:
+        self._pending.append(r)
+
+    def on_gpu_sample(self, s: Any) -> None:
+        if hasattr(s, "gpu") and hasattr(s, "sm_active"):
+            self._pending.append(s)
+
+    def set_scheduler(self, cfg: Any) -> None:
+        """The knobs in force before the first step (later ones come with each StepRecord)."""
+        self.mode = cfg.mode
+        self.knobs = {k: getattr(cfg, k) for k in KNOBS if hasattr(cfg, k)}
+
+    # -- counting (server thread) ------------------------------------------------------------
+    def drain(self) -> None:
+        with self._lock:
+            pend = self._pending
+            last = self._last_token_ns
+            while pend:
+                x = pend.popleft()
+                if isinstance(x, StepOutput):
+                    t = x.t_ns
+                    for rid, _ in x.tokens:
+                        prev = last.get(rid)
+                        if prev is not None and t > prev:
+                            self.itl.observe((t - prev) / 1e9)
+                        last[rid] = t
+                    self.generation_tokens += len(x.tokens)
+                    for _, arrival, plen in x.first_tokens:
+                        self.ttft.observe(max(0, t - arrival) / 1e9)
+                        self.prompt_tokens += plen
+                elif isinstance(x, StepRecord):
+                    self._step(x)
+                elif isinstance(x, RequestRecord):
+                    self._request(x)
+                else:
+                    self._gpu(x)
+
+    def _step(self, r: StepRecord) -> None:
+        self.running, self.waiting = r.num_running, r.num_waiting
+        self.kv_used, self.kv_total = r.kv_blocks_used, r.kv_blocks_total
+        self.preemptions += r.num_preempted
+        self.iteration_tokens.observe(r.num_tokens)
+        k = step_kind(r)
+        self.step_seconds[k].observe(r.wall_ms / 1e3)
+        self.step_prefill[k].observe(r.num_prefill_tokens)
+        self.step_decode[k].observe(r.num_decode_reqs)
+        self.mode = r.mode
+        for name in KNOBS:
+            v = getattr(r, name, None)
+            if v is not None:
+                self.knobs[name] = v
+
+    def _request(self, r: RequestRecord) -> None:
+        self._last_token_ns.pop(r.request_id, None)
+        if r.finish_reason not in self.success:
+            self.errors += 1
+            return
+        self.success[r.finish_reason] += 1
+        t = r.token_times_ns
+        if not t:
+            return
+        self.e2e.observe(max(0, t[-1] - r.arrival_ns) / 1e9)
+        if r.first_scheduled_ns:
+            self.queue.observe(max(0, r.first_scheduled_ns - r.arrival_ns) / 1e9)
+            self.prefill_time.observe(max(0, t[0] - r.first_scheduled_ns) / 1e9)
+        self.decode_time.observe(max(0, t[-1] - t[0]) / 1e9)
+
+    def _gpu(self, s: Any) -> None:
+        g = self.gpu.setdefault(str(s.gpu), {})
+        for f in GPU_GAUGES:
+            v = getattr(s, f, None)
+            if v is not None and v == v:  # None = not read; NaN = a GPM window not computed
+                g[f] = float(v)
+
+    # -- exposition --------------------------------------------------------------------------
+    def render(self) -> bytes:
+        from prometheus_client.exposition import generate_latest
+
+        self.drain()
+        return generate_latest(self.registry)
+
+    def collect(self):  # prometheus_client's Collector protocol
+        with self._lock:
+            yield from self._families()
+
+    def _families(self):
+        L = self.labels
+        names, values = list(L), list(L.values())
+
+        def gauge(name: str, doc: str, v: float, extra: dict[str, str] | None = None):
+            extra = extra or {}
+            g = GaugeMetricFamily(name, doc, labels=names + list(extra))
+            g.add_metric(values + list(extra.values()), v)
+            return g
+
+        def counter(name: str, doc: str, v: float):
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(values, v)
+            return c
+
+        def hist(name: str, doc: str, h: _Hist | dict[str, _Hist], label: str | None = None):
+            f = HistogramMetricFamily(name, doc, labels=names + ([label] if label else []))
+            for key, hh in (h.items() if isinstance(h, dict) else [(None, h)]):
+                f.add_metric(values + ([key] if label else []), hh.buckets(), hh.sum)
+            return f
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    self.running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    self.waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    self.kv_used / self.kv_total if self.kv_total else 0.0)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
+                      self.preemptions)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                      self.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      self.generation_tokens)
+        c = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                labels=names + ["finished_reason"])
+        for reason, n in self.success.items():
+            c.add_metric(values + [reason], n)
+        yield c
+        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                   self.ttft)
+        yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                   self.itl)
+        yield hist("vllm:e2e_request_latency_seconds",
+                   "Histogram of e2e request latency in seconds.", self.e2e)
+        yield hist("vllm:request_queue_time_seconds",
+                   "Histogram of time spent in WAITING phase for request.", self.queue)
+        yield hist("vllm:request_prefill_time_seconds",
+                   "Histogram of time spent in PREFILL phase for request.", self.prefill_time)
+        yield hist("vllm:request_decode_time_seconds",
+                   "Histogram of time spent in DECODE phase for request.", self.decode_time)
+        yield hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                   self.iteration_tokens)
+        # gpuchef's own
+        yield counter("gpuchef:request_errors", "Requests refused by the engine (bad prompt, too "
+                      "long for the KV cache).", self.errors)
+        yield hist("gpuchef:step_duration_seconds", "Engine step wall time (schedule + forward + "
+                   "sample), by step kind.", self.step_seconds, "step_kind")
+        yield hist("gpuchef:step_prefill_tokens", "Prefill tokens per engine step, by step kind.",
+                   self.step_prefill, "step_kind")
+        yield hist("gpuchef:step_decode_rows", "Decode rows (= decode tokens) per engine step, by "
+                   "step kind.", self.step_decode, "step_kind")
+        m = GaugeMetricFamily("gpuchef:scheduler_mode", "The scheduler mode in force (1 for the "
+                              "mode named).", labels=names + ["mode"])
+        for mode in MODES:
+            m.add_metric(values + [mode], 1.0 if mode == self.mode else 0.0)
+        yield m
+        for name, v in self.knobs.items():
+            yield gauge(f"gpuchef:{name}", KNOBS[name].help, v)
+        for field, metric in GPU_GAUGES.items():
+            g = GaugeMetricFamily(metric, f"GPU {field} (NVML/GPM, latest sample).",
+                                  labels=names + ["gpu"])
+            for gpu, vals in self.gpu.items():
+                if field in vals and math.isfinite(vals[field]):
+                    g.add_metric(values + [gpu], vals[field])
+            yield g

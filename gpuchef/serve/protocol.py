@@ -1,0 +1,269 @@
+"""The OpenAI request bodies gpuchef's front door takes, checked field by field, and the
+responses and errors it writes (OpenAI's shapes, as vLLM implements them).
+
+``parse_completion`` / ``parse_chat`` turn a JSON body into a ``GenRequest`` or raise
+``APIError`` naming the field (``param``) and what is allowed. Fields OpenAI defines that
+gpuchef does not implement are refused when set to anything but their default (docs/serve.md
+lists them); fields nobody defines are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: OpenAI's defaults (https://platform.openai.com/docs/api-reference/completions/create):
+#: completions stop after 16 tokens; chat after what the context leaves (vLLM's default).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class APIError(Exception):
+    """An HTTP error with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error",
+             404: "invalid_request_error", 405: "invalid_request_error",
+             413: "invalid_request_error", 422: "invalid_request_error",
+             503: "server_error", 500: "server_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+@dataclass
+class GenRequest:
+    """One completions/chat request, checked. ``prompts``: each a str or a list of token ids
+    (a batch is several; chat has one). ``max_tokens`` None = what the context leaves."""
+
+    kind: str  # "completions" | "chat"
+    model: str | None
+    prompts: list[Any]
+    max_tokens: int | None
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    messages: list[dict[str, Any]] | None = None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(body: dict, key: str, default: float, lo: float, hi: float, *,
+         lo_open: bool = False) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"'{key}' must be a number, got {v!r}", key)
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        raise bad(f"'{key}' = {v!r} is out of range: allowed {'(' if lo_open else '['}{lo:g}, "
+                  f"{hi:g}]", key)
+    return float(v)
+
+
+def _int(body: dict, key: str, lo: int | None = None, *, default: Any = None) -> Any:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise bad(f"'{key}' must be an integer, got {v!r}", key)
+    if lo is not None and v < lo:
+        raise bad(f"'{key}' = {v} must be >= {lo}", key)
+    return v
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{key}' must be true or false, got {v!r}", key)
+    return v
+
+
+def _unsupported(body: dict, defaults: dict[str, Any]) -> None:
+    for key, ok in defaults.items():
+        v = body.get(key)
+        if v is not None and v != ok and not (isinstance(ok, tuple) and v in ok):
+            raise bad(f"'{key}' is not supported by gpuchef's server (got {v!r}); leave it out",
+                      key)
+
+
+def _common(body: Any, kind: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {model!r}", "model")
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise bad(f"'n' = {n!r}: gpuchef's server returns one choice per prompt; allowed n=1",
+                  "n")
+    _unsupported(body, {"logprobs": (None, False, 0), "top_logprobs": (None, 0),
+                        "echo": False, "best_of": (None, 1), "suffix": None,
+                        "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+                        "repetition_penalty": (1, 1.0), "logit_bias": ({},),
+                        "response_format": (None,), "tools": (None, []),
+                        "use_beam_search": False})
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad("'stream_options' must be an object like {\"include_usage\": true}",
+                  "stream_options")
+    so = so or {}
+    stream = _bool(body, "stream")
+    if so and not stream:
+        raise bad("'stream_options' is only allowed with \"stream\": true", "stream_options")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    if any(not s for s in stop):
+        raise bad("'stop' strings must not be empty", "stop")
+    sti = body.get("stop_token_ids") or []
+    if not (isinstance(sti, list) and all(_is_int(i) and i >= 0 for i in sti)):
+        raise bad(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {sti!r}",
+                  "stop_token_ids")
+    seed = _int(body, "seed")
+    return dict(
+        model=model, stream=stream,
+        include_usage=_bool(so, "include_usage"),
+        continuous_usage=_bool(so, "continuous_usage_stats"),
+        temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=_top_k(body),
+        seed=seed, ignore_eos=_bool(body, "ignore_eos"), stop=stop, stop_token_ids=sti,
+        include_stop_str_in_output=_bool(body, "include_stop_str_in_output"))
+
+
+def _top_k(body: dict) -> int:
+    v = _int(body, "top_k", default=0)
+    if v == -1:  # vLLM's "off"
+        return 0
+    if v < 0:
+        raise bad(f"'top_k' = {v} must be -1 or 0 (off) or a positive integer", "top_k")
+    return v
+
+
+def _max_tokens(body: dict, *keys: str) -> int | None:
+    for key in keys:
+        v = body.get(key)
+        if v is None:
+            continue
+        if not _is_int(v):
+            raise bad(f"'{key}' must be an integer, got {v!r}", key)
+        if v < 1:
+            raise bad(f"'{key}' = {v} must be >= 1", key)
+        return v
+    return None
+
+
+def parse_completion(body: Any) -> GenRequest:
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of
+    either (a batch: one choice per prompt, ``index`` in order). Raises APIError (400)."""
+    c = _common(body, "completions")
+    if "prompt" not in body:
+        raise bad("'prompt' is required: a string, a list of token ids, or a list of those",
+                  "prompt")
+    p = body["prompt"]
+    if isinstance(p, str):
+        prompts: list[Any] = [p]
+    elif isinstance(p, list) and p and all(_is_int(i) for i in p):
+        prompts = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        prompts = list(p)
+    elif isinstance(p, list) and p and all(isinstance(x, list) for x in p):
+        for x in p:
+            if not all(_is_int(i) for i in x):
+                raise bad("'prompt': a batch of token-id lists must hold only integers", "prompt")
+        prompts = [list(x) for x in p]
+    elif isinstance(p, list) and not p:
+        raise bad("'prompt' is empty: give at least one token or character", "prompt")
+    else:
+        raise bad("'prompt' must be a string, a list of token ids, or a list of strings or of "
+                  f"token-id lists, got {type(p).__name__}", "prompt")
+    for x in prompts:
+        if len(x) == 0:
+            raise bad("'prompt' is empty: give at least one token or character", "prompt")
+    mt = _max_tokens(body, "max_tokens")
+    return GenRequest("completions", prompts=prompts,
+                      max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if mt is None else mt, **c)
+
+
+CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+
+
+def parse_chat(body: Any) -> GenRequest:
+    """``POST /v1/chat/completions``: ``messages`` ``[{"role", "content"}]`` with content a
+    string or a list of ``{"type": "text", "text"}`` parts. Raises APIError (400)."""
+    c = _common(body, "chat")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' is required: a non-empty list of {\"role\", \"content\"}",
+                  "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"'{where}' must be an object with 'role' and 'content'", where)
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise bad(f"'{where}.role' = {role!r} is not one of {', '.join(CHAT_ROLES)}",
+                      f"{where}.role")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise bad(f"'{where}.content[{j}]': only text parts "
+                              "({\"type\": \"text\", \"text\": ...}) are supported",
+                              f"{where}.content")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif content is None and role == "assistant":
+            content = ""
+        elif not isinstance(content, str):
+            raise bad(f"'{where}.content' must be a string or a list of text parts",
+                      f"{where}.content")
+        out.append({"role": role, "content": content})
+    mt = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    return GenRequest("chat", prompts=[], max_tokens=mt, messages=out, **c)
+
+
+# -- responses ------------------------------------------------------------------------------
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def finish_reason(engine_reason: str) -> str | None:
+    """An engine finish reason as OpenAI names it ("abort" has no OpenAI name: vLLM says
+    "abort" too)."""
+    return {"length": "length", "stop": "stop", "abort": "abort"}.get(engine_reason,
+                                                                      engine_reason or None)

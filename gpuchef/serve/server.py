@@ -1,0 +1,571 @@
+"""The HTTP front door: an OpenAI-compatible API over an EngineHost, on its own asyncio thread.
+
+Requests enter through ``EngineHost.submit`` — the host API the load generator uses — and their
+tokens come back from the engine's per-step output (``on_output``): each step's tokens for all
+streams go to the server's loop in one thread-safe call, and each stream writes them at once,
+so a token's time in the trace is the time it was sent, give or take the loop's latency (which
+``benchmarks/bench_serve.py`` measures). A client that goes away aborts its request before the
+next step: its KV blocks are freed then and the trace records ``finish_reason`` "abort".
+Nothing here runs on the engine thread but the two listeners, which only hand records over.
+
+Endpoints (docs/serve.md): ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``,
+``GET``/``PATCH /gpuchef/v1/scheduler``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+from ..engine_host.config import KNOBS, MODES, ConfigError
+from ..engine_host.records import RequestRecord, StepOutput
+from ..engine_host.request import SamplingParams
+from . import protocol as P
+from .protocol import APIError
+
+log = logging.getLogger("gpuchef.serve")
+
+#: Request ids of HTTP requests start with this (the load generator's are ``req-``/``probe-``),
+#: so the dashboard and the trace can tell where a request came from.
+HTTP_ID_PREFIX = "http-"
+DEFAULT_MAX_CONCURRENT = 4096
+DEFAULT_MAX_BODY_MB = 32.0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 = any free one), made before the model
+    loads so that a port in use or a bad host is one clear line at once. Raises ConfigError."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port!r} is out of range: allowed [0, 65535] (0 = any free port)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host!r} is not an address to listen on ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"--port {port}: {host}:{port} is already in use (another server "
+                              "there?); give another --port") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"--host {host!r} is not an address of this machine") from None
+        if e.errno == errno.EACCES:
+            raise ConfigError(f"--port {port}: permission denied (ports below 1024 need root); "
+                              "give a port >= 1024") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One engine request's output, filled by the loop from the engine's listeners."""
+
+    rid: str
+    index: int
+    prompt_len: int
+    decoder: Any
+    items: list = field(default_factory=list)  # ("tok", id, t_ns) | ("done", RequestRecord)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` sent
+    n_tokens: int = 0
+    record: RequestRecord | None = None
+    finish: str | None = None
+    stop_reason: Any = None
+    stopped: bool = False  # a stop string was found: the rest is cut
+
+
+class FrontDoor:
+    """The server. ``host``: the EngineHost to feed; ``tokenizer``: engine_host.tokenizer's
+    Tokenizer or None (then only token-id prompts, and no text in responses);
+    ``metrics``: a ServeMetrics or None; ``model_name``: what clients send as ``model``
+    (``--served-model-name``); ``api_key``: Bearer key for /v1 and /gpuchef routes (None: open).
+
+    ``listeners()`` returns ``(on_output, on_request)`` to hand to the host (the session fans
+    the host's records out to these and to the trace). Start with ``start(sock)``.
+    """
+
+    def __init__(self, host: Any, *, tokenizer: Any, model_name: str, model_root: str,
+                 max_model_len: int, vocab_size: int, metrics: Any = None,
+                 api_key: str | None = None, max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+                 max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+                 version: str = "0") -> None:
+        if not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ConfigError(f"--max-concurrent-requests {max_concurrent!r} must be an integer >= 1")
+        self.host = host
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.model_name = model_name
+        self.model_root = model_root
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.api_key = api_key or None
+        self.max_concurrent = max_concurrent
+        self.max_body_bytes = max_body_bytes
+        self.version = version
+        self.created = int(time.time())
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.startup_error: BaseException | None = None
+        self.requests_total = 0
+        self.send_lag_ns: list[int] = []  # engine token time → written, for bench_serve
+        self.record_send_lag = False
+
+    # -- engine-thread listeners: hand over, nothing else --------------------------------------
+    def on_output(self, out: StepOutput) -> None:
+        streams = self._streams
+        if not streams or self._loop is None:
+            return
+        batch = [(s, tok) for rid, tok in out.tokens if (s := streams.get(rid)) is not None]
+        if batch:
+            # a request's last token and its end in one hand-over: one SSE chunk, not two
+            ends = [(s, r) for r in out.finished if (s := streams.get(r.request_id)) is not None]
+            self._loop.call_soon_threadsafe(self._deliver, batch, out.t_ns, ends)
+
+    def on_request(self, rec: RequestRecord) -> None:
+        # ends that came with their last token were handed over already (a second "done" is
+        # ignored); this carries aborts and errors
+        s = self._streams.get(rec.request_id)
+        if s is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._done, s, rec)
+
+    @staticmethod
+    def _deliver(batch: list, t_ns: int, ends: list) -> None:
+        for s, tok in batch:
+            s.items.append(("tok", tok, t_ns))
+            s.event.set()
+        for s, rec in ends:
+            s.items.append(("done", rec))
+
+    @staticmethod
+    def _done(s: _Stream, rec: RequestRecord) -> None:
+        s.items.append(("done", rec))
+        s.event.set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, sock: socket.socket) -> None:
+        """Serve on ``sock`` (from ``bind_socket``) on a daemon thread; returns once listening.
+        Raises what the start-up raised."""
+        name = sock.getsockname()
+        host = name[0] if ":" not in name[0] else f"[{name[0]}]"
+        self.url = f"http://{host}:{name[1]}"
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="gpuchef-http",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self.startup_error is not None:
+            raise self.startup_error
+
+    def stop(self, timeout: float = 5.0) -> None:
+        loop = self._loop
+        if loop is not None and self._stopping is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stopping.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, sock: socket.socket) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(sock))
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            self.startup_error = e
+            self._ready.set()
+        finally:
+            loop.close()
+
+    async def _serve(self, sock: socket.socket) -> None:
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        r = app.router
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/health", self._health)
+        r.add_get("/version", self._version)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/gpuchef/v1/scheduler", self._get_scheduler)
+        r.add_patch("/gpuchef/v1/scheduler", self._patch_scheduler)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        self._runner = runner
+        await web.SockSite(runner, sock).start()
+        self._ready.set()
+        drain = asyncio.ensure_future(self._drain_metrics())
+        await self._stopping.wait()
+        drain.cancel()
+        for s in list(self._streams.values()):  # shutting down: the clients get what was made
+            self.host.abort(s.rid)
+        await runner.cleanup()
+
+    async def _drain_metrics(self) -> None:
+        while self.metrics is not None:
+            await asyncio.sleep(0.25)
+            self.metrics.drain()
+
+    # -- plumbing ------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            if self.api_key and request.path.startswith(("/v1/", "/gpuchef/")):
+                self._check_auth(request)
+            return await handler(request)
+        except APIError as e:
+            return web.json_response(e.body(), status=e.status)
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response(APIError(
+                413, f"the request body is over the limit of {self.max_body_bytes} bytes "
+                     "(--max-request-body-mb)").body(), status=413)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            msg = {404: f"no route {request.method} {request.path}: see /v1/models, "
+                        "/v1/completions, /v1/chat/completions, /metrics, /gpuchef/v1/scheduler",
+                   405: f"method {request.method} is not allowed on {request.path}"}.get(
+                e.status, e.reason)
+            return web.json_response(APIError(e.status, msg).body(), status=e.status)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # a bug: say it, keep serving
+            log.exception("request failed")
+            return web.json_response(APIError(500, f"internal error: {type(e).__name__}: {e}").body(),
+                                     status=500)
+
+    def _check_auth(self, request: web.Request) -> None:
+        h = request.headers.get("Authorization", "")
+        if h != f"Bearer {self.api_key}":
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' "
+                                "(the server's --api-key)", code="invalid_api_key")
+
+    async def _json(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise P.bad(f"the request body is not valid JSON: {e}") from None
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist: this server serves "
+                                f"`{self.model_name}` (GET /v1/models)", "model",
+                           "model_not_found")
+
+    # -- simple endpoints ----------------------------------------------------------------------
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created,
+            "owned_by": "gpuchef", "root": self.model_root, "parent": None,
+            "max_model_len": self.max_model_len, "permission": []}]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        err = getattr(self.host, "error", None)
+        if err is not None:
+            raise APIError(503, f"the engine stopped: {type(err).__name__}: {err}")
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.version})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics is None:
+            raise APIError(404, "metrics are off on this server")
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": self.metrics.CONTENT_TYPE})
+
+    def _scheduler_state(self) -> dict[str, Any]:
+        cfg = self.host.scheduler_config
+        return {"mode": cfg.mode, **{k: getattr(cfg, k) for k in KNOBS if hasattr(cfg, k)},
+                "step": self.host.step_id,
+                "allowed": {"mode": list(MODES),
+                            **{k: {"min": s.lo, "max": s.hi, "flag": s.flag, "help": s.help}
+                               for k, s in KNOBS.items()}}}
+
+    async def _get_scheduler(self, request: web.Request) -> web.Response:
+        return web.json_response(self._scheduler_state())
+
+    async def _patch_scheduler(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if not isinstance(body, dict) or not body:
+            raise P.bad("the body must be a JSON object of knobs to change, e.g. "
+                        "{\"max_num_batched_tokens\": 512, \"mode\": \"chunked\"}")
+        for k in body:
+            if k != "mode" and k not in KNOBS:
+                raise P.bad(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode", k)
+        try:
+            parsed = self.host.set_config(source="http", **body)
+        except ConfigError as e:
+            raise P.bad(str(e), next(iter(body)) if len(body) == 1 else None) from None
+        state = self._scheduler_state()
+        state.update(parsed)  # in force from the next step
+        return web.json_response({"accepted": parsed, "scheduler": state})
+
+    # -- generation ----------------------------------------------------------------------------
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        gen = P.parse_completion(await self._json(request))
+        return await self._generate(request, gen)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        gen = P.parse_chat(await self._json(request))
+        return await self._generate(request, gen)
+
+    def _prompt_ids(self, gen: P.GenRequest) -> list[list[int]]:
+        tk = self.tokenizer
+        if gen.kind == "chat":
+            if tk is None:
+                raise P.bad("this server has no tokenizer (see --tokenizer): chat needs one; "
+                            "use /v1/completions with token ids", "messages")
+            try:
+                text = tk.apply_chat_template(gen.messages)
+            except ConfigError as e:
+                raise P.bad(str(e), "messages") from None
+            return [tk.encode(text, add_special_tokens=False)]
+        out = []
+        for p in gen.prompts:
+            if isinstance(p, str):
+                if tk is None:
+                    raise P.bad("this server has no tokenizer (see --tokenizer): give the prompt "
+                                "as token ids", "prompt")
+                ids = tk.encode(p)
+            else:
+                ids = p
+                lo, hi = min(ids), max(ids)
+                if lo < 0 or hi >= self.vocab_size:
+                    raise P.bad(f"'prompt' token id {lo if lo < 0 else hi} is outside the "
+                                f"vocabulary [0, {self.vocab_size})", "prompt")
+            out.append(ids)
+        return out
+
+    async def _generate(self, request: web.Request, gen: P.GenRequest) -> web.StreamResponse:
+        self._check_model(gen.model)
+        if getattr(self.host, "error", None) is not None:
+            raise APIError(503, "the engine stopped; see GET /health")
+        prompts = self._prompt_ids(gen)
+        L = self.max_model_len
+        params = []
+        for ids in prompts:
+            if not ids:
+                raise P.bad("the prompt has no tokens", "prompt" if gen.kind != "chat" else "messages")
+            mt = gen.max_tokens if gen.max_tokens is not None else L - len(ids)
+            if len(ids) + mt > L or mt < 1:
+                where = "messages" if gen.kind == "chat" else "prompt"
+                raise P.bad(f"This model's maximum context length is {L} tokens. However, you "
+                            f"requested {len(ids) + max(mt, 1)} tokens ({len(ids)} in the {where}, "
+                            f"{max(mt, 1)} in the completion). Please reduce the length of the "
+                            f"{where} or completion.", "max_tokens" if gen.max_tokens else where,
+                            "context_length_exceeded")
+            try:
+                params.append(SamplingParams(
+                    max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+                    seed=gen.seed, ignore_eos=gen.ignore_eos,
+                    stop_token_ids=tuple(gen.stop_token_ids)))
+            except ConfigError as e:
+                raise P.bad(str(e)) from None
+        if len(self._streams) + len(prompts) > self.max_concurrent:
+            raise APIError(503, f"the server has {len(self._streams)} requests in flight, its "
+                                f"limit is {self.max_concurrent} (--max-concurrent-requests): "
+                                "retry later", code="overloaded")
+        n = next(self._ids)
+        self.requests_total += 1
+        streams = []
+        tk = self.tokenizer
+        for i, ids in enumerate(prompts):
+            rid = f"{HTTP_ID_PREFIX}{n}" if len(prompts) == 1 else f"{HTTP_ID_PREFIX}{n}-{i}"
+            s = _Stream(rid, i, len(ids), tk.decoder() if tk is not None else None)
+            self._streams[rid] = s
+            streams.append(s)
+        try:
+            for s, ids, sp in zip(streams, prompts, params):
+                self.host.submit(s.rid, ids, sp)
+            if gen.stream:
+                return await self._stream(request, gen, streams)
+            return await self._whole(gen, streams)
+        finally:
+            for s in streams:
+                if s.record is None:  # client gone (cancelled) or a failed write: free its KV now
+                    self.host.abort(s.rid)
+                self._streams.pop(s.rid, None)
+
+    def _take(self, s: _Stream, gen: P.GenRequest) -> str:
+        """Consume ``s.items``: append token text, note the end; returns the text to send."""
+        items, s.items = s.items, []
+        for it in items:
+            if it[0] == "tok":
+                if s.stopped:
+                    continue
+                s.n_tokens += 1
+                if s.decoder is not None:
+                    s.text += s.decoder.step(it[1])
+                if self.record_send_lag:  # engine's token time → handed to the writer
+                    self.send_lag_ns.append(time.monotonic_ns() - it[2])
+            elif s.record is None:
+                s.record = it[1]
+                if s.finish is None:
+                    s.finish = P.finish_reason(it[1].finish_reason)
+        if gen.stop and not s.stopped:
+            start = max(0, s.sent - max(map(len, gen.stop)))
+            hits = [(s.text.find(x, start), x) for x in gen.stop]
+            hits = [(i, x) for i, x in hits if i >= 0]
+            if hits:
+                i, x = min(hits)
+                s.text = s.text[:i + len(x)] if gen.include_stop_str_in_output else s.text[:i]
+                s.stopped, s.finish, s.stop_reason = True, "stop", x
+                if s.record is None:
+                    self.host.abort(s.rid, "stop")
+        if gen.stop and not s.stopped and s.record is None:
+            # hold back what could be the start of a stop string
+            keep = max(map(len, gen.stop)) - 1
+            upto = max(s.sent, len(s.text) - keep)
+        else:
+            upto = len(s.text)
+        delta = s.text[s.sent:upto]
+        s.sent = upto
+        return delta
+
+    @staticmethod
+    def _finished(s: _Stream) -> bool:
+        return s.record is not None
+
+    def _error_of(self, s: _Stream) -> APIError | None:
+        r = s.record
+        if r is not None and r.finish_reason == "error":
+            return P.bad(r.error or "the engine refused the request", "prompt")
+        return None
+
+    async def _whole(self, gen: P.GenRequest, streams: list[_Stream]) -> web.Response:
+        for s in streams:
+            while not self._finished(s):
+                await s.event.wait()
+                s.event.clear()
+                self._take(s, gen)
+            self._take(s, gen)
+            err = self._error_of(s)
+            if err is not None:
+                raise err
+        created = int(time.time())
+        prompt_tokens = sum(s.prompt_len for s in streams)
+        completion_tokens = sum(s.n_tokens for s in streams)
+        if gen.kind == "chat":
+            s = streams[0]
+            return web.json_response({
+                "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": created, "model": self.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": s.text},
+                             "logprobs": None, "finish_reason": s.finish,
+                             "stop_reason": s.stop_reason}],
+                "usage": P.usage(prompt_tokens, completion_tokens)})
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created,
+            "model": self.model_name,
+            "choices": [{"index": s.index, "text": s.text, "logprobs": None,
+                         "finish_reason": s.finish, "stop_reason": s.stop_reason}
+                        for s in streams],
+            "usage": P.usage(prompt_tokens, completion_tokens)})
+
+    async def _stream(self, request: web.Request, gen: P.GenRequest,
+                      streams: list[_Stream]) -> web.StreamResponse:
+        chat = gen.kind == "chat"
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = f'{{"id":"{cid}","object":"{obj}","created":{created},"model":{json.dumps(self.model_name)},'
+        resp: web.StreamResponse | None = None
+        role_sent = [False] * len(streams)
+        pending = list(streams)
+        wake = asyncio.Event()
+
+        # one waiter for all choices: each stream's event also sets ``wake``
+        async def relay(s: _Stream) -> None:
+            while True:
+                await s.event.wait()
+                s.event.clear()
+                wake.set()
+
+        relays = [asyncio.ensure_future(relay(s)) for s in streams] if len(streams) > 1 else []
+        try:
+            while pending:
+                if len(streams) == 1:
+                    s0 = streams[0]
+                    await s0.event.wait()
+                    s0.event.clear()
+                else:
+                    await wake.wait()
+                    wake.clear()
+                chunks = []
+                for s in list(pending):
+                    if not s.items:
+                        continue
+                    had_tokens = any(it[0] == "tok" for it in s.items)
+                    delta = self._take(s, gen)
+                    done = s.finish is not None and (s.record is not None or s.stopped)
+                    err = self._error_of(s)
+                    if err is not None:
+                        if resp is None and len(streams) == 1:
+                            raise err
+                        chunks.append(json.dumps(err.body()))
+                        pending.remove(s)
+                        continue
+                    if not had_tokens and not done and not delta:
+                        continue
+                    if chat:
+                        d: dict[str, Any] = {"content": delta}
+                        if not role_sent[s.index]:
+                            d = {"role": "assistant", "content": delta}
+                            role_sent[s.index] = True
+                        choice = {"index": s.index, "delta": d, "logprobs": None,
+                                  "finish_reason": s.finish if done else None}
+                    else:
+                        choice = {"index": s.index, "text": delta, "logprobs": None,
+                                  "finish_reason": s.finish if done else None,
+                                  "stop_reason": s.stop_reason if done else None}
+                    body = head + '"choices":[' + json.dumps(choice) + "]"
+                    if gen.continuous_usage:
+                        body += ',"usage":' + json.dumps(P.usage(s.prompt_len, s.n_tokens))
+                    chunks.append(body + "}")
+                    if done:
+                        pending.remove(s)
+                if not chunks:
+                    continue
+                if resp is None:
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+                    await resp.prepare(request)
+                await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
+            if resp is None:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-cache"})
+                await resp.prepare(request)
+            tail = ""
+            if gen.include_usage:
+                u = P.usage(sum(s.prompt_len for s in streams), sum(s.n_tokens for s in streams))
+                tail = "data: " + head + '"choices":[],"usage":' + json.dumps(u) + "}\n\n"
+            await resp.write((tail + "data: [DONE]\n\n").encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            for t in relays:
+                t.cancel()

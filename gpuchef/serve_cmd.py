@@ -1,0 +1,162 @@
+"""`gpuchef serve`: the engine behind an OpenAI-compatible HTTP API, Prometheus /metrics and a
+knob endpoint, headless (like `vllm serve`). `gpuchef top --serve` takes the same flags."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from .engine_host.config import ConfigError
+from .options import (_opts, check_output_files, check_output_path, check_sampling,
+                      engine_config, engine_options, scheduler_options)
+from .serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
+
+serve_options = _opts(
+    click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+                 help="Address to listen on. The default is loopback only: give 0.0.0.0 (or an "
+                      "address of this machine) to accept other machines."),
+    click.option("--port", default=8000, show_default=True, type=int,
+                 help="TCP port (0 = any free port; the URL is printed)."),
+    click.option("--api-key", default=None, envvar="GPUCHEF_API_KEY", show_envvar=True,
+                 help="Require 'Authorization: Bearer KEY' on /v1 and /gpuchef routes."),
+    click.option("--served-model-name", default=None,
+                 help="The model name clients send and /v1/models lists (default: --model)."),
+    click.option("--tokenizer", default=None,
+                 help="A local tokenizer (folder with tokenizer.json, or the file) for text "
+                      "prompts and response text. Default: the model folder's own; presets get "
+                      "gpuchef's bundled byte-level tokenizer."),
+    click.option("--max-concurrent-requests", default=DEFAULT_MAX_CONCURRENT, show_default=True,
+                 type=int, help="Requests in flight over HTTP beyond which the server answers 503."),
+    click.option("--max-request-body-mb", default=DEFAULT_MAX_BODY_MB, show_default=True,
+                 type=float, help="Largest request body accepted (MiB); larger gets 413."),
+)
+
+
+def model_vocab_size(model: str) -> int:
+    """The vocabulary size of ``model`` (a preset, or a folder's config.json) without loading
+    weights. Raises ConfigError as the loader does for a bad folder."""
+    from .engine_host.loader import model_folder, read_config_json
+    from .engine_host.presets import PRESETS
+
+    if model in PRESETS:
+        return int(PRESETS[model]["vocab_size"])
+    cfg = read_config_json(model_folder(model))
+    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not isinstance(v, int) or v < 1:
+        raise ConfigError(f"config.json of {model!r} has no vocab_size")
+    return v
+
+
+def prepare_serving(o: dict[str, Any]):
+    """Everything the front door can refuse, before the model loads: the listening socket
+    (port in use, bad host), the tokenizer, the limits. Returns ``(sock, tokenizer)``; raises
+    ConfigError."""
+    from .engine_host.tokenizer import load_tokenizer
+    from .serve.server import bind_socket
+
+    if not o["max_concurrent_requests"] >= 1:
+        raise ConfigError(f"--max-concurrent-requests {o['max_concurrent_requests']} must be >= 1")
+    mb = o["max_request_body_mb"]
+    if not (mb > 0 and mb == mb and mb < 1 << 20):
+        raise ConfigError(f"--max-request-body-mb {mb:g} must be > 0 (MiB)")
+    tokenizer = load_tokenizer(o["model"], model_vocab_size(o["model"]), o["tokenizer"])
+    sock = bind_socket(o["http_host"], o["port"])
+    return sock, tokenizer
+
+
+def front_door_kwargs(o: dict[str, Any]) -> dict[str, Any]:
+    return dict(served_model_name=o["served_model_name"], model=o["model"],
+                api_key=o["api_key"], max_concurrent=o["max_concurrent_requests"],
+                max_body_bytes=int(o["max_request_body_mb"] * 2**20))
+
+
+@click.command("serve")
+@engine_options
+@scheduler_options
+@serve_options
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the session trace (JSON Lines) here: every step, request (ids "
+                   "http-N), knob change (source http) and GPU sample.")
+@click.option("--trace-prompts", is_flag=True,
+              help="Also store each request's generated (output) token ids in the trace.")
+@click.option("--sample-hz", default=10.0, show_default=True, type=float,
+              help="NVML/GPM sampling rate (0 = off, or 1..100 Hz); GPM gauges on /metrics.")
+@click.option("--gpus", default=None, help="GPUs to sample, e.g. 0 or 0,1 (default: all).")
+def serve(**o) -> None:
+    """Serve the engine over HTTP with OpenAI's API, so that your own load tool (vllm bench
+    serve, guidellm, AIPerf, locust, k6, the openai client) drives it.
+
+    \b
+    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,
+    /version, /metrics (vLLM's names + gpuchef: series), GET/PATCH /gpuchef/v1/scheduler (the
+    knobs, live). Ctrl-C stops it. See docs/serve.md.
+
+    \b
+    Example (CPU):
+      gpuchef serve --device cpu --model tiny --port 8000
+    """
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        session = _build(o, err)
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        sys.exit(2)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        session.start()
+        url = session.url
+        click.echo(f"gpuchef serve: {session.front.model_name} on {url} (OpenAI API {url}/v1, "
+                   f"metrics {url}/metrics, knobs {url}/gpuchef/v1/scheduler); Ctrl-C stops",
+                   err=True)
+        sys.stderr.flush()
+        while not stop.wait(0.5):
+            if session.host.error is not None:
+                err.print(f"[bold red]error:[/] the engine stopped: {escape(str(session.host.error))}")
+                break
+    finally:
+        session.close()
+    if o["trace_path"]:
+        err.print(f"[dim]trace: {o['trace_path']}[/dim]")
+
+
+def _build(o: dict, err: Console):
+    from .serve.session import ServeSession
+    from .session import Samplers, build_engine, open_trace, trace_meta
+
+    check_output_files(o)
+    sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
+    ecfg = engine_config(o)
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
+    sock, tokenizer = prepare_serving(o)
+    try:
+        engine = build_engine(ecfg, err)
+        if tokenizer.model_vocab_size != engine.model_config.vocab_size:
+            raise ConfigError(f"the tokenizer was built for a vocabulary of "
+                              f"{tokenizer.model_vocab_size}, the model has "
+                              f"{engine.model_config.vocab_size}")
+        recorder = None
+        if o["trace_path"]:
+            meta = trace_meta(engine, ecfg, None, "serve")
+            name = sock.getsockname()
+            meta["source"] = {"kind": "hosted", "serve": f"http://{name[0]}:{name[1]}"}
+            recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
+        session = ServeSession(engine, sock, tokenizer=tokenizer, recorder=recorder,
+                               **front_door_kwargs(o))
+        session.samplers = Samplers(gpus, sample_hz, sink=session.sample_sink)
+        return session
+    except BaseException:
+        sock.close()
+        raise
