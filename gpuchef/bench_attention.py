@@ -9,11 +9,16 @@ Three cases, each a batch of ``--batch-size`` requests of ``--seq-len`` tokens o
   KV, FlashInfer's rule).
 
 Defaults follow ../shared/REFERENCE.md §1/§4b (batch 16, seq 2048, 32 q and 32 kv heads,
-head_dim 128, bf16, chunks of 512). FlashInfer reads a paged pool of ``--page-size`` tokens a page
-(pages shuffled, as in a long-running server) through ``FlashInferAttention``, planned once
-outside the timing (plan is once per step, not per layer; its CPU cost is reported apart). SDPA
-and naive read contiguous ``[B, H, L, D]`` tensors; naive materialises the scores (the Hugging
-Face eager recipe: matmul, mask, float32 softmax, matmul).
+head_dim 128, bf16, chunks of 512). On a CPU those shapes would take minutes and ~20 GB (the naive
+scores alone are 16·32·2048² elements), so there the batch, sequence, chunk and iteration flags
+that were not given default to ``CPU_DEFAULTS``, and a case whose estimated memory exceeds what
+the machine has free is skipped with its estimate.
+
+FlashInfer reads a paged pool of ``--page-size`` tokens a page (pages shuffled, as in a
+long-running server) through ``FlashInferAttention``, planned once outside the timing (plan is
+once per step, not per layer; its CPU cost is reported apart). SDPA and naive read contiguous
+``[B, H, L, D]`` tensors; naive materialises the scores (the Hugging Face eager recipe: matmul,
+mask, float32 softmax, matmul).
 
 Work counted per case, the same for every backend (useful work, not what a kernel does):
 
@@ -42,6 +47,9 @@ import click
 CASES = ("prefill", "decode", "mixed")
 BACKENDS = ("flashinfer", "sdpa", "naive")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# CPU-sized defaults for the flags not given: ~20 s and < 1 GB on 2 cores (naive prefill scores
+# 4·32·512² elements); the GPU defaults would take ~20 GB there.
+CPU_DEFAULTS = {"batch_size": 4, "seq_len": 512, "chunk_len": 128, "iters": 5}
 
 
 @dataclass
@@ -74,6 +82,19 @@ class Case:
     @property
     def reqs(self) -> list[tuple[int, int]]:
         return [(qo, kv) for n, qo, kv in self.groups for _ in range(n)]
+
+
+def peak_bytes(case: Case, backend: str, hq: int, hkv: int, d: int, elt: int) -> int:
+    """Estimated peak memory of one (case, backend) measurement, bytes: the case's Q, K, V (and
+    the contiguous copies SDPA and naive make), plus for naive the largest group's materialised
+    scores: ``n·Hq·qo·kv`` elements held as scores, masked scores and probabilities (``elt`` each)
+    and the float32 softmax (4). A lower bound for FlashInfer's pool, which is about K and V."""
+    io = sum(n * (qo * hq + 2 * kv * hkv) * d * elt for n, qo, kv in case.groups)
+    if backend == "naive":
+        scores = max(n * hq * qo * kv for n, qo, kv in case.groups) * (3 * elt + 4)
+        expand = max(2 * n * kv * hq * d * elt for n, qo, kv in case.groups) if hq != hkv else 0
+        return 2 * io + scores + expand
+    return 2 * io
 
 
 def visible_pairs(qo: int, kv: int) -> int:
@@ -345,15 +366,21 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
     """Time attention alone: FlashInfer (paged) vs PyTorch SDPA vs naive, per case.
 
     Prints ms (median), speed-up against naive, achieved TB/s and TFLOP/s and their fraction of
-    the ceilings. Exits with status 2 (one `error:` line) for a bad flag or when the device
-    cannot run (e.g. no CUDA).
+    the ceilings. On a CPU, --batch-size, --seq-len, --chunk-len and --iters that are not given
+    default to 4, 512, 128 and 5 (the defaults above are GPU-sized). Exits with status 2 (one
+    `error:` line) for a bad flag or when the device cannot run (e.g. --device cuda and no CUDA).
     """
+    from click.core import ParameterSource
+
     from .engine_host.config import ConfigError
 
+    ctx = click.get_current_context()
+    unset = frozenset(n for n in CPU_DEFAULTS
+                      if ctx.get_parameter_source(n) in (None, ParameterSource.DEFAULT))
     try:
         _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
                          page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
-                         json_path)
+                         json_path, cpu_sized=unset)
     except ConfigError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
@@ -361,7 +388,9 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
 
 def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,
                      page_size, cases, backends, iters, device, peak_tbps, peak_tflops,
-                     json_path):
+                     json_path, cpu_sized=frozenset()):
+    """The command's body. ``cpu_sized``: names of CPU_DEFAULTS flags that were not given; on
+    a CPU they take the CPU_DEFAULTS values."""
     from rich.console import Console
 
     from .engine_host.config import ConfigError
@@ -372,10 +401,6 @@ def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dty
     if num_heads % num_kv_heads:
         raise ConfigError(f"--num-heads {num_heads} must be a multiple of --num-kv-heads "
                           f"{num_kv_heads}")
-    if chunk_len is None:
-        chunk_len = min(512, seq_len)
-    elif "mixed" in cases and chunk_len > seq_len:
-        raise ConfigError(f"--chunk-len {chunk_len} must not exceed --seq-len {seq_len}")
     for flag, v in (("--peak-tbps", peak_tbps), ("--peak-tflops", peak_tflops)):
         if not (v > 0 and math.isfinite(v)):
             raise ConfigError(f"{flag} {v:g} must be a finite number > 0")
@@ -390,6 +415,20 @@ def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dty
         dev = torch.device("cuda", torch.cuda.current_device())
 
     notes: list[str] = []
+    chunk_cap = 512
+    if dev.type == "cpu" and cpu_sized:
+        batch_size = CPU_DEFAULTS["batch_size"] if "batch_size" in cpu_sized else batch_size
+        seq_len = CPU_DEFAULTS["seq_len"] if "seq_len" in cpu_sized else seq_len
+        iters = CPU_DEFAULTS["iters"] if "iters" in cpu_sized else iters
+        chunk_cap = CPU_DEFAULTS["chunk_len"] if "chunk_len" in cpu_sized else chunk_cap
+        line = ("CPU run: GPU-sized defaults replaced by " + ", ".join(
+            f"--{n.replace('_', '-')} {CPU_DEFAULTS[n]}" for n in CPU_DEFAULTS if n in cpu_sized)
+            + " (give a flag to choose it).")
+        notes.append(line)
+    if chunk_len is None:
+        chunk_len = min(chunk_cap, seq_len)
+    elif "mixed" in cases and chunk_len > seq_len:
+        raise ConfigError(f"--chunk-len {chunk_len} must not exceed --seq-len {seq_len}")
     fi_version = None
     fi_why = None
     if "flashinfer" in backends:
@@ -407,6 +446,8 @@ def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dty
     if not backends:
         raise ConfigError(f"--backends flashinfer cannot run here: {fi_why}; add sdpa,naive "
                           "(e.g. --backends sdpa,naive) or run on a CUDA machine")
+    if notes and notes[0].startswith("CPU run: GPU-sized"):
+        err.print(f"[dim]{notes[0]}[/dim]")  # after the checks: an error line stands alone
 
     tdtype = getattr(torch, DTYPES[dtype])
     elt = torch.empty((), dtype=tdtype).element_size()
@@ -418,19 +459,35 @@ def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dty
         dev_name = f"CPU ({platform.processor() or platform.machine()})"
         notes.append("CPU run: the ceilings are the H200's, so no fraction is shown.")
     results: list[Result] = []
+    free = _free_bytes() if dev.type == "cpu" else None
+    todo = build_cases(cases, batch_size, seq_len, chunk_len)
+    runs, done = len(todo) * len(backends), 0
 
-    for case in build_cases(cases, batch_size, seq_len, chunk_len):
+    for case in todo:
         nbytes, flops = case_work(case, hq, hkv, d, elt)
+        need = {b: peak_bytes(case, b, hq, hkv, d, elt) for b in backends}
         gen = torch.Generator(device=dev).manual_seed(0)
-        data = _make_data(torch, case, hq, hkv, d, tdtype, dev, gen)
+        if free is not None and min(need.values()) > free:
+            data = None  # not even the inputs fit
+        else:
+            data = _make_data(torch, case, hq, hkv, d, tdtype, dev, gen)
         sdpa_out = fi_out = None
         case_results: dict[str, Result] = {}
         for backend in backends:
             res = Result(case.name, backend, None, nbytes, flops)
             fn = plan = be = None
+            done += 1
+            if free is not None and need[backend] > free:
+                res.error = (f"skipped: needs ~{need[backend] / 1e9:.1f} GB, "
+                             f"{free / 1e9:.1f} GB free")
+                err.print(f"[dim]{case.name}: {backend} ({done}/{runs}) {res.error}[/dim]")
+                case_results[backend] = res
+                continue
+            if backend != "flashinfer":  # FlashInfer's line says more below
+                err.print(f"[dim]{case.name}: {backend} ({done}/{runs})…[/dim]")
             try:
                 if backend == "flashinfer":
-                    err.print(f"[dim]{case.name}: FlashInfer plan + first run "
+                    err.print(f"[dim]{case.name}: FlashInfer ({done}/{runs}) plan + first run "
                               "(first use compiles kernels, can take minutes)…[/dim]")
                     be, fn, plan = _flashinfer_setup(torch, case, data, hq, hkv, d, tdtype, dev,
                                                      page_size)
@@ -502,6 +559,13 @@ def _bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dty
         }
         write_json(json_path, payload, "--json")
         err.print(f"[dim]wrote {json_path}[/dim]")
+
+
+def _free_bytes() -> int:
+    """Memory this process may still take, bytes (psutil's ``available``: free + reclaimable)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _fmt(x, spec):
