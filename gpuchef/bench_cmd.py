@@ -39,9 +39,9 @@ def bench(**o) -> None:
     """Run one scheduler mode against one load, headless, and print the results block.
 
     Latency metrics use `vllm bench serve`'s definitions: TTFT (arrival → first token), TPOT
-    ((E2EL − TTFT)/(output tokens − 1)), ITL (every gap between tokens, pooled), E2EL. Below
-    them gpuchef's own: engine steps, mean prefill and decode tokens per step, preemptions, and
-    the busy fraction (forward time / wall time of the steps).
+    ((E2EL − TTFT)/(output tokens − 1)), ITL (the gap before each output chunk after the first,
+    pooled), E2EL. Below them gpuchef's own: engine steps, mean prefill and decode tokens per
+    step, preemptions, and the busy fraction (forward time / wall time of the steps).
 
     Example (CPU, under a minute):
 

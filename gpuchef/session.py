@@ -21,6 +21,7 @@ from .engine_host.engine import LLMEngine
 from .engine_host.factory import make_engine
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
+from .probes.metrics import gpu_means
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine:
@@ -201,15 +202,7 @@ class Samplers:
     def gpu_means(self, t0_ns: int, t1_ns: int) -> dict[str, float]:
         """Mean of each GPU saturation field over ``[t0_ns, t1_ns]`` (%, W); NaN where no GPU
         sample has it."""
-        samples = self.gpu_samples(t0_ns, t1_ns)
-        out = {}
-        for f in ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w"):
-            # None = not read this tick; NaN (a GPM window NVML could not compute) must not
-            # poison the mean: on the H200 three NaN DRAM readings in 1448 turned a run's mean
-            # into "n/a"
-            v = [y for x in samples if (y := getattr(x, f)) is not None and y == y]
-            out[f] = sum(v) / len(v) if v else float("nan")
-        return out
+        return gpu_means(self.gpu_samples(t0_ns, t1_ns))  # probes/metrics.py: one NaN policy
 
     def sampler_cost(self) -> dict[str, float] | None:
         """What the NVML sampler cost over its whole run (None when it is off or never ticked):

@@ -6,7 +6,11 @@ Definitions (vllm/benchmarks/serve.py ``calculate_metrics``; DESIGN.md "Requests
   anything else ("abort", "error") is *failed* and adds no tokens;
 * TTFT = first token − arrival; E2EL = last token − arrival;
 * TPOT = (E2EL − TTFT)/(output_len − 1), only for requests with ``output_len > 1``;
-* ITL = every gap between consecutive tokens, pooled over all completed requests;
+* ITL = the gap before each output chunk after the first, pooled over all completed requests:
+  tokens that arrive at one time stamp (a multi-token step of a hosted vLLM, an SSE chunk of k
+  tokens) are one chunk, as vllm/benchmarks/lib/endpoint_request_func.py records one ITL per
+  streamed chunk; so a request's ITLs add up to E2EL − TTFT, and none is a 0 never measured
+  (``RequestRecord.itls_ms``, ``RequestTable``);
 * throughputs divide by the benchmark duration: request = completed/s, output token =
   generated tokens/s, total token = (input + generated tokens)/s;
 * goodput (``--goodput ttft:MS tpot:MS e2el:MS``) = completed requests/s whose every named
@@ -47,6 +51,38 @@ _METRICS = (  # (attribute stem, short name, section header) — vllm's wording
     ("itl", "ITL", "Inter-token Latency"),
     ("e2el", "E2EL", "End-to-end Latency"),
 )
+
+
+#: The GPU fields the probes sample (``probes.nvml.GpuSample`` attributes, % or W) and the ones
+#: the summaries show (bench's results block, ``ab``, the report, the dashboard's GPU panels).
+GPU_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw_util", "gpu_util",
+              "mem_util", "power_w")
+GPU_SUMMARY_FIELDS = ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w")
+
+
+def gpu_value(v: float | None) -> float:
+    """A GpuSample field as a float: NaN when it was not measured — None (not read this tick)
+    or NaN/inf (a GPM window NVML could not compute). The one NaN policy of every GPU mean."""
+    if v is None:
+        return NAN
+    v = float(v)
+    return v if math.isfinite(v) else NAN
+
+
+def gpu_means(samples: Iterable[Any], fields: Sequence[str] = GPU_SUMMARY_FIELDS
+              ) -> dict[str, float]:
+    """Mean of each of ``fields`` over GpuSamples ``samples`` (all GPUs pooled), leaving out
+    values that were not measured (:func:`gpu_value`); NaN for a field no sample has. On the
+    H200 three NaN DRAM readings in 1448 must not turn a run's mean into "n/a"."""
+    sums = dict.fromkeys(fields, 0.0)
+    counts = dict.fromkeys(fields, 0)
+    for g in samples:
+        for f in fields:
+            v = getattr(g, f)
+            if v is not None and v == v and v not in (math.inf, -math.inf):
+                sums[f] += v
+                counts[f] += 1
+    return {f: sums[f] / counts[f] if counts[f] else NAN for f in fields}
 
 
 def _check_q(q: Any) -> float:
@@ -229,6 +265,195 @@ def _is_probe(r: RequestRecord) -> bool:
     return r.request_id.startswith(PROBE_ID_PREFIX)
 
 
+class RequestTable:
+    """Finished requests as named numpy columns, one row per request, appended incrementally
+    (each record is converted once): the one implementation of the per-request definitions
+    above, read by :func:`summarize` (a run, a report, ``ab``) and by the dashboard (a rolling
+    window over rows appended as requests finish, see :func:`window_metrics`).
+
+    Columns (``cols[name]``, all of length ``len(self)``): ``key`` (int64: the caller's ordering
+    key, e.g. the timeline's finish ns; rows must be appended in non-decreasing key order for
+    :meth:`rows_between`), ``probe`` (probe request), ``counted`` (completed, not a probe),
+    ``failed`` (not completed, not a probe), ``timed`` (counted and has token times),
+    ``probe_ok`` (a completed probe with token times), ``prompt_len`` / ``output_len``
+    (tokens; int64), ``ttft_ms`` / ``e2el_ms`` / ``tpot_ms`` (float64 ms; NaN where the request
+    has no token times, TPOT NaN for one output token), ``itl_end`` (int64: cumulative end offset
+    of the row's ITLs in ``itl_ms``). ``itl_ms``: float64, every timed request's ITLs (one per
+    output chunk after the first, ``RequestRecord.itls_ms``), in row order.
+
+    NaN policy (here and for the GPU fields, :func:`gpu_means`): a value that was not measured
+    is NaN and is left out of a statistic; a statistic over no values is NaN, never 0.
+    """
+
+    COLUMNS = ("key", "probe", "counted", "failed", "timed", "probe_ok", "prompt_len",
+               "output_len", "ttft_ms", "tpot_ms", "e2el_ms", "itl_end")
+    _FLOAT = ("ttft_ms", "tpot_ms", "e2el_ms")
+    _BOOL = ("probe", "counted", "failed", "timed", "probe_ok")
+
+    def __init__(self) -> None:
+        self.cols: dict[str, np.ndarray] = {
+            k: np.zeros(0, dtype=np.float64 if k in self._FLOAT else
+                        bool if k in self._BOOL else np.int64) for k in self.COLUMNS}
+        self.itl_ms = np.zeros(0)
+
+    @classmethod
+    def from_records(cls, records: Iterable[RequestRecord]) -> "RequestTable":
+        t = cls()
+        t.append(records)
+        return t
+
+    def __len__(self) -> int:
+        return len(self.cols["key"])
+
+    def append(self, records: Iterable[RequestRecord],
+               keys: Iterable[int] | None = None) -> None:
+        """Add ``records`` (keys default to 0: then only whole-table statistics make sense)."""
+        recs = list(records)
+        if not recs:
+            return
+        n = len(recs)
+        ks = [0] * n if keys is None else [int(k) for k in keys]
+        nan = NAN
+        rows: dict[str, list] = {k: [] for k in self.COLUMNS if k != "itl_end"}
+        timed_times: list[tuple[int, ...]] = []
+        timed_rows: list[int] = []
+        for i, r in enumerate(recs):
+            probe = _is_probe(r)
+            done = r.finish_reason in COMPLETED_REASONS
+            t = r.token_times_ns
+            counted = done and not probe
+            ttft = e2el = tpot = nan
+            if t:
+                ttft, e2el = (t[0] - r.arrival_ns) / 1e6, (t[-1] - r.arrival_ns) / 1e6
+                if r.output_len > 1:
+                    tpot = (e2el - ttft) / (r.output_len - 1)
+            timed = counted and bool(t)
+            if timed and len(t) > 1:
+                timed_times.append(t)
+                timed_rows.append(i)
+            for k, v in (("key", ks[i]), ("probe", probe), ("counted", counted),
+                         ("failed", (not done) and not probe), ("timed", timed),
+                         ("probe_ok", probe and done and bool(t)), ("prompt_len", r.prompt_len),
+                         ("output_len", r.output_len), ("ttft_ms", ttft), ("tpot_ms", tpot),
+                         ("e2el_ms", e2el)):
+                rows[k].append(v)
+        itls, counts = _itls_and_counts(timed_times)
+        per_row = np.zeros(n, dtype=np.int64)
+        per_row[timed_rows] = counts
+        base = int(self.cols["itl_end"][-1]) if len(self) else 0
+        for k, v in rows.items():
+            self.cols[k] = np.concatenate([self.cols[k], np.asarray(v, dtype=self.cols[k].dtype)])
+        self.cols["itl_end"] = np.concatenate([self.cols["itl_end"], base + np.cumsum(per_row)])
+        self.itl_ms = np.concatenate([self.itl_ms, itls]) if len(itls) else self.itl_ms
+
+    def drop_first(self, n: int) -> None:
+        """Forget the first ``n`` rows and their ITLs (a rolling window moved past them)."""
+        if n <= 0:
+            return
+        off = int(self.cols["itl_end"][n - 1])
+        for k in self.COLUMNS:
+            self.cols[k] = self.cols[k][n:]
+        self.cols["itl_end"] = self.cols["itl_end"] - off
+        self.itl_ms = self.itl_ms[off:]
+
+    def rows_between(self, k0: int, k1: int, lo: int = 0) -> tuple[int, int]:
+        """Rows ``[i, j)`` whose key is in ``[k0, k1)``, not before row ``lo``."""
+        k = self.cols["key"]
+        i = max(lo, int(np.searchsorted(k, k0, side="left")))
+        return i, max(i, int(np.searchsorted(k, k1, side="left")))
+
+    def itls(self, i: int, j: int) -> np.ndarray:
+        """The ITLs (ms) of rows ``[i, j)``."""
+        if j <= i:
+            return self.itl_ms[:0]
+        e = self.cols["itl_end"]
+        return self.itl_ms[(int(e[i - 1]) if i > 0 else 0):int(e[j - 1])]
+
+
+def _itls_and_counts(token_times: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_itls_ms` and how many ITLs each request has (int64 (n,))."""
+    n = len(token_times)
+    if not n:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    lens = np.fromiter(map(len, token_times), np.int64, n)
+    try:
+        flat = np.fromiter(chain.from_iterable(token_times), np.int64, int(lens.sum()))
+    except (OverflowError, TypeError):  # times past int64 (a bogus trace): Python's ints
+        per = [[(t[i] - t[i - 1]) / 1e6 for i in range(1, len(t)) if t[i] != t[i - 1]]
+               for t in token_times]
+        return (np.asarray([x for p in per for x in p], dtype=np.float64),
+                np.asarray([len(p) for p in per], dtype=np.int64))
+    dt = np.diff(flat)
+    owner = np.repeat(np.arange(n), lens)[1:]  # the request of each gap's later token
+    keep = dt != 0  # tokens of one chunk share a time stamp: one ITL per chunk
+    keep[np.cumsum(lens)[:-1] - 1] = False  # not from one request's last token to the next's first
+    return dt[keep] / 1e6, np.bincount(owner[keep], minlength=n).astype(np.int64)
+
+
+def _stats(a: np.ndarray, pcts: tuple[float, ...]) -> tuple:
+    """(mean, median, std, [(p, P-p)]) of ``a``; NaN for no values."""
+    if not len(a):
+        return NAN, NAN, NAN, [(p, NAN) for p in pcts]
+    qs = np.percentile(a, pcts) if pcts else ()
+    return (float(a.mean()), float(np.median(a)), float(a.std()),
+            [(p, float(v)) for p, v in zip(pcts, qs)])
+
+
+def _check_args(duration_s: float, percentiles: Sequence[float],
+                goodput: dict[str, float] | None) -> tuple[float, tuple[float, ...], dict]:
+    dur = float(duration_s)
+    if not (math.isfinite(dur) and dur > 0):
+        raise ConfigError(f"benchmark duration {duration_s!r} s must be > 0")
+    pcts = tuple(_check_q(p) for p in percentiles)
+    slos = dict(goodput or {})
+    for k in slos:
+        if k not in GOODPUT_KEYS:
+            raise ConfigError(f"goodput key {k!r} is not one of {', '.join(GOODPUT_KEYS)}")
+    return dur, pcts, slos
+
+
+def window_metrics(table: RequestTable, i: int, j: int, duration_s: float, *,
+                   percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                   goodput: dict[str, float] | None = None,
+                   steps: "StepArrays | None" = None) -> BenchMetrics:
+    """:func:`summarize` of rows ``[i, j)`` of ``table`` (and optionally of ``steps``): numpy
+    slicing, no pass over records — what the dashboard calls about once a second over a rolling
+    window. Arguments and errors as :func:`summarize`'s."""
+    dur, pcts, slos = _check_args(duration_s, percentiles, goodput)
+    c = {k: v[i:j] for k, v in table.cols.items()}
+    counted, timed = c["counted"], c["timed"]
+    ttft, e2el, tp = c["ttft_ms"][timed], c["e2el_ms"][timed], c["tpot_ms"][timed]
+    good = None
+    if slos:
+        # vllm: a one-token request has TPOT 0 for goodput
+        req = {"ttft": ttft, "tpot": np.nan_to_num(tp, nan=0.0), "e2el": e2el}
+        ok = np.ones(len(ttft), bool)
+        for k, v in slos.items():
+            ok &= req[k] <= v
+        good = int(ok.sum()) / dur
+    total_in, total_out = int(c["prompt_len"][counted].sum()), int(c["output_len"][counted].sum())
+    completed = int(counted.sum())
+    probe_e2el = c["e2el_ms"][c["probe_ok"]]
+    m = BenchMetrics(
+        duration_s=dur, completed=completed, failed=int(c["failed"].sum()),
+        total_input=total_in, total_output=total_out,
+        request_throughput=completed / dur, output_throughput=total_out / dur,
+        total_token_throughput=(total_in + total_out) / dur,
+        request_goodput=good, goodput_slos_ms=slos, percentiles=pcts,
+        **{f"{k}_{stem}_ms": v
+           for stem, vals in (("ttft", ttft), ("tpot", tp[np.isfinite(tp)]),
+                              ("itl", table.itls(i, j)), ("e2el", e2el))
+           for k, v in zip(("mean", "median", "std", "percentiles"), _stats(vals, pcts))},
+        probe_completed=len(probe_e2el), probe_failed=int(c["probe"].sum()) - len(probe_e2el),
+        median_probe_e2el_ms=_median(probe_e2el),
+        p99_probe_e2el_ms=percentile(probe_e2el, 99),
+        max_probe_e2el_ms=float(probe_e2el.max()) if len(probe_e2el) else NAN,
+    )
+    if steps is not None and len(steps.t_end_ns):
+        _add_steps(m, steps)
+    return m
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float, *,
               percentiles: Sequence[float] = DEFAULT_PERCENTILES,
               goodput: dict[str, float] | None = None,
@@ -238,120 +463,65 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *,
     ``duration_s``: the benchmark duration (s, > 0) that throughputs divide by.
     ``percentiles``: which P-x to report (each in [0, 100]). ``goodput``: SLOs in ms from
     ``parse_goodput`` (None or {} = no goodput). Definitions: see the module docstring (vllm
-    bench serve's ``calculate_metrics``). Raises ConfigError for ``duration_s`` <= 0, a
+    bench serve's ``calculate_metrics``); computed by :class:`RequestTable` and
+    :func:`window_metrics`, the dashboard's path. Raises ConfigError for ``duration_s`` <= 0, a
     percentile out of range, or an unknown goodput key.
     """
-    dur = float(duration_s)
-    if not (math.isfinite(dur) and dur > 0):
-        raise ConfigError(f"benchmark duration {duration_s!r} s must be > 0")
-    pcts = tuple(_check_q(p) for p in percentiles)
-    slos = dict(goodput or {})
-    for k, v in slos.items():
-        if k not in GOODPUT_KEYS:
-            raise ConfigError(f"goodput key {k!r} is not one of {', '.join(GOODPUT_KEYS)}")
-
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    token_times: list[tuple[int, ...]] = []  # of the timed requests with >= 2 tokens: the ITLs
-    e2els: list[float] = []
-    completed = failed = total_in = total_out = good = 0
-    probe_e2el: list[float] = []
-    probe_ok = probe_bad = 0
-    for r in records:
-        done = r.finish_reason in COMPLETED_REASONS
-        if _is_probe(r):
-            if done and r.e2el_ms is not None:
-                probe_ok += 1
-                probe_e2el.append(r.e2el_ms)
-            else:
-                probe_bad += 1
-            continue
-        if not done:
-            failed += 1
-            continue
-        completed += 1
-        total_in += r.prompt_len
-        total_out += r.output_len
-        ttft, e2el = r.ttft_ms, r.e2el_ms
-        if ttft is None or e2el is None:
-            continue  # no token times: counted, but nothing to time
-        tpot = 0.0  # vllm: a one-token request has TPOT 0 for goodput
-        if r.output_len > 1:
-            tpot = (e2el - ttft) / (r.output_len - 1)
-            tpots.append(tpot)
-        ttfts.append(ttft)
-        e2els.append(e2el)
-        if len(r.token_times_ns) > 1:
-            token_times.append(r.token_times_ns)
-        req = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
-        if slos and all(req[k] <= v for k, v in slos.items()):
-            good += 1
-
-    def stats(vals) -> tuple[float, float, float, list[tuple[float, float]]]:
-        a = np.asarray(vals, dtype=np.float64)
-        if a.size == 0:
-            return NAN, NAN, NAN, [(p, NAN) for p in pcts]
-        qs = np.percentile(a, pcts) if pcts else ()
-        return (float(a.mean()), float(np.median(a)), float(a.std()),
-                [(p, float(v)) for p, v in zip(pcts, qs)])
-
-    itls = _itls_ms(token_times)
-
-    m = BenchMetrics(
-        duration_s=dur, completed=completed, failed=failed,
-        total_input=total_in, total_output=total_out,
-        request_throughput=completed / dur,
-        output_throughput=total_out / dur,
-        total_token_throughput=(total_in + total_out) / dur,
-        request_goodput=(good / dur) if slos else None,
-        goodput_slos_ms=slos, percentiles=pcts,
-        **{f"{k}_{stem}_ms": v
-           for stem, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els))
-           for k, v in zip(("mean", "median", "std", "percentiles"), stats(vals))},
-        probe_completed=probe_ok, probe_failed=probe_bad,
-        median_probe_e2el_ms=_median(probe_e2el),
-        p99_probe_e2el_ms=percentile(probe_e2el, 99),
-        max_probe_e2el_ms=max(probe_e2el) if probe_e2el else NAN,
-    )
-    if steps:
-        _add_steps(m, steps)
-    return m
+    _check_args(duration_s, percentiles, goodput)
+    table = RequestTable.from_records(records)
+    return window_metrics(table, 0, len(table), duration_s, percentiles=percentiles,
+                          goodput=goodput,
+                          steps=StepArrays.from_steps(steps) if steps else None)
 
 
 def _itls_ms(token_times: list[tuple[int, ...]]) -> np.ndarray:
     """Every request's inter-token latencies (ms), concatenated in request order: float64 (n,).
-    Equal to ``[x for t in token_times for x in RequestRecord.itls_ms]``, in one numpy pass
-    (a 60-s window at an H200's load holds ~190 k of them)."""
-    if not token_times:
-        return np.zeros(0)
-    lens = np.fromiter(map(len, token_times), np.int64, len(token_times))
-    try:
-        flat = np.fromiter(chain.from_iterable(token_times), np.int64, int(lens.sum()))
-    except (OverflowError, TypeError):  # times past int64 (a bogus trace): Python's ints
-        return np.asarray([(t[i] - t[i - 1]) / 1e6 for t in token_times
-                           for i in range(1, len(t))], dtype=np.float64)
-    d = np.diff(flat) / 1e6
-    keep = np.ones(d.size, dtype=bool)
-    # not the gap from one request's last token to the next one's first
-    keep[np.cumsum(lens)[:-1] - 1] = False
-    return d[keep]
+    Equal to ``[x for t in token_times for x in RequestRecord.itls_ms]`` (one ITL per output
+    chunk), in one numpy pass (a 60-s window at an H200's load holds ~190 k of them)."""
+    return _itls_and_counts(token_times)[0]
 
 
-def _add_steps(m: BenchMetrics, steps: Sequence[StepRecord]) -> None:
-    n = len(steps)
-    span_ns = max(s.t_end_ns for s in steps) - min(s.t_start_ns for s in steps)
-    span_s = span_ns / 1e9
+@dataclass(frozen=True)
+class StepArrays:
+    """Engine steps as named numpy columns (each (n,), time order): ``t_start_ns``,
+    ``t_end_ns`` (int64 monotonic ns), ``gpu_ms`` (float64 ms), ``prefill_tokens``,
+    ``decode_tokens``, ``preempted`` (int64) — what the step figures of :class:`BenchMetrics`
+    are computed from (:func:`window_metrics`). The dashboard passes slices of its own columns."""
+
+    t_start_ns: np.ndarray
+    t_end_ns: np.ndarray
+    gpu_ms: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    preempted: np.ndarray
+
+    @classmethod
+    def from_steps(cls, steps: Sequence[StepRecord]) -> "StepArrays":
+        n = len(steps)
+
+        def col(f, dt=np.int64):
+            return np.fromiter((f(s) for s in steps), dt, n)
+
+        return cls(col(lambda s: s.t_start_ns), col(lambda s: s.t_end_ns),
+                   col(lambda s: s.gpu_ms, np.float64), col(lambda s: s.num_prefill_tokens),
+                   col(lambda s: s.num_decode_reqs), col(lambda s: s.num_preempted))
+
+
+def _add_steps(m: BenchMetrics, s: StepArrays) -> None:
+    n = len(s.t_end_ns)
+    span_ns = int(s.t_end_ns.max() - s.t_start_ns.min())
+    pre, dec = s.prefill_tokens, s.decode_tokens
     m.num_steps = n
-    m.steps_span_s = span_s
-    m.steps_per_s = n / span_s if span_s > 0 else NAN
-    m.mean_step_ms = _mean([s.wall_ms for s in steps])
-    m.mean_gpu_ms = _mean([s.gpu_ms for s in steps])
-    m.mean_prefill_tokens_per_step = _mean([s.num_prefill_tokens for s in steps])
-    m.mean_decode_tokens_per_step = _mean([s.num_decode_reqs for s in steps])
-    m.mean_tokens_per_step = _mean([s.num_prefill_tokens + s.num_decode_reqs for s in steps])
-    m.num_mixed_steps = sum(1 for s in steps if s.num_prefill_tokens > 0 and s.num_decode_reqs > 0)
-    m.num_preemptions = sum(s.num_preempted for s in steps)
-    m.busy_fraction = (sum(s.gpu_ms for s in steps) / (span_ns / 1e6)) if span_ns > 0 else NAN
+    m.steps_span_s = span_ns / 1e9
+    m.steps_per_s = n / m.steps_span_s if span_ns > 0 else NAN
+    m.mean_step_ms = float(np.mean((s.t_end_ns - s.t_start_ns) / 1e6))
+    m.mean_gpu_ms = float(np.mean(s.gpu_ms))
+    m.mean_prefill_tokens_per_step = float(np.mean(pre))
+    m.mean_decode_tokens_per_step = float(np.mean(dec))
+    m.mean_tokens_per_step = float(np.mean(pre + dec))
+    m.num_mixed_steps = int(((pre > 0) & (dec > 0)).sum())
+    m.num_preemptions = int(s.preempted.sum())
+    m.busy_fraction = float(s.gpu_ms.sum()) / (span_ns / 1e6) if span_ns > 0 else NAN
 
 
 def _fmt(v: Any) -> str:

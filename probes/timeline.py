@@ -40,13 +40,10 @@ from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
 from .host import HostSample
-from .metrics import DEFAULT_PERCENTILES, BenchMetrics, summarize
+from .metrics import DEFAULT_PERCENTILES, GPU_FIELDS, BenchMetrics, gpu_means, summarize
 from .nvml import GpuSample
 
 NAN = float("nan")
-
-GPU_AGGREGATES = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw_util", "power_w",
-                  "gpu_util", "mem_util")
 
 
 def fanout(*callables: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -219,77 +216,62 @@ class Waveform:
 class WindowStats:
     """Statistics of one time range ``[t0_ns, t1_ns)``; comparable between two ranges (A/B).
 
-    ``duration_s``: the range clipped to the timeline's start and the snapshot time (s); rates
-    divide by it. ``metrics``: the full ``probes.metrics.BenchMetrics`` of the requests that
-    finished in the range and the steps that ended in it (vllm bench serve's definitions).
-    Latency percentiles (ms) are dicts percentile → value, e.g. ``ttft_ms[99]``; NaN when there
-    is no data. ``busy_fraction``: model compute (sum of the steps' ``gpu_ms`` overlapping the
-    range) / range length, in [0, 1] — unlike ``metrics.busy_fraction``, idle time before the
-    first or after the last step counts as not busy. GPU aggregates are means over the samples
-    in the range of all sampled GPUs, skipping missing values (NaN when none): SM active, SM
-    occupancy, tensor active, DRAM bandwidth, GPU-Util, memory-Util (%), power (W).
+    ``metrics``: the range's ``probes.metrics.BenchMetrics`` — every latency, throughput and
+    per-step figure, of the requests that finished in the range and the steps that ended in it
+    (vllm bench serve's definitions; None when the range has no duration). Nothing of it is
+    copied here: read ``w.metrics.completed``, ``w.metrics.percentiles_ttft_ms`` or
+    :meth:`percentile`. The fields below are what only a time range has:
+
+    ``duration_s``: the range clipped to the timeline's start and the snapshot time (s).
+    ``num_steps``: steps that ended in the range; ``steps_per_s``: ``num_steps / duration_s``
+    and ``busy_fraction``: model compute (the ``gpu_ms`` of the steps overlapping the range, by
+    overlap) / range length, in [0, 1] — unlike ``metrics.steps_per_s`` and
+    ``metrics.busy_fraction`` (first step start to last step end), idle time before the first
+    or after the last step counts. ``prefill_tokens`` / ``decode_tokens``: tokens computed in
+    those steps; ``mean_num_running`` / ``mean_num_waiting`` / ``mean_kv_usage`` (0–1): means
+    over them; ``modes``: the modes they ran in. ``gpu``: ``probes.metrics.gpu_means`` of the
+    samples in the range over ``GPU_FIELDS`` (all GPUs pooled; % or W; NaN where none was
+    measured); ``num_gpu_samples``. Host: mean process CPU (%), max RSS (bytes). ``num_events``.
     """
 
     t0_ns: int
     t1_ns: int
     duration_s: float
     metrics: BenchMetrics | None
-    num_completed: int = 0
-    num_failed: int = 0
-    request_throughput: float = NAN
-    output_throughput: float = NAN
-    total_token_throughput: float = NAN
-    ttft_ms: dict[float, float] = field(default_factory=dict)
-    tpot_ms: dict[float, float] = field(default_factory=dict)
-    itl_ms: dict[float, float] = field(default_factory=dict)
-    e2el_ms: dict[float, float] = field(default_factory=dict)
-    mean_ttft_ms: float = NAN
-    mean_tpot_ms: float = NAN
-    mean_itl_ms: float = NAN
-    mean_e2el_ms: float = NAN
     num_steps: int = 0
     steps_per_s: float = NAN
-    mean_prefill_tokens_per_step: float = NAN
-    mean_decode_tokens_per_step: float = NAN
+    busy_fraction: float = NAN
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    busy_fraction: float = NAN
-    num_mixed_steps: int = 0
-    preemptions: int = 0
     mean_num_running: float = NAN
     mean_num_waiting: float = NAN
     mean_kv_usage: float = NAN
     modes: tuple[str, ...] = ()
     num_gpu_samples: int = 0
-    mean_sm_active: float = NAN
-    mean_sm_occupancy: float = NAN
-    mean_tensor_active: float = NAN
-    mean_dram_bw_util: float = NAN
-    mean_power_w: float = NAN
-    mean_gpu_util: float = NAN
-    mean_mem_util: float = NAN
+    gpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GPU_FIELDS, NAN))
     mean_process_cpu_pct: float = NAN
     max_rss_bytes: int | None = None
     num_events: int = 0
 
     def percentile(self, metric: str, q: float) -> float:
         """``metric`` in ttft/tpot/itl/e2el, ``q`` one of the window's percentiles (ms)."""
-        d = getattr(self, f"{metric}_ms")
-        if q not in d:
+        pairs = dict(getattr(self.metrics, f"percentiles_{metric}_ms")) if self.metrics else {}
+        if q not in pairs:
             raise ConfigError(f"percentile {q!r} was not computed for this window: "
-                              f"available {', '.join(f'{p:g}' for p in d) or 'none'}")
-        return d[q]
+                              f"available {', '.join(f'{p:g}' for p in pairs) or 'none'}")
+        return pairs[q]
 
     def as_dict(self) -> dict[str, Any]:
-        """Flat JSON-ready dict (NaN → None; percentiles as ``p99_ttft_ms`` keys)."""
-        out: dict[str, Any] = {}
+        """Flat JSON-ready dict: ``metrics.to_dict()``'s keys (vllm's: ``completed``,
+        ``p99_ttft_ms``, ...; absent when ``metrics`` is None), then this range's fields with
+        the GPU means as ``mean_<field>`` (NaN → None); ``steps_per_s`` and ``busy_fraction``
+        are the range's (idle time counts), not the steps' span's."""
+        out: dict[str, Any] = self.metrics.to_dict() if self.metrics else {}
         for k, v in self.__dict__.items():
             if k == "metrics":
                 continue
-            if isinstance(v, dict):
-                stem = k[:-3]
-                for p, x in v.items():
-                    out[f"p{p:g}_{stem}_ms"] = None if math.isnan(x) else x
+            if k == "gpu":
+                out.update({f"mean_{f}": None if math.isnan(x) else x for f, x in v.items()})
             elif isinstance(v, float) and math.isnan(v):
                 out[k] = None
             elif isinstance(v, tuple):
@@ -388,23 +370,7 @@ class TimelineSnapshot:
         metrics = None
         if dur_s > 0:
             metrics = summarize(reqs, dur_s, percentiles=pcts, steps=steps or None)
-            kw.update(
-                num_completed=metrics.completed, num_failed=metrics.failed,
-                request_throughput=metrics.request_throughput,
-                output_throughput=metrics.output_throughput,
-                total_token_throughput=metrics.total_token_throughput,
-                mean_ttft_ms=metrics.mean_ttft_ms, mean_tpot_ms=metrics.mean_tpot_ms,
-                mean_itl_ms=metrics.mean_itl_ms, mean_e2el_ms=metrics.mean_e2el_ms,
-                **{f"{m}_ms": dict(getattr(metrics, f"percentiles_{m}_ms"))
-                   for m in ("ttft", "tpot", "itl", "e2el")},
-            )
-            if steps:
-                kw.update(
-                    mean_prefill_tokens_per_step=metrics.mean_prefill_tokens_per_step,
-                    mean_decode_tokens_per_step=metrics.mean_decode_tokens_per_step,
-                    num_mixed_steps=metrics.num_mixed_steps,
-                    preemptions=metrics.num_preemptions,
-                )
+            kw["busy_fraction"] = min(1.0, self._busy_ms(a, b) / (dur_s * 1e3))
         if steps:
             n = len(steps)
             kw.update(
@@ -418,14 +384,9 @@ class TimelineSnapshot:
                                         for s in steps if s.kv_blocks_total > 0]),
                 modes=tuple(sorted({s.mode for s in steps})),
             )
-        if dur_s > 0:
-            kw["busy_fraction"] = min(1.0, self._busy_ms(a, b) / (dur_s * 1e3))
         gs = self.gpu_samples_between(t0, t1)
-        if gs:
-            kw["num_gpu_samples"] = len(gs)
-            for name in GPU_AGGREGATES:
-                vals = [v for v in (getattr(s, name) for s in gs) if v is not None]
-                kw[f"mean_{name}"] = _nanmean(vals)
+        kw["num_gpu_samples"] = len(gs)
+        kw["gpu"] = gpu_means(gs, GPU_FIELDS)
         hs = self.host_samples_between(t0, t1)
         if hs:
             kw["mean_process_cpu_pct"] = _nanmean([h.process_cpu_pct for h in hs

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpuchef.engine_host.records import EngineEvent, StepRecord
+from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
 from gpuchef.probes.timeline import TimelineSnapshot
 
 NAN = float("nan")
@@ -33,7 +34,7 @@ KNOB_SHORT = {
     "mode": "mode",
 }
 
-GPU_FIELDS = ("sm_active", "tensor_active", "gpu_util", "dram_bw_util", "power_w")
+GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN policy
 # GpuColumns also keeps device memory used, % of total (from mem_used_bytes / mem_total_bytes)
 _GPU_COLS = GPU_FIELDS + ("mem_used_pct",)
 
@@ -221,6 +222,22 @@ class StepColumns:
     def __len__(self) -> int:
         return len(self.gpu_ms)
 
+    def col(self, name: str) -> np.ndarray:
+        """The int64 column of StepRecord field ``name`` (one of ``_STEP_FIELDS``)."""
+        return self.ints[:, _STEP_FIELDS.index(name)]
+
+    def ending_between(self, t0: int, t1: int) -> slice:
+        """Rows of the steps with ``t0 <= t_end_ns < t1`` (``TimelineSnapshot.steps_between``)."""
+        te = self.ints[:, 1]
+        return slice(int(np.searchsorted(te, t0)), int(np.searchsorted(te, t1)))
+
+    def arrays(self, sl: slice) -> StepArrays:
+        """Rows ``sl`` as ``probes.metrics.StepArrays`` (the step metrics' input)."""
+        c = self.col
+        return StepArrays(c("t_start_ns")[sl], c("t_end_ns")[sl], self.gpu_ms[sl],
+                          c("num_prefill_tokens")[sl], c("num_decode_reqs")[sl],
+                          c("num_preempted")[sl])
+
     def overlapping(self, t0: int, t1: int) -> slice:
         """Rows of the steps overlapping ``[t0, t1)``: those ending in it, and the one running
         across ``t1`` (it ends later but covers part of the window)."""
@@ -286,8 +303,8 @@ class GpuColumns:
         self._last = fresh[-1]
         t = np.fromiter((g.t_ns for g in fresh), np.int64, new)
         gi = np.fromiter((g.gpu for g in fresh), np.int64, new)
-        v = np.array([[np.nan if (x := getattr(g, f)) is None else x for f in GPU_FIELDS]
-                      + [_mem_pct(g)] for g in fresh],
+        v = np.array([[gpu_value(getattr(g, f)) for f in GPU_FIELDS] + [_mem_pct(g)]
+                      for g in fresh],
                      dtype=np.float64).reshape(new, len(_GPU_COLS))
         order = np.argsort(t, kind="stable")  # several GPUs may interleave a little
         self.t = np.concatenate([self.t, t[order]])

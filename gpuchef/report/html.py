@@ -464,7 +464,8 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         parts.append(_section("latency", _figure(
             plots.latency_cdfs(groups), "latency",
             "Cumulative distributions (log time axis); the dots mark each group's P99."),
-            "TTFT = first token − arrival; ITL = every gap between consecutive tokens, pooled; "
+            "TTFT = first token − arrival; ITL = the gap before each output chunk after the first "
+            "(tokens that arrive at one time stamp are one chunk, one ITL), pooled; "
             "TPOT = (E2EL − TTFT)/(output tokens − 1) per request (vllm bench serve)."))
     # results
     if groups:

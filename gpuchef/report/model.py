@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
-from gpuchef.probes.metrics import BenchMetrics, summarize
+from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, BenchMetrics, gpu_means, summarize
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import Trace, read_trace
 
@@ -36,7 +36,7 @@ MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
 AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C")
-GPU_FIELDS = ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w")
+GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN policy
 
 
 @dataclass
@@ -294,12 +294,9 @@ def _gpu_means(view: TraceView, segs: Sequence[Segment]) -> dict[str, float]:
 
 
 def _field_means(samples: Sequence[GpuSample]) -> dict[str, float]:
-    """Mean of each of GPU_FIELDS (% or W) over ``samples``, NaN for a field none of them has."""
-    out = {}
-    for f in GPU_FIELDS:
-        v = [getattr(g, f) for g in samples if getattr(g, f) is not None]
-        out[f] = sum(v) / len(v) if v else math.nan
-    return out
+    """Mean of each of GPU_FIELDS (% or W) over ``samples``: ``probes.metrics.gpu_means``
+    (values not measured, None or NaN, left out; NaN for a field none of them has)."""
+    return gpu_means(samples, GPU_FIELDS)
 
 
 def gpu_names(view: TraceView) -> dict[int, str]:

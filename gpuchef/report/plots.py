@@ -645,8 +645,8 @@ def latency_cdfs(groups: Sequence[Group]) -> str:
         ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%"])
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{metric} (ms)")
-        ax.set_title(metric + {"TTFT": ": time to first token", "ITL": ": every gap between "
-                               "tokens", "TPOT": ": per request, excl. the 1st"}[metric])
+        ax.set_title(metric + {"TTFT": ": time to first token", "ITL": ": gap between output "
+                               "chunks", "TPOT": ": per request, excl. the 1st"}[metric])
         ax.set_ylim(0.005, 0.9995)
         lo, hi = ax.get_xlim()
         if hi / max(lo, 1e-9) < 30:  # under ~1.5 decades: label 1, 2, 3, 5, 7 of each

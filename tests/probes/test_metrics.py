@@ -325,3 +325,25 @@ def test_itls_of_times_past_int64_are_still_computed():
     big = 2**63 + 5
     got = _itls_ms([(big, big + 2_000_000, big + 5_000_000), (1, 3_000_001)])
     assert got.tolist() == [2.0, 3.0, 3.0]
+
+
+def test_a_multi_token_chunk_is_one_itl_as_vllm_bench_serve_records_it():
+    """A hosted-vLLM step (speculative / multi-step decoding) or an SSE chunk that carries 3
+    tokens stamps them with one time: that is one ITL (vllm/benchmarks/lib/
+    endpoint_request_func.py appends one ITL per chunk), not [60, 0, 0]. Then
+    sum(ITL) = E2EL − TTFT per request, and TPOT still divides by output tokens − 1."""
+    # arrival 0; first token at 100 ms; a 3-token chunk at 160 ms; one token at 190 ms
+    r = rec("req-0", 0, [100, 160, 160, 160, 190])
+    assert r.chunk_sizes == [1, 3, 1]
+    assert r.itls_ms == [60.0, 30.0]
+    assert sum(r.itls_ms) == pytest.approx(r.e2el_ms - r.ttft_ms)
+    other = rec("req-1", 0, [10, 20, 30])  # one token per chunk: unchanged
+    m = summarize([r, other], 1.0, percentiles=(0, 50, 100))
+    assert m.percentiles_itl_ms == [(0.0, 10.0), (50.0, 20.0), (100.0, 60.0)]  # 60, 30, 10, 10
+    assert m.mean_itl_ms == pytest.approx((60 + 30 + 10 + 10) / 4)
+    assert m.mean_tpot_ms == pytest.approx(((190 - 100) / 4 + (30 - 10) / 2) / 2)
+    assert m.total_output == 8
+    # the vectorised path agrees with the record's own definition, request by request
+    from gpuchef.probes.metrics import _itls_ms
+    assert _itls_ms([r.token_times_ns, other.token_times_ns]).tolist() == \
+        r.itls_ms + other.itls_ms

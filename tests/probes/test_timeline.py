@@ -54,13 +54,13 @@ def test_window_percentiles_match_numpy_on_known_data():
         t += 10 * MS
     end = max(r.token_times_ns[-1] for r in tl.snapshot(10**12).requests) + 1
     w = tl.snapshot(end).stats_between(0, end)
-    assert w.num_completed == 300
+    assert w.metrics.completed == 300
     for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         for q in (50, 90, 99):
             assert w.percentile(name, q) == pytest.approx(np.percentile(vals, q), rel=1e-9)
-        assert getattr(w, f"mean_{name}_ms") == pytest.approx(np.mean(vals))
-    assert w.request_throughput == pytest.approx(300 / (end / S))
-    assert w.output_throughput == pytest.approx(sum(len(r.token_times_ns) for r in
+        assert getattr(w.metrics, f"mean_{name}_ms") == pytest.approx(np.mean(vals))
+    assert w.metrics.request_throughput == pytest.approx(300 / (end / S))
+    assert w.metrics.output_throughput == pytest.approx(sum(len(r.token_times_ns) for r in
                                                     tl.snapshot(end).requests) / (end / S))
     assert w.metrics is not None and w.metrics.completed == 300
     with pytest.raises(ConfigError, match="percentile 75"):
@@ -89,20 +89,22 @@ def test_step_statistics_busy_fraction_and_ab_ranges():
     assert a.num_steps == b.num_steps == 100
     assert a.steps_per_s == pytest.approx(100) and b.steps_per_s == pytest.approx(100)
     assert a.busy_fraction == pytest.approx(0.8) and b.busy_fraction == pytest.approx(1.0)
-    assert a.mean_prefill_tokens_per_step == pytest.approx(51.2)
-    assert a.mean_decode_tokens_per_step == pytest.approx(10)
-    assert b.mean_prefill_tokens_per_step == pytest.approx(64)
-    assert a.num_mixed_steps == 10 and b.num_mixed_steps == 100
-    assert a.preemptions == 0 and b.preemptions == 1
+    assert a.metrics.mean_prefill_tokens_per_step == pytest.approx(51.2)
+    assert a.metrics.mean_decode_tokens_per_step == pytest.approx(10)
+    assert b.metrics.mean_prefill_tokens_per_step == pytest.approx(64)
+    assert a.metrics.num_mixed_steps == 10 and b.metrics.num_mixed_steps == 100
+    assert a.metrics.num_preemptions == 0 and b.metrics.num_preemptions == 1
     assert a.modes == ("chunked",) and b.modes == ("continuous",)
-    assert a.mean_sm_active == pytest.approx(50) and a.mean_tensor_active == pytest.approx(30)
-    assert a.mean_power_w == pytest.approx(400) and b.mean_sm_active == pytest.approx(95)
-    assert np.isnan(a.mean_dram_bw_util) and a.num_gpu_samples == 2
+    assert a.gpu["sm_active"] == pytest.approx(50) and a.gpu["tensor_active"] == pytest.approx(30)
+    assert a.gpu["power_w"] == pytest.approx(400) and b.gpu["sm_active"] == pytest.approx(95)
+    assert np.isnan(a.gpu["dram_bw_util"]) and a.num_gpu_samples == 2
     assert a.mean_process_cpu_pct == 50 and a.max_rss_bytes == 1000
     assert a.num_events == 0 and b.num_events == 1
     assert a.prefill_tokens == 5120 and a.decode_tokens == 1000
     d = a.as_dict()
     assert d["p99_ttft_ms"] is None and d["busy_fraction"] == pytest.approx(0.8)
+    assert d["mean_sm_active"] == pytest.approx(50) and d["mean_dram_bw_util"] is None
+    assert d["completed"] == 0 and d["num_steps"] == 100
     # a half step at the range edge counts by its overlap
     assert snap.stats_between(5 * MS, S).busy_fraction == pytest.approx(
         (800 - 5) / 995, rel=1e-9)  # step 0 keeps 3 of its 8 ms
@@ -221,7 +223,7 @@ def test_requests_out_of_finish_order_are_still_found():
     tl.add_request(request(2, 0, [700 * MS]))
     snap = tl.snapshot(S)
     w = snap.stats_between(0, S)
-    assert w.num_completed == 2 and w.num_failed == 1
+    assert w.metrics.completed == 2 and w.metrics.failed == 1
     assert [r.request_id for r in snap.requests_between(0, S)] == ["r0", "err", "r2"]
 
 
