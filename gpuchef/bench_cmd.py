@@ -11,13 +11,14 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
-                      write_json)
+                      write_json, http_load_options)
 
 
 @click.command("bench")
 @engine_options
 @scheduler_options
 @workload_options
+@http_load_options
 @click.option("--goodput", multiple=True,
               help="SLOs for goodput, KEY:MS pairs (ttft, tpot, e2el), e.g. "
                    "--goodput ttft:500 --goodput tpot:50 or --goodput 'ttft:500 tpot:50'.")
@@ -56,6 +57,10 @@ def bench(**o) -> None:
 
 
 def _bench(o: dict, err: Console) -> None:
+    from .client.bench_http import bench_http, check_http_flags
+    if o["base_url"]:  # the load over HTTP to a server gpuchef does not host: no engine here
+        return bench_http(o, err)
+    check_http_flags(o)
     from .engine_host.workload import generate
     from .probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
     from .session import build_engine, run_load

@@ -1,1 +1,2 @@
-"""The HTTP load client: gpuchef's load sent to any OpenAI-compatible server (`bench --base-url`)."""
+"""gpuchef as a client of an OpenAI-compatible server: the HTTP load client
+(``gpuchef bench --base-url URL``, :mod:`gpuchef.client.http_load`)."""

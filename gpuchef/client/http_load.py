@@ -1,0 +1,794 @@
+"""The HTTP load client: gpuchef's request stream sent to an OpenAI-compatible server, streamed.
+
+``run_http_load(specs, cfg, prompt)`` sends each ``RequestSpec`` of ``engine_host.workload``
+(trace replay, Poisson/gamma, probes) as one streaming POST at its arrival time and returns one
+``ClientResult`` per request; ``to_request_records`` turns those into ``RequestRecord``s so that
+``probes.metrics.summarize`` computes the results block, the one metrics implementation.
+
+Timing follows ``vllm bench serve`` (vllm/benchmarks/lib/endpoint_request_func.py):
+
+* ``start`` is taken when the POST is issued (after the ``--max-concurrency`` semaphore; the wait
+  for it is ``queue_time``, vLLM's ``client_queue_time``);
+* TTFT = first chunk that carries a token − start; one ITL per chunk after it; E2EL (vLLM's
+  ``latency``) = last token chunk − start; output tokens from the usage chunk when the server
+  sends one (``stream_options.include_usage``), TPOT = (E2EL − TTFT)/(output tokens − 1).
+
+gpuchef also asks for ``stream_options.continuous_usage_stats`` (vLLM and SGLang honour it): each
+chunk then carries the cumulative ``completion_tokens``, so a chunk's token count is known (a
+chunk of k tokens is one ITL, recorded with its k; a chunk with no new token, such as a chat
+role-only chunk, starts no clock — vLLM's client would start TTFT there). Without it a chunk
+counts as one token.
+
+Arrivals are scheduled against absolute time: request *i* is due at ``t0 + arrival_s`` (t0 read
+once), so lateness does not accumulate; each request's lateness (its task started − due) is kept.
+Every failure (HTTP status, timeout, refused or lost connection, a stream cut before ``[DONE]``, an
+error object in the stream) is caught into the result's ``error_kind`` / ``error``; the run goes
+on, and ``error_lines`` gives one line per kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..engine_host.config import ConfigError
+from ..engine_host.records import RequestRecord
+from ..engine_host.workload import PROBE_ID_PREFIX, RequestSpec
+
+ENDPOINTS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
+RAMP_UP_STRATEGIES: tuple[str, ...] = ("linear", "exponential")
+#: Default per-request limit (s): the whole request, first byte to ``[DONE]``.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+#: Limit (s) on the start-up look-up of ``/v1/models``.
+INFO_TIMEOUT_S = 10.0
+#: A random stream of its own for ramp-up arrivals (workload.py uses 0..3).
+_STREAM_RAMP_UP = 4
+#: Bytes of an error response body kept for the message.
+_ERROR_BODY_BYTES = 2048
+
+
+@dataclass
+class HttpLoadConfig:
+    """Where and how to send the load. Flag names as ``vllm bench serve`` spells them.
+
+    ``base_url``: ``http(s)://host[:port]`` (a trailing ``/`` or ``/v1`` is dropped).
+    ``endpoint``: one of ``ENDPOINTS``. ``model``: the name sent in each request (the server's
+    ``--served-model-name``). ``api_key``: sent as ``Authorization: Bearer``; None reads
+    ``OPENAI_API_KEY`` (vLLM's client does the same). ``max_concurrency``: requests in flight at
+    most (None = unbounded); probes bypass it, as vLLM's probe requests do.
+    ``request_timeout_s``: per request, from the POST to the end of the stream (s, > 0).
+    ``ignore_eos``: sent with every request so that outputs have the forced lengths.
+    ``continuous_usage``: ask for per-chunk usage (the chunk's token count).
+    Raises ConfigError (``validate``) naming the value and what is allowed.
+    """
+
+    base_url: str
+    endpoint: str = "/v1/completions"
+    model: str = ""
+    api_key: str | None = None
+    max_concurrency: int | None = None
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    ignore_eos: bool = True
+    continuous_usage: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        self.base_url = normalize_base_url(self.base_url)
+        ep = str(self.endpoint).strip()
+        if not ep.startswith("/"):
+            ep = "/" + ep
+        if ep not in ENDPOINTS:
+            raise ConfigError(f"--endpoint {self.endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+        self.endpoint = ep
+        if self.max_concurrency is not None:
+            if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int) \
+                    or self.max_concurrency < 1:
+                raise ConfigError(f"--max-concurrency {self.max_concurrency!r} must be an "
+                                  "integer >= 1 (or left out: no limit)")
+        t = self.request_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+            raise ConfigError(f"--request-timeout {t!r} must be a number of seconds > 0")
+        if self.api_key is None:
+            self.api_key = os.environ.get("OPENAI_API_KEY") or None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint == "/v1/chat/completions"
+
+    @property
+    def api_url(self) -> str:
+        return self.base_url + self.endpoint
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+def normalize_base_url(url: str) -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing ``/`` or ``/v1`` (users paste the
+    OpenAI client's ``base_url``, which ends in ``/v1``). Raises ConfigError for another scheme,
+    a missing host or a bad port."""
+    raw = str(url).strip()
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # ValueError for a port out of range or not a number
+    except ValueError as e:
+        raise ConfigError(f"--base-url {url!r} is not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--base-url {url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"--base-url {url!r}: give no query or fragment")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    del port
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Ramp-up arrivals (vllm/benchmarks/serve.py ``_get_current_request_rate`` and ``get_request``)
+
+def check_ramp_up(strategy: str | None, start_rps: Any, end_rps: Any, *,
+                  request_rate: float, dataset: str, probe_interval_s: float | None) -> None:
+    """vLLM's rules for ``--ramp-up-strategy``/``--ramp-up-start-rps``/``--ramp-up-end-rps``,
+    plus gpuchef's: the random dataset only (a trace brings its own times) and no probes.
+    Raises ConfigError naming the flag."""
+    if strategy is None:
+        for flag, v in (("--ramp-up-start-rps", start_rps), ("--ramp-up-end-rps", end_rps)):
+            if v is not None:
+                raise ConfigError(f"{flag} {v} needs --ramp-up-strategy "
+                                  f"({' or '.join(RAMP_UP_STRATEGIES)})")
+        return
+    if strategy not in RAMP_UP_STRATEGIES:
+        raise ConfigError(f"--ramp-up-strategy {strategy!r} is not one of "
+                          f"{', '.join(RAMP_UP_STRATEGIES)}")
+    if not math.isinf(request_rate):
+        raise ConfigError("--ramp-up-strategy sets the request rate: leave --request-rate out "
+                          f"(got {request_rate:g})")
+    if start_rps is None or end_rps is None:
+        raise ConfigError("--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps")
+    for flag, v in (("--ramp-up-start-rps", start_rps), ("--ramp-up-end-rps", end_rps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{flag} {v!r} must be an integer >= 1 (req/s)")
+    if start_rps > end_rps:
+        raise ConfigError(f"--ramp-up-start-rps {start_rps} is above --ramp-up-end-rps {end_rps}: "
+                          "the ramp goes up")
+    if dataset != "random":
+        raise ConfigError(f"--ramp-up-strategy applies to random arrivals; --dataset {dataset!r} "
+                          "brings its own times (use --trace-speed)")
+    if probe_interval_s is not None:
+        raise ConfigError("--probe-interval cannot be combined with --ramp-up-strategy")
+
+
+def ramp_up_rate(strategy: str, start_rps: float, end_rps: float, i: int, n: int) -> float:
+    """The rate (req/s) request ``i`` of ``n`` is drawn at: progress ``p = i/max(n−1, 1)``;
+    linear ``start + (end − start)·p``, exponential ``start·(end/start)**p``
+    (vllm ``_get_current_request_rate``)."""
+    p = i / max(n - 1, 1)
+    if strategy == "linear":
+        return start_rps + (end_rps - start_rps) * p
+    return start_rps * (end_rps / start_rps) ** p
+
+
+def apply_ramp_up(specs: Sequence[RequestSpec], strategy: str, start_rps: int, end_rps: int, *,
+                  burstiness: float, arrival: str, seed: int) -> list[RequestSpec]:
+    """``specs`` re-timed by the ramp: gap *i* is gamma(shape ``burstiness``, scale
+    1/(rate_i·burstiness)) — or 1/rate_i for ``arrival="constant"`` or infinite burstiness —
+    and arrival *i* the sum of gaps 0..i, not rescaled (as vllm's ``get_request`` with a ramp).
+    Seeded by ``seed`` (a stream of its own). Returns new specs, order kept."""
+    n = len(specs)
+    rng = np.random.default_rng([int(seed), _STREAM_RAMP_UP])
+    rates = np.array([ramp_up_rate(strategy, start_rps, end_rps, i, n) for i in range(n)])
+    if arrival == "constant" or math.isinf(burstiness):
+        gaps = 1.0 / rates
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness))
+    t = np.cumsum(gaps)
+    return [replace(s, arrival_s=float(a)) for s, a in zip(specs, t.tolist())]
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+
+def load_tokenizer(path: str):
+    """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json`` file, or a folder holding one
+    (a Hugging Face model folder). Local files only: nothing is downloaded. Raises ConfigError
+    naming the path."""
+    p = Path(path).expanduser()
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        what = "has no tokenizer.json" if p.is_dir() else "no such file"
+        raise ConfigError(f"--tokenizer {path!r}: {what} (give a local tokenizer.json or a model "
+                          "folder holding one)")
+    try:
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(str(f))
+    except Exception as e:  # the library raises a bare Exception for a bad file
+        raise ConfigError(f"--tokenizer {path!r}: cannot read {str(f)!r} as a tokenizer ({e})") from None
+
+
+def tokenizer_vocab_size(tok) -> int:
+    """The base vocabulary (added/special tokens left out): random prompt ids are drawn below it."""
+    return int(tok.get_vocab_size(with_added_tokens=False))
+
+
+def text_prompt(tok, ids: Sequence[int], target_len: int, rounds: int = 4) -> str:
+    """Text whose encoding by ``tok`` is about ``target_len`` tokens: the ids decoded, then cut
+    (too long) or extended with the ids again (too short) for a few rounds, as vLLM's random
+    dataset adjusts its decoded prompts. The server's ``prompt_tokens`` is what the results use."""
+    ids = [int(i) for i in ids]
+    text = tok.decode(ids, skip_special_tokens=True)
+    for _ in range(rounds):
+        enc = tok.encode(text, add_special_tokens=False).ids
+        if len(enc) == target_len or not ids:
+            break
+        if len(enc) > target_len:
+            text = tok.decode(enc[:target_len], skip_special_tokens=True)
+        else:
+            more = (ids * (1 + (target_len - len(enc)) // max(len(ids), 1)))[:target_len - len(enc)]
+            text = tok.decode(enc + more, skip_special_tokens=True)
+    return text
+
+
+def request_body(spec: RequestSpec, cfg: HttpLoadConfig, tok=None) -> bytes:
+    """The JSON body of ``spec``'s request: completions get ``prompt`` as token ids (or text with
+    a tokenizer), ``max_tokens``; chat gets one user message of text and
+    ``max_completion_tokens`` (vLLM's client's field); both ``stream``, ``stream_options``
+    (``include_usage``, ``continuous_usage_stats``) and ``ignore_eos``."""
+    body: dict[str, Any] = {"model": cfg.model}
+    if tok is not None:
+        prompt: Any = text_prompt(tok, spec.prompt_token_ids, spec.prompt_len)
+    else:
+        ids = spec.prompt_token_ids
+        prompt = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+    if cfg.is_chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+        body["max_completion_tokens"] = spec.output_len
+    else:
+        body["prompt"] = prompt
+        body["max_tokens"] = spec.output_len
+    body["stream"] = True
+    so = {"include_usage": True}
+    if cfg.continuous_usage:
+        so["continuous_usage_stats"] = True
+    body["stream_options"] = so
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# One request
+
+#: Error kinds, in the order ``error_lines`` prints them.
+ERROR_KINDS: tuple[str, ...] = ("http", "refused", "connection", "timeout", "stream_cut",
+                                "stream_error", "no_token", "bad_stream", "client")
+_KIND_TEXT = {
+    "refused": "connection refused",
+    "connection": "connection failed",
+    "timeout": "timed out",
+    "stream_cut": "stream closed early (no [DONE])",
+    "stream_error": "error in the stream",
+    "no_token": "stream carried no token",
+    "bad_stream": "stream not readable as SSE JSON",
+    "client": "client error",
+}
+
+
+@dataclass
+class ClientResult:
+    """One request as the client saw it. Times are ``time.monotonic_ns()``.
+
+    ``due_ns``: its scheduled send time (t0 + arrival_s); ``dispatch_ns``: when its task started
+    (``dispatch_ns − due_ns`` is the client's lateness); ``start_ns``: when the POST was issued
+    (after the concurrency semaphore: ``start_ns − dispatch_ns`` is vLLM's ``client_queue_time``).
+    ``chunk_times_ns`` / ``chunk_tokens``: each chunk that carried tokens, and how many (1 when the
+    server does not say). ``output_tokens``: from the usage chunk, else ``sum(chunk_tokens)``.
+    ``prompt_len``: the server's ``prompt_tokens`` when it says, else the prompt's length.
+    ``error_kind``: "" for success, else one of ``ERROR_KINDS``; ``status``: the HTTP status
+    (0 before one was read); ``error``: one line, the server's message when it gave one.
+    """
+
+    request_id: str
+    is_probe: bool
+    prompt_len: int
+    max_tokens: int
+    due_ns: int = 0
+    dispatch_ns: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    status: int = 0
+    chunk_times_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    usage_output_tokens: int | None = None
+    finish_reason: str = ""
+    generated_text: str = ""
+    error_kind: str = ""
+    error: str = ""
+
+    @property
+    def success(self) -> bool:
+        return not self.error_kind
+
+    @property
+    def output_tokens(self) -> int:
+        if self.usage_output_tokens is not None:
+            return self.usage_output_tokens
+        return sum(self.chunk_tokens)
+
+    @property
+    def lateness_ms(self) -> float:
+        return (self.dispatch_ns - self.due_ns) / 1e6
+
+    @property
+    def queue_time_s(self) -> float:
+        return (self.start_ns - self.dispatch_ns) / 1e9
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.chunk_times_ns[0] - self.start_ns) / 1e9 if self.chunk_times_ns else 0.0
+
+    @property
+    def latency_s(self) -> float:
+        return (self.chunk_times_ns[-1] - self.start_ns) / 1e9 if self.chunk_times_ns else 0.0
+
+    @property
+    def itls_s(self) -> list[float]:
+        t = self.chunk_times_ns
+        return [(t[i] - t[i - 1]) / 1e9 for i in range(1, len(t))]
+
+    def fail(self, kind: str, message: str) -> None:
+        self.error_kind = kind
+        self.error = " ".join(str(message).split())[:300]
+
+
+def _error_message(status: int, reason: str, body: bytes) -> str:
+    """'HTTP 400 Bad Request: <the OpenAI-shaped error's message, or the body's start>'."""
+    text = body.decode("utf-8", "replace").strip()
+    msg = text
+    try:
+        obj = json.loads(text)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        if isinstance(err, dict):
+            msg = str(err.get("message") or err.get("detail") or err)
+        elif isinstance(err, str):
+            msg = err
+    except ValueError:
+        pass
+    head = f"HTTP {status} {reason or ''}".rstrip()
+    return f"{head}: {msg}" if msg else head
+
+
+class _Stream:
+    """Parses one response's SSE events as they arrive (``data: {json}`` blocks ending in a blank
+    line, ``data: [DONE]`` last, ``:`` comment lines skipped)."""
+
+    __slots__ = ("res", "buf", "done", "last_ct", "texts", "is_chat")
+
+    def __init__(self, res: ClientResult, is_chat: bool) -> None:
+        self.res = res
+        self.buf = b""
+        self.done = False
+        self.last_ct = 0
+        self.texts: list[str] = []
+        self.is_chat = is_chat
+
+    def feed(self, data: bytes) -> bool:
+        """Consume bytes; False once the stream is over (done, or an error was recorded)."""
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        buf = self.buf + data
+        while True:
+            i = buf.find(b"\n\n")
+            if i < 0:
+                break
+            event, buf = buf[:i], buf[i + 2:]
+            if not self.event(event):
+                self.buf = b""
+                return False
+        self.buf = buf
+        return True
+
+    def flush(self) -> None:
+        """The stream ended: an unterminated last event is read too (vLLM's client does)."""
+        if self.buf.strip() and not self.done and not self.res.error_kind:
+            self.event(self.buf)
+        self.buf = b""
+
+    def event(self, event: bytes) -> bool:
+        payload = None
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+        if payload is None:  # comments (pings), event:/id: lines, blank keep-alives
+            return True
+        if payload == b"[DONE]":
+            self.done = True
+            return False
+        now = time.monotonic_ns()
+        res = self.res
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            res.fail("bad_stream", f"not JSON: {payload[:80]!r}")
+            return False
+        if not isinstance(obj, dict):
+            res.fail("bad_stream", f"not a JSON object: {payload[:80]!r}")
+            return False
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            res.fail("stream_error", str(msg))
+            return False
+        usage = obj.get("usage")
+        ct = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        choices = obj.get("choices")
+        if choices:
+            c0 = choices[0] if isinstance(choices[0], dict) else {}
+            if self.is_chat:
+                delta = c0.get("delta") or {}
+                text = delta.get("content") if isinstance(delta, dict) else None
+            else:
+                text = c0.get("text")
+            if text:
+                self.texts.append(text)
+            if c0.get("finish_reason"):
+                res.finish_reason = str(c0["finish_reason"])
+            if isinstance(ct, int) and not isinstance(ct, bool):
+                n = ct - self.last_ct
+                self.last_ct = ct
+                if n <= 0:
+                    return True  # a chunk with no new token (e.g. chat's role-only chunk)
+            else:
+                n = 1
+            times = res.chunk_times_ns
+            if times and now <= times[-1]:
+                now = times[-1] + 1  # keep chunks distinct: equal time stamps merge into one
+            times.append(now)
+            res.chunk_tokens.append(n)
+        elif isinstance(ct, int) and not isinstance(ct, bool):
+            # the usage chunk (empty choices)
+            res.usage_output_tokens = ct
+            pt = usage.get("prompt_tokens")
+            if isinstance(pt, int) and not isinstance(pt, bool):
+                res.prompt_len = pt
+        return True
+
+
+async def send_one(session, spec: RequestSpec, body: bytes, cfg: HttpLoadConfig, due_ns: int,
+                   sem: asyncio.Semaphore | None) -> ClientResult:
+    """Send one streaming request and read it to the end. Never raises (a cancellation aside):
+    every failure is recorded in the returned ClientResult."""
+    import aiohttp
+
+    res = ClientResult(spec.request_id, spec.is_probe, spec.prompt_len, spec.output_len,
+                       due_ns=due_ns)
+    res.dispatch_ns = time.monotonic_ns()
+    if sem is not None and not spec.is_probe:
+        await sem.acquire()
+    status_seen = False
+    try:
+        res.start_ns = time.monotonic_ns()
+        async with session.post(cfg.api_url, data=body,
+                                headers={"x-request-id": spec.request_id}) as resp:
+            res.status = resp.status
+            status_seen = True
+            if resp.status != 200:
+                raw = await resp.content.read(_ERROR_BODY_BYTES)
+                res.fail("http", _error_message(resp.status, resp.reason or "", raw))
+                return res
+            st = _Stream(res, cfg.is_chat)
+            async for data in resp.content.iter_any():
+                if not st.feed(data):
+                    break
+            st.flush()
+            res.generated_text = "".join(st.texts)
+            if res.error_kind:
+                return res
+            if not st.done:
+                res.fail("stream_cut", f"the server closed the stream after "
+                                       f"{len(res.chunk_times_ns)} chunk(s), before [DONE]")
+            elif not res.chunk_times_ns:
+                res.fail("no_token", "the stream ended without a chunk carrying a token")
+            elif res.finish_reason == "abort":
+                res.fail("stream_error", "the server aborted the request (finish_reason abort)")
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError:
+        res.fail("timeout", f"no complete response within {cfg.request_timeout_s:g} s "
+                            "(--request-timeout)")
+    except aiohttp.ClientConnectorError as e:
+        refused = isinstance(e.os_error, ConnectionRefusedError)
+        res.fail("refused" if refused else "connection", f"{cfg.base_url}: {e.os_error or e}")
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
+        if status_seen:
+            res.fail("stream_cut", f"the stream broke after {len(res.chunk_times_ns)} chunk(s): "
+                                   f"{type(e).__name__}: {e}")
+        else:
+            res.fail("connection", f"{type(e).__name__}: {e}")
+    except aiohttp.ClientError as e:
+        res.fail("stream_cut" if status_seen else "connection", f"{type(e).__name__}: {e}")
+    except Exception as e:  # never a traceback: a bug here is one counted failure, named
+        res.fail("client", f"{type(e).__name__}: {e}")
+    finally:
+        res.end_ns = time.monotonic_ns()
+        if sem is not None and not spec.is_probe:
+            sem.release()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+@dataclass
+class HttpLoadRun:
+    """A finished run: ``results`` in ``specs`` order, ``t0_ns`` (monotonic ns of arrival 0),
+    ``duration_s`` (t0 → the last response, vLLM's benchmark duration), and ``rps_change_events``
+    (vLLM's ramp-up log: each integer rate reached, with the wall-clock time, ISO format)."""
+
+    results: list[ClientResult]
+    t0_ns: int
+    duration_s: float
+    rps_change_events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _session(cfg: HttpLoadConfig):
+    import aiohttp
+
+    n = cfg.max_concurrency or 0
+    # probes bypass --max-concurrency: give them room in the pool
+    connector = aiohttp.TCPConnector(limit=(n + 16) if n else 0, limit_per_host=(n + 16) if n else 0,
+                                     ttl_dns_cache=300, keepalive_timeout=60, force_close=False)
+    return aiohttp.ClientSession(connector=connector, headers=cfg.headers(), trust_env=True,
+                                 timeout=aiohttp.ClientTimeout(total=cfg.request_timeout_s))
+
+
+async def _warm_up(session, cfg: HttpLoadConfig) -> None:
+    """One GET of /v1/models before t0, answer ignored: the first connection, the resolver's
+    thread and aiohttp's lazy set-up are paid before the clock starts, not by the first
+    arrivals (each of which would otherwise open a connection of its own)."""
+    import aiohttp
+
+    try:
+        async with session.get(cfg.base_url + "/v1/models",
+                               timeout=aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)) as r:
+            await r.read()
+    except Exception:  # the run itself counts whatever is wrong
+        pass
+
+
+async def run_http_load_async(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
+                              body: Callable[[RequestSpec], bytes], *,
+                              ramp: tuple[str, int, int] | None = None,
+                              start_delay_s: float = 0.0) -> HttpLoadRun:
+    """Send ``specs`` (sorted by ``arrival_s``) at ``t0 + arrival_s`` each, ``body(spec)`` as the
+    request body (built just before the request's due time, in the slack before it), all over
+    one pooled ``aiohttp`` session; wait for every response. ``ramp``: (strategy, start, end) to
+    log ``rps_change_events`` as vLLM does. Returns an HttpLoadRun; raises nothing per request."""
+    from datetime import datetime
+
+    sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    tasks: list[asyncio.Task] = []
+    events: list[dict[str, Any]] = []
+    last_int = -1
+    if ramp is not None:
+        last_int = int(ramp[1])
+        events.append({"rps": last_int, "timestamp": datetime.now().isoformat()})
+    n = len(specs)
+    async with _session(cfg) as session:
+        await _warm_up(session, cfg)
+        t0 = time.monotonic_ns() + int(start_delay_s * 1e9)
+        for i, spec in enumerate(specs):
+            data = body(spec)
+            due = t0 + int(round(spec.arrival_s * 1e9))
+            delay = (due - time.monotonic_ns()) / 1e9
+            # absolute time: each wait is to the request's own due time, never a relative gap
+            await asyncio.sleep(delay if delay > 0 else 0)
+            if ramp is not None:
+                rate = int(ramp_up_rate(ramp[0], ramp[1], ramp[2], i, n))
+                if rate > last_int:
+                    ts = datetime.now().isoformat()
+                    events.extend({"rps": v, "timestamp": ts} for v in range(last_int + 1, rate + 1))
+                    last_int = rate
+            tasks.append(asyncio.create_task(send_one(session, spec, data, cfg, due, sem)))
+        results = list(await asyncio.gather(*tasks))
+        end = max([r.end_ns for r in results], default=time.monotonic_ns())
+    return HttpLoadRun(results, t0, max(end - t0, 1) / 1e9, events)
+
+
+def run_http_load(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
+                  body: Callable[[RequestSpec], bytes] | None = None, **kw: Any) -> HttpLoadRun:
+    """:func:`run_http_load_async` on a fresh event loop (``asyncio.run``), with the objects
+    made so far frozen out of the garbage collector's way (vLLM's ``freeze_gc_heap``) for the run.
+    ``body`` defaults to ``request_body(spec, cfg)`` (token-id prompts)."""
+    if body is None:
+        def body(spec: RequestSpec) -> bytes:
+            return request_body(spec, cfg)
+    gc.collect()
+    gc.freeze()
+    try:
+        return asyncio.run(run_http_load_async(specs, cfg, body, **kw))
+    finally:
+        gc.unfreeze()
+
+
+# ---------------------------------------------------------------------------------------------
+# Server information
+
+@dataclass
+class ServerInfo:
+    """What ``GET /v1/models`` said: the model ids, and of the first model ``max_model_len``
+    (vLLM says it) and ``vocab_size`` (when the server says; vLLM does not)."""
+
+    models: list[str]
+    max_model_len: int | None = None
+    vocab_size: int | None = None
+
+
+async def _fetch_info(cfg: HttpLoadConfig) -> ServerInfo | None:
+    import aiohttp
+
+    url = cfg.base_url + "/v1/models"
+    timeout = aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession(headers=cfg.headers(), timeout=timeout,
+                                         trust_env=True) as s:
+            async with s.get(url) as r:
+                raw = await r.content.read(1 << 20)
+                if r.status in (401, 403):
+                    raise ConfigError(f"--base-url {cfg.base_url}: {_error_message(r.status, r.reason or '', raw)} "
+                                      "— give --api-key or set OPENAI_API_KEY")
+                if r.status != 200:
+                    return None
+    except ConfigError:
+        raise
+    except TimeoutError:
+        raise ConfigError(f"--base-url {cfg.base_url}: no answer from {url} within "
+                          f"{INFO_TIMEOUT_S:g} s") from None
+    except aiohttp.ClientConnectorError as e:
+        raise ConfigError(f"--base-url {cfg.base_url}: cannot connect ({e.os_error or e})") from None
+    except aiohttp.ClientError as e:
+        raise ConfigError(f"--base-url {cfg.base_url}: {url} failed ({type(e).__name__}: {e})") from None
+    try:
+        data = json.loads(raw).get("data") or []
+        models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+    except (ValueError, AttributeError, TypeError):
+        return None
+    first = data[0] if data and isinstance(data[0], dict) else {}
+
+    def _pos_int(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return ServerInfo(models, _pos_int(first.get("max_model_len")), _pos_int(first.get("vocab_size")))
+
+
+def fetch_server_info(cfg: HttpLoadConfig) -> ServerInfo | None:
+    """``GET base_url/v1/models`` once, before the run. None when the server has no such endpoint
+    or answers it with something unreadable. Raises ConfigError (one line) when nothing answers
+    at ``base_url``, it times out, or it refuses the API key."""
+    return asyncio.run(_fetch_info(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+def to_request_records(results: Sequence[ClientResult]) -> list[RequestRecord]:
+    """ClientResults as RequestRecords for ``probes.metrics.summarize``: ``arrival_ns`` = the
+    POST's start (vLLM's TTFT origin); a chunk of k tokens repeats its time k times in
+    ``token_times_ns`` (RequestRecord's chunk convention: one ITL per chunk). When the usage
+    total differs from the chunks' sum (a server that does not say per chunk), ``output_len``
+    is the usage total and the times stay one per chunk. A failed request is finish_reason
+    "error" with its message, no tokens."""
+    out = []
+    for r in results:
+        if r.success:
+            times: list[int] = []
+            for t, k in zip(r.chunk_times_ns, r.chunk_tokens):
+                times.extend([t] * k)
+            n_out = r.output_tokens
+            reason = r.finish_reason if r.finish_reason in ("length", "stop") else "length"
+            out.append(RequestRecord(r.request_id, r.start_ns, r.prompt_len, n_out, tuple(times),
+                                     reason, max_tokens=r.max_tokens))
+        else:
+            out.append(RequestRecord(r.request_id, r.start_ns or r.dispatch_ns, r.prompt_len, 0,
+                                     (), "error", max_tokens=r.max_tokens,
+                                     error=f"{r.error_kind}: {r.error}"))
+    return out
+
+
+def _error_key(r: ClientResult) -> str:
+    return f"HTTP {r.status}" if r.error_kind == "http" else _KIND_TEXT.get(r.error_kind, r.error_kind)
+
+
+def error_counts(results: Sequence[ClientResult]) -> dict[str, int]:
+    """Failed requests by kind ("HTTP 500", "connection refused", "timed out", ...), probes
+    included."""
+    order = {k: i for i, k in enumerate(ERROR_KINDS)}
+    bad = sorted((r for r in results if not r.success),
+                 key=lambda r: (order.get(r.error_kind, 99), r.status))
+    return dict(Counter(_error_key(r) for r in bad))
+
+
+def error_lines(results: Sequence[ClientResult]) -> list[str]:
+    """One line per kind of failure: ``"7 requests: HTTP 500 — first: <message>"``."""
+    first: dict[str, str] = {}
+    for r in results:
+        if not r.success:
+            first.setdefault(_error_key(r), r.error)
+    lines = []
+    for key, n in error_counts(results).items():
+        msg = first[key]
+        lines.append(f"{n} request{'s' if n != 1 else ''}: {key} — first: {msg}" if msg
+                     else f"{n} request{'s' if n != 1 else ''}: {key}")
+    return lines
+
+
+def lateness_stats(results: Sequence[ClientResult]) -> dict[str, float]:
+    """The client's own punctuality (ms): each request's task start − its due time; p50, p99,
+    max over the run (NaN with no requests)."""
+    a = np.array([r.lateness_ms for r in results], dtype=np.float64)
+    if not a.size:
+        return {"p50": math.nan, "p99": math.nan, "max": math.nan}
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max())}
+
+
+def peak_stats(results: Sequence[ClientResult]) -> tuple[float, int]:
+    """vLLM's ``max_output_tokens_per_s`` (the most output tokens received in one 1-s bucket from
+    the first request's start; a chunk of k counts k, where vLLM counts 1 per chunk) and
+    ``max_concurrent_requests`` (the peak of successful requests in flight, [start, last chunk)),
+    over the successful requests (vllm/benchmarks/serve.py ``calculate_metrics``)."""
+    ok = [r for r in results if r.success and r.chunk_times_ns]
+    if not ok:
+        return 0.0, 0
+    t_min = min(r.start_ns for r in ok)
+    t_max = max(r.chunk_times_ns[-1] for r in ok)
+    nb = int(math.ceil((t_max - t_min) / 1e9)) + 1
+    buckets = np.zeros(nb)
+    for r in ok:
+        idx = ((np.asarray(r.chunk_times_ns, dtype=np.int64) - t_min) // 1_000_000_000).astype(int)
+        np.add.at(buckets, idx[(idx >= 0) & (idx < nb)], np.asarray(r.chunk_tokens)[(idx >= 0) & (idx < nb)])
+    ev = sorted([(r.start_ns, 1) for r in ok] + [(r.chunk_times_ns[-1], -1) for r in ok])
+    cur = peak = 0
+    for _, d in ev:
+        cur += d
+        peak = max(peak, cur)
+    return float(buckets.max()), peak
+
+
+def result_arrays(results: Sequence[ClientResult]) -> dict[str, list]:
+    """vLLM's per-request arrays (``--save-detailed``), over the load's requests (probes left
+    out), in request order: ``input_lens``, ``output_lens`` (0 when failed), ``ttfts``,
+    ``itls`` (lists), ``latencies``, ``start_times``, ``queue_times`` (seconds; monotonic clock,
+    which is vLLM's ``perf_counter`` on Linux), ``generated_texts``, ``errors`` ("" when it
+    succeeded); plus gpuchef's ``chunk_tokens`` (tokens per chunk, aligned with ``itls`` shifted
+    by one: chunk 0 is the first token's) and ``lateness_ms``."""
+    load = [r for r in results if not r.is_probe]
+    return {
+        "input_lens": [r.prompt_len for r in load],
+        "output_lens": [r.output_tokens if r.success else 0 for r in load],
+        "ttfts": [r.ttft_s if r.success else 0.0 for r in load],
+        "itls": [r.itls_s if r.success else [] for r in load],
+        "latencies": [r.latency_s if r.success else 0.0 for r in load],
+        "start_times": [r.start_ns / 1e9 for r in load],
+        "queue_times": [r.queue_time_s for r in load],
+        "generated_texts": [r.generated_text for r in load],
+        "errors": ["" if r.success else f"{_error_key(r)}: {r.error}" for r in load],
+        "chunk_tokens": [list(r.chunk_tokens) if r.success else [] for r in load],
+        "lateness_ms": [r.lateness_ms for r in load],
+    }
