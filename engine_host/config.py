@@ -191,11 +191,11 @@ class SchedulerConfig:
     Defaults: ``max_num_batched_tokens`` 2048 (vLLM's default for chunked prefill on small GPUs
     and Sarathi-Serve's larger budget), ``max_num_seqs`` 256 (vLLM's default below 70 GiB),
     ``long_prefill_token_threshold`` 0 (off, as in vLLM), ``max_num_partial_prefills`` 1 (vLLM V0),
-    ``max_long_partial_prefills`` 1 (vLLM V0; at most ``max_num_partial_prefills``, as vLLM's
-    ``SchedulerConfig`` requires), ``auto_budget`` "" (the autopilot off; else its targets in
-    ``AutoBudgetSpec.canonical`` form, see engine_host/autopilot.py).
-    Raises ConfigError for a bad value or ``max_long_partial_prefills`` above
-    ``max_num_partial_prefills``.
+    ``max_long_partial_prefills`` 1 (vLLM V0; vLLM refuses a value above
+    ``max_num_partial_prefills`` at start-up, gpuchef lets it be, where it never binds, so that
+    turning one live knob down never makes the other invalid), ``auto_budget`` "" (the autopilot
+    off; else its targets in ``AutoBudgetSpec.canonical`` form, see engine_host/autopilot.py).
+    Raises ConfigError for a bad value.
     """
 
     mode: str = "chunked"
@@ -212,11 +212,6 @@ class SchedulerConfig:
             if f.name in KNOBS:
                 object.__setattr__(self, f.name, parse_knob(f.name, getattr(self, f.name)))
         object.__setattr__(self, AUTO_BUDGET, parse_value(AUTO_BUDGET, self.auto_budget))
-        if self.max_long_partial_prefills > self.max_num_partial_prefills:
-            raise ConfigError(
-                f"max_long_partial_prefills={self.max_long_partial_prefills} is above "
-                f"max_num_partial_prefills={self.max_num_partial_prefills}: allowed "
-                f"[1, max_num_partial_prefills] (long prompts are some of the partial prefills)")
 
     def with_changes(self, **changes: Any) -> "SchedulerConfig":
         """A copy with ``changes`` applied and validated (ConfigError on a bad one; self unchanged)."""

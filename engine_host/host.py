@@ -147,9 +147,8 @@ class EngineHost:
         return parsed
 
     def _check_engine_limits(self, changes: dict[str, Any]) -> None:
-        # Knobs that bound each other (max_long_partial_prefills ≤ max_num_partial_prefills), and
-        # an engine with narrower live ranges (vLLM: budget and max_num_seqs at most their
-        # start-up values), say so now, in the caller's thread.
+        # A bad change, and one an engine with narrower live ranges refuses (vLLM: budget and
+        # max_num_seqs at most their start-up values), is refused now, in the caller's thread.
         cfg = self.engine.scheduler_config.with_changes(**changes)
         check = getattr(self.engine, "validate_scheduler_config", None)
         if check is not None:

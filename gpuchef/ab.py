@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import KNOBS, ConfigError, SchedulerConfig, parse_knob, parse_mode
+from .engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, parse_value
 from .engine_host.records import EngineEvent
 from .probes.metrics import BenchMetrics, summarize
 
@@ -96,15 +96,22 @@ def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
     vLLM's dashed spelling ``max-num-batched-tokens`` and the dashboard palette's short names
     ``budget``, ``chunk``, ``seqs``, ``partial`` work too; a bare ``continuous`` or
     ``chunked`` means ``mode=…``; "" means the base settings) over ``base``.
+    ``auto_budget=itl_p99:50ms,ttft_p99:2s`` (the autopilot's targets; ``off`` turns it off)
+    takes the ``TARGET:DURATION`` parts that follow it.
 
     Raises ConfigError naming the flag, the value and the allowed range or names.
     """
     flag = flag or f"--{label.lower()}"
     changes: dict[str, Any] = {}
+    parts: list[str] = []
     for part in str(spec).split(","):
         part = part.strip()
-        if not part:
-            continue
+        if parts and "=" not in part and ":" in part and parts[-1].lower().startswith(
+                ("auto_budget=", "auto-budget=")):
+            parts[-1] += "," + part  # auto_budget=itl_p99:50ms,ttft_p99:2s is one setting
+        elif part:
+            parts.append(part)
+    for part in parts:
         key, sep, val = part.partition("=")
         key = key.strip().lstrip("-").replace("-", "_").lower()
         if not sep:
@@ -114,14 +121,14 @@ def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
                 raise ConfigError(
                     f"{flag} {spec!r}: {part!r} is not KNOB=VALUE; use e.g. "
                     f"mode=chunked,max_num_batched_tokens=2048 (knobs: {knob_names()})")
-        name = knob_alias(key)
+        name = AUTO_BUDGET if key == AUTO_BUDGET else knob_alias(key)
         if name is None:
             raise ConfigError(f"{flag} {spec!r}: unknown knob {key!r}; knobs are: {knob_names()}")
         key = name
         if key in changes:
             raise ConfigError(f"{flag} {spec!r}: {key} is given twice")
         try:
-            changes[key] = parse_mode(val) if key == "mode" else parse_knob(key, val)
+            changes[key] = parse_value(key, val)
         except ConfigError as e:
             raise ConfigError(f"{flag} {spec!r}: {e}") from None
     try:
