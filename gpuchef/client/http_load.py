@@ -227,22 +227,35 @@ def tokenizer_vocab_size(tok) -> int:
     return int(tok.get_vocab_size(with_added_tokens=False))
 
 
-def text_prompt(tok, ids: Sequence[int], target_len: int, rounds: int = 4) -> str:
-    """Text whose encoding by ``tok`` is about ``target_len`` tokens: the ids decoded, then cut
-    (too long) or extended with the ids again (too short) for a few rounds, as vLLM's random
-    dataset adjusts its decoded prompts. The server's ``prompt_tokens`` is what the results use."""
+def text_prompt(tok, ids: Sequence[int], target_len: int) -> str:
+    """Text whose encoding by ``tok`` is ``target_len`` tokens or a little fewer: the ids decoded
+    (extended with themselves when the text encodes shorter), then cut to the longest prefix of
+    its own encoding that re-encodes within ``target_len`` (a binary search; decoded byte-level
+    pieces can re-encode longer). As vLLM's random dataset, the prompt is text of about the
+    asked length; the server's ``prompt_tokens`` is what the results count."""
     ids = [int(i) for i in ids]
+
+    def n_tokens(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
     text = tok.decode(ids, skip_special_tokens=True)
-    for _ in range(rounds):
+    enc = tok.encode(text, add_special_tokens=False).ids
+    if len(enc) == target_len or not ids:
+        return text
+    if len(enc) < target_len:
+        more = (ids * (1 + target_len // max(len(ids), 1)))[:2 * (target_len - len(enc)) + 8]
+        text = tok.decode(enc + more, skip_special_tokens=True)
         enc = tok.encode(text, add_special_tokens=False).ids
-        if len(enc) == target_len or not ids:
-            break
-        if len(enc) > target_len:
-            text = tok.decode(enc[:target_len], skip_special_tokens=True)
+        if len(enc) <= target_len:
+            return text
+    lo, hi = 0, min(len(enc), target_len)  # the longest prefix enc[:k] within the target
+    while lo < hi:
+        k = (lo + hi + 1) // 2
+        if n_tokens(tok.decode(enc[:k], skip_special_tokens=True)) <= target_len:
+            lo = k
         else:
-            more = (ids * (1 + (target_len - len(enc)) // max(len(ids), 1)))[:target_len - len(enc)]
-            text = tok.decode(enc + more, skip_special_tokens=True)
-    return text
+            hi = k - 1
+    return tok.decode(enc[:lo], skip_special_tokens=True)
 
 
 def request_body(spec: RequestSpec, cfg: HttpLoadConfig, tok=None) -> bytes:

@@ -463,3 +463,65 @@ def test_engine_section_is_left_out_of_the_http_block():
     block = format_results_block(m)
     s = strip_engine_section(block)
     assert "Engine steps" not in s and "Mean E2EL (ms):" in s and s.endswith("=" * 50)
+
+
+# ---------------------------------------------------------------------------------------------
+# text prompts from a local tokenizer
+
+
+@pytest.fixture
+def tokenizer_json(tmp_path):
+    """A small byte-level BPE tokenizer trained here (offline) and saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([f"the quick brown fox jumps over the lazy dog {i}"
+                             for i in range(200)], trainer)
+    p = tmp_path / "tok" / "tokenizer.json"
+    p.parent.mkdir()
+    tok.save(str(p))
+    return p
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_text_prompts_have_the_loads_lengths(server, tokenizer_json, endpoint):
+    from tokenizers import Tokenizer
+
+    r = bench(["--base-url", server.url, "--endpoint", endpoint, "--tokenizer",
+               str(tokenizer_json.parent), "--num-prompts", "4", "--input-len", "60",
+               "--output-len", "3", "--range-ratio", "0.5"])
+    assert r.exit_code == 0, r.output
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    chat = endpoint.endswith("chat/completions")
+    assert len(server.bodies) == 4
+    for b in server.bodies.values():
+        text = b["messages"][0]["content"] if chat else b["prompt"]
+        assert isinstance(text, str)
+        n = len(tok.encode(text, add_special_tokens=False).ids)
+        assert 30 - 3 <= n <= 90  # --input-len 60, --range-ratio 0.5 (a cut may lose a token or two)
+        assert 1 <= b[("max_completion_tokens" if chat else "max_tokens")] <= 5
+    assert "Successful requests:                     4" in r.output
+
+
+def test_a_bad_tokenizer_path_is_one_line(server, tmp_path):
+    r = bench(["--base-url", server.url, "--tokenizer", str(tmp_path)])
+    assert r.exit_code == 2 and "has no tokenizer.json" in r.output
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    r = bench(["--base-url", server.url, "--tokenizer", str(tmp_path)])
+    assert r.exit_code == 2 and "cannot read" in r.output and "Traceback" not in r.output
+
+
+def test_text_prompt_encodes_to_about_the_target_length(tokenizer_json):
+    from gpuchef.client.http_load import load_tokenizer, text_prompt, tokenizer_vocab_size
+
+    tok = load_tokenizer(str(tokenizer_json))
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 7, 64, 333, 1500):
+        for _ in range(3):
+            ids = rng.integers(10, tokenizer_vocab_size(tok), n).tolist()
+            got = len(tok.encode(text_prompt(tok, ids, n), add_special_tokens=False).ids)
+            assert n - 3 <= got <= n, (n, got)
