@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench_sampler.py [--hz 10,20,50] [--seconds 5] [--fake] [--json OUT]
 
 With a working NVML (the GPU machine) it samples the real GPUs; without one (a CPU machine, or
-``--fake``) it runs against ``probes.nvml.FakeNvml`` and says so — then the figures are the
+``--fake``) it runs against ``probes.nvml.fake.FakeNvml`` and says so — then the figures are the
 sampler's Python overhead only, not the driver's ioctl time.
 
 Columns:
@@ -39,7 +39,8 @@ import time
 import numpy as np
 
 from gpuchef.engine_host.host import DEFAULT_SWITCH_INTERVAL_S
-from gpuchef.probes.nvml import FakeNvml, NvmlSampler, NvmlUnavailable, nvml_library, parse_gpus
+from gpuchef.probes.nvml import NvmlSampler, NvmlUnavailable, nvml_library, parse_gpus
+from gpuchef.probes.nvml.fake import FakeNvml
 
 
 

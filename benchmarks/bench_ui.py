@@ -216,7 +216,7 @@ def ui_cost_synthetic(engine, wcfg, window_s: float, seconds: float, warmup_s: f
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from synthetic_feed import SyntheticFeed
 
-    from gpuchef.probes.nvml import FakeNvml
+    from gpuchef.probes.nvml.fake import FakeNvml
 
     fake = FakeNvml(2, pcie_window_s=0)
     s = LiveSession(engine, wcfg, host_probe=True, nvml=fake, sample_hz=hz)

@@ -1,7 +1,8 @@
 """Host probe (psutil): this process's CPU and RSS, and system CPU, sampled by a daemon thread.
 
 Also home of :class:`PeriodicSampler`, the deadline-scheduled sampling thread that the NVML
-sampler (``probes/nvml.py``) builds on, so that both probes start, stop and report cost alike.
+sampler (``probes/nvml/sampler.py``) builds on, so that both probes start, stop and report cost
+alike.
 
 Usage::
 

@@ -31,7 +31,7 @@ def test_sampler_cost_reports_the_rate_it_kept_and_its_cpu():
     (--sample-hz 0) reports none."""
     import time
 
-    from gpuchef.probes.nvml import FakeNvml
+    from gpuchef.probes.nvml.fake import FakeNvml
 
     assert Samplers(None, 0).sampler_cost() is None
     fake = FakeNvml(2, pcie_window_s=0)

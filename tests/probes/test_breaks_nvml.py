@@ -6,8 +6,8 @@ import pynvml
 import pytest
 
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.probes.nvml import (MAX_GPU_INDEX, FakeNvml, NvmlSampler, describe_nvml_error,
-                                 parse_gpus)
+from gpuchef.probes.nvml import MAX_GPU_INDEX, NvmlSampler, describe_nvml_error, parse_gpus
+from gpuchef.probes.nvml.fake import FakeNvml
 
 
 def test_a_huge_gpu_range_is_refused_before_it_is_expanded():

@@ -10,8 +10,9 @@ import pynvml
 import pytest
 
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.probes.nvml import (GPM_FIELDS, NA, FakeNvml, GpuSample, NvmlLibrary, NvmlSampler,
+from gpuchef.probes.nvml import (GPM_FIELDS, NA, GpuSample, NvmlLibrary, NvmlSampler,
                                  nvml_library, parse_gpus)
+from gpuchef.probes.nvml.fake import FakeNvml
 
 
 class ManualClock:

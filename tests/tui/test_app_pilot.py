@@ -16,7 +16,7 @@ from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfi
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.live import LiveSession
-from gpuchef.probes.nvml import FakeNvml
+from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.probes.recorder import read_trace
 from gpuchef.tui.ab import ab_windows
 from gpuchef.tui.app import GpuchefApp

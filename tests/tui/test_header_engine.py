@@ -13,7 +13,7 @@ from gpuchef.engine_host.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.live import LiveSession, engine_identity
-from gpuchef.probes.nvml import FakeNvml
+from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.widgets.header import SessionHeader
 

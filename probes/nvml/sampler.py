@@ -1,16 +1,12 @@
 """NVML + GPM sampler: one daemon thread samples every GPU (or ``--gpus``) at ``--sample-hz``.
 
-Layers, in the style of nvitop's ``api/`` (facts only, no code taken from it):
-
-* :class:`NvmlLibrary` — lazy ``nvmlInit`` under a lock, ``nvmlShutdown`` at exit (atexit), and
-  one query helper, :meth:`NvmlLibrary.query`, that turns "not supported here" into the
-  :data:`NA` sentinel for that field only (NotSupported, FunctionNotFound on an older driver,
-  NoPermission); every other NVML error is raised for the caller to judge.
-* :class:`GpuSample` — one reading of one GPU (frozen, slots; what the timeline and the trace keep).
-* :class:`NvmlSampler` — the thread. It never raises into the session: NVML missing, a GPU lost
-  mid-run, NVML not answering for a second (the line goes when it answers again) or GPM counters
-  held by another profiler end up as one line in :attr:`NvmlSampler.status` (held counters are
-  asked for again every ``GPM_RETRY_S``, 10 s, and GPM comes back when they are free).
+* :class:`GpuSample` — one reading of one GPU (frozen, slots; what the timeline and the trace
+  keep).
+* :class:`NvmlSampler` — the thread, over the binding in ``library.py``. It never raises into
+  the session: NVML missing, a GPU lost mid-run, NVML not answering for a second (the line goes
+  when it answers again) or GPM counters held by another profiler end up as one line in
+  :attr:`NvmlSampler.status` (held counters are asked for again every ``GPM_RETRY_S``, 10 s, and
+  GPM comes back when they are free).
 
 Usage::
 
@@ -60,9 +56,7 @@ GPU indices are NVML's (as ``nvidia-smi`` numbers them), not CUDA's after CUDA_V
 
 from __future__ import annotations
 
-import atexit
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +66,8 @@ from typing import Any
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent
 
-from .host import PeriodicSampler, check_sample_hz
+from ..host import PeriodicSampler, check_sample_hz
+from .library import NA, NvmlUnavailable, describe_nvml_error, nvml_library
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t; REFERENCE §5). pynvml's constants are used when the
 # module has them; these literals are only the fallback for a stand-in module without them.
@@ -86,7 +81,6 @@ GPM_METRICS: tuple[tuple[str, str, int], ...] = (
 GPM_FIELDS = tuple(f for f, _, _ in GPM_METRICS)
 
 SAMPLE_HZ_RANGE = (1.0, 100.0)
-MAX_GPU_INDEX = 1023           # --gpus without NVML to ask: no host has more GPUs than this
 DEFAULT_SAMPLE_HZ = 10.0
 DEFAULT_GPM_INTERVAL_S = 0.1   # NVML: GPM samples "should be more than 100 ms" apart
 GPM_JITTER_NS = 2_000_000      # a tick woken 2 ms late must not push the next GPM window a tick out
@@ -95,198 +89,6 @@ DEFAULT_SLOW_INTERVAL_S = 1.0  # temperature, SM clock, memory clock
 GPM_MAX_FAILS = 50             # consecutive GPM errors before GPM is turned off for that GPU
 GPM_RETRY_S = 10.0             # counters held by another profiler: ask again this often
 FAILING_AFTER_NS = 1_000_000_000  # every per-tick field of a GPU erroring this long: a status line
-
-
-class _NotAvailable:
-    """The "not available" sentinel: falsy, prints as N/A, one instance (:data:`NA`)."""
-
-    _inst: "_NotAvailable | None" = None
-
-    def __new__(cls):
-        if cls._inst is None:
-            cls._inst = super().__new__(cls)
-        return cls._inst
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "N/A"
-
-
-NA = _NotAvailable()
-
-
-class NvmlUnavailable(RuntimeError):
-    """NVML cannot be used in this process. ``str(e)`` is a reason fit for one status line."""
-
-
-class _Never(Exception):
-    """Stands in for an NVML error class a stand-in module lacks (never raised)."""
-
-
-def _err(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:
-    return tuple(getattr(nvml, n, _Never) for n in names)
-
-
-def describe_nvml_error(e: BaseException) -> str:
-    """A short human reason for an NVML error (used in status lines)."""
-    name = type(e).__name__
-    if name == "NVMLError_LibraryNotFound":
-        return "libnvidia-ml.so.1 not found (no NVIDIA driver on this machine)"
-    if name == "NVMLError_DriverNotLoaded":
-        return "the NVIDIA driver is not loaded"
-    if name == "NVMLError_NoPermission":
-        return "no permission to use NVML"
-    if name == "NVMLError_LibRmVersionMismatch":
-        return "NVML/driver version mismatch (reboot or reload the driver)"
-    msg = str(e) or name
-    return msg
-
-
-class NvmlLibrary:
-    """One NVML module (pynvml, or a stand-in for tests), initialised lazily and once.
-
-    ``init()`` is safe to call from any thread, any number of times (a lock guards the first
-    ``nvmlInit``); it registers ``shutdown`` with atexit. Raises NvmlUnavailable with a reason.
-    """
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-        self._lock = threading.Lock()
-        self._initialised = False
-        nv = module
-        self.na_errors = _err(nv, "NVMLError_NotSupported", "NVMLError_FunctionNotFound",
-                               "NVMLError_NoPermission")
-        self.lost_errors = _err(nv, "NVMLError_GpuIsLost", "NVMLError_Unknown",
-                                "NVMLError_ResetRequired")
-        # GPM calls: only GpuIsLost means lost; an Unknown there may be a too-early sample
-        self.gpm_lost_errors = _err(nv, "NVMLError_GpuIsLost")
-        self.busy_errors = _err(nv, "NVMLError_InUse", "NVMLError_InsufficientResources")
-        self.base_error: type[BaseException] = getattr(nv, "NVMLError", _Never)
-
-    @property
-    def initialised(self) -> bool:
-        return self._initialised
-
-    def init(self) -> None:
-        if self._initialised:
-            return
-        with self._lock:
-            if self._initialised:
-                return
-            try:
-                self.module.nvmlInit()
-            except self.base_error as e:
-                raise NvmlUnavailable(describe_nvml_error(e)) from e
-            except OSError as e:  # a broken install can fail below pynvml's error mapping
-                raise NvmlUnavailable(f"{type(e).__name__}: {e}") from e
-            self._initialised = True
-            atexit.register(self.shutdown)
-
-    def shutdown(self) -> None:
-        """``nvmlShutdown`` if initialised (errors ignored: this runs at exit)."""
-        with self._lock:
-            if not self._initialised:
-                return
-            self._initialised = False
-            try:
-                self.module.nvmlShutdown()
-            except Exception:
-                pass
-
-    def query(self, fn: Callable[..., Any] | str, *args: Any) -> Any:
-        """Call an NVML function; NotSupported / FunctionNotFound / NoPermission → :data:`NA`.
-
-        ``fn`` is a function or the name of one in the module (a missing name is NA too, for an
-        older pynvml). Other NVML errors propagate (GPU lost, in use, …).
-        """
-        if isinstance(fn, str):
-            fn = getattr(self.module, fn, None)
-            if fn is None:
-                return NA
-        try:
-            return fn(*args)
-        except self.na_errors:
-            return NA
-
-    def device_count(self) -> int:
-        self.init()
-        try:
-            return int(self.module.nvmlDeviceGetCount())
-        except self.base_error as e:
-            raise NvmlUnavailable(describe_nvml_error(e)) from e
-
-
-_LIBRARIES: dict[int, NvmlLibrary] = {}
-_LIBRARIES_LOCK = threading.Lock()
-
-
-def nvml_library(nvml: Any = None) -> NvmlLibrary:
-    """The shared :class:`NvmlLibrary` for ``nvml`` (default: ``import pynvml``, lazily).
-
-    Raises NvmlUnavailable when nvidia-ml-py is not installed.
-    """
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError as e:
-            raise NvmlUnavailable(f"nvidia-ml-py (module pynvml) is not installed: {e}") from e
-    with _LIBRARIES_LOCK:
-        lib = _LIBRARIES.get(id(nvml))
-        if lib is None or lib.module is not nvml:
-            lib = _LIBRARIES[id(nvml)] = NvmlLibrary(nvml)
-        return lib
-
-
-def parse_gpus(spec: str | list[int] | None, *, device_count: int | None = None,
-               nvml: Any = None) -> list[int] | None:
-    """Parse ``--gpus``: ``"0,1"``, ``"0-3"``, ``"all"``/``""``/None (→ None = all GPUs).
-
-    Returns sorted NVML indices. Indices are checked against ``device_count`` (default: asked of
-    NVML). When NVML is not available the syntax is still checked but not the indices (the
-    sampler will report NVML missing). Raises ConfigError naming the bad value and the range.
-    """
-    if spec is None:
-        return None
-    if isinstance(spec, (list, tuple)):
-        items = [str(x) for x in spec]
-    else:
-        s = str(spec).strip().lower()
-        if s in ("", "all"):
-            return None
-        items = [p for p in re.split(r"[,\s]+", s) if p]
-    ranges: list[tuple[int, int]] = []
-    for it in items:
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", it.strip())
-        if not m:
-            raise ConfigError(f"--gpus {spec!r}: {it!r} is not a GPU index "
-                              "(use e.g. 0,1 or 0-3 or all)")
-        a = int(m.group(1))
-        b = int(m.group(2)) if m.group(2) is not None else a
-        if b < a:
-            raise ConfigError(f"--gpus {spec!r}: range {it!r} runs backwards")
-        ranges.append((a, b))
-    if not ranges:
-        raise ConfigError(f"--gpus {spec!r} names no GPU (use e.g. 0,1 or all)")
-    n = device_count
-    if n is None:
-        try:
-            n = nvml_library(nvml).device_count()
-        except NvmlUnavailable:
-            n = None
-    # checked before a range is expanded: 0-99999999999 would otherwise fill the memory
-    limit = n if n is not None else MAX_GPU_INDEX + 1
-    over = [max(a, limit) for a, b in ranges if b >= limit]  # the lowest index too high
-    if over:
-        bad = min(over)
-        if n is None:
-            raise ConfigError(f"--gpus {spec!r}: GPU {bad} is out of range: allowed indices "
-                              f"[0, {MAX_GPU_INDEX}]")
-        allowed = f"[0, {n - 1}]" if n > 0 else "none (no GPU found)"
-        raise ConfigError(f"--gpus {spec!r}: GPU {bad} does not exist; "
-                          f"{n} GPU(s) found, allowed indices {allowed}")
-    return sorted({i for a, b in ranges for i in range(a, b + 1)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -867,226 +669,3 @@ class NvmlSampler(PeriodicSampler):
                     g.pcie = (int(tx), int(rx))  # one tuple store: atomic for the reader
             if not any_on or self._stop.wait(self._pcie_interval_s):
                 return
-
-
-
-# ---- a stand-in NVML for tests, benchmarks and demos without a GPU --------------------------------
-
-_LIBC: Any = None
-
-
-def _c_usleep(us: int) -> None:
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-        _LIBC = ctypes.CDLL(None)
-    _LIBC.usleep(us)
-
-
-class _Obj:
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-
-class _FakeGpmMetricsGet:
-    """Python twin of pynvml's ``c_nvmlGpmMetricsGet_t`` (same attribute names)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.numMetrics = 0
-        self.sample1 = None
-        self.sample2 = None
-        self.metrics = [_Obj(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
-
-
-class _FakeGpmSample:
-    __slots__ = ("gpu", "t_ns", "counters", "freed")
-
-    def __init__(self) -> None:
-        self.gpu = -1
-        self.t_ns = 0
-        self.counters: dict[int, float] = {}
-        self.freed = False
-
-
-class FakeNvml:
-    """A stand-in for the ``pynvml`` module that raises pynvml's real exception classes.
-
-    Use: ``NvmlSampler(nvml=FakeNvml(2))``. It has the constants and ``NVMLError*`` classes of the
-    installed pynvml and fakes the functions the sampler calls. Knobs for tests:
-    ``init_error`` (an exception class raised by ``nvmlInit``), ``not_supported`` (names of
-    functions that raise NVMLError_NotSupported), ``gpm_supported``, ``gpm_unsupported_metrics``
-    (metric ids answered with NOT_SUPPORTED), ``gpm_busy`` (``nvmlGpmSampleGet`` raises
-    NVMLError_InUse), :meth:`lose` (a GPU raises NVMLError_GpuIsLost, or another class, from then on),
-    :meth:`set_load` (the GPM activity the next windows average), ``pcie_window_s`` (how long a
-    PCIe query blocks, 0.02 s like the real one). ``calls`` counts calls by name;
-    ``gpm_intervals_ns`` records the spacing of GPM samples per GPU.
-    ``release_gil``: every call goes through one C function via ctypes (libc ``usleep``), which
-    releases and re-acquires the GIL the way each pynvml call does — so a GIL-bound thread beside
-    the sampler slows it on a CPU machine as it does on a GPU one; ``call_us`` is the time
-    spent inside that C call (the driver's share; default 0).
-    """
-
-    def __init__(self, n_gpus: int = 1, name: str = "NVIDIA H200 (fake)", *, gpm: bool = True,
-                 clock: Callable[[], int] = time.monotonic_ns, pcie_window_s: float = 0.02,
-                 mem_total_bytes: int = 143_771_566_080, release_gil: bool = False,
-                 call_us: int = 0) -> None:
-        import pynvml as real  # for the real error classes and constants
-        for k in dir(real):
-            if k.startswith(("NVML_", "NVMLError")):
-                setattr(self, k, getattr(real, k))
-        self.c_nvmlGpmMetricsGet_t = _FakeGpmMetricsGet
-        self.n_gpus = n_gpus
-        self.name = name
-        self.clock = clock
-        self.init_error: type[BaseException] | None = None
-        self.not_supported: set[str] = set()
-        self.gpm_supported = gpm
-        self.gpm_unsupported_metrics: set[int] = set()
-        self.gpm_busy = False
-        self.lost: dict[int, type[BaseException]] = {}
-        self.pcie_window_s = pcie_window_s
-        self.mem_total_bytes = mem_total_bytes
-        self.release_gil = release_gil
-        self.call_us = int(call_us)
-        self.initialised = 0
-        self.calls: dict[str, int] = {}
-        self.gpm_intervals_ns: dict[int, list[int]] = {}
-        self.live_gpm_samples = 0
-        self._load: dict[int, dict[int, float]] = {i: {} for i in range(n_gpus)}
-        self._acc: dict[int, dict[int, float]] = {i: {} for i in range(n_gpus)}
-        self._acc_t: dict[int, int] = {i: clock() for i in range(n_gpus)}
-        self._last_gpm: dict[int, int] = {}
-
-    # -- knobs
-    def lose(self, gpu: int, error: type[BaseException] | None = None) -> None:
-        """From now on every call on ``gpu`` raises ``error`` (default NVMLError_GpuIsLost)."""
-        self.lost[gpu] = error or self.NVMLError_GpuIsLost
-
-    def set_load(self, gpu: int = 0, *, sm_active: float = 0.0, sm_occupancy: float = 0.0,
-                 tensor_active: float = 0.0, dram_bw_util: float = 0.0) -> None:
-        """Set the GPM activity (%, 0–100) from now on; GPM windows report its time average."""
-        self._accumulate(gpu)
-        self._load[gpu] = {2: sm_active, 3: sm_occupancy, 5: tensor_active, 10: dram_bw_util,
-                           1: min(100.0, sm_active * 1.05)}
-
-    def _accumulate(self, gpu: int) -> None:
-        now = self.clock()
-        dt = now - self._acc_t[gpu]
-        acc = self._acc[gpu]
-        for mid, pct in self._load[gpu].items():
-            acc[mid] = acc.get(mid, 0.0) + pct * dt
-        self._acc_t[gpu] = now
-
-    def _call(self, fn: str, h: Any = None) -> None:
-        self.calls[fn] = self.calls.get(fn, 0) + 1
-        if self.release_gil:
-            _c_usleep(self.call_us)  # ctypes drops the GIL for the C call, as pynvml's calls do
-        if fn in self.not_supported:
-            raise self.NVMLError_NotSupported()
-        if h is not None and h.index in self.lost:
-            raise self.lost[h.index]()
-
-    # -- library
-    def nvmlInit(self) -> None:
-        self._call("nvmlInit")
-        if self.init_error is not None:
-            raise self.init_error()
-        self.initialised += 1
-
-    def nvmlShutdown(self) -> None:
-        self._call("nvmlShutdown")
-        self.initialised = max(0, self.initialised - 1)
-
-    def nvmlDeviceGetCount(self) -> int:
-        self._call("nvmlDeviceGetCount")
-        return self.n_gpus
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
-        self._call("nvmlDeviceGetHandleByIndex")
-        if not 0 <= i < self.n_gpus:
-            raise self.NVMLError_InvalidArgument()
-        return _Obj(index=i)
-
-    def nvmlDeviceGetName(self, h: Any) -> str:
-        self._call("nvmlDeviceGetName", h)
-        return self.name
-
-    # -- per-tick fields
-    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
-        self._call("nvmlDeviceGetUtilizationRates", h)
-        busy = self._load[h.index].get(2, 0.0)
-        return _Obj(gpu=100 if busy > 0 else 0, memory=int(self._load[h.index].get(10, 0.0)))
-
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
-        self._call("nvmlDeviceGetMemoryInfo", h)
-        used = self.mem_total_bytes // 3
-        return _Obj(total=self.mem_total_bytes, used=used, free=self.mem_total_bytes - used)
-
-    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
-        self._call("nvmlDeviceGetPowerUsage", h)
-        return int(90_000 + 6_000 * self._load[h.index].get(2, 0.0))  # mW
-
-    def nvmlDeviceGetClockInfo(self, h: Any, which: int) -> int:
-        self._call("nvmlDeviceGetClockInfo", h)
-        if which == self.NVML_CLOCK_SM:  # a power cap pulls the SM clock down under load
-            return 1980 - int(4 * self._load[h.index].get(2, 0.0))
-        return 2619
-
-    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
-        self._call("nvmlDeviceGetTemperature", h)
-        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
-
-    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
-        self._call("nvmlDeviceGetTemperatureV", h)
-        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
-
-    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
-        self._call("nvmlDeviceGetPcieThroughput", h)
-        if self.pcie_window_s:
-            time.sleep(self.pcie_window_s)  # the real call measures a 20 ms window
-        return 1024 if counter == self.NVML_PCIE_UTIL_TX_BYTES else 2048  # KB/s
-
-    # -- GPM
-    def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:
-        self._call("nvmlGpmQueryDeviceSupport", h)
-        return _Obj(version=1, isSupportedDevice=int(self.gpm_supported))
-
-    def nvmlGpmSampleAlloc(self) -> _FakeGpmSample:
-        self._call("nvmlGpmSampleAlloc")
-        self.live_gpm_samples += 1
-        return _FakeGpmSample()
-
-    def nvmlGpmSampleFree(self, s: _FakeGpmSample) -> None:
-        self._call("nvmlGpmSampleFree")
-        if not s.freed:
-            s.freed = True
-            self.live_gpm_samples -= 1
-
-    def nvmlGpmSampleGet(self, h: Any, s: _FakeGpmSample) -> _FakeGpmSample:
-        self._call("nvmlGpmSampleGet", h)
-        if self.gpm_busy:
-            raise self.NVMLError_InUse()
-        self._accumulate(h.index)
-        now = self._acc_t[h.index]
-        last = self._last_gpm.get(h.index)
-        if last is not None:
-            self.gpm_intervals_ns.setdefault(h.index, []).append(now - last)
-        self._last_gpm[h.index] = now
-        s.gpu, s.t_ns, s.counters = h.index, now, dict(self._acc[h.index])
-        return s
-
-    def nvmlGpmMetricsGet(self, req: _FakeGpmMetricsGet) -> _FakeGpmMetricsGet:
-        self._call("nvmlGpmMetricsGet")
-        a, b = req.sample1, req.sample2
-        dt = b.t_ns - a.t_ns
-        for j in range(req.numMetrics):
-            m = req.metrics[j]
-            if m.metricId in self.gpm_unsupported_metrics:
-                m.nvmlReturn, m.value = self.NVML_ERROR_NOT_SUPPORTED, 0.0
-            elif dt <= 0:
-                m.nvmlReturn, m.value = self.NVML_ERROR_INVALID_ARGUMENT, 0.0
-            else:
-                d = b.counters.get(m.metricId, 0.0) - a.counters.get(m.metricId, 0.0)
-                m.nvmlReturn, m.value = self.NVML_SUCCESS, d / dt
-        return req
