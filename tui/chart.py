@@ -129,7 +129,8 @@ class Cells:
             fg = np.take_along_axis(fg, idx, axis=1)
         keys = (fg + 1) * 65536 + (self.bg.astype(np.int32) + 1)
         text_all = self.chars.tobytes().decode("utf-32-le")  # '<U1' cells: 4 bytes each
-        rr, cc = np.nonzero(keys[:, 1:] != keys[:, :-1]) if n > 1 else ((), ())
+        empty = np.zeros(0, dtype=np.int64)
+        rr, cc = np.nonzero(keys[:, 1:] != keys[:, :-1]) if n > 1 else (empty, empty)
         cuts: list[list[int]] = [[] for _ in range(self.rows)]
         for a, b in zip(rr.tolist(), (np.asarray(cc) + 1).tolist()):
             cuts[a].append(b)

@@ -41,6 +41,13 @@ def header_state(app) -> HeaderState:
 SIDE_HIDDEN_HINT = "narrow terminal: n shows numbers/controls"
 SIDE_SHOWN_HINT = "narrow terminal: n goes back to the charts"
 SCROLL_HINT = "short terminal: scroll ↓ for more charts"
+#: Below this many columns or rows nothing fits: the screen shows one "too small" line instead.
+MIN_W, MIN_H = 30, 8
+
+
+def too_small_text(w: int, h: int) -> str:
+    return (f"terminal {w}×{h} is too small for gpuchef top: it needs at least {MIN_W}×{MIN_H} "
+            "(q quits)")
 
 
 class MainScreen(Screen):
@@ -78,6 +85,10 @@ class MainScreen(Screen):
     MainScreen.-short MemPowerPanel { height: 4; }
     MainScreen.-short StepPanel, MainScreen.-short BatchPanel { height: 6; }
     MainScreen.-short QueueKvPanel { height: 7; }
+    #too-small { display: none; color: #e0af68; padding: 0 1; }
+    MainScreen.-tiny #too-small { display: block; height: 1fr; }
+    MainScreen.-tiny SessionHeader, MainScreen.-tiny #body, MainScreen.-tiny #hints,
+    MainScreen.-tiny Footer { display: none; }
     """
 
     def __init__(self, **kw) -> None:
@@ -111,6 +122,7 @@ class MainScreen(Screen):
         with Horizontal(id="hints"):
             yield Static(SIDE_HIDDEN_HINT, id="hint-side")
             yield Static(SCROLL_HINT, id="hint-scroll")
+        yield Static("", id="too-small")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -139,6 +151,11 @@ class MainScreen(Screen):
 
     def on_resize(self) -> None:
         self._grid_key = None
+        w, h = self.size.width, self.size.height
+        tiny = w < MIN_W or h < MIN_H
+        self.set_class(tiny, "-tiny")
+        if tiny:
+            self.query_one("#too-small", Static).update(too_small_text(w, h))
 
     def resync_controls(self) -> None:
         """Put what is in force back into the controls (after a refused value)."""

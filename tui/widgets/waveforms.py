@@ -49,6 +49,16 @@ def _right(rows: int, items: Sequence[tuple[str, str]]) -> list[tuple[str, Style
     return out
 
 
+#: Fewest waveform columns a panel draws; below it a panel shows :func:`too_small`'s line.
+MIN_COLS = 4
+
+
+def too_small(w: int, h: int) -> list[Strip]:
+    """A panel too narrow to draw: one line saying so (cropped to ``w``), then blank rows."""
+    line = text_strip([("too small", style(theme.AXIS, BG))], w, BG)
+    return [line] + [Strip.blank(w, style(bg=BG)) for _ in range(h - 1)]
+
+
 class ChartPanel(Widget):
     """Base of the waveform panels: a title row, then ``draw()``'s rows."""
 
@@ -74,6 +84,9 @@ class ChartPanel(Widget):
     def _rebuild(self) -> None:
         w, h = self.size.width, self.size.height
         if w <= 0 or h <= 0:
+            return
+        if w - GUTTER_L - GUTTER_R < MIN_COLS:  # no room for the gutters and a waveform
+            self._publish(too_small(w, h), w, h)
             return
         rows = [self.title_strip(w)]
         if h > 1:
@@ -292,6 +305,9 @@ class TimeAxis(ChartPanel):
     def _rebuild(self) -> None:
         w, h = self.size.width, self.size.height
         if w <= 0 or h <= 0 or self._frame is None:
+            return
+        if w - GUTTER_L - GUTTER_R < MIN_COLS:
+            self._publish(too_small(w, h), w, h)
             return
         self._publish(self.draw(self._frame, w - GUTTER_L - GUTTER_R, h), w, h)
 
