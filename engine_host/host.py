@@ -101,6 +101,9 @@ class EngineHost:
         self.submitted = 0
         self.error: BaseException | None = None
         self.t0_ns = 0
+        #: (running, waiting, KV blocks used, KV blocks total) after the latest step or abort,
+        #: replaced whole (one reference: safe to read from any thread); None before any.
+        self.state: tuple[int, int, int, int] | None = None
         sched = getattr(engine, "scheduler", None)
         if isinstance(sched, Scheduler):  # the autopilot's status lines, as events
             sched.notify = lambda kind, msg: self._emit(kind, AUTO_BUDGET, message=msg)
@@ -290,6 +293,7 @@ class EngineHost:
                                             (), reason, max_tokens=a.sampling.max_tokens)
                         break
             if rec is not None:
+                self._note_state()
                 self.on_request(rec)
 
     def _drain_incoming(self) -> None:
@@ -314,9 +318,19 @@ class EngineHost:
                                               0, (), "error", max_tokens=a.sampling.max_tokens,
                                               error=str(e)))
 
+    def _note_state(self) -> None:
+        e = self.engine
+        try:
+            u = e.kv.usage()
+            self.state = (e.num_running, e.num_waiting, u.used, u.total)
+        except AttributeError:  # an engine without these: the step records still say it
+            pass
+
     def _report(self, res: Any) -> None:
-        if res.record is not None:
-            self.on_step(res.record)
+        r = res.record
+        if r is not None:
+            self.state = (r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_total)
+            self.on_step(r)
         out = getattr(res, "output", None)
         if out is not None:
             self.on_output(out)

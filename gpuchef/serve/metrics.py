@@ -87,14 +87,19 @@ class ServeMetrics:
 
     ``model_name``: the ``model_name`` label (``--served-model-name``). Listeners to give the
     EngineHost / samplers: ``on_step``, ``on_output``, ``on_request``, ``on_gpu_sample``.
-    ``render()`` returns the text exposition (bytes; ``CONTENT_TYPE``).
+    ``render()`` returns the text exposition (bytes; ``CONTENT_TYPE``). ``state``: a callable
+    giving ``EngineHost.state`` (running, waiting, KV used, KV total), read at each scrape so
+    that the gauges move when an abort frees KV with no step after it; None = the latest
+    StepRecord's.
     """
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
     def __init__(self, model_name: str, engine_label: str = "0",
-                 kv_blocks_total: int | None = None) -> None:
+                 kv_blocks_total: int | None = None, state: Any = None) -> None:
         self.labels = {"model_name": model_name, "engine": engine_label}
+        # () -> EngineHost.state: the gauges after an abort with no step since (KV freed)
+        self._state = state
         self._pending: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self.running = 0
@@ -212,7 +217,10 @@ class ServeMetrics:
         return generate_latest(self.registry)
 
     def collect(self):  # prometheus_client's Collector protocol
+        st = self._state() if self._state is not None else None
         with self._lock:
+            if st is not None:
+                self.running, self.waiting, self.kv_used, self.kv_total = st
             yield from self._families()
 
     def _families(self):

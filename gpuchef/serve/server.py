@@ -87,6 +87,7 @@ class _Stream:
     text: str = ""
     sent: int = 0  # characters of ``text`` sent
     n_tokens: int = 0
+    ids: list = field(default_factory=list)
     record: RequestRecord | None = None
     finish: str | None = None
     stop_reason: Any = None
@@ -419,6 +420,7 @@ class FrontDoor:
                     continue
                 s.n_tokens += 1
                 if s.decoder is not None:
+                    s.ids.append(it[1])
                     s.text += s.decoder.step(it[1])
                 if self.record_send_lag:  # engine's token time → handed to the writer
                     self.send_lag_ns.append(time.monotonic_ns() - it[2])
@@ -426,6 +428,12 @@ class FrontDoor:
                 s.record = it[1]
                 if s.finish is None:
                     s.finish = P.finish_reason(it[1].finish_reason)
+                if s.decoder is not None and not s.stopped:
+                    # bytes held back for a character never completed: the end shows them as
+                    # decode() does (U+FFFD), so the streamed text equals the whole text
+                    full = self.tokenizer.decode(s.ids)
+                    if full.startswith(s.text):
+                        s.text = full
         if gen.stop and not s.stopped:
             start = max(0, s.sent - max(map(len, gen.stop)))
             hits = [(s.text.find(x, start), x) for x in gen.stop]
