@@ -215,11 +215,12 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
                       "ended (their latency mixes both settings): lengthen --window")
     else:
         runs = run_sequential(engine, specs, settings, c["reps"], **kw)
-    cmp = compare(runs, pcts, goodput)
+    cmp = compare(runs, pcts, goodput, interleaved=bool(o["interleave"]))
     lines = _header(engine, wcfg, settings, len(specs))
     if o["interleave"]:
         lines.append(f"Runs: one load per repetition, settings alternating every "
-                     f"{c['window']:g} s ({len(runs)} windows)")
+                     f"{c['window']:g} s ({cmp.count('A')} windows of A and {cmp.count('B')} "
+                     f"of B counted, {len(cmp.skipped)} not)")
     else:
         order = " | ".join(" ".join(p) for p in run_orders(c["reps"]))
         lines.append(f"Runs: {c['reps']} repetition{'s' if c['reps'] > 1 else ''} of each "
@@ -230,7 +231,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
              if kn not in ("mode", "max_num_batched_tokens")]
     for k in ("A", "B"):
         st = settings[k]
-        n = sum(1 for r in runs if r.label == k)
+        n = cmp.count(k)
         extra = {"Mode:": st.config.mode,
                  "max_num_batched_tokens:": str(st.config.max_num_batched_tokens)}
         for knob in named:
@@ -252,10 +253,12 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         "interleave": bool(o["interleave"]), "window_s": c["window"] if o["interleave"] else None,
         "repetitions": c["reps"], "straddle_share": straddle,
         "runs": [{"label": r.label, "rep": r.rep, "duration_s": r.duration_s,
+                  "counted": r.counted, "not_counted_why": r.why or None,
                   "metrics": r.metrics.to_dict(),
                   "gpu": {k: (v if math.isfinite(v) else None) for k, v in r.gpu.items()}}
                  for r in runs],
         "pooled": {k: cmp.pooled[k].to_dict() for k in ("A", "B")},
+        "min_pairs": cmp.min_pairs,
         "deltas": [r.as_dict() for r in cmp.rows],
     }
 

@@ -23,6 +23,7 @@ from .engine_host.host import EngineHost
 from .engine_host.records import RequestRecord, StepRecord
 from .engine_host.workload import WorkloadConfig
 from .load import LiveLoad
+from .probes.ab import mark_name
 from .probes.host import HostSampler
 from .probes.metrics import DEFAULT_PERCENTILES
 from .probes.nvml import NvmlSampler
@@ -119,7 +120,7 @@ class ABController:
                 if st.rounds is not None and n > st.rounds:
                     break
                 self.host.set_config(**st.settings[label])
-                self.host.mark(f"ab:{run}:{label}:{n}")
+                self.host.mark(mark_name(run, label, n))
                 self._state = ABState(True, st.settings, st.window_s, st.rounds, label, n,
                                       self.clock(), run, st.settle_s)
                 if self._stop.wait(st.window_s):
@@ -127,7 +128,7 @@ class ABController:
                 k += 1
         finally:
             self.host.set_config(**restore)
-            self.host.mark(f"ab:{run}:end")
+            self.host.mark(mark_name(run, "end"))
             self._state = ABState(False, st.settings, st.window_s, st.rounds, "", 0, 0, run,
                                   st.settle_s)
 
@@ -190,7 +191,7 @@ class LiveSession:
                  percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
                  stats_window_s: float = 30.0, note: str = "", host_probe: bool = True,
                  num_prompts: int | None = None, duration_s: float | None = None,
-                 meta_extra: dict[str, Any] | None = None) -> None:
+                 meta_extra: dict[str, Any] | None = None, taps: tuple[Any, ...] = ()) -> None:
         self.engine = engine
         self.wcfg = wcfg
         self.clock = time.monotonic_ns
@@ -214,8 +215,12 @@ class LiveSession:
         self._meta_extra.setdefault("sample_hz", sample_hz)
         tl = self.timeline
 
-        def listener(add: Callable[[Any], None]) -> Callable[[Any], None]:
+        def listener(add: Callable[[Any], None], kind: str = "") -> Callable[[Any], None]:
+            extra = tuple(f for t in taps if (f := getattr(t, kind, None)) is not None)
+
             def on(rec: Any) -> None:  # engine/sampler threads: a deque append and a queue put
+                for f in extra:  # the front door first: it streams what the step made
+                    f(rec)
                 add(rec)
                 r = self._recorder
                 if r is not None:
@@ -224,12 +229,20 @@ class LiveSession:
                     self._pending.append(rec)
             return on
 
-        self.host = EngineHost(engine, on_step=listener(tl.add_step),
-                               on_request=listener(tl.add_request),
-                               on_event=listener(tl.add_event))
+        outputs = tuple(f for t in taps if (f := getattr(t, "on_output", None)) is not None)
+
+        def on_output(o: Any) -> None:
+            for f in outputs:
+                f(o)
+
+        self.host = EngineHost(engine, on_step=listener(tl.add_step, "on_step"),
+                               on_request=listener(tl.add_request, "on_request"),
+                               on_event=listener(tl.add_event, "on_event"),
+                               on_output=on_output)
         self.load = LiveLoad(self.host, wcfg, num_prompts=num_prompts, duration_s=duration_s)
         self.ab = ABController(self.host)
-        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=listener(tl.add_gpu_sample),
+        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml,
+                                on_sample=listener(tl.add_gpu_sample, "on_gpu_sample"),
                                 on_event=listener(tl.add_event))
         self.host_probe = HostSampler(2.0, on_sample=listener(tl.add_host_sample)) \
             if host_probe else None

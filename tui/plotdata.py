@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpuchef.engine_host.records import EngineEvent, StepRecord
+from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
 from gpuchef.probes.timeline import TimelineSnapshot
 
@@ -456,12 +457,10 @@ def event_label(ev: EngineEvent) -> tuple[str, str] | None:
     if ev.kind == "mark":
         name = str(ev.name)
         if name.startswith("ab:"):
-            parts = name.split(":")
-            if len(parts) >= 4 and parts[2] in ("A", "B"):
-                return f"{parts[2]}#{parts[3]}", "ab"
-            if len(parts) >= 3 and parts[2] == "end":
-                return "A/B end", "ab"
-            return None
+            m = parse_mark(name)  # probes/ab.py owns the format
+            if m is None:
+                return None
+            return ("A/B end" if m.label == "end" else f"{m.label}#{m.n}"), "ab"
         return name, "mark"
     return None
 

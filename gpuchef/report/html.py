@@ -11,8 +11,7 @@ from typing import Any, Callable, Sequence
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
-from .model import (Group, ReportData, TraceView, gpu_indices, gpu_names, per_gpu_means,
-                    window_throughput)
+from .model import Group, ReportData, TraceView, gpu_indices, gpu_names, per_gpu_means
 
 #: Section ids, in page order (tests and the table of contents use them).
 SECTIONS = {
@@ -284,22 +283,29 @@ def _section(sid: str, body: str, note: str = "") -> str:
 
 
 def _windows_table(view: TraceView, pct: float) -> str:
-    from gpuchef.probes.metrics import summarize
-
+    """Every A/B window: its own figures (``probes.ab``: the same windows the groups pool) and
+    whether it is counted (else why not)."""
     rows = []
     for seg in view.segments[:MAX_WINDOW_ROWS]:
-        m = summarize(seg.requests, seg.duration_s, percentiles=(50.0, pct), steps=seg.steps or None)
-        if seg.window:
-            window_throughput(m, view.trace.requests, [seg])
+        r = seg.result
+        m = r.metrics if r is not None else None
+        if m is None:
+            rows.append([seg.name, view.settings.get(seg.label, ""), f"{view.t(seg.t0_ns):.2f}",
+                         f"{(seg.t1_ns - seg.t0_ns) / 1e9:.2f}", "", "", "", "", "", "", "",
+                         "no: still open at the end of the trace"])
+            continue
         rows.append([seg.name, view.settings.get(seg.label, ""), f"{view.t(seg.t0_ns):.2f}",
-                     f"{seg.duration_s:.2f}", _num(m.completed), _num(m.output_throughput, "{:.1f}"),
-                     _num(_pct_value(m, "ttft", pct), "{:.1f}"), _num(_pct_value(m, "itl", pct), "{:.1f}"),
-                     _num(m.mean_tokens_per_step, "{:.1f}")])
+                     f"{r.duration_s:.2f}", _num(len(r.requests)), _num(m.completed),
+                     _num(m.request_throughput), _num(m.output_throughput, "{:.1f}"),
+                     _num(_pct_value(m, "ttft", pct), "{:.1f}"),
+                     _num(_pct_value(m, "itl", pct), "{:.1f}"),
+                     _num(m.mean_tokens_per_step, "{:.1f}"),
+                     "yes" if r.counted else f"no: {r.why}"])
     more = len(view.segments) - MAX_WINDOW_ROWS
     extra = f'<p class="note">… and {more} more windows (see the CSV export).</p>' if more > 0 else ""
-    return _table(["window", "setting", "start (s)", "length (s)", "requests", "output tok/s",
-                   f"P{pct:g} TTFT (ms)", f"P{pct:g} ITL (ms)", "tokens/step"], rows,
-                  num_cols=range(2, 9)) + extra
+    return _table(["window", "setting", "start (s)", "span (s)", "arrived", "completed",
+                   "finished req/s", "output tok/s", f"P{pct:g} TTFT (ms)", f"P{pct:g} ITL (ms)",
+                   "tokens/step", "counted"], rows, num_cols=range(2, 11)) + extra
 
 
 #: The per-GPU table's columns: (per_gpu_means key, header).
@@ -494,7 +500,11 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
                 + _windows_table(v, hi))
         parts.append(_section("windows", "".join(body),
                               "A request belongs to the window it arrived in, a step to the "
-                              "window it started in."))
+                              "window it started in; throughputs are the work done in the "
+                              "window (requests finished, tokens produced) per second of its "
+                              "span. The groups above pool the counted windows: the same "
+                              "definitions as gpuchef ab and the dashboard's A/B screen "
+                              "(probes/ab.py)."))
     present = [sid for sid in SECTIONS if f'<section id="{sid}"' in "".join(parts)]
     nav = "".join(f'<a href="#{sid}">{esc(SECTIONS[sid])}</a>' for sid in present)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

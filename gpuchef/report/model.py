@@ -3,35 +3,35 @@ stretches), the groups compared (per A/B setting, else per mode, across traces),
 
 Grouping:
 
-* a trace with ``ab:<run>:<A|B>:<n>`` marks (``gpuchef ab``, the dashboard's live A/B) is cut
-  into windows at the marks; a window ends at the next mark of its run (or ``ab:<run>:end``, or
-  the end of the trace). Its groups are the settings A and B, pooled over their windows;
+* a trace with A/B marks (``gpuchef ab``, the dashboard's live A/B) is cut into windows, and
+  its groups are the settings A and B pooled over their *counted* windows — all of it
+  ``probes.ab``'s (marks, windows, which windows count, membership, the window throughput,
+  pooling), the code ``gpuchef ab`` and the live A/B screen run, so the three agree;
 * any other trace is cut where the scheduler mode changes (first step of each mode stretch);
   its groups are the modes;
 * several traces: each contributes its groups; equal names get the trace's name appended (traces
   of one file name are told apart by their folder, or numbered: ``run (2)``).
 
 A request belongs to the segment in which it *arrived* (so both arms of an A/B see the same
-arrival process), a step to the one in which it *started*. A segment's duration runs from its
-start to the last token of its requests (or its end, if sooner): for a ``gpuchef bench`` trace
-that is the benchmark duration ``vllm bench serve`` divides by. Metrics are
+arrival process), a step to the one in which it *started*. A mode stretch's duration runs from
+its start to the last token of its requests (or its end, if sooner): for a ``gpuchef bench``
+trace that is the benchmark duration ``vllm bench serve`` divides by. Metrics are
 ``probes.metrics.summarize``'s (vllm bench serve's definitions).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes import ab as abdef
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, BenchMetrics, gpu_means, summarize
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import Trace, read_trace
 
-AB_MARK = re.compile(r"^ab:(\d+):(A|B|end)(?::(\d+))?$")
 MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
 AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
@@ -53,22 +53,27 @@ class Segment:
     #: True for a window of an interleaved A/B (its length is the window); False for a whole
     #: run or mode stretch (it ends with its own last token, as a benchmark duration does).
     window: bool = False
-    last_ns: int | None = None  # interleaved: the trace's last activity (the last window ends there)
+    #: A/B windows: the key (run, label, n) and ``probes.ab``'s result (None: still open at the
+    #: end of the trace); only counted windows enter their group.
+    ab_key: tuple[int, str, int] | None = None
+    result: "abdef.WindowResult | None" = None
+
+    @property
+    def counted(self) -> bool:
+        return self.result is not None and self.result.counted
 
     @property
     def duration_s(self) -> float:
-        """Seconds the segment's throughputs divide by: a run or mode stretch from its start to
-        the last token of its requests (or its end, if sooner); an interleaved window its whole
-        length, the last one cut at the trace's last activity."""
+        """Seconds the segment's throughputs divide by: an A/B window's span (``probes.ab``);
+        a mode stretch from its start to the last token of its requests (or its end, if
+        sooner)."""
+        if self.result is not None:
+            return self.result.duration_s
         end = self.t1_ns
-        if self.window:
-            if self.last_ns is not None:
-                end = min(end, self.last_ns)
-        else:
-            last = [r.token_times_ns[-1] for r in self.requests if r.token_times_ns]
-            last += [s.t_end_ns for s in self.steps]
-            if last:
-                end = min(end, max(last))
+        last = [r.token_times_ns[-1] for r in self.requests if r.token_times_ns]
+        last += [s.t_end_ns for s in self.steps]
+        if last:
+            end = min(end, max(last))
         return max(end - self.t0_ns, 1) / 1e9
 
 
@@ -153,25 +158,22 @@ def _origin_end(tr: Trace) -> tuple[int, int]:
 
 
 def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
-    """A/B windows from ``ab:<run>:<A|B>:<n>`` marks (see the module docstring)."""
-    marks = []
-    for ev in events:
-        if ev.kind == "mark":
-            m = AB_MARK.match(str(ev.name))
-            if m:
-                marks.append((ev.t_ns, int(m.group(1)), m.group(2), m.group(3)))
-    marks.sort()
-    several = len({m[1] for m in marks}) > 1  # a dashboard session may hold several A/B runs
+    """A/B windows of every run in ``events`` (``probes.ab.windows``), in time order; a window
+    still open ends at ``end_ns``. With several runs (a dashboard session) each run's settings
+    are kept apart: label "A (run 2)", name "A1/2"."""
+    rids = abdef.runs_in(events)
+    several = len(rids) > 1
     out = []
-    for i, (t, run, label, n) in enumerate(marks):
-        if label == "end":
-            continue
-        t1 = next((m[0] for m in marks[i + 1:] if m[1] == run), end_ns)
-        name = f"{label}{n or ''}"
-        if several:  # each run has its own two settings: keep them apart
-            label, name = f"{label} (run {run})", f"{name}/{run}"
-        if t1 > t:
-            out.append(Segment(label, name, t, t1))
+    for rid in rids:
+        for w in abdef.windows(events, rid)[1]:
+            t1 = min(w.t1_ns if w.t1_ns is not None else end_ns, end_ns)
+            label, name = w.label, w.name
+            if several:
+                label, name = f"{label} (run {rid})", f"{name}/{rid}"
+            if t1 > w.t0_ns:
+                out.append(Segment(label, name, w.t0_ns, t1, window=True,
+                                   ab_key=(rid, w.label, w.n)))
+    out.sort(key=lambda x: x.t0_ns)
     return out
 
 
@@ -240,12 +242,7 @@ def view_trace(tr: Trace) -> TraceView:
     segs = ab_segments(tr.events, end + 1)
     ab = bool(segs)
     meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
-    if ab:
-        # `gpuchef ab` says whether its runs were sequential; the dashboard's A/B interleaves
-        interleaved = bool(meta_ab.get("interleave", True)) if meta_ab else True
-        for seg in segs:
-            seg.window, seg.last_ns = interleaved, (end if interleaved else None)
-    else:
+    if not ab:
         # the load starts with its first arrival (the samplers may have started earlier)
         start = min([r.arrival_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
                     default=origin)
@@ -264,22 +261,34 @@ def view_trace(tr: Trace) -> TraceView:
     return TraceView(tr.path, tr.path.stem, tr, origin, end, segs, ab, settings)
 
 
-def window_throughput(m: BenchMetrics, all_requests: Sequence[RequestRecord],
-                      segs: Sequence[Segment]) -> None:
-    """Throughputs of interleaved windows as ``gpuchef ab`` reports them (gpuchef/ab.py): what
-    was done while the setting was in force — requests finished, output tokens produced and
-    tokens computed by the steps in its windows, per second of them — rather than the work of
-    the requests that arrived in them, which only measures the arrival process."""
-    from gpuchef.ab import set_window_throughput, work_in
+def ab_results(view: TraceView, percentiles: Sequence[float],
+               goodput: dict[str, float] | None) -> dict[int, abdef.Comparison | None]:
+    """``probes.ab.analyse`` of each A/B run of ``view`` (run id → its comparison, None while a
+    setting has no counted window), each segment given its window's result. The verdict needs
+    ``MIN_REPETITIONS`` pairs for `gpuchef ab`'s sequential runs, else ``MIN_WINDOWS``."""
+    meta_ab = view.meta.get("ab") if isinstance(view.meta.get("ab"), dict) else {}
+    sequential = bool(meta_ab) and meta_ab.get("interleave") is False
+    tr = view.trace
+    gs = sorted(tr.gpu_samples, key=lambda g: g.t_ns)
+    ts = [g.t_ns for g in gs]
 
-    work = {"finished": 0, "output_tokens": 0, "step_tokens": 0}
-    dur = 0.0
-    for s in segs:
-        w = work_in(all_requests, s.steps, s.t0_ns, s.t0_ns + int(s.duration_s * 1e9))
-        for k in work:
-            work[k] += w[k]
-        dur += s.duration_s
-    set_window_throughput(m, work, max(dur, 1e-9))
+    def gpu(a: int, b: int) -> dict[str, float]:
+        import bisect
+        return _field_means(gs[bisect.bisect_left(ts, a):bisect.bisect_left(ts, b)])
+
+    by_key = {s.ab_key: s for s in view.segments if s.ab_key is not None}
+    out: dict[int, abdef.Comparison | None] = {}
+    for rid in abdef.runs_in(view.events):
+        _, _, _, results, cmp = abdef.analyse(
+            view.events, tr.requests, tr.steps, run=rid, percentiles=percentiles,
+            goodput=goodput or None, gpu_means=gpu if gs else None,
+            min_pairs=abdef.MIN_REPETITIONS if sequential else abdef.MIN_WINDOWS)
+        for r in results:
+            seg = by_key.get((rid, r.label, r.rep))
+            if seg is not None:
+                seg.result = r
+        out[rid] = cmp
+    return out
 
 
 def _gpu_means(view: TraceView, segs: Sequence[Segment]) -> dict[str, float]:
@@ -374,16 +383,27 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     groups: list[Group] = []
     for v in views:
         by: dict[str, list[Segment]] = {}
-        for s in v.segments:
-            by.setdefault(s.label, []).append(s)
+        if v.ab:
+            ab_results(v, percentiles, goodput)
+            for s in v.segments:
+                if s.counted:  # the windows gpuchef ab and the live screen count
+                    by.setdefault(s.label, []).append(s)
+        else:
+            for s in v.segments:
+                by.setdefault(s.label, []).append(s)
         for label, segs in by.items():
             reqs = [r for s in segs for r in s.requests]
             steps = [x for s in segs for x in s.steps]
+            if v.ab:  # probes.ab.pool: the one definition of pooled A/B figures
+                m, gp = abdef.pool([s.result for s in segs], percentiles, goodput)
+                desc = v.settings.get(label, "")
+                name = f"{label}: {desc}" if desc else label
+                groups.append(Group(f"{v.name}/{label}", name, v, segs, m,
+                                    gp if gp else _field_means(()), "", desc, label))
+                continue
             dur = sum(s.duration_s for s in segs)
             m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,
                           steps=steps or None)
-            if segs[0].window:
-                window_throughput(m, v.trace.requests, segs)
             if len(segs) > 1 and steps:
                 # the span of all steps would count the gaps between windows: use the windows'
                 span = sum((max(x.t_end_ns for x in s.steps) - min(x.t_start_ns for x in s.steps))

@@ -18,8 +18,7 @@ import numpy as np
 
 from gpuchef.probes.timeline import Timeline
 
-from .model import (AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means,
-                    window_throughput)
+from .model import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
 
 _LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
 PREFILL = "#E9A23B"
@@ -663,16 +662,14 @@ def latency_cdfs(groups: Sequence[Group]) -> str:
 def ab_windows_plot(view: TraceView, percentile: float = 99.0) -> str:
     """Per-window P-x TTFT and ITL and output throughput of an A/B trace, coloured by setting:
     the run-to-run spread the A/B verdict is judged against."""
-    from gpuchef.probes.metrics import summarize
+    from gpuchef.probes.ab import pool
 
     fig = _figure(11.5, 2.6)
     axes = fig.subplots(1, 3)
     for seg in view.segments:
-        if not seg.requests:
+        if seg.result is None or not seg.result.requests:
             continue
-        m = summarize(seg.requests, seg.duration_s, percentiles=(percentile,))
-        if seg.window:
-            window_throughput(m, view.trace.requests, [seg])
+        m, _ = pool([seg.result], (percentile,))  # probes.ab: the figures the tables show
         x = view.t(seg.t0_ns)
         c = AB_COLORS.get(seg.label[:1], INK)
         for ax, v in zip(axes, (m.percentiles_ttft_ms[0][1], m.percentiles_itl_ms[0][1],

@@ -288,6 +288,11 @@ def test_live_ab_makes_two_windows_per_setting_and_restores_the_settings(engine)
             assert isinstance(app.screen, ABScreen)
             assert await until(pilot, lambda: not s.ab.state().active, 60)
             await pilot.pause(0.7)  # the A/B screen refreshes twice a second
+
+            def counted() -> bool:  # a window counts once requests that arrived in it finish
+                r = app.ab_analyser.analyse(s.timeline.snapshot(), s.ab.state())
+                return all(len(r.settings[k].windows) == 2 for k in "AB")
+            assert await until(pilot, counted, 30)
             return app.ab_analyser.analyse(s.timeline.snapshot(), s.ab.state())
 
     try:

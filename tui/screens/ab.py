@@ -117,7 +117,7 @@ class ABScreen(Screen):
                 t.append("   no window yet", style=theme.LABEL)
             else:
                 state = "complete" if w.complete else "running"
-                t.append(f"   window {label}#{w.index} ({state}), from step {w.step0}",
+                t.append(f"   window {label}#{w.n} ({state}), from step {w.step0}",
                          style=theme.LABEL)
             title.update(t, layout=False)  # one line, fixed height
             gpu = self.query_one(f"#gpu-{label}", GpuPanel)
@@ -155,11 +155,12 @@ class ABScreen(Screen):
             return t
         t.append(f"A/B run #{res.run}", style=f"bold {theme.TITLE}")
         t.append(f" · windows of {st.window_s:g} s alternating A, B on the same arrival stream · "
-                 f"first {st.settle_s:g} s of each window skipped (requests from the previous "
-                 "setting finish there)", style=theme.LABEL)
-        nA = sum(1 for w in res.windows if w.label == "A" and w.complete)
-        nB = sum(1 for w in res.windows if w.label == "B" and w.complete)
-        t.append(f"\ncomplete windows: A {nA}, B {nB}", style=theme.TITLE)
+                 "a request counts in the window it arrived in, once it has finished",
+                 style=theme.LABEL)
+        nA, nB = len(res.settings["A"].windows), len(res.settings["B"].windows)
+        t.append(f"\ncounted windows: A {nA}, B {nB}", style=theme.TITLE)
+        if res.pairs < res.min_pairs:
+            t.append(f" (verdict after {res.min_pairs} each)", style=theme.LABEL)
         if st.active:
             left = max(0.0, st.window_s - (now - st.window_t0_ns) / 1e9)
             t.append("   now ", style=theme.LABEL)
@@ -175,25 +176,33 @@ class ABScreen(Screen):
         return t
 
     def _table(self, res: ABResult, st) -> Text:
-        """The A/B table as fixed-width lines (cheap to redraw twice a second)."""
+        """The A/B table as fixed-width lines (cheap to redraw twice a second): pooled A, B and
+        B − A, then the per-window paired deltas' median and range, and the verdict — the rows
+        of ``probes.ab.compare``, as ``gpuchef ab`` prints them."""
         t = Text(no_wrap=True, overflow="crop")
         head = f"bold {theme.TITLE}"
-        t.append(f"{'metric':<22}", style=head)
+        if not res.rows:
+            t.append("No counted window of both settings yet.", style=theme.LABEL)
+            return t
+        t.append(f"{'':<32}{'pooled (all counted windows)':^46}{'per window (pairs)':^32}\n",
+                 style=theme.LABEL)
+        t.append(f"{'metric':<32}", style=head)
         t.append(f"{'A':>12}", style=f"bold {theme.AB_COLOURS['A']}")
         t.append(f"{'B':>12}", style=f"bold {theme.AB_COLOURS['B']}")
-        t.append(f"{'B − A':>12}{'B − A %':>10}{'spread A':>12}{'spread B':>12}  "
-                 "verdict (per-window ranges)\n", style=head)
+        t.append(f"{'B − A':>12}{'B − A %':>10}{'median Δ':>11}{'Δ min..max':>21}  verdict\n",
+                 style=head)
         for r in res.rows:
-            if r.verdict == "no data":  # e.g. SM active without NVML
+            if r.verdict == "n/a":  # e.g. SM active without NVML
                 continue
-            m = r.metric
-            nd = 2 if m.unit in ("req/s",) else 1
+            nd = 2 if r.unit in ("req/s",) else 1
             colour = {"B better": theme.RUNNING, "B worse": theme.PREEMPTED,
                       "differs": theme.WAITING}.get(r.verdict, theme.AXIS)
-            t.append(f"{m.label + ' (' + m.unit + ')':<22}", style=theme.LABEL)
+            lo, hi = r.spread
+            t.append(f"{r.label[:31]:<32}", style=theme.LABEL)
             t.append(f"{_f(r.a, nd):>12}{_f(r.b, nd):>12}{_f(r.delta, nd, sign=True):>12}"
                      f"{_f(r.delta_pct, 0, sign=True, unit='%'):>10}", style=theme.TITLE)
-            t.append(f"{_f(r.spread_a, nd):>12}{_f(r.spread_b, nd):>12}  ", style=theme.LABEL)
+            rng = f"{_f(lo, nd)}..{_f(hi, nd)}" if lo == lo else "–"
+            t.append(f"{_f(r.median_delta, nd, sign=True):>11} {rng:>20}  ", style=theme.LABEL)
             t.append(r.verdict + "\n", style=colour)
         t.rstrip()
         return t

@@ -1,0 +1,128 @@
+"""probes/ab.py, the one owner of A/B marks, windows, per-window figures and the verdict:
+hand-computed references on small synthetic runs."""
+
+import math
+
+import pytest
+
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes import ab
+
+S = 1_000_000_000
+MS = 1_000_000
+T0 = 10**12
+
+
+def mark(t_s, name, step=0):
+    return EngineEvent("mark", step, T0 + int(t_s * S), name)
+
+
+def req(rid, arr_s, token_s):
+    a = T0 + int(arr_s * S)
+    return RequestRecord(rid, a, 10, len(token_s), tuple(T0 + int(t * S) for t in token_s),
+                         "length")
+
+
+def step(i, t_s, dur_s, prefill=0, decode=1):
+    t = T0 + int(t_s * S)
+    return StepRecord(i, t, t + int(dur_s * S), dur_s * 1e3, "chunked", 512, 256, 0, 1,
+                      1 if prefill else 0, prefill, decode, 0, decode, 0, 0, 10, 100)
+
+
+def test_mark_format_round_trips_and_rejects():
+    assert ab.mark_name(3, "B", 7) == "ab:3:B:7" and ab.mark_name(3, "end") == "ab:3:end"
+    assert ab.parse_mark("ab:3:B:7") == ab.Mark(3, "B", 7)
+    assert ab.parse_mark("ab:12:end") == ab.Mark(12, "end", None)
+    for bad in ("ab:1:C:1", "ab:x:A:1", "ab:1:A", "ab:1:A:1:2", "rate→2×", "ab:1:end:3"):
+        assert ab.parse_mark(bad) is None, bad
+    with pytest.raises(ValueError, match="allowed A or B"):
+        ab.mark_name(1, "C", 1)
+    with pytest.raises(ValueError):
+        ab.mark_name(1, "A", 0)
+
+
+def test_windows_of_one_run_and_which_are_counted():
+    ev = [mark(0, "ab:1:A:1"), mark(2, "ab:1:B:1"), mark(4, "ab:1:A:2"), mark(6, "ab:1:B:2"),
+          mark(6.5, "ab:1:end"), mark(9, "ab:2:A:1")]
+    rid, wins, ended = ab.windows(ev, 1)
+    assert rid == 1 and ended
+    assert [(w.name, w.t0_ns - T0, w.t1_ns - T0) for w in wins] == [
+        ("A1", 0, 2 * S), ("B1", 2 * S, 4 * S), ("A2", 4 * S, 6 * S), ("B2", 6 * S, int(6.5 * S))]
+    assert ab.windows(ev)[0] == 2 and ab.windows(ev)[1][0].t1_ns is None  # newest, still open
+    assert ab.runs_in(ev) == [1, 2]
+    reqs = [req("a", 0.5, [0.6, 0.7]), req("b", 2.5, [2.6, 3.9]), req("c", 6.1, [6.2, 6.3])]
+    res = ab.window_results(wins, reqs, [])
+    by = {r.name: r for r in res}
+    assert by["A1"].counted and by["B1"].counted
+    assert not by["A2"].counted and by["A2"].why == "no finished request arrived in it"
+    # B2 is 0.5 s of a 2 s median window: cut short by the stop
+    assert not by["B2"].counted and "shorter than 0.5 of the median window (2 s)" in by["B2"].why
+    with pytest.raises(ValueError, match="setting B has no window"):
+        ab.compare([by["A1"]])
+
+
+def test_window_throughput_is_work_done_while_in_force():
+    """Hand-computed: A1 = [0, 2) s, B1 = [2, 4) s. Request p arrives in A1 and produces 1
+    token in A1 and 2 in B1 (finishing there); q arrives and finishes in B1."""
+    ev = [mark(0, "ab:1:A:1"), mark(2, "ab:1:B:1"), mark(4, "ab:1:end")]
+    p = req("p", 1.0, [1.5, 2.5, 3.0])
+    q = req("q", 2.2, [2.4, 3.5])
+    steps = [step(0, 1.0, 0.5, prefill=10), step(1, 2.5, 0.5, decode=2), step(2, 3.5, 0.5)]
+    _, wins, _ = ab.windows(ev)
+    a1, b1 = ab.window_results(wins, [p, q], steps, percentiles=(50.0,))
+    assert [r.request_id for r in a1.requests] == ["p"] and [x.step for x in a1.steps] == [0]
+    # A1's span ends just after its last activity: step 0 ends at 1.5 s, p's token at 1.5 s
+    assert a1.t1_ns == T0 + int(1.5 * S) + 1
+    assert a1.work == {"finished": 0, "output_tokens": 1, "step_tokens": 11}
+    assert a1.metrics.request_throughput == 0.0
+    assert a1.metrics.output_throughput == pytest.approx(1 / 1.5)
+    # B1: p and q finish in it; tokens 2.5, 3.0 (p) and 2.4, 3.5 (q); span to 4.0 (step 2's end)
+    assert b1.work == {"finished": 2, "output_tokens": 4, "step_tokens": 2 + 1}
+    assert b1.duration_s == pytest.approx(2.0)
+    assert b1.metrics.request_throughput == pytest.approx(1.0)
+    # latency is of the requests that arrived in the window: p's TTFT is A's (0.5 s)
+    assert a1.metrics.mean_ttft_ms == pytest.approx(500.0)
+    assert b1.metrics.mean_ttft_ms == pytest.approx(200.0)
+
+
+def test_pooled_and_per_window_come_from_the_same_windows():
+    """Pooled throughput is the summed work over the summed spans of exactly the counted
+    windows, and a pooled median lies within the windows' medians when every window's requests
+    are alike."""
+    ev, reqs = [], []
+    for w in range(8):
+        label, n = "AB"[w % 2], w // 2 + 1
+        ev.append(mark(2 * w, ab.mark_name(1, label, n)))
+        for k in range(3):
+            t = 2 * w + 0.2 + 0.5 * k
+            ttft = (0.1 if label == "A" else 0.2) + 0.01 * w
+            reqs.append(req(f"{w}-{k}", t, [t + ttft, t + ttft + 0.05]))
+    ev.append(mark(15.9, "ab:1:A:5"))  # cut short at once: not counted
+    ev.append(mark(16, "ab:1:end"))
+    _, _, _, res, cmp = ab.analyse(ev, reqs, [], percentiles=(50.0,))
+    assert [r.name for r in cmp.skipped] == ["A5"]
+    for k in "AB":
+        mine = [r for r in cmp.runs if r.label == k]
+        assert len(mine) == 4
+        done = sum(r.work["finished"] for r in mine)
+        span = sum(r.duration_s for r in mine)
+        assert done == 12
+        assert cmp.pooled[k].request_throughput == pytest.approx(done / span)
+    row = next(r for r in cmp.rows if r.key == "p50_ttft_ms")
+    assert min(row.a_runs) <= row.a <= max(row.a_runs)
+    assert min(row.b_runs) <= row.b <= max(row.b_runs)
+    lo, hi = row.spread
+    # B_n is window 2n−1 and A_n window 2n−2: 100 ms slower by setting, 10 ms by the drift
+    assert lo == pytest.approx(110.0, abs=1e-3) and hi == pytest.approx(110.0, abs=1e-3)
+    assert row.median_delta == pytest.approx(110.0, abs=1e-3)
+    assert row.verdict == "B worse"  # 4 pairs, every B window slower
+
+
+def test_verdict_waits_for_enough_pairs():
+    spec = ab.MetricSpec("x", "x", "lower", lambda m, g: 0.0)
+    a, b = [1.0, 1.1, 1.2, 1.05], [2.0, 2.1, 2.2, 2.05]
+    assert ab.verdict(spec, a[:3], b[:3]) == "not enough windows yet (3 of 4)"
+    assert ab.verdict(spec, a, b) == "B worse"
+    assert ab.verdict(spec, a[:2], b[:2], min_pairs=ab.MIN_REPETITIONS) == "B worse"
+    assert ab.verdict(spec, [1.0, 2.0, 1.0, 2.0], [1.5, 1.5, 1.5, 1.5]) == "within spread"
+    assert ab.verdict(spec, [math.nan], [1.0]) == "n/a"
