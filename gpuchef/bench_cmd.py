@@ -47,6 +47,13 @@ def bench(**o) -> None:
     Example (CPU, under a minute):
 
       gpuchef bench --device cpu --model tiny --dataset azure-conv --num-prompts 50
+
+    The same load against a running OpenAI-compatible server (vLLM, SGLang, gpuchef serve),
+    no engine here; see docs/http-load.md:
+
+    \b
+      gpuchef bench --base-url http://127.0.0.1:8000 --dataset azure-conv \\
+        --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
     err = Console(stderr=True, soft_wrap=True)
     try:
