@@ -21,8 +21,8 @@ solved in information form with a regularisation toward the last estimate added 
 (1−λ)·δ·(θ_prev − θ), so that a direction the load stops exciting keeps its value instead of
 winding up (Gunnarsson, "Combining tracking and regularization in recursive least squares
 identification", CDC 1996). The fit error is the a-priori relative error |t − t̂|/t of each
-step, exponentially averaged; residuals beyond 4× that are clipped (Huber) so that one stall
-(GC, a noisy neighbour) does not drag the fit.
+step, exponentially averaged; residuals beyond 4× that (and beyond 25 % of the prediction) are
+clipped (Huber) so that one stall (GC, a noisy neighbour) does not drag the fit.
 
 **The rule**: with the decodes placed, the fixed part f = t̂(D, Cd, P=0) + θ_mixed is known;
 the allowance is the largest P with f + θ_P·P + θ_Cp·(P·o + P²/2) ≤ g (a quadratic; o is the
@@ -58,8 +58,9 @@ if TYPE_CHECKING:  # the scheduler imports this module
 FEATURES = ("1", "mixed", "decode_rows", "prefill_tokens", "decode_context", "prefill_context")
 #: Feature scales: x = raw / scale, so that every feature is O(1) at real loads.
 SCALES = (1.0, 1.0, 64.0, 512.0, float(1 << 16), float(1 << 20))
-FORGETTING = 0.97          # λ: memory ≈ 1/(1−λ) ≈ 33 steps
+FORGETTING = 0.95          # λ: memory ≈ 1/(1−λ) = 20 steps
 REGULARISATION = 1e-2      # δ
+HUBER_FLOOR = 0.25         # residuals are clipped at max(4 × error, 25 %) of the prediction
 ERROR_ALPHA = 0.05         # weight of the newest step in the mean relative error (~20 steps)
 MIN_STEPS = 24
 ERROR_FROM_STEP = 8        # the error is tracked from the 9th step fitted (θ has data by then)
@@ -123,7 +124,7 @@ class StepTimeModel:
         pred = self.predict(x)
         if self._err_n >= MIN_STEPS - ERROR_FROM_STEP:
             # Huber: a stall far outside the tracked error moves the fit by a bounded amount
-            lim = 4.0 * self.error * max(abs(pred), 1e-3)
+            lim = max(4.0 * self.error, HUBER_FLOOR) * max(abs(pred), 1e-3)
             y_fit = min(max(y_ms, pred - lim), pred + lim)
         else:
             y_fit = y_ms
@@ -173,6 +174,7 @@ class Autopilot:
         self.notify = notify or _noop
         self.active = False
         self.last_allowance = -1
+        self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self.set_spec(spec)
         self.notify("warning", f"autopilot ({spec.canonical}): fitting the step-time model "
                                f"(needs {MIN_STEPS} steps, {MIN_PREFILL_STEPS} with prefill); the "
@@ -221,7 +223,7 @@ class Autopilot:
         """The least allowance that serves every rescuable request in line within the TTFT
         goal (0 when none is at risk)."""
         goal = self._goal(self.spec.ttft_ms, self._z_ttft)
-        now = time.monotonic_ns()
+        now = self.clock()
         ahead = 0
         need = 0.0
         line = [(r, r.remaining_prefill) for r in sched.running if r.is_prefill]
