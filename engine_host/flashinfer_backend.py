@@ -18,12 +18,11 @@ aligned to the end of the KV, the same rule as ``ReferenceAttention``). Both wra
 float workspace. Both are planned from the CPU int32 tensors of ``AttentionMetadata``, with
 ``q_data_type``/``kv_data_type`` set to the cache dtype (FlashInfer defaults to float16) and
 ``pos_encoding_mode="NONE"`` (the model applies RoPE itself). Facts: ../shared/REFERENCE.md §4.
-Measured on the H200 (benchmarks/RESULTS.md): planning costs 0.14 ms (16 decodes) to 1.9 ms
-(16 × 2048-token prefill) of host time a step and does not wait for the GPU (it returned in
-< 2 ms with 55 ms of kernels queued), so it overlaps the previous step's kernels. That holds for
-the eager wrappers; a CUDA-graph wrapper's plan copies CPU page indices into its device buffer
-with a blocking copy, so under async scheduling they are handed over on the device
-(``device_page_indices``; not yet run on a GPU).
+Planning is host work, once per step, and does not wait for the GPU, so it overlaps the previous
+step's kernels (its cost: benchmarks/RESULTS.md, "Attention kernels"). That holds for the eager
+wrappers; a CUDA-graph wrapper's plan copies CPU page indices into its device buffer with a
+blocking copy, so under async scheduling the indices are handed over on the device
+(``device_page_indices``, set by the engine).
 
 CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 
@@ -65,10 +64,10 @@ class FlashInferAttention(AttentionBackend):
             (default 256 MiB, REFERENCE §4).
         kv_append: how ``forward`` writes this step's K/V into the pages: ``"flashinfer"``
             (default: ``flashinfer.append_paged_kv_cache``, one kernel per layer) or
-            ``"scatter"`` (two ``index_copy_`` into a flat view of the pool). Measured on the
-            H200 (benchmarks/RESULTS.md, 8 KV heads, 64–2048 tokens): 2–4 µs of GPU time a layer
-            against 5–15 µs for the scatter, 18 against 20 µs of host time a layer, and about
-            20 µs more host time once a step for its index set-up.
+            ``"scatter"`` (two ``index_copy_`` into a flat view of the pool). FlashInfer's is
+            the default because it costs less GPU and host time a layer for a dearer index
+            set-up once a step (the KV-append table under "Attention kernels" in
+            benchmarks/RESULTS.md), and it can be captured in a CUDA graph.
 
     Raises:
         ValueError: ``device`` is not CUDA or ``kv_append`` is unknown.

@@ -51,11 +51,12 @@ def use_flashinfer_ops(on: bool) -> bool:
     return True
 
 
-# Experiment (off by default until measured on the H200): hand q and k to FlashInfer's RoPE,
-# KV-append and attention kernels as strided views of the fused qkv output instead of copying
-# them first. Those kernels take row/head strides and need only the last dim contiguous
-# (flashinfer csrc rope.cu, page.cu, batch_prefill.cu: CHECK_LAST_DIM_CONTIGUOUS, q_stride_n/h),
-# which saves two copy kernels per layer (64 per step at 32 layers).
+# Experiment, off by default (no step-time gain shown yet: ``bench_engine_step.py --strided-qk``
+# measures it): hand q and k to FlashInfer's RoPE, KV-append and attention kernels as strided
+# views of the fused qkv output instead of copying them first. Those kernels take row/head
+# strides and need only the last dim contiguous (flashinfer csrc rope.cu, page.cu,
+# batch_prefill.cu: CHECK_LAST_DIM_CONTIGUOUS, q_stride_n/h), which saves two copy kernels per
+# layer (64 per step at 32 layers).
 _strided_qk = False
 
 

@@ -21,10 +21,11 @@ once every ``slow_interval_s``, 3 more for the slow fields (temperature, SM cloc
 a field that answered NotSupported once is not asked again. The count matters more than the time
 each call takes (~10 µs): every pynvml call is a ctypes call, which releases the GIL and has to
 win it back afterwards — behind a GIL-bound thread (the engine, the dashboard) that waits up to
-``sys.getswitchinterval()`` (5 ms), so 6–8 calls per GPU cost tens of ms per tick on the H200
-(2 GPUs at 20 Hz requested got 10.9 Hz). ``nvmlDeviceGetFieldValues`` cannot merge these: of the
-sampled fields only power has a field id (``NVML_FI_DEV_POWER_AVERAGE`` / ``_INSTANT``), none
-exists for utilization, memory, clocks or the GPU temperature, so it would replace one call by one.
+``sys.getswitchinterval()`` (Python's 5 ms; gpuchef's sessions set 0.5 ms, engine_host/host.py),
+so 6–8 calls per GPU cost tens of ms per tick at 5 ms (benchmarks/RESULTS.md, "NVML/GPM sampler
+cost"). ``nvmlDeviceGetFieldValues`` cannot merge these: of the sampled fields only power has a
+field id (``NVML_FI_DEV_POWER_AVERAGE`` / ``_INSTANT``), none exists for utilization, memory,
+clocks or the GPU temperature, so it would replace one call by one.
 
 Cadences that differ from ``--sample-hz`` (both facts from the NVML API reference):
 
@@ -190,8 +191,8 @@ class NvmlSampler(PeriodicSampler):
     ``gpm_interval_s``: shortest GPM window (≥ 0.1 s, NVML's floor). ``pcie_interval_s``: PCIe
     refresh period (0 = off). ``slow_interval_s``: refresh period of temperature and clocks
     (0 = every tick; see the module doc). ``parallel``: read the GPUs of a tick on one worker
-    thread each (opt-in: with a GIL-bound thread beside it, 8 fake GPUs went from 3.3 to 9.7 Hz
-    at 10 Hz requested, but that thread lost ~20 % instead of ~7 % of its throughput).
+    thread each (opt-in: beside a GIL-bound thread it keeps the rate with many GPUs, but that
+    thread loses more of its throughput; the figures are in benchmarks/RESULTS.md).
 
     NVML is initialised in the thread, so ``start()`` never blocks the caller; ``wait_ready()``
     waits for set-up. Read ``status``, ``latest`` (dict gpu → newest sample), ``gpu_names``,
