@@ -347,7 +347,3 @@ class CudaGraphDecode:
         logits = runner.model.compute_logits(hidden[:B])
         runner.finish_launch(h, sample_tensor(logits, reqs, runner.engine_seed))
         return h
-
-    def execute(self, runner: ModelRunner, out: SchedulerOutput
-                ) -> tuple[list[tuple[Request, int]], float]:
-        return runner.wait(self.launch(runner, out))

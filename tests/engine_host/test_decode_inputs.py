@@ -14,7 +14,7 @@ from engine_host.request import Request, SamplingParams
 
 
 def reference(reqs, n, bs, sb):
-    """The former per-request loop of ``CudaGraphDecode.execute``."""
+    """The per-request loop that ``build_decode_inputs`` replaced in ``CudaGraphDecode``."""
     B = len(reqs)
     ids, pos, slots, indices, indptr, last = [], [], [], [], [0], []
     for r in reqs:
