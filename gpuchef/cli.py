@@ -25,12 +25,8 @@ def _register() -> None:
     cli.add_command(replay)
     from .serve_cmd import serve
     cli.add_command(serve)
-    try:
-        from .bench_attention import bench_attention
-    except ImportError:  # not written yet / optional
-        pass
-    else:
-        cli.add_command(bench_attention)
+    from .bench_attention import bench_attention
+    cli.add_command(bench_attention)
 
 
 def main() -> None:

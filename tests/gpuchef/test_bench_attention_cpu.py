@@ -79,3 +79,15 @@ def test_a_run_that_does_not_fit_is_skipped_with_its_estimate(tmp_path, monkeypa
     assert rows["naive"]["error"].startswith("skipped: needs ~")
     assert float(rows["naive"]["error"].split("~")[1].split(" GB")[0]) * 1e9 >= need * 0.95
     assert rows["sdpa"]["ms"] > 0 and rows["sdpa"]["error"] is None
+
+
+def test_the_command_is_registered_and_an_import_error_is_not_swallowed(monkeypatch):
+    import sys
+
+    from gpuchef import cli as cli_mod
+
+    assert "bench-attention" in cli.commands
+    monkeypatch.setitem(sys.modules, "gpuchef.bench_attention", None)  # its import fails
+    monkeypatch.setattr(cli_mod.cli, "commands", {})
+    with pytest.raises(ImportError, match="gpuchef.bench_attention"):
+        cli_mod._register()  # it used to drop the command without a word
