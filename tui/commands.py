@@ -23,6 +23,8 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from gpuchef.engine_host.config import KNOBS, ConfigError, parse_knob, parse_mode
 
+from .screens.ab import describe_setting  # one formatter of an A/B setting
+
 SHORT_TO_KNOB = {
     "budget": "max_num_batched_tokens",
     "chunk": "long_prefill_token_threshold",
@@ -140,10 +142,23 @@ class DashboardCommands(Provider):
             if typed.score >= TYPED_EXCLUSIVE:  # a command that parsed is what was meant: no
                 return                          # look-alikes ("window 5" vs "Waveform window 10 s")
         matcher = self.matcher(q)
+        words = [w for w in (_squash(x) for x in q.split()) if w]
+        found = typed is not None
         for text, cb, help_ in self._actions():
+            # every typed word must appear in the action: Textual's fuzzy score alone matched
+            # "foo" to "Waveform window 10 s" (f…o…o), and Enter ran it
+            if not all(w in _squash(text) for w in words):
+                continue
             score = matcher.match(text)
             if score > 0:
+                found = True
                 yield Hit(score * 0.9, matcher.highlight(text), cb, text=text, help=help_ or None)
+        if not found and q:
+            msg = (f"no command {q!r}: type a word of an action (mode, pause, window, trace, "
+                   "help, …) or a setting: 'budget 512', 'rate 2', "
+                   "'ab mode=chunked vs mode=continuous'")
+            yield Hit(0.5, f"⚠ {msg}", partial(self.app.notify, msg, severity="warning",
+                                              title="palette"), text=q)
 
     def _typed(self, q: str) -> Hit | None:
         app = self.app
@@ -158,7 +173,8 @@ class DashboardCommands(Provider):
                 return Hit(1.0, f"A/B: {e}", partial(app.notify, str(e), severity="error"),
                            text=f"ab {rest}")
             w = app.ab_window_s if window is None else window
-            return Hit(TYPED_EXCLUSIVE, f"Start A/B: {a} vs {b}, windows of {w:g} s",
+            return Hit(TYPED_EXCLUSIVE, f"Start A/B: {describe_setting(a)} vs "
+                       f"{describe_setting(b)}, windows of {w:g} s",
                        partial(app.start_ab, a, b, w), text=f"ab {rest}")
         if head == "rate":
             return Hit(TYPED_EXCLUSIVE, f"Set load rate to {rest}", partial(app.request_rate, rest),
@@ -184,6 +200,11 @@ class DashboardCommands(Provider):
                                                title="refused"), text=f"{head} {rest}")
         return Hit(TYPED_EXCLUSIVE, f"Set {name} = {v}", partial(app.request_knob, name, rest),
                    text=f"{head} {rest}", help="in force from the engine's next step")
+
+
+def _squash(text: str) -> str:
+    """Lower case, letters and digits only: 'A/B' and 'ab' match."""
+    return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
 __all__ = ["DashboardCommands", "parse_ab", "parse_setting", "knob_name"]

@@ -63,3 +63,108 @@ def test_every_panel_survives_widths_around_its_gutters():
                 await settle(pilot)
                 assert not app.screen.has_class("-tiny")
     run(go())
+
+
+# ---- keyboard: help scrolls, the focused control shows, typing goes into it ---------------
+def test_help_scrolls_with_arrows_and_page_down_without_tab():
+    async def go():
+        app = make_app()
+        async with app.run_test(size=(130, 20)) as pilot:
+            await settle(pilot)
+            await pilot.press("question_mark")
+            await pilot.pause(0.3)
+            box = app.screen.query_one("VerticalScroll")
+            assert box.max_scroll_y > 0  # the help is longer than the terminal
+            await pilot.press("down")
+            await pilot.pause(0.2)
+            assert box.scroll_y == pytest.approx(1)
+            await pilot.press("pagedown")
+            await pilot.pause(0.2)
+            assert box.scroll_y > 5
+            await pilot.press("end")
+            await pilot.pause(0.2)
+            assert box.scroll_y == pytest.approx(box.max_scroll_y)
+    run(go())
+
+
+def _brightness(c) -> float:
+    return c.brightness
+
+
+def test_the_focused_control_is_clearly_visible_and_takes_what_is_typed():
+    """The focused field was background 234 on 235: '-5' typed there went to the `-` key
+    (budget ÷2). Focus now changes the field's background by a visible step, and a focused
+    field takes '-5' as text (refused with the range on Enter, nothing else changes)."""
+    async def go():
+        s = StaticSession(gpu=True)
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            inp = app.screen.query_one("#knob-max_num_batched_tokens")
+            other = app.screen.query_one("#knob-max_num_seqs")
+            idle = inp.styles.background
+            app.set_focus(inp)
+            await pilot.pause(0.2)
+            assert app.focused is inp
+            focused = inp.styles.background
+            assert abs(_brightness(focused) - _brightness(idle)) >= 0.15, (idle, focused)
+            assert other.styles.background == idle  # only the focused one is marked
+            inp.value = ""
+            await pilot.press("minus", "5")
+            await pilot.pause(0.2)
+            assert inp.value == "-5"
+            assert s.knob_calls == []  # the `-` binding (budget ÷2) did not run
+            assert s.scheduler_config.max_num_batched_tokens == 1024
+    run(go())
+
+
+# ---- the palette ---------------------------------------------------------------------------
+async def _palette_hits(pilot, typed: str) -> list[str]:
+    from textual.command import CommandList
+
+    await pilot.press("ctrl+p")
+    await pilot.pause(0.3)
+    await pilot.press(*typed)
+    await pilot.pause(0.6)
+    ol = pilot.app.screen.query_one(CommandList)
+    return [str(getattr(ol.get_option_at_index(i).prompt, "plain", ol.get_option_at_index(i).prompt))
+            for i in range(ol.option_count)]
+
+
+def _notes(app) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+def test_palette_text_that_is_no_command_does_nothing_and_says_so():
+    """'foo' + Enter ran the fuzzy look-alike 'Waveform window 10 s'."""
+    async def go():
+        s = StaticSession(gpu=True)
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            hits = await _palette_hits(pilot, "foo")
+            assert len(hits) == 1 and "no command" in hits[0], hits
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert app.window_s == 60.0 and s.knob_calls == [] and not s.ab.started
+            assert any("no command" in n and "'foo'" in n for n in _notes(app)), _notes(app)
+            # a word of an action still finds it
+            await pilot.press("escape")
+            hits = await _palette_hits(pilot, "window 10")
+            assert hits[0].startswith("Waveform window 10 s"), hits
+    run(go())
+
+
+def test_palette_ab_preview_reads_as_settings_not_python_dicts():
+    async def go():
+        s = StaticSession(gpu=True)
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            hits = await _palette_hits(pilot, "ab budget=2048 vs budget=128")
+            assert hits[0].startswith("Start A/B: budget=2048 vs budget=128, windows of"), hits
+            assert "{" not in hits[0] and "max_num_batched_tokens" not in hits[0]
+            await pilot.press("escape")
+            hits = await _palette_hits(pilot, "ab mode=continuous chunk=0 vs mode=chunked")
+            assert hits[0].startswith("Start A/B: mode=continuous, chunk=off vs mode=chunked"), hits
+    run(go())

@@ -32,6 +32,9 @@ PANELS = (
 
 
 class HelpScreen(ModalScreen):
+    # the app sets AUTO_FOCUS = None (keys drive the dashboard); here the text takes focus, so
+    # that ↑↓, PgUp/PgDn, Home/End scroll it without a Tab first
+    AUTO_FOCUS = "VerticalScroll"
     BINDINGS = [("escape,question_mark,q", "app.pop_screen", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }

@@ -68,6 +68,12 @@ class ControlsPanel(Vertical):
     ControlsPanel Select { width: 18; height: 1; }
     ControlsPanel SelectCurrent { border: none; height: 1; padding: 0 1; }
     ControlsPanel Switch { height: 1; border: none; padding: 0; width: 6; }
+    /* the field that takes typed keys must stand out: Textual's default focus tint was one
+       grey step (234 → 235), and "-5" typed into what looked focused hit the `-` key */
+    ControlsPanel Input:focus { background: #3d5a8a; color: #ffffff; text-style: bold; }
+    ControlsPanel Input.-invalid:focus { background: #8a2a40; }
+    ControlsPanel Select:focus > SelectCurrent { background: #3d5a8a; color: #ffffff; }
+    ControlsPanel Switch:focus { background: #3d5a8a; }
     """
 
     def __init__(self, mode: str = "chunked", **kw) -> None:
