@@ -55,6 +55,7 @@ class _Arrival:
     request_id: str
     prompt_token_ids: Sequence[int]  # materialised only when the request is admitted
     sampling: SamplingParams
+    load: bool = True  # part of the load: held while the load is paused (False: e.g. HTTP)
 
     def __lt__(self, other: "_Arrival") -> bool:
         return (self.arrival_ns, self.seq) < (other.arrival_ns, other.seq)
@@ -119,11 +120,14 @@ class EngineHost:
         self.workload_total += len(self._pending_specs)
 
     def submit(self, request_id: str, prompt_token_ids: Iterable[int],
-               sampling: SamplingParams | None = None, arrival_ns: int | None = None) -> None:
-        """Queue one request from any thread; it reaches the engine before the next step."""
+               sampling: SamplingParams | None = None, arrival_ns: int | None = None, *,
+               load: bool = True) -> None:
+        """Queue one request from any thread; it reaches the engine before the next step.
+        ``load`` False: not part of the load (a request from the HTTP front door), so a paused
+        load does not hold it."""
         a = _Arrival(arrival_ns if arrival_ns is not None else time.monotonic_ns(),
                      self._next_seq(), request_id, tuple(prompt_token_ids),
-                     sampling or SamplingParams())
+                     sampling or SamplingParams(), load)
         self._done.clear()
         self._incoming.put(a)
         self._wake.set()
@@ -273,7 +277,8 @@ class EngineHost:
             if self.load_paused:
                 shift = time.monotonic_ns() - self._load_paused_at
                 self._arrivals = [_Arrival(a.arrival_ns + shift, a.seq, a.request_id,
-                                           a.prompt_token_ids, a.sampling) for a in self._arrivals]
+                                           a.prompt_token_ids, a.sampling, a.load)
+                                  if a.load else a for a in self._arrivals]
                 heapq.heapify(self._arrivals)
                 self.load_paused = False
                 self._emit("resume", "load")
@@ -305,10 +310,15 @@ class EngineHost:
 
     def _admit_due(self, now: int) -> None:
         self._drain_incoming()
-        # a paused load stops arrivals from the pause on; requests that arrived before it still run
-        limit = self._load_paused_at if self.load_paused else now
-        while self._arrivals and self._arrivals[0].arrival_ns <= limit:
+        # a paused load stops the load's arrivals from the pause on; requests that arrived
+        # before it still run, and requests that are not part of the load (HTTP) go on
+        held: list[_Arrival] = []
+        paused_at = self._load_paused_at if self.load_paused else None
+        while self._arrivals and self._arrivals[0].arrival_ns <= now:
             a = heapq.heappop(self._arrivals)
+            if paused_at is not None and a.load and a.arrival_ns > paused_at:
+                held.append(a)
+                continue
             self.submitted += 1
             try:
                 self.engine.add_request(a.request_id, a.prompt_token_ids, a.sampling, a.arrival_ns)
@@ -317,6 +327,8 @@ class EngineHost:
                 self.on_request(RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids),
                                               0, (), "error", max_tokens=a.sampling.max_tokens,
                                               error=str(e)))
+        for a in held:
+            heapq.heappush(self._arrivals, a)
 
     def _note_state(self) -> None:
         e = self.engine

@@ -401,7 +401,7 @@ class FrontDoor:
             streams.append(s)
         try:
             for s, ids, sp in zip(streams, prompts, params):
-                self.host.submit(s.rid, ids, sp)
+                self.host.submit(s.rid, ids, sp, load=False)
             if gen.stream:
                 return await self._stream(request, gen, streams)
             return await self._whole(gen, streams)

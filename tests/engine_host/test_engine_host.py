@@ -242,3 +242,65 @@ def test_pausing_the_load_keeps_requests_that_already_arrived(engine_cfg):
     finally:
         host.stop()
     assert [r.request_id for r in c.requests] == ["arrived"]
+
+
+def test_step_output_streams_every_token_before_the_finished_record(engine_cfg):
+    """The per-step outputs hold each token the RequestRecords end with, in order, with the
+    record's own token times; first_tokens carry arrival and prompt length; a finished request's
+    record is in its last output."""
+    outs, order = [], []
+    c = Collector()
+
+    def on_output(o):
+        outs.append(o)
+        order.append(("out", o.step))
+
+    def on_request(r):
+        c.on_request(r)
+        order.append(("req", r.request_id))
+
+    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=on_request,
+                      on_output=on_output)
+    host.start()
+    try:
+        for i in range(4):
+            host.submit(f"s{i}", list(range(20, 40 + 7 * i)),
+                        SamplingParams(max_tokens=5 + i, ignore_eos=True))
+        assert host.wait_done(60)
+    finally:
+        host.stop()
+    for r in c.requests:
+        toks = [(o.t_ns, t) for o in outs for rid, t in o.tokens if rid == r.request_id]
+        assert [t for _, t in toks] == list(r.output_token_ids)
+        assert [ts for ts, _ in toks] == list(r.token_times_ns)
+        (first,) = [f for o in outs for f in o.first_tokens if f[0] == r.request_id]
+        assert first == (r.request_id, r.arrival_ns, r.prompt_len)
+        (last,) = [o for o in outs if any(f.request_id == r.request_id for f in o.finished)]
+        assert last.tokens[-1][0] == r.request_id or r.request_id in dict(last.tokens)
+        assert order.index(("out", last.step)) < order.index(("req", r.request_id))
+        assert 0 < r.first_scheduled_ns - r.arrival_ns < 60e9
+
+
+def test_paused_load_holds_the_load_but_not_requests_from_outside(engine_cfg):
+    host, c = start_host(engine_cfg, n=0)
+    try:
+        host.pause_load()
+        time.sleep(0.05)
+        host.submit("load-1", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
+        host.submit("http-1", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True),
+                    load=False)
+        t = time.monotonic() + 30
+        while not any(r.request_id == "http-1" for r in c.requests):
+            assert time.monotonic() < t
+            time.sleep(0.01)
+        assert not any(r.request_id == "load-1" for r in c.requests)
+        host.abort("load-1")  # dropped before admission: recorded, nothing left behind
+        t = time.monotonic() + 30
+        while not any(r.request_id == "load-1" for r in c.requests):
+            assert time.monotonic() < t
+            time.sleep(0.01)
+        (rec,) = [r for r in c.requests if r.request_id == "load-1"]
+        assert rec.finish_reason == "abort" and rec.output_len == 0
+        assert host.wait_done(10)
+    finally:
+        host.stop()
