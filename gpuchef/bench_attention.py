@@ -351,7 +351,7 @@ def _csv(choices):
               help="Timed runs per measurement (median reported).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (cpu: SDPA and "
-                   "naive only; smaller shapes run faster, e.g. --seq-len 128).")
+                   "naive only, CPU-sized defaults).")
 @click.option("--peak-tbps", type=float, default=4.3, show_default=True,
               help="Memory ceiling, TB/s. Default measured on an H200: 4.3 TB/s device copy, "
                    "790 TFLOP/s bf16 matmul (benchmarks/RESULTS.md).")
@@ -367,8 +367,9 @@ def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtyp
 
     Prints ms (median), speed-up against naive, achieved TB/s and TFLOP/s and their fraction of
     the ceilings. On a CPU, --batch-size, --seq-len, --chunk-len and --iters that are not given
-    default to 4, 512, 128 and 5 (the defaults above are GPU-sized). Exits with status 2 (one
-    `error:` line) for a bad flag or when the device cannot run (e.g. --device cuda and no CUDA).
+    default to 4, 512, 128 and 5 (the defaults listed below are GPU-sized), and a run that would
+    not fit in free memory is skipped with its estimate. Exits with status 2 (one `error:` line)
+    for a bad flag or when the device cannot run (e.g. --device cuda and no CUDA).
     """
     from click.core import ParameterSource
 
