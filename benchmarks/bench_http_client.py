@@ -12,7 +12,12 @@ gpuchef's own load generator (``engine_host.workload.generate``, 16-token prompt
 `bench --base-url` runs.
 
 Columns: offered rate; requests that succeeded; the client's lateness (a request's task start −
-its due time, ms: p50 / p99 / max); the client's CPU (process CPU time / wall, % of one core).
+its due time, ms: p50 / p99 / max); the client's CPU (process CPU time / wall, % of one core) and
+that CPU time per request (µs; 1e6 / it is the rate one whole core could carry, a ceiling that
+other work on the machine does not move, unlike p99 lateness). ``--client-cpu -1`` leaves both
+processes unpinned (the client is one event-loop thread either way). ``server`` and ``others``:
+the fake server's CPU and the rest of the machine's (other processes), % of one core, over the
+same interval — a row whose ``others`` is high measured the neighbours, not the client.
 The sustained rate is the highest offered rate at which p99 lateness <= ``--max-p99-ms`` (5) and
 every request succeeded. On a shared machine other work steals the cores: read the table, not
 only the summary line, and rerun when the CPU column is far from the rate's trend.
@@ -79,7 +84,23 @@ def serve(port_file: str, chunks: int, cpu: int | None) -> None:
     asyncio.run(main())
 
 
-def run_rate(url: str, rate: float, seconds: float, chunks: int, seed: int) -> dict:
+def _busy_s() -> float:
+    """CPU seconds all CPUs have been busy (not idle/iowait) since boot."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _proc_cpu_s(pid: int) -> float:
+    import psutil
+
+    c = psutil.Process(pid).cpu_times()
+    return c.user + c.system
+
+
+def run_rate(url: str, rate: float, seconds: float, chunks: int, seed: int,
+             server_pid: int) -> dict:
     from gpuchef.client.http_load import HttpLoadConfig, lateness_stats, run_http_load
     from gpuchef.engine_host.workload import WorkloadConfig, generate
 
@@ -87,15 +108,21 @@ def run_rate(url: str, rate: float, seconds: float, chunks: int, seed: int) -> d
     specs = generate(WorkloadConfig(request_rate=rate, num_prompts=n, input_len=16,
                                     output_len=chunks, vocab_size=4096, seed=seed))
     cfg = HttpLoadConfig(base_url=url, model="fake")
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, b0, s0 = time.process_time(), time.perf_counter(), _busy_s(), _proc_cpu_s(server_pid)
     run = run_http_load(specs, cfg)
-    cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
+    wall = time.perf_counter() - w0
+    cpu = (time.process_time() - c0) / wall
+    server_cpu = (_proc_cpu_s(server_pid) - s0) / wall
+    # what the rest of the machine took meanwhile (other users' work competes for the cores)
+    other = max(0.0, (_busy_s() - b0) / wall - cpu - server_cpu)
     late = lateness_stats(run.results)
     ok = sum(r.success for r in run.results)
     errs = sorted({r.error_kind for r in run.results if not r.success})
     return {"rate": rate, "requests": n, "succeeded": ok, "errors": errs,
             "lateness_p50_ms": late["p50"], "lateness_p99_ms": late["p99"],
             "lateness_max_ms": late["max"], "client_cpu_pct": 100 * cpu,
+            "client_cpu_us_per_request": 1e6 * cpu * wall / n,
+            "server_cpu_pct": 100 * server_cpu, "other_cpu_pct": 100 * other,
             "duration_s": run.duration_s}
 
 
@@ -118,7 +145,7 @@ def main() -> None:
     import tempfile
 
     ncpu = os.cpu_count() or 1
-    pin = ncpu >= 2 and a.client_cpu != a.server_cpu
+    pin = ncpu >= 2 and a.client_cpu != a.server_cpu and a.client_cpu >= 0
     port_file = os.path.join(tempfile.mkdtemp(prefix="bench_http_"), "port")
     child = subprocess.Popen([sys.executable, __file__, "--serve", port_file, "--chunks",
                               str(a.chunks), "--server-cpu", str(a.server_cpu if pin else -1)])
@@ -135,14 +162,17 @@ def main() -> None:
         print(f"client on CPU {a.client_cpu if pin else 'any'}, fake server on CPU "
               f"{a.server_cpu if pin else 'any'} ({ncpu} CPUs); {a.chunks} chunks per response, "
               f"{a.seconds:g} s of Poisson arrivals per rate")
-        print(f"{'rate':>7} {'ok':>11} {'late p50':>9} {'p99':>8} {'max':>8} {'client CPU':>10}")
+        print(f"{'rate':>7} {'ok':>11} {'late p50':>9} {'p99':>8} {'max':>8} {'client CPU':>10} "
+              f"{'us/req':>7} {'server':>7} {'others':>7}")
         rows = []
         for rate in [float(x) for x in a.rates.split(",") if x.strip()]:
-            row = run_rate(url, rate, a.seconds, a.chunks, a.seed)
+            row = run_rate(url, rate, a.seconds, a.chunks, a.seed, child.pid)
             rows.append(row)
             print(f"{rate:7.0f} {row['succeeded']:>5}/{row['requests']:<5} "
                   f"{row['lateness_p50_ms']:9.2f} {row['lateness_p99_ms']:8.2f} "
-                  f"{row['lateness_max_ms']:8.2f} {row['client_cpu_pct']:9.0f}%"
+                  f"{row['lateness_max_ms']:8.2f} {row['client_cpu_pct']:9.0f}% "
+                  f"{row['client_cpu_us_per_request']:7.0f} {row['server_cpu_pct']:6.0f}% "
+                  f"{row['other_cpu_pct']:6.0f}%"
                   + (f"  errors: {', '.join(row['errors'])}" if row["errors"] else ""),
                   flush=True)
         good = [r["rate"] for r in rows
