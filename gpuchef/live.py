@@ -182,6 +182,9 @@ class LiveSession:
     there from the start (None: ``export_trace`` writes one on demand). ``slos``: goodput SLOs
     (ms). ``stats_window_s``: the numbers' rolling window. ``note``: shown in the header.
     ``num_prompts``/``duration_s``: bound the load (default: endless, a trace loops).
+    ``taps``: more listeners of the host's records (objects with any of ``on_step``,
+    ``on_request``, ``on_event``, ``on_output``, ``on_gpu_sample``; e.g. `top --serve`'s front
+    door and /metrics), called first.
     """
 
     def __init__(self, engine: LLMEngine, wcfg: WorkloadConfig, *, sample_hz: float = 10.0,
@@ -250,6 +253,8 @@ class LiveSession:
             self._recorder = TraceRecorder(trace_path, meta=self._meta(), trace_prompts=trace_prompts)
         self._closed = False
         self._close_lock = threading.Lock()
+        #: called first by ``close`` (e.g. `top --serve` stops its front door)
+        self.closers: list[Callable[[], None]] = []
         self._started = False
 
     def _meta(self) -> dict[str, Any]:
@@ -260,9 +265,11 @@ class LiveSession:
         return meta
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, *, load: bool = True) -> "LiveSession":
+    def start(self, *, load: bool = True, load_paused: bool = False) -> "LiveSession":
         """Start samplers, engine and (unless ``load`` is False: a benchmark that gave the host a
-        fixed workload with ``host.set_workload`` first) the live load. Idempotent."""
+        fixed workload with ``host.set_workload`` first) the live load, paused when
+        ``load_paused`` (`top --serve`: HTTP drives the engine until the user starts the load).
+        Idempotent."""
         if self._started:
             return self
         self._started = True
@@ -271,7 +278,7 @@ class LiveSession:
             self.host_probe.start()
         self.host.start()
         if load:
-            self.load.start()
+            self.load.start(paused=load_paused)
         return self
 
     def close(self) -> None:
@@ -281,6 +288,8 @@ class LiveSession:
             if self._closed:
                 return
             self._closed = True
+        for f in self.closers:
+            f()
         self.ab.stop()
         self.load.stop()
         self.host.stop()

@@ -173,12 +173,15 @@ class LiveLoad:
                          self.submitted, self.done, self.loop)
 
     # -- thread ------------------------------------------------------------------------------------
-    def start(self) -> "LiveLoad":
+    def start(self, paused: bool = False) -> "LiveLoad":
+        """Start feeding; ``paused``: start paused (nothing is sent until ``resume``)."""
         if self._thread is not None:
             return self
         with self._lock:
             self._anchor_wall = self.clock()
             self._anchor_tau = 0.0
+            if paused:
+                self._paused_tau = 0.0
         self._thread = threading.Thread(target=self._run, name="gpuchef-load", daemon=True)
         self._thread.start()
         return self

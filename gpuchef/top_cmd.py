@@ -14,6 +14,7 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, engine_config, engine_options, scheduler_options,
                       workload_config, workload_options)
+from .serve_cmd import front_door_kwargs, prepare_serving, serve_options
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
 # Azure conversation trace slowed down and clipped so that the engine is busy but keeps up:
@@ -83,6 +84,12 @@ def parse_window(text: str) -> float:
               help="Percentiles of the numbers panel (first and last are shown).")
 @click.option("--screenshot-dir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Where `s` saves SVG screenshots.")
+@click.option("--serve", is_flag=True,
+              help="Also serve the engine over HTTP (OpenAI API, /metrics, knob endpoint; the "
+                   "flags below, as `gpuchef serve`) so that your own load tool drives it. The "
+                   "internal load starts paused (p starts it) unless --dataset or "
+                   "--request-rate is given; HTTP requests are the ids http-N.")
+@serve_options
 @click.pass_context
 def top(ctx: click.Context, **o) -> None:
     """Open the live dashboard: host the engine, drive it with load, sample the GPU, and watch
@@ -118,11 +125,8 @@ def _is_default(ctx: click.Context, name: str) -> bool:
 
 def _build(ctx: click.Context, o: dict, err: Console):
     from .engine_host.engine import resolve_device
-    from .live import LiveSession
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import parse_gpus
-    from .session import build_engine
-    from .tui.app import GpuchefApp
 
     from .probes.host import check_sample_hz
     from .probes.nvml import SAMPLE_HZ_RANGE
@@ -133,6 +137,7 @@ def _build(ctx: click.Context, o: dict, err: Console):
     gpus = parse_gpus(o["gpus"])
     on_cpu = resolve_device(o["device"]).type == "cpu"
     note = []
+    load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
     if _is_default(ctx, "dataset") and on_cpu:
         o["dataset"] = "azure-conv"
         if _is_default(ctx, "trace_speed"):
@@ -167,16 +172,52 @@ def _build(ctx: click.Context, o: dict, err: Console):
     check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
     check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)
+    sock = tokenizer = None
+    if o["serve"]:  # a port in use or a bad tokenizer is refused before the model loads
+        sock, tokenizer = prepare_serving(o)
+    try:
+        return _start(o, ecfg, err, sock, tokenizer, note, slos, pcts, gpus, window_s,
+                      num_prompts, duration_s, load_given)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
+
+
+def _start(o, ecfg, err, sock, tokenizer, note, slos, pcts, gpus, window_s, num_prompts,
+           duration_s, load_given):
+    from .live import LiveSession
+    from .session import build_engine
+    from .tui.app import GpuchefApp
+
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
     wcfg = replace(wcfg, num_prompts=wcfg.num_prompts if num_prompts is None else num_prompts)
+    taps: tuple = ()
+    front = None
+    meta_extra = {"window_s": window_s}
+    if sock is not None:
+        from .serve.session import make_front_door
+
+        front, metrics = make_front_door(None, engine, tokenizer=tokenizer, **front_door_kwargs(o))
+        taps = (front, metrics)
+        name = sock.getsockname()
+        url = f"http://{name[0]}:{name[1]}"
+        note.append(f"serving {url}" + ("" if load_given else "; internal load paused (p)"))
+        meta_extra["source"] = {"kind": "hosted", "serve": url}
     session = LiveSession(
         engine, wcfg, sample_hz=o["sample_hz"], gpus=gpus, trace_path=o["trace_path"],
         trace_prompts=o["trace_prompts"], slos=slos, percentiles=pcts,
         stats_window_s=o["stats_window"], note="; ".join(note), num_prompts=num_prompts,
-        duration_s=duration_s, meta_extra={"window_s": window_s})
+        duration_s=duration_s, meta_extra=meta_extra, taps=taps)
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"], ab_window_s=o["ab_window"],
                      screenshot_dir=o["screenshot_dir"])
-    session.start()
+    if front is not None:
+        front.host = session.host
+        front.metrics._state = lambda: session.host.state
+    session.start(load_paused=front is not None and not load_given)
+    if front is not None:
+        front.start(sock)
+        session.closers.append(front.stop)
     return app

@@ -1,0 +1,63 @@
+"""`gpuchef top --serve`: the dashboard over an engine fed over HTTP. Built through the CLI's own
+option handling (the same `_build` the command runs), driven with Textual's Pilot while the
+openai client sends requests from another thread; the dashboard's timeline and the trace see
+the HTTP requests (ids http-N), and the internal load stays paused until asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+from rich.console import Console
+
+openai = pytest.importorskip("openai")
+
+from gpuchef.probes.recorder import read_trace  # noqa: E402
+from gpuchef.top_cmd import _build, top  # noqa: E402
+
+
+def build(args):
+    ctx = top.make_context("top", list(args))
+    return _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
+
+
+def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    app = build(["--device", "cpu", "--model", "tiny", "--serve", "--port", "0",
+                 "--max-model-len", "512", "--trace", str(trace), "--screenshot-dir",
+                 str(tmp_path)])
+    s = app.session
+    front = s.closers[0].__self__
+    assert front.url.startswith("http://127.0.0.1:")
+    assert s.load.paused and "serving http://127.0.0.1:" in s.info.note
+    c = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0)
+
+    def send():
+        return [c.completions.create(model="tiny", prompt=[5] * (20 + 7 * i), max_tokens=6,
+                                     extra_body={"ignore_eos": True}) for i in range(5)]
+
+    async def go():
+        async with app.run_test(size=(160, 48)) as pilot:
+            rs = await asyncio.to_thread(send)
+            assert [r.usage.completion_tokens for r in rs] == [6] * 5
+            await pilot.pause(1.5)
+            reqs = s.timeline.snapshot().requests
+            assert sorted(r.request_id for r in reqs) == [f"http-{i}" for i in range(5)]
+            assert s.load.state().submitted == 0  # the internal load sent nothing
+            await pilot.press("p")  # the user starts the internal load beside HTTP
+            for _ in range(100):
+                if s.load.state().submitted:
+                    break
+                await pilot.pause(0.1)
+            assert not s.load.paused and s.load.state().submitted > 0
+            await pilot.press("q")
+
+    try:
+        asyncio.run(go())
+    finally:
+        s.close()
+    t = read_trace(trace)
+    http_ids = sorted(r.request_id for r in t.requests if r.request_id.startswith("http-"))
+    assert http_ids == [f"http-{i}" for i in range(5)]
+    assert t.meta["source"]["kind"] == "hosted"
