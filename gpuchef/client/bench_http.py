@@ -140,7 +140,12 @@ def bench_http(o: dict[str, Any], err) -> None:
     def body(spec):
         return request_body(spec, cfg, tok)
 
-    run = run_http_load(specs, cfg, body, ramp=ramp)
+    try:
+        run = run_http_load(specs, cfg, body, ramp=ramp)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/] the run was stopped; no results (requests in flight "
+                  "were cancelled)")
+        sys.exit(130)
     records = to_request_records(run.results)
     m = summarize(records, run.duration_s, percentiles=pcts, goodput=goodput)
     late = lateness_stats(run.results)

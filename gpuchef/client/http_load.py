@@ -508,6 +508,11 @@ async def send_one(session, spec: RequestSpec, body: bytes, cfg: HttpLoadConfig,
                 raw = await resp.content.read(_ERROR_BODY_BYTES)
                 res.fail("http", _error_message(resp.status, resp.reason or "", raw))
                 return res
+            if resp.content_type == "application/json":  # the server ignored stream: true
+                raw = await resp.content.read(_ERROR_BODY_BYTES)
+                res.fail("bad_stream", "the answer is one JSON body, not an SSE stream (does the "
+                                       f"server stream?): {raw[:80]!r}")
+                return res
             st = _Stream(res, cfg.is_chat)
             async for data in resp.content.iter_any():
                 if not st.feed(data):

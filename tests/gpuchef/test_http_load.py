@@ -39,7 +39,8 @@ class FakeServer:
     ``ttft_s``, the rest ``itl_s`` apart, then (when asked) a usage chunk and ``data: [DONE]``.
     ``plan`` maps a request id (the x-request-id header) to a behaviour: "500", "400",
     "cut" (the connection is closed after 2 chunks), "nodone" (the stream ends cleanly without
-    [DONE]), "sleep" (never answers in time). ``log[request_id]`` = (receive ns, [ns just before each chunk's write]).
+    [DONE]), "sleep" (never answers in time), "streamerror" (an error event), "garbage" (not
+    JSON), "empty" (a comment and [DONE], no token), "json" (a plain JSON body, no stream). ``log[request_id]`` = (receive ns, [ns just before each chunk's write]).
     """
 
     def __init__(self, *, ttft_s=0.0, itl_s=0.0, tokens_per_chunk=1, models=("fake-model",),
@@ -102,6 +103,8 @@ class FakeServer:
             return web.json_response({"error": {"message": "max_tokens must be >= 1",
                                                 "type": "BadRequestError", "param": "max_tokens",
                                                 "code": 400}}, status=400)
+        if what == "json":
+            return web.json_response({"choices": [{"text": "x"}], "usage": {}})
         chat = request.path.endswith("chat/completions")
         n_tok = body.get("max_completion_tokens" if chat else "max_tokens")
         cont = bool(body.get("stream_options", {}).get("continuous_usage_stats"))
@@ -114,6 +117,15 @@ class FakeServer:
             await resp.prepare(request)
             if what == "sleep":
                 await asyncio.sleep(5)
+            if what == "streamerror":
+                await resp.write(b'data: {"error": {"message": "engine died", "code": 500}}\n\n')
+                return resp
+            if what == "garbage":
+                await resp.write(b"data: {not json\n\n")
+                return resp
+            if what == "empty":
+                await resp.write(b": ping\n\ndata: [DONE]\n\n")
+                return resp
             sent = 0
             i = 0
             while sent < n_tok:
@@ -265,6 +277,15 @@ def test_errors_are_counted_by_kind_and_the_run_goes_on(server):
     assert len(lines) == 3 and "Traceback" not in "\n".join(lines)
     m = summarize(to_request_records(run.results), run.duration_s)
     assert (m.completed, m.failed) == (3, 5) and m.total_output == 12
+
+
+def test_broken_streams_are_counted_by_kind(server):
+    server.plan = {"req-0": "streamerror", "req-1": "garbage", "req-2": "empty", "req-3": "json"}
+    run = run_http_load(specs(5), cfg_for(server))
+    kinds = [r.error_kind for r in run.results]
+    assert kinds == ["stream_error", "bad_stream", "no_token", "bad_stream", ""]
+    assert "engine died" in run.results[0].error and "not an SSE stream" in run.results[3].error
+    assert len(error_lines(run.results)) == 3
 
 
 def test_connection_refused_is_counted_not_raised():
@@ -525,3 +546,21 @@ def test_text_prompt_encodes_to_about_the_target_length(tokenizer_json):
             ids = rng.integers(10, tokenizer_vocab_size(tok), n).tolist()
             got = len(tok.encode(text_prompt(tok, ids, n), add_special_tokens=False).ids)
             assert n - 3 <= got <= n, (n, got)
+
+
+def test_peak_output_rate_and_concurrency_as_vllm_buckets_them():
+    from gpuchef.client.http_load import ClientResult, peak_stats
+
+    def res(start, chunks):
+        r = ClientResult("req-x", False, 1, 9, start_ns=int(start * 1e9))
+        r.chunk_times_ns = [int(t * 1e9) for t, _ in chunks]
+        r.chunk_tokens = [k for _, k in chunks]
+        return r
+
+    a = res(0.0, [(0.5, 1), (1.2, 3), (1.7, 1)])
+    b = res(1.0, [(1.1, 2), (1.9, 1), (3.5, 1)])
+    failed = res(1.0, [(1.5, 50)])
+    failed.fail("http", "HTTP 500")
+    # 1-s buckets from the first start: [0,1) 1 token, [1,2) 3+1+2+1, [3,4) 1
+    assert peak_stats([a, b, failed]) == (7.0, 2)
+    assert peak_stats([failed]) == (0.0, 0)
