@@ -281,7 +281,8 @@ class FrontDoor:
         return web.json_response({"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": self.created,
             "owned_by": "gpuchef", "root": self.model_root, "parent": None,
-            "max_model_len": self.max_model_len, "permission": []}]})
+            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+            "permission": []}]})
 
     async def _health(self, request: web.Request) -> web.Response:
         err = getattr(self.host, "error", None)
