@@ -44,7 +44,7 @@ import torch
 from .config import ConfigError, EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage
-from .records import RequestRecord, StepRecord
+from .records import RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams, check_prompt
 from .vllm_env import (INSTALL_HINT, VLLM_TESTED, check_vllm_environment, first_line, import_vllm,
                        use_spawn_for_workers)
@@ -258,6 +258,7 @@ class VllmEngine:
         self._pending: deque[_Pending] = deque()
         self._records: list[StepRecord] = []
         self._finished: list[RequestRecord] = []
+        self._outputs: list[StepOutput] = []
         self._updates = 0
         self._last_end_ns = 0
         self._last_update_ns = 0
@@ -379,7 +380,7 @@ class VllmEngine:
 
         sp = VllmSamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                 seed=s.seed, max_tokens=s.max_tokens, ignore_eos=s.ignore_eos,
-                                detokenize=False)
+                                stop_token_ids=list(s.stop_token_ids) or None, detokenize=False)
         eos = tuple(getattr(self.model_config, "eos_token_ids", ()) or ())
         if eos and not s.ignore_eos:
             # what vLLM's InputProcessor does with the model's generation config
@@ -435,7 +436,13 @@ class VllmEngine:
         rec = self._records.pop() if self._records else None
         self._records.clear()
         finished, self._finished = self._finished, []
-        return StepResult(rec, finished)
+        outs, self._outputs = self._outputs, []
+        if len(outs) > 1:  # several updates in one call: one hand-over, each token its own time
+            outs = [StepOutput(outs[-1].step, outs[-1].t_ns,
+                               tuple(t for o in outs for t in o.tokens),
+                               tuple(f for o in outs for f in o.first_tokens),
+                               tuple(f for o in outs for f in o.finished))]
+        return StepResult(rec, finished, outs[0] if outs else None)
 
     # -- called by the scheduler subclass ----------------------------------------------------
     def on_scheduled(self, sched: Any, so: Any, t0_ns: int, knobs: SchedulerConfig) -> None:
@@ -466,6 +473,8 @@ class VllmEngine:
             if p is not None:
                 self._pending.remove(p)
         finished = []
+        tokens: list[tuple[str, int]] = []
+        first: list[tuple[str, int, int]] = []
         get = self.requests.get
         for eco in outputs.values():
             for o in eco.outputs:  # per step and request: keep it lean (it runs ~1000×/step)
@@ -473,12 +482,16 @@ class VllmEngine:
                 if st is None:
                     continue
                 new = o.new_token_ids
+                if new and not st.output_ids:
+                    first.append((st.request_id, st.arrival_ns, st.prompt_len))
                 if len(new) == 1:
                     st.output_ids.append(new[0])
                     st.times.append(t1)
+                    tokens.append((st.request_id, new[0]))
                 elif new:
                     st.output_ids.extend(new)
                     st.times.extend([t1] * len(new))
+                    tokens.extend((st.request_id, t) for t in new)
                 if o.finish_reason is not None:
                     finished.append(self._finish(st, _FINISH.get(str(o.finish_reason), "error")))
         if finished:
@@ -493,6 +506,9 @@ class VllmEngine:
                 kv_blocks_used=usage.used, kv_blocks_total=usage.total,
                 num_finished=len(finished), num_partial_prefills=p.partial))
         self._finished.extend(finished)
+        if tokens:
+            self._outputs.append(StepOutput(p.step if p is not None else -1, t1, tuple(tokens),
+                                            tuple(first), tuple(finished)))
         self._last_end_ns = t1
         self._last_update_ns = t0_ns
         self._updates += 1

@@ -509,3 +509,28 @@ def test_tensor_parallel_workers_are_spawned_unless_the_user_chose():
     assert use_spawn_for_workers(env) is True and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     env = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     assert use_spawn_for_workers(env) is False and env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_vllm_engine_streams_its_tokens_as_step_outputs(glue):
+    """The hosted-vLLM engine hands each step's tokens over as the native one does (the front
+    door streams from them): every token of each record, at the record's times, first tokens
+    with arrival and prompt length, each finished record in the output of its last token."""
+    eng, _ = make_engine(glue, mode="chunked", num_blocks=90)  # small: preemption too
+    reqs = prompts(8, seed=5)
+    for i, p in enumerate(reqs):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=9, ignore_eos=True))
+    outs, done = [], {}
+    while eng.has_unfinished():
+        res = eng.step()
+        if res.output is not None:
+            outs.append(res.output)
+        for f in res.finished:
+            done[f.request_id] = f
+    assert len(done) == 8
+    for rid, r in done.items():
+        toks = [(o.t_ns, t) for o in outs for q, t in o.tokens if q == rid]
+        assert [t for _, t in toks] == list(r.output_token_ids)
+        assert [ts for ts, _ in toks] == list(r.token_times_ns)
+        assert [f for o in outs for f in o.first_tokens if f[0] == rid] == \
+            [(rid, r.arrival_ns, r.prompt_len)]
+        assert [o for o in outs if r in o.finished]
