@@ -151,7 +151,8 @@ def _build(ctx: click.Context, o: dict, err: Console):
         o["dataset"] = "azure-conv"
     if on_cpu and _is_default(ctx, "max_num_batched_tokens"):
         o["max_num_batched_tokens"] = CPU_BUDGET
-        note.append(f"budget {CPU_BUDGET}")  # the load line shows the trace speed
+        # no number: the budget in force is the first line's "budget", and it changes live
+        note.append("CPU default budget")
     if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
         o["request_rate"] = str(CPU_RANDOM_RATE if on_cpu else GPU_RANDOM_RATE)
     slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else \

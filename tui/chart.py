@@ -190,6 +190,24 @@ def fmt_num(v: float, unit: str = "") -> str:
     return s + unit
 
 
+#: A readout older than this (s) says how old it is.
+STALE_S = 1.0
+
+
+def fmt_age(s: float) -> str:
+    """How old a readout is, at most 8 cells: 3.2 -> "3.2s ago", 75 -> "1.2m ago"; "" for a
+    fresh one (< STALE_S) or an unknown age."""
+    if not np.isfinite(s) or s < STALE_S:
+        return ""
+    if s < 10:
+        return f"{s:.1f}s ago"
+    if s < 60:
+        return f"{s:.0f}s ago"
+    if s < 600:
+        return f"{s / 60:.1f}m ago"
+    return f"{s / 60:.0f}m ago" if s < 6000 else f"{s / 3600:.0f}h ago"
+
+
 def last_value(a: np.ndarray, back: int = 3) -> float:
     """The newest finite value among the last ``back`` columns (NaN if none)."""
     tail = np.asarray(a, float)[-back:]

@@ -123,14 +123,19 @@ class WaveFrame:
     step), ``busy_decode`` (decode only). Batch composition — ``prefill_per_step`` /
     ``decode_per_step``: the tokens of the largest step that ended in the slice (a real step,
     not an average: a prefill-only and a decode-only step must not blend into a fake mixed
-    one), and ``budget`` (the largest ``max_num_batched_tokens`` in force there). Queue: ``running``, ``waiting`` (after
-    the slice's last step; 0 when the engine was idle), ``preempted`` (preemptions in the slice),
-    ``kv`` (KV blocks used / total, 0–1). ``steps``: steps that ended in the slice. ``modes``:
-    mode of each column's last step ("" before any). GPU (means of the samples in the slice, all
-    GPUs pooled): ``sm_active``, ``tensor_active``, ``gpu_util``, ``dram_bw_util`` (%),
-    ``power_w`` (W), ``mem_used_pct`` (% of device memory). ``per_gpu``: the same GPU
+    one), and ``budget`` (the largest ``max_num_batched_tokens`` in force there). Queue:
+    ``running``, ``waiting`` and ``kv`` (KV blocks used / total, 0–1): the state after the last
+    step ending in or before the slice — the queues change only at steps, so a slice with none
+    (a long step in flight, an idle gap, a pause) holds it; NaN before any step is known —
+    and ``preempted`` (preemptions in the slice). ``steps``: steps that ended in the slice.
+    ``modes``: the mode in force at each column's end (a switch with no step yet counts; ""
+    before any). GPU (means of the samples in the slice, all GPUs pooled): ``sm_active``,
+    ``tensor_active``, ``gpu_util``, ``dram_bw_util`` (%), ``power_w`` (W), ``mem_used_pct``
+    (% of device memory). ``per_gpu``: the same GPU
     series per NVML index, filled only when more than one GPU was sampled. ``markers``: changes
-    inside the window.
+    inside the window. ``latest``: the newest step (:class:`LatestStep`), for the readouts;
+    ``pending``: requests the load submitted since it (set by the screen; they are waiting —
+    during an engine pause no step counts them).
     """
 
     grid: TimeGrid
@@ -150,10 +155,40 @@ class WaveFrame:
     per_gpu: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     markers: list[Marker] = field(default_factory=list)
     kv_blocks_total: int = 0
+    latest: "LatestStep | None" = None
+    pending: int = 0
 
     @property
     def busy(self) -> np.ndarray:
         return self.busy_prefill + self.busy_mixed + self.busy_decode
+
+    @property
+    def age_s(self) -> float:
+        """Seconds from the end of the newest step to the frame's now (NaN: no step yet)."""
+        if self.latest is None:
+            return NAN
+        return max(0.0, (self.grid.now_ns - self.latest.t_end_ns) / 1e9)
+
+
+@dataclass(frozen=True)
+class LatestStep:
+    """What the newest StepRecord said, for the readouts: the queues after it (``running``,
+    ``waiting``), KV blocks (``kv_used`` of ``kv_total``), its tokens (``prefill``,
+    ``decode``) and the budget it ran under, and when it ended (``t_end_ns``). A readout shows
+    this with its age (:attr:`WaveFrame.age_s`), never a 0 it did not measure."""
+
+    t_end_ns: int
+    running: int
+    waiting: int
+    kv_used: int
+    kv_total: int
+    prefill: int
+    decode: int
+    budget: int
+
+    @property
+    def kv(self) -> float:
+        return self.kv_used / self.kv_total if self.kv_total > 0 else NAN
 
 
 def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -357,6 +392,14 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         steps = StepColumns.from_steps(s_all[i:j])
     sl = steps.overlapping(t0, t1)
     cols = steps.ints[sl]
+    # the state after the last step before the window (NaN: none known)
+    prev = sl.start - 1 if 0 < sl.start <= len(steps) else -1
+    before = np.full(4, NAN)
+    before_t = -1
+    if prev >= 0:
+        p = steps.ints[prev:prev + 1]
+        before = np.array([p[0, 4], p[0, 5], _kv_share(p)[0], steps.mode[prev]], dtype=np.float64)
+        before_t = int(p[0, 1])
     nan = np.full(n, NAN)
     z = np.zeros(n)
     modes = [""] * n
@@ -403,32 +446,27 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         last = np.full(n, -1, dtype=np.int64)
         last[idx] = rows
         has = last >= 0
-        running, waiting, kv = z.copy(), z.copy(), z.copy()
         li = last[has]
-        running[has] = cols[li, 4]
-        waiting[has] = cols[li, 5]
-        tot = cols[li, 8].astype(np.float64)
-        kv[has] = np.where(tot > 0, cols[li, 7] / np.maximum(tot, 1), 0.0)
-        # a column with no step ending in it but covered by a long step keeps the last state
-        busy = busy_p + busy_m + busy_d
-        carry = (~has) & (busy > 0)
-        if carry.any():
-            ref = np.where(has, np.arange(n), -1)
-            np.maximum.accumulate(ref, out=ref)
-            ok = carry & (ref >= 0)
-            running[ok], waiting[ok], kv[ok] = (running[ref[ok]], waiting[ref[ok]], kv[ref[ok]])
-        code = np.full(n, -1, dtype=np.int64)
-        code[has] = mode_codes[li]
-        ref = np.where(code >= 0, np.arange(n), -1)
+        # the queues change only at steps: a column without a step ending in it (a long step in
+        # flight, an idle gap, a pause) holds the state after the last step before it
+        ref = np.where(has, np.arange(n), -1)
         np.maximum.accumulate(ref, out=ref)
-        modes = [_MODES[code[r]] if r >= 0 else "" for r in ref.tolist()]
+        known, r0 = ref >= 0, np.maximum(ref, 0)
+        state = np.zeros((n, 4))
+        state[has] = np.column_stack([cols[li, 4], cols[li, 5], _kv_share(cols[li]),
+                                      mode_codes[li]])
+        state = np.where(known[:, None], state[r0], before[None, :])
+        t_state = np.where(known, np.where(has, cols[last, 1], 0)[r0], before_t)
         kv_total = int(cols[-1, 8])
     else:
         busy_p = busy_m = busy_d = z
         pre_ps = dec_ps = budget = nan
-        running = waiting = kv = preempted = z
-        cnt = z
-        kv_total = 0
+        preempted = cnt = z
+        state = np.repeat(before[None, :], n, axis=0)
+        t_state = np.full(n, before_t, dtype=np.int64)
+        kv_total = int(steps.ints[prev, 8]) if prev >= 0 else 0
+    running, waiting, kv = state[:, 0], state[:, 1], state[:, 2]
+    modes = _modes_in_force(state[:, 3], t_state, snap, grid)
     gpu_series: dict[str, np.ndarray] = {}
     per_gpu: dict[int, dict[str, np.ndarray]] = {}
     if gpu and snap.gpu_samples:
@@ -438,9 +476,44 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         gpu_series = gpus.binned(grid)
         if len(gpus.indices) > 1:
             per_gpu = gpus.binned_per_gpu(grid)
+    latest = None
+    if len(steps):
+        r = steps.ints[-1]
+        latest = LatestStep(int(r[1]), int(r[4]), int(r[5]), int(r[7]), int(r[8]), int(r[2]),
+                            int(r[3]), int(r[9]))
     return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
                      preempted, kv, cnt, modes, gpu_series, per_gpu,
-                     markers_for(snap.events_between(t0, t1), grid), kv_total)
+                     markers_for(snap.events_between(t0, t1), grid), kv_total, latest)
+
+
+def _kv_share(rows: np.ndarray) -> np.ndarray:
+    """KV blocks used / total (0–1) of StepColumns rows (0 where the total is unknown)."""
+    tot = rows[:, 8].astype(np.float64)
+    return np.where(tot > 0, rows[:, 7] / np.maximum(tot, 1), 0.0)
+
+
+def _modes_in_force(codes: np.ndarray, t_state: np.ndarray, snap: TimelineSnapshot,
+                    grid: TimeGrid) -> list[str]:
+    """Per column, the mode in force at its end: the mode of the last step before it, unless a
+    mode switch took effect after that step (a switch with no step yet, e.g. in a quiet
+    stretch, shows the new mode at once). "" where neither is known."""
+    out = [_MODES[int(c)] if c == c else "" for c in codes.tolist()]
+    ev = snap.events
+    j = bisect_left(ev, grid.t1_ns, key=_t_ns)
+    i = j
+    while i > 0 and ev[i - 1].t_ns >= grid.t0_ns:
+        i -= 1
+    k = i  # also the last switch before the window (a quiet stretch longer than the window)
+    while k > 0 and ev[k - 1].kind != "mode":
+        k -= 1
+    switches = ([ev[k - 1]] if k > 0 else []) + [e for e in ev[i:j] if e.kind == "mode"]
+    n = grid.cols
+    for e in switches:
+        c0 = max(0, int(grid.col_of(e.t_ns)))
+        for c in range(c0, n):
+            if t_state[c] < e.t_ns:
+                out[c] = str(e.new)
+    return out
 
 
 def event_label(ev: EngineEvent) -> tuple[str, str] | None:

@@ -168,3 +168,59 @@ def test_palette_ab_preview_reads_as_settings_not_python_dicts():
             hits = await _palette_hits(pilot, "ab mode=continuous chunk=0 vs mode=chunked")
             assert hits[0].startswith("Start A/B: mode=continuous, chunk=off vs mode=chunked"), hits
     run(go())
+
+
+# ---- readouts: the last known value and its age, never an unmeasured 0 -------------------
+def _last_step(s):
+    return s.timeline.snapshot(s.now).steps[-1]
+
+
+def test_queue_and_kv_readouts_hold_the_last_step_and_say_how_old_it_is():
+    """CPU steps under overload take 1–4 s: the readouts looked back 3 columns (~1.3 s at 60 s)
+    and showed 'R 0 / W 0' and '0 %' while the numbers said 73 running / 14 waiting."""
+    async def go():
+        s = StaticSession(gpu=True)
+        last = _last_step(s)
+        assert last.num_running > 0  # the toy engine's last step ran requests
+        s.now = last.t_end_ns + int(3.2 * S)  # a long step in flight: nothing ended since
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            q = strips_text(app.screen.query_one("#queue"))
+            right = [t[-8:].strip() for t in q[1:]]
+            assert f"R {last.num_running}" in right, right
+            assert f"W {last.num_waiting}" in right, right
+            assert "3.2s ago" in right, right
+            kv = round(100 * last.kv_blocks_used / last.kv_blocks_total)
+            assert f"{kv}%" in right, right
+            # the chart holds the state too: the newest columns are not drawn as an empty queue
+            frame = app.screen.query_one("#queue")._frame
+            assert frame.running[-1] == last.num_running and frame.waiting[-1] == last.num_waiting
+            # and the numbers panel agrees, with the age
+            text = str(app.screen.query_one("#numbers").render())
+            assert f"{last.num_running}" in text.split("running/waiting")[1]
+            assert "3.2 s ago" in text or "3.2s ago" in text
+    run(go())
+
+
+def test_arrivals_while_the_engine_is_paused_count_as_waiting():
+    """Paused, no step reports the queue: running/waiting froze while arrivals went on (then
+    jumped to 18). Requests the load submitted since the newest step are waiting."""
+    async def go():
+        s = StaticSession(gpu=True)
+        last = _last_step(s)
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            s.load.submitted += 7  # seven arrivals, the engine paused: no step since
+            s.now += 2 * S
+            await settle(pilot)
+            app.screen._last_numbers = 0.0
+            app.screen.tick(force=True)
+            await pilot.pause()
+            right = [t[-8:].strip() for t in strips_text(app.screen.query_one("#queue"))[1:]]
+            assert f"W {last.num_waiting + 7}" in right, right
+            text = str(app.screen.query_one("#numbers").render())
+            row = text.split("running/waiting")[1].split()
+            assert row[:2] == [str(last.num_running), str(last.num_waiting + 7)], row
+    run(go())

@@ -32,3 +32,30 @@ def test_bad_flags_are_refused_with_the_range():
         r = run("--device", "cpu", *args)
         assert r.exit_code == 2, (args, r.output)
         assert msg in " ".join(r.output.split()), (args, r.output)
+
+
+def test_header_shows_only_the_live_budget_after_a_change(monkeypatch, tmp_path):
+    """On CPU `top` lowers the budget to 512 and said so in the header's second line ("budget
+    512"), which stayed after the budget changed. The header names one budget: the live one."""
+    from gpuchef.tui.app import GpuchefApp
+    from gpuchef.tui.screens.main import header_state
+    from gpuchef.tui.widgets.header import header_text
+    from gpuchef.top_cmd import CPU_BUDGET
+
+    seen = {}
+
+    def fake_run(app, *a, **k):  # instead of the terminal: what the header would show
+        st = header_state(app)
+        live = st.config.with_changes(max_num_batched_tokens=CPU_BUDGET * 4)
+        from dataclasses import replace
+        seen["before"] = header_text(st).plain
+        seen["after"] = header_text(replace(st, config=live)).plain
+
+    monkeypatch.setattr(GpuchefApp, "run", fake_run)
+    r = run("--device", "cpu", "--model", "tiny", "--sample-hz", "1",
+            "--screenshot-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert f"budget {CPU_BUDGET}" in seen["before"]
+    assert f"budget {CPU_BUDGET * 4}" in seen["after"]
+    assert f"{CPU_BUDGET}" not in seen["after"].replace(f"{CPU_BUDGET * 4}", ""), seen["after"]
+    assert "CPU default" in seen["after"]  # it still says the budget started as a CPU default

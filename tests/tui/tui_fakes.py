@@ -146,10 +146,12 @@ class FakeLoad:
     def __init__(self) -> None:
         self.rate = 0.5
         self.paused = False
+        self.submitted = 1234  # requests sent so far (a test adds arrivals)
         self.calls: list[tuple[str, Any]] = []
 
     def state(self) -> LoadState:
-        return LoadState("trace", "azure-conv", self.rate, 5.53, self.paused, 1234, False, True)
+        return LoadState("trace", "azure-conv", self.rate, 5.53, self.paused, self.submitted,
+                         False, True)
 
     def set_rate(self, value: Any) -> float:
         v = parse_rate(value, "×")  # the live load's own parsing

@@ -104,6 +104,7 @@ class MainScreen(Screen):
         self.steps = StepColumns()
         self.gpus = GpuColumns()
         self.reqs = RequestColumns()
+        self._seen_step = (-1, 0)  # (newest step id seen, requests submitted when it was seen)
 
     def compose(self) -> ComposeResult:
         yield SessionHeader(id="header")
@@ -196,6 +197,7 @@ class MainScreen(Screen):
                     self._layout_gpus(len(self.gpus.indices))
                 frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps,
                                     gpus=self.gpus)
+                frame.pending = self._pending(snap, load)
                 for p in self.panels:
                     if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
                         p.set_frame(frame)
@@ -205,12 +207,21 @@ class MainScreen(Screen):
             self.steps.extend(snap.steps)
             self.reqs.extend(snap)
             self.numbers.show(compute_numbers_fast(snap, s.stats_window_s, s.slos, s.percentiles,
-                                                   self.steps, self.reqs))
+                                                   self.steps, self.reqs,
+                                                   self._pending(snap, load)))
             self._last_numbers = wall
         self.header.show(header_state(app))  # redraws only if something shown changed
         if changed or force:
             self.controls.sync(cfg, load)
             self._cfg, self._load = cfg, load
+
+    def _pending(self, snap, load) -> int:
+        """Requests the load submitted since the newest step was first seen: no step has
+        counted them yet (an engine pause, a long step in flight), and they wait."""
+        newest = snap.steps[-1].step if snap.steps else -1
+        if newest != self._seen_step[0]:
+            self._seen_step = (newest, load.submitted)
+        return max(0, load.submitted - self._seen_step[1])
 
     def _tick_gpu(self, s) -> None:
         on = bool(s.gpu_available)

@@ -18,6 +18,7 @@ import numpy as np
 from gpuchef.probes.metrics import BenchMetrics, RequestTable, gpu_means, summarize, window_metrics
 from gpuchef.probes.timeline import TimelineSnapshot
 
+from ..chart import fmt_age
 from ..plotdata import StepColumns, resume_index
 
 from .. import theme
@@ -26,7 +27,9 @@ from .. import theme
 @dataclass(frozen=True)
 class Numbers:
     """One refresh of the numbers panel. ``metrics``: None before anything finished or ran.
-    ``in_flight``: requests submitted but not finished (from the newest step's queues)."""
+    ``running`` / ``waiting``: the newest step's queues, plus the requests submitted since it
+    (they wait: during an engine pause no step counts them); ``age_s``: how old that step is
+    (s; NaN before any step)."""
 
     window_s: float
     metrics: BenchMetrics | None
@@ -35,6 +38,7 @@ class Numbers:
     waiting: int = 0
     mean_sm_active: float = float("nan")
     busy: float = float("nan")  # engine compute time / window (idle time counts), 0–1
+    age_s: float = float("nan")
 
 
 def compute_numbers(snap: TimelineSnapshot, window_s: float, slos: dict[str, float],
@@ -54,7 +58,8 @@ def compute_numbers(snap: TimelineSnapshot, window_s: float, slos: dict[str, flo
     busy = min(1.0, sum(s.gpu_ms for s in steps) / (dur * 1e3)) if dur > 0 else float("nan")
     return Numbers(window_s, m, dict(slos), last.num_running if last else 0,
                    last.num_waiting if last else 0,
-                   gpu_means(gs, ("sm_active",))["sm_active"], busy)
+                   gpu_means(gs, ("sm_active",))["sm_active"], busy,
+                   (snap.t_ns - last.t_end_ns) / 1e9 if last else float("nan"))
 
 
 class RequestColumns:
@@ -92,7 +97,7 @@ class RequestColumns:
 
 def compute_numbers_fast(snap: TimelineSnapshot, window_s: float, slos: dict[str, float],
                          percentiles: tuple[float, ...], steps: StepColumns,
-                         reqs: RequestColumns) -> Numbers:
+                         reqs: RequestColumns, pending: int = 0) -> Numbers:
     """:func:`compute_numbers` from columns kept up to date by the caller (``steps`` extended
     with ``snap.steps``, ``reqs`` with ``snap``): the same ``probes.metrics.window_metrics``
     over numpy slices, without a Python pass over the window's steps, requests and tokens (at
@@ -110,8 +115,9 @@ def compute_numbers_fast(snap: TimelineSnapshot, window_s: float, slos: dict[str
     gs = snap.gpu_samples_between(t0, t1)
     busy = min(1.0, float(steps.gpu_ms[sl].sum()) / (dur * 1e3)) if dur > 0 else float("nan")
     return Numbers(window_s, m, dict(slos), last.num_running if last else 0,
-                   last.num_waiting if last else 0,
-                   gpu_means(gs, ("sm_active",))["sm_active"], busy)
+                   (last.num_waiting if last else 0) + pending,
+                   gpu_means(gs, ("sm_active",))["sm_active"], busy,
+                   (snap.t_ns - last.t_end_ns) / 1e9 if last else float("nan"))
 
 
 def _f(v: float | None, nd: int = 0) -> str:
@@ -185,6 +191,10 @@ def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
     _line(t, "SM active (GPM)", sm, name_style=theme.SM_ACTIVE)
     _line(t, "done / failed", f"{m.completed if m else 0}", f"{m.failed if m else 0}")
     _line(t, "running/waiting", f"{n.running}", f"{n.waiting}")
+    age = fmt_age(n.age_s)
+    if age:  # the newest step is this old (a long step in flight, a pause)
+        t.rstrip()
+        t.append(f" {age}\n", style=theme.LABEL)
     t.rstrip()
     return t
 
