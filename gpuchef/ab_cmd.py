@@ -265,19 +265,77 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
 
 def _trace_rate(wcfg) -> float:
     """The native request rate of a trace dataset (req/s at --trace-speed 1) over the requests
-    the load selects."""
+    the load selects (``capacity.offered_rate``)."""
+    from .capacity import offered_rate
     from .engine_host.workload import generate
 
-    specs = [s for s in generate(replace(wcfg, trace_speed=1.0, probe_interval_s=None))]
-    span = specs[-1].arrival_s if specs else 0.0
-    if len(specs) < 2 or span <= 0:
+    r = offered_rate([s.arrival_s for s in generate(replace(wcfg, trace_speed=1.0,
+                                                            probe_interval_s=None))])
+    if not math.isfinite(r):
         raise ConfigError("--capacity needs a trace with at least two requests at distinct times")
-    return (len(specs) - 1) / span
+    return r
+
+
+#: A trace probe's speed is refined until its offered rate is within this share of the target.
+SPEED_TOLERANCE = 0.02
+
+
+def probe_workload(wcfg, rate: float, native: float | None):
+    """(WorkloadConfig, its specs, offered req/s) for a probe at ``rate`` req/s. Random arrivals:
+    ``--request-rate rate``. A trace: sped up until the probe's *own* arrivals offer ``rate``
+    (``capacity.offered_rate`` of the requests the probe replays, within ``SPEED_TOLERANCE``,
+    by bisection over the speed; the closest one tried otherwise): a trace that gets denser later offers more than ``rate`` when
+    its speed is taken from its start (the H200 probe labelled 12.6 req/s offered ≈ 29)."""
+    from .capacity import offered_rate
+    from .engine_host.workload import generate
+
+    if native is None:
+        w = replace(wcfg, request_rate=rate)
+        specs = generate(w)
+        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
+    def at(speed: float):
+        w = replace(wcfg, trace_speed=speed)
+        specs = generate(w)
+        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
+
+    # Bisection on log(speed): a denser stretch makes the offered rate jump, so a fixed-point
+    # step (speed × rate/offered) can oscillate around it.
+    s0 = rate / native
+    tried = [at(s0)]
+    lo = hi = s0
+    if tried[0][2] > rate:  # bracket [lo, hi] with offered(lo) < rate < offered(hi)
+        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] > rate:
+            hi, lo = lo, lo / 2
+            tried.append(at(lo))
+    else:
+        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] < rate:
+            lo, hi = hi, hi * 2
+            tried.append(at(hi))
+    for _ in range(16):
+        best = min((t for t in tried if math.isfinite(t[2])), key=lambda t: abs(t[2] - rate),
+                   default=None)
+        if best is None or abs(best[2] / rate - 1.0) <= SPEED_TOLERANCE or hi <= lo:
+            break
+        mid = math.sqrt(lo * hi)
+        got = at(mid)
+        tried.append(got)
+        if not math.isfinite(got[2]):
+            break
+        lo, hi = (mid, hi) if got[2] < rate else (lo, mid)
+    ok = [t for t in tried if math.isfinite(t[2])]
+    return min(ok, key=lambda t: abs(t[2] - rate)) if ok else tried[-1]
+
+
+def _is_probe(spec) -> bool:
+    from .engine_host.workload import PROBE_ID_PREFIX
+
+    return str(spec.request_id).startswith(PROBE_ID_PREFIX)
 
 
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     from .ab import _assert_idle, _mark
-    from .capacity import capacity_ratio, capacity_search, slo_percentiles
+    from .capacity import EarlyStop, Measured, capacity_ratio, capacity_search, judge_load, \
+        slo_percentiles
     from .engine_host.workload import generate
     from .probes.metrics import summarize
     from .session import run_load
@@ -285,18 +343,15 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     settings, slos = c["settings"], c["slos"]
     pcts = tuple(sorted(set(c["pcts"]) | set(slo_percentiles(slos))))
     native = None if wcfg.is_random else _trace_rate(wcfg)
-
-    def workload_at(rate: float):
-        if native is None:
-            return replace(wcfg, request_rate=rate)
-        return replace(wcfg, trace_speed=rate / native)
-
     load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
-            f"{wcfg.dataset} ({native:.3g} req/s at 1x), sped up to each rate")
+            f"{wcfg.dataset} replayed at the speed whose probe offers each rate (offered = "
+            "its requests' count over their arrival span)")
     click.echo("\n".join(_header(engine, wcfg, settings, len(generate(wcfg)), load)))
     click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
                f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
-               "capacity)")
+               "capacity); a probe also fails when saturated (achieved < 90 % of offered, or "
+               "the waiting queue growing) and stops early once an SLO is broken beyond doubt "
+               "(docs/capacity.md)")
     if not any(s.metric in ("ttft", "e2el") for s in slos):
         err.print("[yellow]note:[/] no ttft or e2el SLO: queueing delay is not bounded, so a "
                   "token-latency SLO alone can hold far past the rate the engine keeps up with "
@@ -304,35 +359,72 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     results = {}
     out: dict[str, Any] = {"command": "ab --capacity", "slos": [str(s) for s in slos],
                            "settings": {}, "capacity": {}}
-    width = 14
     for k in ("A", "B"):
         st = settings[k]
 
-        def measure(rate: float, st=st, k=k):
-            w = workload_at(rate)
-            specs = generate(w)
+        def measure(rate: float, st=st, k=k) -> Measured:
+            w, specs, off = probe_workload(wcfg, rate, native)
             if not specs:
                 raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
                                   "or --duration")
             _assert_idle(engine)
             _mark(engine, f"capacity:{k}:{rate:.4g}", listeners)
-            res = run_load(engine, specs, listeners=listeners, console=err,
-                           on_start=lambda h: h.set_config(**st.knobs()))
-            return summarize(res.requests, res.duration_s, percentiles=pcts,
-                             goodput=c["goodput"] or None, steps=res.steps or None)
+            mine = [x for x in specs if not _is_probe(x)]
+            stop = EarlyStop(slos, [x.output_len for x in mine],
+                             [int(x.arrival_s * 1e9) for x in mine], [x.request_id for x in mine])
+            hold: dict[str, Any] = {}
+
+            def decided(reason: str, t_ns: int) -> None:  # engine thread
+                if reason and "t" not in hold:
+                    hold["t"] = t_ns
+                    for x in specs:  # the rest are aborted: the probe is decided
+                        hold["host"].abort(x.request_id, "early stop")
+
+            def watch(kind: str, rec: Any) -> None:
+                if kind == "request" and rec.token_times_ns:
+                    decided(stop.on_request(rec), rec.token_times_ns[-1])
+
+            def on_start(h, st=st) -> None:
+                hold["host"] = h
+                h.set_config(**st.knobs())
+                prev = h.on_output
+
+                def on_output(out) -> None:
+                    if not stop.t0_ns:
+                        stop.start(h.t0_ns)
+                    prev(out)
+                    decided(stop.on_output(out), out.t_ns)
+                h.on_output = on_output
+
+            res = run_load(engine, specs, listeners=[*listeners, watch], console=err,
+                           on_start=on_start)
+            m = summarize(res.requests, res.duration_s, percentiles=pcts,
+                          goodput=c["goodput"] or None, steps=res.steps or None)
+            arr = [r.arrival_ns for r in res.requests if not _is_probe(r)]
+            arr_all = [res.t0_ns + int(x.arrival_s * 1e9) for x in specs if not _is_probe(x)]
+            fin = [r.token_times_ns[-1] for r in res.requests
+                   if r.finish_reason in ("length", "stop") and r.token_times_ns]
+            _, achieved, fails, notes = judge_load(arr_all if stop.reason else arr, fin,
+                                                   res.steps, m.median_e2el_ms)
+            if stop.reason:  # cut short: the saturation rules are not judged on a partial run
+                fails, achieved = [], math.nan
+                notes = [f"stopped at {(hold['t'] - res.t0_ns) / 1e9:.1f} s of "
+                         f"{(max(arr_all) - res.t0_ns) / 1e9:.1f} s"]
+            span = (max(arr_all) - min(arr_all)) / 1e9 if len(arr_all) > 1 else math.nan
+            return Measured(m, off, achieved, span, fails, stop.reason, notes)
 
         click.echo(f"\n{k}: {st.describe()}")
-        click.echo("  " + "".join(f"{h:>{width}}" for h in
-                                  ["rate (req/s)", *[f"{s.key} (ms)" for s in slos], "req/s done",
-                                   "meets SLOs"]))
+        heads = ["offered req/s", *[f"{s.key} ms" for s in slos], "achieved req/s", "meets SLOs"]
+        click.echo("  " + "".join(f"{h:>15}" for h in heads) + "  why not / notes")
 
         def show(p) -> None:
             vals = [f"{p.values[s.key]:.1f}" if math.isfinite(p.values[s.key]) else "n/a"
                     for s in slos]
-            click.echo("  " + "".join(f"{x:>{width}}" for x in
-                                      [f"{p.rate:.3g}", *vals,
-                                       f"{p.metrics.request_throughput:.3g}",
-                                       "yes" if p.met else "no"]))
+            ach = f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a"
+            why = "; ".join([*p.fails, *p.notes])
+            click.echo("  " + "".join(f"{x:>15}" for x in
+                                      [f"{p.rate:.3g}", *vals, ach, "yes" if p.met else "no"])
+                       + (f"  {why}" if why else ""))
 
         res = capacity_search(measure, slos, *c["rates"], c["tol"], o["max_probes"], on_probe=show)
         results[k] = res

@@ -13,8 +13,19 @@ probe whatever the scale of the rates (0.5 req/s on a CPU, 50 on an H200). Bisec
 meeting the SLOs is monotone in the rate; measurement noise near the capacity can break that, so
 the result is "a rate that met the SLOs, with a failing rate within the tolerance above it".
 
-SLO metrics use ``vllm bench serve``'s definitions (probes/metrics.py): TTFT, TPOT, ITL (every
-gap between tokens), E2EL — each as mean, median or any percentile.
+A probe's **rate is what it offered**: its requests' count over their arrival span
+(:func:`offered_rate`), from the probe's own workload — a replayed trace that gets denser later
+offers more than its first seconds suggest, so ``gpuchef ab`` refines the trace speed until the
+probe's own arrivals offer the rate asked for. A probe **meets** when every SLO holds and it is
+not saturated (:func:`judge_load`: achieved short of offered by more than
+``SATURATION_TOLERANCE``, or the waiting queue growing through the probe) — a median that holds
+while the queue grows is not capacity. A probe whose SLO is broken beyond doubt stops early
+(:class:`EarlyStop`). A met probe shorter than the steady-state rule (``MIN_PROBE_SPAN_S`` and
+``STEADY_E2EL_FACTOR`` × its median E2EL) is flagged. docs/capacity.md compares the method with
+Sarathi-Serve's and vLLM's ``vllm bench sweep serve_sla``.
+
+SLO metrics use ``vllm bench serve``'s definitions (probes/metrics.py): TTFT, TPOT, ITL (one
+per output chunk), E2EL — each as mean, median or any percentile.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .engine_host.config import ConfigError
+from .engine_host.workload import PROBE_ID_PREFIX
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 RATE_RANGE = (1e-3, 1e6)  # req/s
@@ -169,29 +181,257 @@ def check_rates(lo: Any, hi: Any) -> tuple[float, float]:
     return vals[0], vals[1]
 
 
-#: A probe whose arrivals span less than this (s) cannot show that its rate is sustained.
-MIN_PROBE_SPAN_S = 10.0
+# ---- one probe: offered and achieved rate, saturation, early stop ------------------------------
+
+#: Steady state: a probe's arrivals must span at least this (s) and ``STEADY_E2EL_FACTOR`` × its
+#: median E2EL, else its row says it is too short to show a sustained rate.
+MIN_PROBE_SPAN_S = 20.0
+STEADY_E2EL_FACTOR = 10.0
+#: The first ``WARMUP_SHARE`` of a probe's arrival span is its warm-up (an empty engine fills
+#: up); offered and achieved rates and the queue are judged over the rest.
+WARMUP_SHARE = 0.25
+#: Saturation, rule 1: achieved below (1 − this) × offered over the judged span.
+SATURATION_TOLERANCE = 0.10
+#: Saturation, rule 2: the mean waiting queue of the last quarter of the arrival span exceeds
+#: that of the second quarter by more than this many requests and more than doubles.
+QUEUE_GROWTH_MIN = 4.0
+
+
+def offered_rate(arrivals_s: Sequence[float]) -> float:
+    """A load's offered rate (req/s): its requests' count over their arrival span, as
+    ``(n − 1) / (last − first)`` (n − 1 gaps: the rate of the arrival process, whatever the
+    first arrival's offset). NaN for fewer than two requests or a zero span."""
+    a = sorted(arrivals_s)
+    if len(a) < 2 or a[-1] <= a[0]:
+        return math.nan
+    return (len(a) - 1) / (a[-1] - a[0])
+
+
+@dataclass
+class Measured:
+    """What one probe of ``gpuchef ab --capacity`` measured. ``metrics``: BenchMetrics (or a
+    Mapping {SLO key: ms}); ``offered_rps``: :func:`offered_rate` of its workload;
+    ``achieved_rps``: requests finished per second over the judged span (after the warm-up,
+    up to the last arrival); ``span_s``: its arrival span; ``failures``: the rules it broke
+    besides the SLOs (saturation, with numbers); ``stopped_early``: why it was cut short
+    (an SLO already broken beyond doubt), "" if it ran to the end; ``notes``: e.g. too short."""
+
+    metrics: Any
+    offered_rps: float = math.nan
+    achieved_rps: float = math.nan
+    span_s: float = math.nan
+    failures: list[str] = field(default_factory=list)
+    stopped_early: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
+               steps: Sequence[Any], median_e2el_ms: float = math.nan
+               ) -> tuple[float, float, list[str], list[str]]:
+    """(offered req/s over the judged span, achieved req/s over it, saturation rules broken,
+    notes) of one probe. ``arrivals_ns``: every request's arrival; ``finishes_ns``: the last
+    token time of each completed request; ``steps``: its StepRecords (``num_waiting``). The
+    judged span runs from ``WARMUP_SHARE`` into the arrival span to the last arrival.
+
+    Rule 1 (achieved short of offered): fewer than (1 − ``SATURATION_TOLERANCE``) × the
+    requests that arrived in the judged span finished in it. Rule 2 (queue growing): the mean
+    ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
+    quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
+    shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL."""
+    fails: list[str] = []
+    notes: list[str] = []
+    if len(arrivals_ns) < 2:
+        return math.nan, math.nan, fails, ["fewer than 2 requests"]
+    a0, a1 = min(arrivals_ns), max(arrivals_ns)
+    span = (a1 - a0) / 1e9
+    if span <= 0:
+        return math.nan, math.nan, fails, ["every request arrived at once"]
+    w0 = a0 + int(WARMUP_SHARE * (a1 - a0))
+    dur = (a1 - w0) / 1e9
+    arrived = sum(1 for t in arrivals_ns if w0 <= t <= a1)
+    done = sum(1 for t in finishes_ns if w0 <= t <= a1)
+    offered, achieved = arrived / dur, done / dur
+    if done < (1.0 - SATURATION_TOLERANCE) * arrived:
+        fails.append(f"saturated: achieved {achieved:.3g} req/s < {1 - SATURATION_TOLERANCE:.0%}"
+                     f" of offered {offered:.3g} req/s (after the first {WARMUP_SHARE:.0%} of "
+                     "the arrivals)")
+    q = (a1 - a0) / 4
+    def waiting(lo: float, hi: float) -> float:
+        v = [s.num_waiting for s in steps if lo <= s.t_start_ns < hi]
+        return sum(v) / len(v) if v else math.nan
+    w2, w4 = waiting(a0 + q, a0 + 2 * q), waiting(a0 + 3 * q, a1 + 1)
+    if math.isfinite(w2) and math.isfinite(w4) and w4 - w2 > QUEUE_GROWTH_MIN and w4 > 2 * w2:
+        fails.append(f"saturated: the waiting queue grew from {w2:.3g} to {w4:.3g} requests "
+                     "(mean of the 2nd and 4th quarter of the arrivals)")
+    need = max(MIN_PROBE_SPAN_S, STEADY_E2EL_FACTOR * median_e2el_ms / 1e3
+               if math.isfinite(median_e2el_ms) else 0.0)
+    if span < need:
+        notes.append(f"arrivals span {span:.3g} s < {need:.3g} s (steady state: at least "
+                     f"{MIN_PROBE_SPAN_S:g} s and {STEADY_E2EL_FACTOR:g}× the median E2EL)")
+    return offered, achieved, fails, notes
+
+
+class EarlyStop:
+    """Decides, as a probe runs, when an SLO is broken *beyond doubt*: whatever the requests
+    still to come do, the statistic cannot come back under its limit — so the probe can stop
+    and save device time.
+
+    ``slos``: the SLOs; ``arrivals_ns``/``output_lens``: each (non-probe) request's arrival
+    (monotonic ns; :meth:`start` shifts offsets by the load's t0) and output length, so the
+    final number of values is known in advance — requests (TTFT, E2EL), requests with > 1
+    output token (TPOT), token gaps Σ(len − 1) (ITL: an upper bound when chunks carry several
+    tokens, which only makes the test stricter). For P_q over N values (linear interpolation
+    at h = q/100·(N − 1)) the statistic exceeds L once k ≥ N − ⌊h⌋ values are known to exceed
+    it; a mean once the values so far sum to more than N·L (values are ≥ 0).
+
+    Values known to exceed L at time t: those measured (a TTFT at a first token, a gap at a
+    token, a TPOT or E2EL at a finish) and those still open — a request that arrived before
+    t − L without its first token (TTFT) or without finishing (E2EL), a running request whose
+    last token is older than t − L (ITL). Feed :meth:`on_output` (each StepOutput) and
+    :meth:`on_request` (each finished RequestRecord); both return the reason once, else ""."""
+
+    CHECK_EVERY_NS = 200_000_000  # the open-value scan: at most every 0.2 s of engine time
+
+    def __init__(self, slos: Sequence[SLO], output_lens: Sequence[int],
+                 arrivals_ns: Sequence[int] = (), ids: Sequence[str] = ()) -> None:
+        n = len(output_lens)
+        self.total = {"ttft": n, "e2el": n, "tpot": sum(1 for x in output_lens if x > 1),
+                      "itl": sum(max(0, x - 1) for x in output_lens)}
+        self.slos = list(slos)
+        self.over = {s.key: 0 for s in slos}
+        self.sums = {s.key: 0.0 for s in slos}
+        self.reason = ""
+        self._off = sorted(zip(arrivals_ns, ids)) if ids else []
+        self._arr = {rid: t for t, rid in self._off}
+        self.t0_ns = 0
+        self._last: dict[str, int] = {}     # running request → its last token time
+        self._first: set[str] = set()       # requests with a first token
+        self._done: set[str] = set()
+        self._checked = 0
+        self._limit = {s.metric: s.limit_ms for s in slos}
+
+    def start(self, t0_ns: int) -> None:
+        """The load's clock origin: arrivals given as offsets count from it."""
+        self.t0_ns = int(t0_ns)
+
+    def _need(self, s: SLO) -> float:
+        n = self.total[s.metric]
+        q = 50.0 if s.stat == "median" else s.percentile
+        return n - math.floor(q / 100.0 * (n - 1)) if n else math.inf
+
+    def _judge(self, open_over: dict[str, int]) -> str:
+        for s in self.slos:
+            n = self.total[s.metric]
+            if s.stat == "mean":
+                if n > 0 and self.sums[s.key] > n * s.limit_ms:
+                    self.reason = (f"{s.key} > {s.limit_ms:g} ms certain (the values so far "
+                                   f"sum to more than {n} × {s.limit_ms:g} ms)")
+            else:
+                k = self.over[s.key] + open_over.get(s.metric, 0)
+                if k >= self._need(s):
+                    self.reason = (f"{s.key} > {s.limit_ms:g} ms certain ({k} of {n} values "
+                                   f"already > {s.limit_ms:g} ms)")
+            if self.reason:
+                return self.reason
+        return ""
+
+    def _count(self, metric: str, v: float) -> None:
+        for s in self.slos:
+            if s.metric == metric:
+                self.sums[s.key] += v
+                if v > s.limit_ms:
+                    self.over[s.key] += 1
+
+    def on_output(self, out: Any) -> str:
+        if self.reason:
+            return ""
+        t = out.t_ns
+        for rid, arr, _ in out.first_tokens:
+            if rid in self._arr:
+                self._first.add(rid)
+                self._count("ttft", (t - arr) / 1e6)
+        for rid, _ in out.tokens:
+            if rid not in self._arr:
+                continue
+            prev = self._last.get(rid)
+            if prev is not None and t != prev:  # one ITL per chunk, as summarize counts them
+                self._count("itl", (t - prev) / 1e6)
+            self._last[rid] = t
+        if t - self._checked < self.CHECK_EVERY_NS:
+            return ""
+        self._checked = t
+        return self._judge(self._open(t))
+
+    def _open(self, t: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        lim = self._limit
+        if "itl" in lim:
+            cut = t - int(lim["itl"] * 1e6)
+            out["itl"] = sum(1 for rid, x in self._last.items() if x < cut)
+        for metric, seen in (("ttft", self._first), ("e2el", self._done)):
+            if metric in lim:
+                cut = t - int(lim[metric] * 1e6) - self.t0_ns
+                k = 0
+                for a, rid in self._off:
+                    if a >= cut:
+                        break
+                    k += rid not in seen
+                out[metric] = k
+        return out
+
+    def on_request(self, r: Any) -> str:
+        if self.reason or str(r.request_id).startswith(PROBE_ID_PREFIX):
+            return ""
+        rid = r.request_id
+        self._done.add(rid)
+        self._last.pop(rid, None)
+        if r.finish_reason not in ("length", "stop") or not r.token_times_ns:
+            return ""
+        if rid not in self._arr:  # no StepOutput stream: take the record's values
+            self._count("ttft", r.ttft_ms)
+            for g in r.itls_ms:
+                self._count("itl", g)
+        if r.output_len > 1:
+            self._count("tpot", (r.e2el_ms - r.ttft_ms) / (r.output_len - 1))
+        self._count("e2el", r.e2el_ms)
+        return self._judge({})
 
 
 @dataclass
 class Probe:
-    """One measured rate: ``rate`` (req/s asked for), ``met`` (every SLO held), ``values``
-    (SLO key → measured ms), ``metrics`` (what ``measure`` returned)."""
+    """One measured rate. ``rate``: what the probe offered (req/s, :func:`offered_rate` of its
+    workload; the rate asked for when unknown), ``met``: every SLO held and no other rule
+    failed, ``values``: SLO key → measured ms, ``metrics``: what ``measure`` returned (its
+    ``metrics``), ``target``: the rate the search asked for, ``achieved``: req/s finished,
+    ``span_s``: the arrival span, ``fails``: every rule broken (an SLO: "itl_p99 126 ms > 100
+    ms"; saturation; an early stop), ``stopped_early``: why it was cut short, ``notes``."""
 
     rate: float
     met: bool
     values: dict[str, float]
     metrics: Any = None
+    target: float = math.nan
+    achieved: float = math.nan
+    span_s: float = math.nan
+    fails: list[str] = field(default_factory=list)
+    stopped_early: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def why(self) -> str:
+        """The rules it broke, "; "-joined ("" when it met them all)."""
+        return "; ".join(self.fails)
 
 
 @dataclass
 class CapacityResult:
     """The outcome of :func:`capacity_search`.
 
-    ``capacity``: the highest rate (req/s) that met every SLO, None when even ``rate_lo``
-    failed. ``at_upper_bound``: ``rate_hi`` itself met them (capacity ≥ it: raise --rate-hi).
-    ``bracket``: (highest met, lowest failed) — the true capacity lies between. ``probes``: in
-    the order measured. ``converged``: stopped by the tolerance, not by ``max_probes``.
+    ``capacity``: the highest offered rate (req/s) that met every SLO, None when even the
+    first probe failed. ``at_upper_bound``: ``rate_hi`` itself met them (capacity ≥ it: raise
+    --rate-hi). ``bracket``: (highest met, lowest failed), offered rates — the true capacity
+    lies between. ``probes``: in the order measured. ``converged``: stopped by the tolerance,
+    not by ``max_probes``.
     """
 
     capacity: float | None
@@ -201,13 +441,21 @@ class CapacityResult:
     converged: bool = True
 
     def short_probes(self, min_span_s: float = MIN_PROBE_SPAN_S) -> list[Probe]:
-        """Probes that met the SLOs with arrivals spanning less than ``min_span_s`` (requests
-        completed / rate): too short for a queue to build, so "met" says little about whether
-        the rate is sustained (20 requests at 32 req/s arrive in 0.6 s)."""
+        """Probes that met the SLOs but are too short for steady state: a note from
+        :func:`judge_load`, or (without a measured span) arrivals spanning less than
+        ``min_span_s`` (requests completed / rate: 20 requests at 32 req/s arrive in 0.6 s)."""
         out = []
         for p in self.probes:
-            n = getattr(p.metrics, "completed", None)
-            if p.met and n is not None and p.rate > 0 and n / p.rate < min_span_s:
+            if not p.met:
+                continue
+            if p.notes:
+                out.append(p)
+                continue
+            span = p.span_s
+            if not math.isfinite(span):
+                n = getattr(p.metrics, "completed", None)
+                span = n / p.rate if n is not None and p.rate > 0 else math.nan
+            if math.isfinite(span) and span < min_span_s:
                 out.append(p)
         return out
 
@@ -215,19 +463,20 @@ class CapacityResult:
         s = self._describe()
         short = self.short_probes()
         if short:
-            s += (f" — warning: {len(short)} probe(s) that met the SLOs had arrivals spanning "
-                  f"< {MIN_PROBE_SPAN_S:g} s (e.g. {short[-1].rate:.3g} req/s); too short to "
-                  "show a sustained rate: give --duration 30 or more")
+            s += (f" — warning: {len(short)} probe(s) that met the SLOs are too short for a "
+                  f"steady state (arrivals < {MIN_PROBE_SPAN_S:g} s or < {STEADY_E2EL_FACTOR:g}"
+                  f"× the median E2EL; e.g. {short[-1].rate:.3g} req/s): give a longer "
+                  "--duration")
         return s
 
     def _describe(self) -> str:
         if self.capacity is None:
             lo = self.probes[0].rate if self.probes else math.nan
-            return f"none: the SLOs fail already at {lo:g} req/s (the lowest rate tried)"
+            return f"none: the SLOs fail already at {lo:.3g} req/s (the lowest rate tried)"
         if self.at_upper_bound:
             return f"≥ {self.capacity:.3g} req/s (met at --rate-hi; raise it)"
         lo, hi = self.bracket
-        s = f"{self.capacity:.3g} req/s (fails at {hi:.3g})"
+        s = f"{self.capacity:.3g} req/s offered (fails at {hi:.3g})"
         return s if self.converged else s + " — not converged: probe limit reached"
 
     def as_dict(self) -> dict[str, Any]:
@@ -235,7 +484,10 @@ class CapacityResult:
             return None if isinstance(v, float) and not math.isfinite(v) else v
         return {"capacity_rps": self.capacity, "at_upper_bound": self.at_upper_bound,
                 "bracket_rps": list(self.bracket), "converged": self.converged,
-                "probes": [{"rate_rps": p.rate, "met": p.met,
+                "probes": [{"rate_rps": f(p.rate), "offered_rps": f(p.rate),
+                            "target_rps": f(p.target), "achieved_rps": f(p.achieved),
+                            "arrival_span_s": f(p.span_s), "met": p.met, "fails": p.fails,
+                            "stopped_early": p.stopped_early or None, "notes": p.notes,
                             "values_ms": {k: f(v) for k, v in p.values.items()}}
                            for p in self.probes]}
 
@@ -245,13 +497,16 @@ def capacity_search(measure: Callable[[float], Any], slos: Sequence[SLO], rate_l
                     max_probes: int = DEFAULT_MAX_PROBES,
                     on_probe: Callable[[Probe], None] | None = None) -> CapacityResult:
     """Bisect over the request rate for the highest rate at which ``measure(rate)`` meets every
-    SLO (Sarathi-Serve's capacity search; see the module docstring).
+    SLO and no saturation rule (Sarathi-Serve's capacity search; see the module docstring).
 
-    ``measure(rate)`` (req/s) returns a ``BenchMetrics`` or a Mapping {SLO key: ms}. Probes
-    ``rate_lo`` first (if it fails: capacity None), then ``rate_hi`` (if it holds: capacity
-    ``rate_hi``, ``at_upper_bound``), then geometric midpoints until ``tolerance`` says the
-    bracket is narrow enough or ``max_probes`` runs were made. ``on_probe`` sees each probe.
-    Raises ConfigError for rates out of order, no SLOs or ``max_probes`` < 2.
+    ``measure(rate)`` (req/s asked for) returns a :class:`Measured` (its offered rate is the
+    probe's rate, its ``failures`` and ``stopped_early`` fail the probe), or a plain
+    ``BenchMetrics``/Mapping {SLO key: ms} (the probe's rate is then the one asked for).
+    Probes ``rate_lo`` first (if it fails: capacity None), then ``rate_hi`` (if it holds:
+    capacity ``rate_hi``'s offered rate, ``at_upper_bound``), then geometric midpoints of the
+    asked rates until ``tolerance`` says the bracket is narrow enough or ``max_probes`` runs
+    were made. ``on_probe`` sees each probe. Raises ConfigError for rates out of order, no
+    SLOs or ``max_probes`` < 2.
     """
     if not slos:
         raise ConfigError("capacity search needs at least one SLO (--slo)")
@@ -259,30 +514,43 @@ def capacity_search(measure: Callable[[float], Any], slos: Sequence[SLO], rate_l
         raise ConfigError(f"max_probes {max_probes} must be >= 2")
     lo, hi = check_rates(rate_lo, rate_hi)
     probes: list[Probe] = []
+    offered: dict[float, float] = {}
 
     def probe(rate: float) -> bool:
-        m = measure(rate)
+        got = measure(rate)
+        ms = got if isinstance(got, Measured) else Measured(got)
+        m = ms.metrics
         values = {s.key: s.value(m) for s in slos}
-        p = Probe(rate, all(s.met(m) for s in slos), values, m)
+        if ms.stopped_early:  # the partial run's own figures say less than the reason
+            fails = [f"stopped early: {ms.stopped_early}"]
+        else:
+            fails = [f"{s.key} {values[s.key]:.4g} ms > {s.limit_ms:g} ms" if math.isfinite(
+                     values[s.key]) else f"{s.key} not measured" for s in slos if not s.met(m)]
+            fails += ms.failures
+        rate_off = ms.offered_rps if math.isfinite(ms.offered_rps) else rate
+        p = Probe(rate_off, not fails, values, m, rate, ms.achieved_rps, ms.span_s, fails,
+                  ms.stopped_early, list(ms.notes))
+        offered[rate] = rate_off
         probes.append(p)
         if on_probe is not None:
             on_probe(p)
         return p.met
 
     if not probe(lo):
-        return CapacityResult(None, False, (None, lo), probes)
+        return CapacityResult(None, False, (None, offered[lo]), probes)
     if probe(hi):
-        return CapacityResult(hi, True, (hi, None), probes)
+        return CapacityResult(offered[hi], True, (offered[hi], None), probes)
     ok, bad = lo, hi
     while not tolerance.done(ok, bad):
         if len(probes) >= max_probes:
-            return CapacityResult(ok, False, (ok, bad), probes, converged=False)
+            return CapacityResult(offered[ok], False, (offered[ok], offered[bad]), probes,
+                                  converged=False)
         mid = math.sqrt(ok * bad)
         if probe(mid):
             ok = mid
         else:
             bad = mid
-    return CapacityResult(ok, False, (ok, bad), probes)
+    return CapacityResult(offered[ok], False, (offered[ok], offered[bad]), probes)
 
 
 def capacity_ratio(a: CapacityResult, b: CapacityResult) -> tuple[float | None, str]:

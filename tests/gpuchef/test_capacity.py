@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataclasses import replace
+
 from gpuchef.capacity import (SLO, CapacityResult, Tolerance, capacity_ratio, capacity_search,
                               parse_slos, parse_tolerance)
 from gpuchef.cli import _register, cli
@@ -170,9 +172,16 @@ def test_cli_capacity_on_cpu(tmp_path):
     assert "Capacity ratio B/A:" in r.output
     d = json.loads(out.read_text())
     assert set(d["capacity"]) == {"A", "B"}
+    from gpuchef.engine_host.workload import WorkloadConfig, generate
+
+    specs = generate(WorkloadConfig(num_prompts=6, request_rate=8.0, input_len=64, output_len=8,
+                                    vocab_size=1 << 20))
+    a = [x.arrival_s for x in specs]
     for k in "AB":
-        assert d["capacity"][k]["probes"], k
-        assert d["capacity"][k]["probes"][0]["rate_rps"] == 8.0
+        p = d["capacity"][k]["probes"][0]
+        assert p["target_rps"] == 8.0
+        # the probe's rate is what its own 6 Poisson arrivals offered, not the 8 asked for
+        assert p["rate_rps"] == p["offered_rps"] == pytest.approx((len(a) - 1) / (max(a) - min(a)))
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -191,17 +200,160 @@ def test_cli_capacity_bad_flags(args, needle):
     assert "Traceback" not in r.output
 
 
-def test_short_probes_that_met_are_flagged():
-    """20 requests at 32 req/s arrive in 0.6 s: "met" there says nothing about sustaining it."""
+def test_steady_state_rule_flags_short_probes_that_met():
+    """A probe that met the SLOs over arrivals shorter than the steady-state rule says little
+    about sustaining the rate (20 requests at 32 req/s arrive in 0.6 s)."""
     from types import SimpleNamespace as NS
 
     from gpuchef.capacity import MIN_PROBE_SPAN_S, Probe
 
-    long_run = Probe(2.0, True, {}, NS(completed=60))      # 30 s of arrivals
-    short_met = Probe(32.0, True, {}, NS(completed=20))    # 0.6 s
+    long_run = Probe(2.0, True, {}, NS(completed=60), span_s=30.0)
+    short_met = Probe(32.0, True, {}, NS(completed=20))    # 0.6 s, from completed / rate
+    noted = Probe(8.0, True, {}, NS(completed=400), span_s=50.0,
+                  notes=["arrivals span 50 s < 60 s"])   # judge_load's E2EL rule
     short_failed = Probe(16.0, False, {}, NS(completed=20))
-    res = CapacityResult(32.0, True, (32.0, None), [long_run, short_met, short_failed])
-    assert res.short_probes() == [short_met]
+    res = CapacityResult(32.0, True, (32.0, None), [long_run, short_met, noted, short_failed])
+    assert res.short_probes() == [short_met, noted]
     assert f"< {MIN_PROBE_SPAN_S:g} s" in res.describe() and "--duration" in res.describe()
     ok = CapacityResult(2.0, False, (2.0, 4.0), [long_run])
     assert "warning" not in ok.describe()
+
+
+def test_offered_rate_is_count_over_arrival_span():
+    from gpuchef.capacity import offered_rate
+
+    assert offered_rate([5.0, 6.0, 7.0, 9.0]) == pytest.approx(3 / 4.0)  # 3 gaps over 4 s
+    assert offered_rate([3.0, 1.0, 2.0]) == pytest.approx(1.0)            # any order
+    assert math.isnan(offered_rate([1.0])) and math.isnan(offered_rate([2.0, 2.0]))
+
+
+def _denser_trace(path):
+    """1 req/s for 60 s, then 4 req/s: a trace whose head understates its rate."""
+    import datetime as dt
+
+    t0 = dt.datetime(2023, 11, 16, 18, 0, 0)
+    times = [i * 1.0 for i in range(60)] + [60 + i * 0.25 for i in range(800)]
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"{(t0 + dt.timedelta(seconds=t)).isoformat(sep=' ')},64,8" for t in times]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_trace_probe_offers_the_rate_it_is_labelled_with(tmp_path):
+    """The H200 bug: the native rate was taken over the trace's first --duration seconds, and a
+    sped-up probe covered more, denser trace (labelled 12.6 req/s, offered ≈ 29)."""
+    from gpuchef.ab_cmd import _trace_rate, probe_workload
+    from gpuchef.capacity import offered_rate
+    from gpuchef.engine_host.workload import WorkloadConfig, generate
+
+    w = WorkloadConfig(dataset=str(_denser_trace(tmp_path / "t.csv")), duration_s=30.0,
+                       vocab_size=1000, max_model_len=4096)
+    native = _trace_rate(w)
+    assert native == pytest.approx(1.0)  # its first 30 s
+    # the old way: speed = rate / native → 30 s of arrivals at 4× cover 120 s of trace
+    naive = generate(replace(w, trace_speed=4.0 / native))
+    assert offered_rate([s.arrival_s for s in naive]) > 9.0
+    for rate in (2.0, 4.0, 8.0):
+        _, specs, off = probe_workload(w, rate, native)
+        assert off == pytest.approx(rate, rel=0.02)
+        # independent of probe_workload's own figure: count over span of what it replays
+        a = [s.arrival_s for s in specs]
+        assert (len(a) - 1) / (max(a) - min(a)) == pytest.approx(rate, rel=0.02)
+
+
+def test_judge_load_saturation_rules_name_the_rule():
+    from types import SimpleNamespace as NS
+
+    from gpuchef.capacity import judge_load
+
+    S = 10**9
+    arr = [i * S // 10 for i in range(300)]  # 10 req/s for 30 s
+    # served: each request done 1 s after it arrived
+    off, ach, fails, notes = judge_load(arr, [a + S for a in arr], [], 800.0)
+    assert off == pytest.approx(10.0, rel=0.02) and ach == pytest.approx(10.0, rel=0.05)
+    assert fails == [] and notes == []
+    # saturated: the engine finishes 6 req/s whatever arrives (a growing backlog)
+    fin = [S + i * S // 6 for i in range(300)]
+    off, ach, fails, _ = judge_load(arr, fin, [], 800.0)
+    assert ach == pytest.approx(6.0, rel=0.05)
+    assert len(fails) == 1 and fails[0].startswith("saturated: achieved 6")
+    # the waiting queue growing: 2 waiting in the 2nd quarter, 20 in the 4th
+    steps = [NS(t_start_ns=t * S // 10, num_waiting=2 if t < 150 else 20) for t in range(300)]
+    _, _, fails, _ = judge_load(arr, [a + S for a in arr], steps, 800.0)
+    assert fails == ["saturated: the waiting queue grew from 2 to 20 requests (mean of the "
+                     "2nd and 4th quarter of the arrivals)"]
+    # steady-state rule: 30 s of arrivals is < 10× a 5 s median E2EL
+    _, _, _, notes = judge_load(arr, [a + S for a in arr], [], 5000.0)
+    assert notes and "< 50 s" in notes[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(5, 300), q=st.sampled_from([50.0, 90.0, 99.0]), seed=st.integers(0, 999))
+def test_early_stop_is_beyond_doubt(n, q, seed):
+    """Sound: once EarlyStop's threshold k of values exceed the limit, numpy's percentile of
+    every completion does (checked with the rest at 0, the best case, and values just over).
+    Tight for values just over the limit: with k − 1 the rest at 0 brings it back under."""
+    import random
+
+    import numpy as np
+
+    from gpuchef.capacity import SLO, EarlyStop
+
+    rng = random.Random(seed)
+    stop = EarlyStop([SLO("e2el", f"p{q:g}", 100.0)], [4] * n)
+    need = int(stop._need(stop.slos[0]))
+    assert 1 <= need <= n
+    for over in ([rng.uniform(100.001, 500) for _ in range(need)], [100.001] * need):
+        rest = [rng.uniform(0, 100) for _ in range(n - need)]
+        assert np.percentile(over + [0.0] * (n - need), q) > 100.0
+        assert np.percentile(over + rest, q) > 100.0
+    assert np.percentile([100.001] * (need - 1) + [0.0] * (n - need + 1), q) <= 100.0
+
+
+def test_early_stop_from_the_token_stream():
+    """ITL P99 ≤ 50 ms over 10 requests of 11 tokens (100 gaps): the second gap over 50 ms
+    decides it; and a request waiting for its first token longer than a TTFT limit counts
+    before it gets one."""
+    from types import SimpleNamespace as NS
+
+    from gpuchef.capacity import SLO, EarlyStop
+
+    ms = 1_000_000
+    ids = [f"r{i}" for i in range(10)]
+    stop = EarlyStop([SLO("itl", "p99", 50.0)], [11] * 10, [0] * 10, ids)
+    stop.start(0)
+    t = 0
+    assert stop.on_output(NS(t_ns=t, tokens=[(i, 0) for i in ids],
+                             first_tokens=[(i, 0, 8) for i in ids])) == ""
+    t += 60 * ms  # one gap over
+    assert stop.on_output(NS(t_ns=t, tokens=[("r0", 0)], first_tokens=())) == ""
+    t += 300 * ms  # r1..r9 have waited 360 ms since their last token: open gaps over 50 ms
+    got = stop.on_output(NS(t_ns=t, tokens=[("r0", 0)], first_tokens=()))
+    assert got.startswith("itl_p99 > 50 ms certain (")
+    ttft = EarlyStop([SLO("ttft", "median", 1000.0)], [4] * 4, [0, 0, 0, 5000 * ms],
+                     ["a", "b", "c", "d"])
+    ttft.start(0)
+    # at 1.5 s: a, b, c arrived 1.5 s ago without a first token: 3 of 4 ≥ 4 − ⌊0.5·3⌋ = 3
+    assert "ttft_median > 1000 ms certain (3 of 4" in ttft.on_output(
+        NS(t_ns=1500 * ms, tokens=(), first_tokens=()))
+
+
+def test_a_saturated_probe_fails_though_its_slos_hold():
+    """The H200 case: P50 TTFT 1.0 s met ttft_p50:2s while 29 req/s were offered and 18.4
+    served; the probe must fail, naming the rule, and carry its offered rate."""
+    from gpuchef.capacity import Measured
+
+    slos = parse_slos("ttft_p50:2s")
+
+    def measure(rate):
+        fails = [] if rate < 10 else ["saturated: achieved 18.4 req/s < 90% of offered 29"]
+        return Measured({"ttft_p50": 1000.0}, offered_rps=rate * 1.1, achieved_rps=rate,
+                        failures=fails)
+
+    res = capacity_search(measure, slos, 4, 40, Tolerance(rel=0.05))
+    assert res.capacity is not None and 4.4 <= res.capacity < 11.0
+    bad = [p for p in res.probes if not p.met]
+    assert bad and all(p.why.startswith("saturated: achieved") for p in bad)
+    assert all(p.rate == pytest.approx(p.target * 1.1) for p in res.probes)
+    d = res.as_dict()["probes"][0]
+    assert d["offered_rps"] == pytest.approx(4.4) and d["target_rps"] == 4.0
