@@ -30,7 +30,7 @@ offset of the first prefill in line), where the goal g = ITL target / (1 + z·σ
 mean relative error (σ of a normal error) and z its quantile for the target's statistic (p99:
 2.33; median/mean: 0), so that the target's quantile, not the mean, stays under the target.
 With a TTFT target, each request in line for prefill (the running partial prefills, then up to
-32 waiting) with age a and T prefill tokens ahead of its first token (its own included) needs
+32 waiting; looked at every 4th step) with age a and T prefill tokens ahead of its first token (its own included) needs
 T·(f/P + c) ≤ g_ttft − a, i.e. P ≥ T·f/(g_ttft − a − T·c); the allowance is raised to the
 largest such P among the requests that the full budget could still serve in time (a request
 already past rescue is not chased at every decode's expense). Guards: the allowance is never
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import islice
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable
 
@@ -59,7 +60,7 @@ FEATURES = ("1", "mixed", "decode_rows", "prefill_tokens", "decode_context", "pr
 #: Feature scales: x = raw / scale, so that every feature is O(1) at real loads.
 SCALES = (1.0, 1.0, 64.0, 512.0, float(1 << 16), float(1 << 20))
 FORGETTING = 0.95          # λ: memory ≈ 1/(1−λ) = 20 steps
-REGULARISATION = 1e-2      # δ
+REGULARISATION = 0.1       # δ
 HUBER_FLOOR = 0.25         # residuals are clipped at max(4 × error, 25 %) of the prediction
 ERROR_ALPHA = 0.05         # weight of the newest step in the mean relative error (~20 steps)
 MIN_STEPS = 24
@@ -68,7 +69,8 @@ MIN_PREFILL_STEPS = 8
 ERROR_ENTER = 0.20         # the controller takes over at or below this mean relative error
 ERROR_LEAVE = 0.35         # and hands back to the static budget above this
 MIN_PREFILL_ALLOWANCE = 64  # tokens per step, or the budget left if smaller
-TTFT_SCAN = 32             # waiting requests looked at for TTFT risk per step
+TTFT_SCAN = 32             # waiting requests looked at for TTFT risk
+TTFT_EVERY = 4             # steps between two looks (its answer holds in between)
 MIN_GOAL_SHARE = 0.5       # the headroom never takes the goal below half the target
 
 Notify = Callable[[str, str], None]
@@ -103,6 +105,7 @@ class StepTimeModel:
         self.theta = np.zeros(n)
         self._reg = (1.0 - forgetting) * regularisation
         self._diag = np.diag_indices(n)
+        self._outer = np.empty((n, n))
         self.n = 0              # steps fitted
         self.n_prefill = 0      # of them, steps with prefill
         self.error = 1.0        # mean relative a-priori error (fraction); 1 until fitted
@@ -139,11 +142,12 @@ class StepTimeModel:
         lam = self.lam
         R = self.R
         R *= lam
-        R += np.outer(xv, xv)
+        R += np.multiply.outer(xv, xv, out=self._outer)
         R[self._diag] += self._reg
-        self.r *= lam
-        self.r += xv * y_fit + self._reg * self.theta
-        self.theta = np.linalg.solve(R, self.r)
+        r = self.r
+        r *= lam
+        r += xv * y_fit + self._reg * self.theta
+        self.theta = np.linalg.solve(R, r)
         self.n += 1
         if x[1]:
             self.n_prefill += 1
@@ -175,6 +179,8 @@ class Autopilot:
         self.active = False
         self.last_allowance = -1
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
+        self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
+        self._ttft_p = 0.0
         self.set_spec(spec)
         self.notify("warning", f"autopilot ({spec.canonical}): fitting the step-time model "
                                f"(needs {MIN_STEPS} steps, {MIN_PREFILL_STEPS} with prefill); the "
@@ -193,54 +199,62 @@ class Autopilot:
 
     def choose(self, sched: "Scheduler", out: "SchedulerOutput", budget_left: int) -> int:
         """The prefill allowance for the step being scheduled (tokens, ≤ ``budget_left``): its
-        decodes are in ``out``. Stores ``decode_ctx`` on ``out`` for :meth:`finish`."""
-        decode_ctx = 0
-        for r in out.decodes:
-            decode_ctx += r.num_computed_tokens + 1
-        out.ap_decode_ctx = decode_ctx
+        decodes are in ``out``. Stores ``ap_decode_ctx`` on ``out`` for :meth:`finish`."""
+        decodes = out.decodes
         if budget_left <= 0:
+            out.ap_decode_ctx = sum(r.num_computed_tokens for r in decodes) + len(decodes)
             return 0
+        # one pass over the running list: with budget left, every running request not in
+        # prefill got its decode (the stall-free rule), so their contexts are the decodes'
+        ctx = 0
+        line = []
+        for r in sched.running:
+            c = r.num_computed_tokens
+            if c < r.prefill_target:
+                line.append(r)
+            else:
+                ctx += c
+        out.ap_decode_ctx = ctx = ctx + len(decodes)
         self._update_status()
         if not self.active:
             return budget_left
         th = self.model.theta
-        d = len(out.decodes)
-        fixed = th[0] + th[1] + th[2] * d / 64.0 + th[4] * decode_ctx / 65536.0
+        fixed = th[0] + th[1] + th[2] * len(decodes) / 64.0 + th[4] * ctx / 65536.0
         c = th[3] / 512.0                       # ms per prefill token
         e = max(th[5], 0.0) / 1048576.0         # ms per query-key pair
-        o = 0
-        for r in sched.running:
-            if r.is_prefill:
-                o = r.num_computed_tokens
-                break
+        o = line[0].num_computed_tokens if line else 0
         p = _largest_p(self._goal(self.spec.itl_ms, self._z_itl) - fixed, c + e * o, e / 2.0)
         if self.spec.ttft_ms is not None and p < budget_left:
-            p = max(p, self._ttft_need(sched, fixed, c, budget_left))
+            self._ttft_age += 1
+            if self._ttft_age >= TTFT_EVERY:  # the line moves by a few requests a step
+                self._ttft_age = 0
+                self._ttft_p = self._ttft_need(sched, line, fixed, c, budget_left)
+            p = max(p, self._ttft_p)
         floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
         return max(floor, min(int(p), budget_left))
 
-    def _ttft_need(self, sched: "Scheduler", fixed: float, c: float, cap: int) -> float:
-        """The least allowance that serves every rescuable request in line within the TTFT
-        goal (0 when none is at risk)."""
+    def _ttft_need(self, sched: "Scheduler", line: list, fixed: float, c: float,
+                   cap: int) -> float:
+        """The least allowance that serves every rescuable request in line (``line``: the
+        running prefills, then the first ``TTFT_SCAN`` waiting) within the TTFT goal (0 when
+        none is at risk)."""
         goal = self._goal(self.spec.ttft_ms, self._z_ttft)
         now = self.clock()
         ahead = 0
         need = 0.0
-        line = [(r, r.remaining_prefill) for r in sched.running if r.is_prefill]
-        for i, r in enumerate(sched.waiting):
-            if i >= TTFT_SCAN:
-                break
-            line.append((r, r.num_tokens))
-        for r, tokens in line:
-            ahead += tokens
-            if r.output_token_ids:  # preempted: its first token is out already
-                continue
-            room = goal - (now - r.arrival_ns) / 1e6 - ahead * c
-            if room <= 0:
-                continue
-            p = ahead * fixed / room
-            if p <= cap:
-                need = max(need, p)
+        for r in line:
+            ahead += r.prefill_target - r.num_computed_tokens
+            if not r.output_token_ids:  # a preempted request's first token is out already
+                room = goal - (now - r.arrival_ns) / 1e6 - ahead * c
+                if room > 0 and ahead * fixed <= cap * room:
+                    need = max(need, ahead * fixed / room)
+        for r in islice(sched.waiting, TTFT_SCAN):
+            out_ids = r.output_token_ids
+            ahead += len(r.prompt_token_ids) + len(out_ids)
+            if not out_ids:
+                room = goal - (now - r.arrival_ns) / 1e6 - ahead * c
+                if room > 0 and ahead * fixed <= cap * room:
+                    need = max(need, ahead * fixed / room)
         return math.ceil(need)
 
     def finish(self, out: "SchedulerOutput", allowance: int) -> None:

@@ -218,11 +218,11 @@ def test_ttft_at_risk_raises_the_allowance():
     model = StepTimeModel()
     true = TrueTime()
     rng = np.random.default_rng(1)
-    for _ in range(100):
-        D, P = int(rng.integers(1, 100)), int(rng.integers(1, 2048))
-        cd = 800 * D
+    for _ in range(300):
+        D, P = int(rng.integers(1, 100)), int(rng.integers(1, 2048)) * (rng.random() < 0.7)
+        cd = D * int(rng.integers(100, 2000))
         model.update(StepTimeModel.features(D, P, cd, P * (P + 1) / 2),
-                     8 + 2 + 0.06 * D + 0.012 * P + 3e-5 * cd + 1e-6 * P * (P + 1) / 2)
+                     8 + 2 * (P > 0) + 0.06 * D + 0.012 * P + 3e-5 * cd + 1e-6 * P * (P + 1) / 2)
     kv = KVCacheManager(1, 8192, BS, 1, 1, torch.float32, torch.device("cpu"))
 
     def allowance(spec):

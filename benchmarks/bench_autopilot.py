@@ -1,0 +1,136 @@
+"""The autopilot's own cost per step on the engine thread (issue 17: floor ≤ 50 µs).
+
+Run:  python benchmarks/bench_autopilot.py [--decodes 256] [--waiting 64] [--steps 5000]
+      [--json OUT]
+
+A scheduler with ``--decodes`` running decodes (contexts of 500-4000 tokens), one partial prefill
+and ``--waiting`` queued prompts is scheduled over and over on a synthetic KV pool (no model);
+each iteration times, with ``time.perf_counter_ns``:
+
+* ``off``: ``Scheduler.schedule()`` with the autopilot off;
+* ``on``: ``Scheduler.schedule()`` with ``auto_budget=itl_p99:50ms,ttft_p99:2s`` (the ITL rule,
+  the TTFT scan of the line, the features) plus ``Scheduler.observe`` (the model's update), fed
+  a synthetic step time (8 ms + 0.06 ms/decode + 0.02 ms/prefill token) under which the ITL rule
+  stops short of the budget, so that the TTFT scan runs every step (the costliest path);
+
+and reports the median and P99 of each and of their difference — the autopilot's cost per step.
+The scheduler's output is thrown away after each iteration (the same requests are scheduled
+again), so the figures are the hot path's, on whatever CPU runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuchef.engine_host.autopilot import StepTimeModel  # noqa: E402
+from gpuchef.engine_host.config import SchedulerConfig  # noqa: E402
+from gpuchef.engine_host.kv_cache import KVCacheManager  # noqa: E402
+from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams  # noqa: E402
+from gpuchef.engine_host.scheduler import Scheduler  # noqa: E402
+
+BS = 16
+
+
+def build(cfg: SchedulerConfig, decodes: int, waiting: int, seed: int = 0) -> Scheduler:
+    rng = random.Random(seed)
+    kv = KVCacheManager(1, 1 << 17, BS, 1, 1, torch.float32, torch.device("cpu"))
+    sched = Scheduler(cfg, kv)
+    for i in range(decodes + 1):
+        n = rng.randint(500, 4000)
+        r = Request(f"d{i}", [1] * n, SamplingParams(max_tokens=10_000, ignore_eos=True), 0)
+        r.prefill_target = n
+        r.status = RequestStatus.RUNNING
+        kv.grow(r, n + BS)  # room for the decode token: the fast path, no block taken
+        r.num_computed_tokens = n if i < decodes else n // 3  # the last one: a partial prefill
+        sched.running.append(r)
+    for i in range(waiting):
+        sched.waiting.append(Request(f"w{i}", [1] * rng.randint(200, 3000),
+                                     SamplingParams(max_tokens=100), time.monotonic_ns()))
+    return sched
+
+
+def reset(sched: Scheduler, out) -> None:
+    """Undo what ``schedule()`` did, so the next iteration sees the same state."""
+    for r, n in out.prefills:
+        if r.num_computed_tokens == 0:  # admitted this step: back to the queue's head
+            sched.running.remove(r)
+            sched.kv.free(r)
+            r.status = RequestStatus.WAITING
+    admitted = [r for r, _ in out.prefills if r.status is RequestStatus.WAITING]
+    sched.waiting.extendleft(reversed(admitted))
+
+
+def synthetic_ms(out) -> float:
+    return 8.0 + 2.0 * bool(out.prefills) + 0.06 * len(out.decodes) + 0.02 * out.num_prefill_tokens
+
+
+def measure(sched: Scheduler, steps: int, with_observe: bool) -> list[int]:
+    ts: list[int] = []
+    pc = time.perf_counter_ns
+    for i in range(steps):
+        t0 = pc()
+        out = sched.schedule()
+        if with_observe:  # a step time that leaves the ITL rule short of the budget, so
+            # the TTFT scan runs too (the costliest path)
+            sched.observe(out, synthetic_ms(out) * (1.0 + 0.02 * ((i % 5) - 2)))
+        ts.append(pc() - t0)
+        reset(sched, out)
+    return ts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decodes", type=int, default=256)
+    ap.add_argument("--waiting", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    base = dict(max_num_batched_tokens=2048, max_num_seqs=1024)
+    off = build(SchedulerConfig(**base), a.decodes, a.waiting)
+    on = build(SchedulerConfig(**base, auto_budget="itl_p99:50ms,ttft_p99:2s"), a.decodes,
+               a.waiting)
+    # the chunk of the partial prefill is re-granted each iteration, so the kv pool's use is flat
+    measure(off, 200, False)
+    measure(on, 50, True)  # warm-up: builds the autopilot
+    rng = random.Random(1)
+    for _ in range(200):  # then fits its model on varied steps (the bench's own are all alike)
+        d, p = rng.randint(1, 300), rng.randint(0, 2048)
+        on.autopilot.observe(StepTimeModel.features(d, p, 2000 * d, p * p / 2),
+                             8.0 + 2.0 * bool(p) + 0.06 * d + 0.02 * p)
+    measure(on, 200, True)
+    rows = {}
+    t_off = measure(off, a.steps, False)
+    t_on = measure(on, a.steps, True)
+    for name, t in (("off", t_off), ("on", t_on)):
+        q = statistics.quantiles(t, n=100)
+        rows[name] = {"median_us": statistics.median(t) / 1e3, "p99_us": q[98] / 1e3}
+    rows["autopilot_us"] = {k: rows["on"][k] - rows["off"][k] for k in ("median_us", "p99_us")}
+    rows["active"] = bool(on.autopilot and on.autopilot.active)
+    out = on.schedule()
+    rows["allowance_in_force"] = out.prefill_allowance
+    reset(on, out)
+    rows["args"] = vars(a)
+    print(f"schedule() with {a.decodes} decodes, 1 partial prefill, {a.waiting} waiting; "
+          f"{a.steps} iterations (autopilot active: {rows['active']}, allowance "
+          f"{rows['allowance_in_force']} of {2048 - a.decodes} left)")
+    for name in ("off", "on", "autopilot_us"):
+        r = rows[name]
+        label = {"off": "schedule, autopilot off", "on": "schedule + observe, autopilot on",
+                 "autopilot_us": "autopilot's cost per step"}[name]
+        print(f"  {label:34s} median {r['median_us']:7.1f} µs   p99 {r['p99_us']:7.1f} µs")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
