@@ -7,6 +7,9 @@ set -e
 rm -rf /tmp/g /tmp/res /tmp/flags && mkdir -p /tmp/g /tmp/res /tmp/flags /tmp/vparts /tmp/vdeps
 tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C /tmp/g
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# what the image may already have (transformers brings tokenizers): only when it is missing
+PYTHONPATH=/tmp/site python3 -c "import tokenizers, jinja2, packaging" 2>/dev/null || \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/opt/*.whl
 cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"
 WORKERS=${*:-worker_a worker_b}
