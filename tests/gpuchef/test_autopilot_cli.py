@@ -1,0 +1,64 @@
+"""The autopilot's and the long-prompt lane's surfaces: A/B specs, the flags of bench/ab."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuchef.engine_host.config import ConfigError, SchedulerConfig
+
+
+def test_ab_spec_takes_auto_budget_with_its_comma():
+    from gpuchef.ab import parse_setting
+
+    s = parse_setting("mode=chunked,auto_budget=itl_p99:50ms,ttft_p99:2s,budget=1024",
+                      SchedulerConfig(), "B")
+    assert s.config.auto_budget == "itl_p99:50ms,ttft_p99:2000ms"
+    assert s.config.max_num_batched_tokens == 1024
+    with pytest.raises(ConfigError, match="--b .*out of range"):
+        parse_setting("auto_budget=itl_p99:0", SchedulerConfig(), "B")
+
+
+def _invoke(*args):
+    from click.testing import CliRunner
+
+    from gpuchef.cli import _register, cli
+
+    _register()
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+BASE = ["--device", "cpu", "--model", "tiny", "--num-prompts", "2", "--input-len", "8",
+        "--output-len", "2"]
+
+
+@pytest.mark.parametrize("cmd, flag, value, says", [
+    ("bench", "--auto-budget", "itl_p99:0ms", "out of range"),
+    ("bench", "--auto-budget", "itl_p99:50ms,ttft_p99:10ms", "below one step"),
+    ("bench", "--auto-budget", "latency:50", "not TARGET:DURATION"),
+    ("ab", "--auto-budget", "itl_p99:-1ms", "negative"),
+    ("bench", "--max-long-partial-prefills", "0", "max_long_partial_prefills=0 is out of range"),
+])
+def test_bad_flags_are_refused_before_the_model_loads(cmd, flag, value, says):
+    r = _invoke(cmd, *BASE, flag, value)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert says in out and "Traceback" not in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_bench_with_the_autopilot_records_its_choices(tmp_path):
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    r = _invoke("bench", "--device", "cpu", "--model", "tiny", "--num-prompts", "6",
+                "--input-len", "64", "--output-len", "40", "--max-num-batched-tokens", "64",
+                "--auto-budget", "itl_p99:500ms", "--max-long-partial-prefills", "1",
+                "--trace", str(trace))
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(ln) for ln in trace.read_text().splitlines()]
+    steps = [d for d in recs if d["type"] == "step"]
+    assert steps and all(d["auto_budget"] == "itl_p99:500ms" for d in steps)
+    assert all(0 <= d["prefill_allowance"] <= 64 for d in steps if d["mode"] == "chunked")
+    assert any(d["type"] == "event" and d["name"] == "auto_budget" for d in recs)
+    meta = recs[0]
+    assert meta["engine_config"]["scheduler"]["auto_budget"] == "itl_p99:500ms"
