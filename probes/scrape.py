@@ -1,0 +1,277 @@
+"""Scraping a server's Prometheus ``/metrics``: vLLM's, SGLang's and gpuchef's own names read
+into one typed sample, and the rates between two samples.
+
+One table (``SERIES``) maps each quantity gpuchef draws to the names servers use for it, first
+match wins: vLLM V1 (``vllm:``; V0's ``gpu_cache_usage_perc`` too), SGLang (``sglang:`` and,
+from SGLang 0.5.4, ``sglang_``), and gpuchef's ``gpuchef:`` step series (gpuchef serve exports
+vLLM's names as well, so it reads as vLLM plus its extras). Text is parsed with
+``prometheus_client.parser``; samples of every label set are summed (a TP group or several
+engines behind one endpoint report one series each).
+
+What a scrape can know is a per-interval view: counters and histograms become rates and
+interval means between two scrapes (``ScrapeDelta``), never per-step figures. Surfaces that draw
+these say so ("from /metrics, 250 ms buckets").
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: quantity → (kind, names in order of preference). Kinds: gauge, counter, hist.
+SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "running": ("gauge", ("vllm:num_requests_running", "sglang:num_running_reqs",
+                          "sglang_num_running_reqs")),
+    "waiting": ("gauge", ("vllm:num_requests_waiting", "sglang:num_queue_reqs",
+                          "sglang_num_queue_reqs")),
+    # vLLM: 0–1; SGLang's token_usage: 0–1 as well
+    "kv_usage": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                           "sglang:token_usage", "sglang_token_usage")),
+    "preemptions": ("counter", ("vllm:num_preemptions", "sglang:num_retracted_reqs",
+                                "sglang_num_retracted_reqs")),
+    "prompt_tokens": ("counter", ("vllm:prompt_tokens", "sglang:prompt_tokens",
+                                  "sglang_prompt_tokens")),
+    "generation_tokens": ("counter", ("vllm:generation_tokens", "sglang:generation_tokens",
+                                      "sglang_generation_tokens")),
+    "requests_finished": ("counter", ("vllm:request_success", "sglang:num_requests",
+                                      "sglang_num_requests")),
+    "ttft": ("hist", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds",
+                      "sglang_time_to_first_token_seconds")),
+    "itl": ("hist", ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds",
+                     "sglang_inter_token_latency_seconds",
+                     # older servers have only the per-request mean
+                     "vllm:time_per_output_token_seconds", "sglang:time_per_output_token_seconds",
+                     "sglang_time_per_output_token_seconds")),
+    "e2e": ("hist", ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds",
+                     "sglang_e2e_request_latency_seconds")),
+    "queue_time": ("hist", ("vllm:request_queue_time_seconds",)),
+    "iteration_tokens": ("hist", ("vllm:iteration_tokens_total",)),
+    # gpuchef serve only
+    "step_prefill_tokens": ("hist", ("gpuchef:step_prefill_tokens",)),
+    "step_decode_rows": ("hist", ("gpuchef:step_decode_rows",)),
+    "step_duration": ("hist", ("gpuchef:step_duration_seconds",)),
+    "max_num_batched_tokens": ("gauge", ("gpuchef:max_num_batched_tokens",)),
+}
+
+
+@dataclass(frozen=True)
+class Hist:
+    """A histogram summed over label sets: cumulative ``buckets`` ((le, count), +Inf last),
+    ``count`` and ``sum``."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float
+
+
+@dataclass(frozen=True)
+class ScrapeSample:
+    """One scrape of ``url`` at ``t_ns`` (monotonic). ``server``: "vllm", "sglang", "gpuchef" or
+    "unknown" (from the names seen). ``values``: gauges and counters by quantity (absent when
+    the server has no such series); ``hists`` likewise. ``error``: "" or why this scrape failed
+    (then nothing else is set)."""
+
+    t_ns: int
+    url: str
+    server: str = "unknown"
+    values: dict[str, float] = field(default_factory=dict)
+    hists: dict[str, Hist] = field(default_factory=dict)
+    error: str = ""
+    scrape_ms: float = 0.0
+
+
+def parse_metrics(text: str, *, url: str = "", t_ns: int | None = None) -> ScrapeSample:
+    """Read Prometheus text into a ScrapeSample. Raises ValueError (with the parser's message)
+    when ``text`` is not the Prometheus text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams: dict[str, Any] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            fams[fam.name] = fam
+    except Exception as e:  # the parser raises ValueError, TypeError or its own
+        raise ValueError(f"not Prometheus text format: {e}") from None
+    t = time.monotonic_ns() if t_ns is None else t_ns
+    values: dict[str, float] = {}
+    hists: dict[str, Hist] = {}
+    for q, (kind, names) in SERIES.items():
+        for n in names:
+            fam = fams.get(n)
+            if fam is None:
+                continue
+            if kind == "hist":
+                h = _hist(fam)
+                if h is not None:
+                    hists[q] = h
+                    break
+            else:
+                v = _sum(fam, ("_total", "") if kind == "counter" else ("",))
+                if v is not None:
+                    values[q] = v
+                    break
+    names = " ".join(fams)
+    server = ("gpuchef" if "gpuchef:" in names else "vllm" if "vllm:" in names
+              else "sglang" if "sglang" in names else "unknown")
+    return ScrapeSample(t, url, server, values, hists)
+
+
+def _sum(fam: Any, suffixes: tuple[str, ...]) -> float | None:
+    tot, seen = 0.0, False
+    for s in fam.samples:
+        if any(s.name == fam.name + suf for suf in suffixes) and math.isfinite(s.value):
+            tot += s.value
+            seen = True
+    return tot if seen else None
+
+
+def _hist(fam: Any) -> Hist | None:
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    seen = False
+    for s in fam.samples:
+        if s.name.endswith("_bucket"):
+            le = float(s.labels.get("le", "inf"))
+            buckets[le] = buckets.get(le, 0.0) + s.value
+            seen = True
+        elif s.name.endswith("_count"):
+            count += s.value
+        elif s.name.endswith("_sum"):
+            total += s.value
+    if not seen:
+        return None
+    return Hist(tuple(sorted(buckets.items())), count, total)
+
+
+@dataclass(frozen=True)
+class ScrapeDelta:
+    """What happened between two scrapes of one server (``dt_s`` seconds): counter rates
+    (per s), histogram interval counts and means, the latest gauges. A counter that went down
+    (the server restarted) gives None, not a negative rate."""
+
+    t_ns: int
+    dt_s: float
+    gauges: dict[str, float]
+    rates: dict[str, float | None]
+    hist_count: dict[str, float]
+    hist_mean: dict[str, float | None]
+    hist_buckets: dict[str, tuple[tuple[float, float], ...]]  # interval counts per bucket (not cumulative)
+
+
+def delta(a: ScrapeSample, b: ScrapeSample) -> ScrapeDelta | None:
+    """The interval from ``a`` to ``b`` (same server), None when either failed or no time passed."""
+    if a.error or b.error or b.t_ns <= a.t_ns:
+        return None
+    dt = (b.t_ns - a.t_ns) / 1e9
+    gauges = {q: v for q, v in b.values.items() if SERIES[q][0] == "gauge"}
+    rates: dict[str, float | None] = {}
+    for q, v in b.values.items():
+        if SERIES[q][0] == "counter" and q in a.values:
+            d = v - a.values[q]
+            rates[q] = d / dt if d >= 0 else None
+    hc: dict[str, float] = {}
+    hm: dict[str, float | None] = {}
+    hb: dict[str, tuple[tuple[float, float], ...]] = {}
+    for q, h in b.hists.items():
+        p = a.hists.get(q)
+        if p is None:
+            continue
+        n = h.count - p.count
+        if n < 0:
+            continue
+        hc[q] = n
+        hm[q] = (h.sum - p.sum) / n if n > 0 else None
+        prev = dict(p.buckets)
+        cum = [(le, c - prev.get(le, 0.0)) for le, c in h.buckets]
+        hb[q] = tuple((le, c - (cum[i - 1][1] if i else 0.0)) for i, (le, c) in enumerate(cum))
+    return ScrapeDelta(b.t_ns, dt, gauges, rates, hc, hm, hb)
+
+
+class Scraper:
+    """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
+    to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP
+    error, not Prometheus text) is a sample with ``error`` set and one ``status`` line; the
+    scraper keeps trying. ``fetch(url, timeout)`` may be replaced (tests)."""
+
+    def __init__(self, url: str, hz: float = 4.0, *,
+                 on_sample: Callable[[ScrapeSample], None] | None = None,
+                 timeout_s: float = 2.0, api_key: str | None = None,
+                 fetch: Callable[[str, float], str] | None = None) -> None:
+        if not (isinstance(hz, (int, float)) and 0.1 <= hz <= 50):
+            raise ValueError(f"--scrape-hz {hz!r} is out of range: allowed [0.1, 50]")
+        base = url.rstrip("/")
+        self.url = base if base.endswith("/metrics") else base + "/metrics"
+        self.hz = float(hz)
+        self.on_sample = on_sample
+        self.timeout_s = timeout_s
+        self.api_key = api_key
+        self._fetch = fetch or self._http_get
+        self.latest: ScrapeSample | None = None
+        self.status = ""
+        self.n_ok = 0
+        self.n_failed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _http_get(self, url: str, timeout: float) -> str:
+        req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read(32 << 20).decode("utf-8", "replace")
+
+    def scrape_once(self) -> ScrapeSample:
+        t0 = time.monotonic_ns()
+        try:
+            text = self._fetch(self.url, self.timeout_s)
+            s = parse_metrics(text, url=self.url, t_ns=t0)
+            if not s.values and not s.hists:
+                s = ScrapeSample(t0, self.url, s.server, error="no vLLM, SGLang or gpuchef "
+                                 "series in its /metrics (an unknown server?)")
+        except urllib.error.HTTPError as e:
+            s = ScrapeSample(t0, self.url, error=f"HTTP {e.code} {e.reason}" +
+                             (" (no /metrics: start vLLM with its metrics on, SGLang with "
+                              "--enable-metrics)" if e.code == 404 else ""))
+        except (urllib.error.URLError, OSError) as e:
+            why = getattr(e, "reason", e)
+            s = ScrapeSample(t0, self.url, error=f"cannot reach it ({why})")
+        except ValueError as e:
+            s = ScrapeSample(t0, self.url, error=str(e))
+        s = ScrapeSample(s.t_ns, s.url, s.server, s.values, s.hists, s.error,
+                         (time.monotonic_ns() - t0) / 1e6)
+        if s.error:
+            self.n_failed += 1
+            self.status = f"{self.url}: {s.error}"
+        else:
+            self.n_ok += 1
+            self.status = ""
+        self.latest = s
+        if self.on_sample is not None:
+            self.on_sample(s)
+        return s
+
+    def start(self) -> "Scraper":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpuchef-scrape", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        period = 1.0 / self.hz
+        nxt = time.monotonic()
+        while not self._stop.is_set():
+            self.scrape_once()
+            nxt += period
+            now = time.monotonic()
+            if nxt < now:  # a slow scrape: skip the missed slots, keep the grid
+                nxt += math.ceil((now - nxt) / period) * period
+            self._stop.wait(max(0.0, nxt - now))

@@ -1,0 +1,114 @@
+"""/metrics scraping: gpuchef serve's own exposition (rendered by prometheus_client), SGLang's
+documented names (a fixture built from its docs, both prefixes), intervals between scrapes, and
+every way a scrape fails (one status line, the scraper goes on)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuchef.engine_host.records import RequestRecord, StepOutput, StepRecord
+from gpuchef.probes.scrape import Scraper, delta, parse_metrics
+from gpuchef.serve.metrics import ServeMetrics
+
+DATA = Path(__file__).parent / "data"
+
+
+def step(i, prefill, decode, running=3, waiting=1, kv=10):
+    return StepRecord(i, i * 10_000_000, i * 10_000_000 + 5_000_000, 4.0, "chunked", 512, 256, 0,
+                      1, 1 if prefill else 0, prefill, decode, 0, running, waiting, 0, kv, 100)
+
+
+def test_gpuchefs_own_metrics_read_back_as_fed():
+    m = ServeMetrics("tiny", kv_blocks_total=100)
+    m.on_step(step(0, 64, 0))
+    m.on_step(step(1, 32, 2, running=5, waiting=2, kv=40))
+    m.on_output(StepOutput(1, 2_000_000_000, (("a", 1), ("b", 2)), (("a", 1_000_000_000, 7),)))
+    m.on_output(StepOutput(2, 2_020_000_000, (("a", 3),), ()))
+    m.on_request(RequestRecord("a", 1_000_000_000, 7, 2, (2_000_000_000, 2_020_000_000), "length"))
+    s = parse_metrics(m.render().decode(), url="x")
+    assert s.server == "gpuchef" and not s.error
+    assert s.values["running"] == 5 and s.values["waiting"] == 2
+    assert s.values["kv_usage"] == pytest.approx(0.4)
+    assert s.values["generation_tokens"] == 3 and s.values["prompt_tokens"] == 7
+    assert s.values["requests_finished"] == 1
+    assert s.hists["ttft"].count == 1 and s.hists["ttft"].sum == pytest.approx(1.0)
+    assert s.hists["itl"].count == 1 and s.hists["itl"].sum == pytest.approx(0.02)
+    assert s.hists["step_prefill_tokens"].sum == 96
+    assert s.hists["iteration_tokens"].count == 2 and s.hists["iteration_tokens"].sum == 98
+    assert s.values["max_num_batched_tokens"] == 512
+
+
+def test_sglang_names_both_prefixes_and_label_sets_summed():
+    text = (DATA / "sglang_metrics.txt").read_text()
+    s = parse_metrics(text)
+    assert s.server == "sglang"
+    assert s.values["prompt_tokens"] == 1500  # tp_rank 0 + 1
+    assert s.values["running"] == 12 and s.values["waiting"] == 3
+    assert s.values["kv_usage"] == pytest.approx(0.28)
+    assert s.hists["ttft"].count == 6 and s.hists["itl"].sum == pytest.approx(0.5)
+    new = parse_metrics(text.replace("sglang:", "sglang_"))
+    assert new.values == s.values and new.hists == s.hists
+
+
+def test_delta_rates_interval_histograms_and_a_restart():
+    m = ServeMetrics("tiny", kv_blocks_total=100)
+    a = parse_metrics(m.render().decode(), t_ns=0)
+    for i in range(4):
+        m.on_step(step(i, 100 if i % 2 else 0, 8))
+    m.on_output(StepOutput(0, 10, tuple((f"r{k}", 1) for k in range(50)), ()))
+    b = parse_metrics(m.render().decode(), t_ns=500_000_000)
+    d = delta(a, b)
+    assert d.dt_s == 0.5
+    assert d.rates["generation_tokens"] == pytest.approx(100.0)  # 50 tokens / 0.5 s
+    assert d.hist_count["iteration_tokens"] == 4
+    assert d.hist_mean["iteration_tokens"] == pytest.approx((8 + 108 + 8 + 108) / 4)
+    per_bucket = dict(d.hist_buckets["iteration_tokens"])
+    assert per_bucket[8.0] == 2 and per_bucket[128.0] == 2 and sum(per_bucket.values()) == 4
+    restarted = parse_metrics(ServeMetrics("tiny").render().decode(), t_ns=10**9)
+    assert delta(b, restarted).rates["generation_tokens"] is None  # went down: no negative rate
+
+
+def test_scraper_failures_are_one_status_line_and_it_goes_on():
+    answers = iter(["not prometheus {{{", "# HELP foo x\n# TYPE foo gauge\nfoo 1\n",
+                    (DATA / "sglang_metrics.txt").read_text()])
+    got = []
+    s = Scraper("http://127.0.0.1:9", hz=10, on_sample=got.append,
+                fetch=lambda url, t: next(answers))
+    assert s.url == "http://127.0.0.1:9/metrics"
+    a = s.scrape_once()
+    assert a.error.startswith("not Prometheus text format") and s.status
+    b = s.scrape_once()
+    assert "unknown server" in b.error
+    c = s.scrape_once()
+    assert not c.error and s.status == "" and s.n_ok == 1 and s.n_failed == 2
+    assert got == [a, b, c]
+    with pytest.raises(ValueError, match="scrape-hz"):
+        Scraper("http://x", hz=0)
+
+
+def test_scraper_against_real_sockets_refused_and_404():
+    import http.server
+
+    refused = Scraper("http://127.0.0.1:1", hz=4, timeout_s=1.0).scrape_once()
+    assert refused.error.startswith("cannot reach it")
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        r = Scraper(f"http://127.0.0.1:{srv.server_port}", hz=4).scrape_once()
+        assert r.error.startswith("HTTP 404") and "no /metrics" in r.error
+    finally:
+        srv.shutdown()
+        srv.server_close()
