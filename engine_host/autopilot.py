@@ -12,9 +12,11 @@ TTFT target is at risk. It changes when tokens are computed, never which tokens.
 ``mixed`` = 1 when the step carries prefill (a prefill plan, no CUDA graph), ``D`` decode rows,
 ``P`` prefill tokens, ``Cd`` = Σ context length read by the decode rows (tokens), ``Cp`` = Σ
 over prefill chunks of n·(o + (n+1)/2) query-key pairs (a chunk of n tokens at offset o,
-causal). The linear form in batch size, prefill tokens and attention context is the one of
-Vidur's and DistServe's step-time models (Agrawal et al., MLSys 2024; Zhong et al., OSDI 2024:
-"latency ≈ a + b·tokens + c·context"). It is fitted by exponentially weighted least squares,
+causal). The terms follow how a transformer step's cost splits — weights read once per step,
+GEMM work per token, attention work per row's context — the split Sarathi-Serve (Agrawal et al.,
+OSDI 2024, §3) reasons with; a linear model of them is the simplest that can be fitted in
+microseconds, not a claim that the GPU is linear: its error is tracked and the controller steps
+aside when it is large. It is fitted by exponentially weighted least squares,
 the recursive-least-squares problem with forgetting factor λ (Ljung & Söderström, *Theory and
 Practice of Recursive Identification*, 1983, §2.6; Haykin, *Adaptive Filter Theory*, ch. 10),
 solved in information form with a regularisation toward the last estimate added each step,
@@ -30,8 +32,9 @@ offset of the first prefill in line), where the goal g = ITL target / (1 + z·σ
 mean relative error (σ of a normal error) and z its quantile for the target's statistic (p99:
 2.33; median/mean: 0), so that the target's quantile, not the mean, stays under the target.
 With a TTFT target, each request in line for prefill (the running partial prefills, then up to
-32 waiting; looked at every 4th step) with age a and T prefill tokens ahead of its first token (its own included) needs
-T·(f/P + c) ≤ g_ttft − a, i.e. P ≥ T·f/(g_ttft − a − T·c); the allowance is raised to the
+32 waiting; looked at every 4th step) with age a and T prefill tokens ahead of its first token
+(its own included) needs T·(f/P + c) ≤ g_ttft − a, i.e. P ≥ T·f/(g_ttft − a − T·c), when every
+step of the T/P it waits costs f + c·P; the allowance is raised to the
 largest such P among the requests that the full budget could still serve in time (a request
 already past rescue is not chased at every decode's expense). Guards: the allowance is never
 above the budget left after the decodes (``max_num_batched_tokens``, the user's cap), never below
