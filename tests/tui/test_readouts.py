@@ -224,3 +224,126 @@ def test_arrivals_while_the_engine_is_paused_count_as_waiting():
             row = text.split("running/waiting")[1].split()
             assert row[:2] == [str(last.num_running), str(last.num_waiting + 7)], row
     run(go())
+
+
+# ---- the mode band, the batch panel and the change labels ---------------------------------
+def test_mode_band_shows_the_mode_switched_to_before_any_step_ran_in_it():
+    """A switch in a quiet stretch (no step yet) kept the old mode's colour on the band."""
+    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.tui import theme
+
+    async def go():
+        s = StaticSession(gpu=True)
+        last = _last_step(s)
+        assert last.mode == "chunked"
+        t_switch = last.t_end_ns + S
+        s.timeline.add_event(EngineEvent("mode", last.step + 1, t_switch, "mode", "chunked",
+                                         "continuous"))
+        s.now = t_switch + 3 * S  # quiet: no step since
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            axis = app.screen.query_one("#axis")
+            f = axis._frame
+            c = f.grid.col_of(t_switch)
+            assert set(f.modes[c + 1:]) == {"continuous"}, f.modes[c - 2:]
+            assert f.modes[f.grid.col_of(last.t_end_ns)] == "chunked"
+            # the band's newest cell is drawn in continuous's colour
+            seg = list(axis._strips[0])[-2]  # the last waveform run, before the right gutter
+            assert seg.style.color.name.lower() == theme.MODE_COLOURS["continuous"].lower() or \
+                seg.style.color.triplet.hex.lower() == theme.MODE_COLOURS["continuous"].lower()
+    run(go())
+
+
+def test_batch_title_help_and_computation_agree_on_the_largest_step():
+    """The title said 'largest step in each slice', the help 'mean of the steps': the code
+    draws the largest (a real step: a prefill-only and a decode-only step must not blend)."""
+    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.probes.timeline import Timeline
+    from gpuchef.tui.plotdata import StepColumns, TimeGrid, build_frame
+    from gpuchef.tui.screens.help import PANELS
+    from gpuchef.tui.widgets.waveforms import BatchPanel
+
+    ms = 1_000_000
+    tl = Timeline(origin_ns=T0, clock=lambda: T0)
+    # one slice of 1 s: a 600-token prefill-only step and a 30-decode step
+    for i, (pre, dec) in enumerate(((600, 0), (0, 30))):
+        t = T0 + (100 + 300 * i) * ms
+        tl.add_step(StepRecord(i, t, t + 50 * ms, 50.0, "continuous", 512, 256, 0, 1,
+                               1 if pre else 0, pre, dec, 0, 1, 0, 0, 10, 100))
+    grid = TimeGrid.ending_at(T0 + 1500 * ms, T0, 2.0, 2)
+    f = build_frame(tl.snapshot(T0 + 1500 * ms), grid, gpu=False,
+                    steps=StepColumns.from_steps(tl.snapshot(T0 + 2 * S).steps))
+    assert (f.prefill_per_step[0], f.decode_per_step[0]) == (600, 0)  # not the mean (300, 15)
+    assert "largest step" in BatchPanel.UNIT
+    help_text = dict(PANELS)["Batch composition"]
+    assert "largest step" in help_text and "mean of" not in help_text
+
+
+def test_a_continuous_prefill_above_the_budget_line_is_marked_and_explained():
+    """Continuous batching runs a prompt longer than the budget alone; its bar rises above the
+    dashed budget line. The panel marks those slices ▲ and its title says why."""
+    async def go():
+        s = StaticSession(gpu=True)  # continuous, budget 512, prompts up to 1000 tokens
+        app = make_app(s)
+        async with app.run_test(size=(200, 48)) as pilot:
+            await settle(pilot)
+            panel = app.screen.query_one("#batch")
+            f = panel._frame
+            over = (f.prefill_per_step + f.decode_per_step) > f.budget
+            assert over.any()  # the toy engine ran such steps
+            rows = strips_text(panel)
+            assert "above the budget" in rows[0], rows[0]
+            shift = len(rows[1]) - 8 - f.grid.cols  # the left gutter is 8 cells
+            cols = [i for i, ch in enumerate(rows[1][8:-8]) if ch == "▲"]
+            assert cols and set(cols) <= {i for i in range(f.grid.cols) if over[i]}, (cols, shift)
+    run(go())
+
+
+def test_change_labels_are_whole_or_counted_never_cut():
+    """Close changes overlapped until only the last was readable ('▲  ▲  ▲partial 2→1') and a
+    label at the right edge was cut ('▲mode→con')."""
+    from gpuchef.tui.widgets.waveforms import change_labels
+
+    marks = [(40, "budget 512→1024"), (41, "chunk off→256"), (43, "partial 1→2"),
+             (58, "mode→continuous")]
+    row = change_labels(marks, 60)
+    assert len(row) == 60
+    assert "mode→continuous▲" in row and row.rstrip().endswith("▲")  # ends at its column
+    assert row.index("mode→continuous▲") + len("mode→continuous") == 58
+    shown = [lab for _, lab in marks if lab in row]
+    counted = sum(int(x[1:]) for x in row.split() if x.startswith("+") and x[1:].isdigit())
+    assert len(shown) + counted == len(marks), row
+    for lab in ("budget 512", "chunk off", "partial 1", "mode→con"):  # no label is cut short
+        assert lab not in row or any(full in row for _, full in marks if full.startswith(lab))
+    assert row.count("▲") >= len(shown)
+    # room for all: each at its column, nothing counted
+    row = change_labels([(2, "mode→chunked"), (30, "budget 512→1024")], 60)
+    assert row.index("▲mode→chunked") == 2 and row.index("▲budget 512→1024") == 30
+    assert "+" not in row
+
+
+def test_time_axis_draws_close_changes_legibly_in_the_app():
+    from gpuchef.engine_host.records import EngineEvent
+
+    async def go():
+        s = StaticSession(gpu=True)
+        last = _last_step(s)
+        t = last.t_end_ns - int(1.5 * S)
+        for i, (name, old, new) in enumerate((("max_num_batched_tokens", 1024, 2048),
+                                              ("long_prefill_token_threshold", 0, 256),
+                                              ("max_num_partial_prefills", 2, 1))):
+            s.timeline.add_event(EngineEvent("knob", last.step, t + i * 200_000_000, name, old,
+                                             new))
+        s.timeline.add_event(EngineEvent("mode", last.step, last.t_end_ns, "mode", "chunked",
+                                         "continuous"))
+        app = make_app(s)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot)
+            row = strips_text(app.screen.query_one("#axis"))[1]
+            assert "mode→continuous▲" in row, row
+            shown = [x for x in ("budget 1024→2048", "chunk off→256", "partial 2→1",
+                                 "mode→continuous") if x in row]
+            counted = sum(int(x[1:]) for x in row.split() if x.startswith("+") and x[1:].isdigit())
+            assert len(shown) + counted == 4, row
+    run(go())

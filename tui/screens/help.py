@@ -20,10 +20,12 @@ PANELS = (
     ("Step waveform", "per time slice, the share of time the engine computed (step wall spans and "
      "gpu_ms), coloured by step kind: prefill-only, mixed, decode-only. Continuous batching shows "
      "prefill bursts and decode stretches (|*****____|); chunked prefill a steady mixed batch."),
-    ("Batch composition", "tokens per step (mean of the steps ending in the slice), prefill under "
-     "decode, against the token budget (╌)."),
-    ("Queue and KV cache", "running and waiting requests after the slice's last step, "
-     "preemptions (×), KV blocks in use."),
+    ("Batch composition", "tokens of the largest step ending in each slice (a real step, not a "
+     "mean), prefill under decode, against the token budget (╌). ▲ marks a step above the "
+     "budget: continuous batching runs a prompt longer than the budget alone, whole."),
+    ("Queue and KV cache", "running and waiting requests after the last step (held between "
+     "steps; arrivals since the newest step count as waiting), preemptions (×), KV blocks in "
+     "use. A readout older than 1 s says its age."),
     ("time axis", "mode in force (▀ amber continuous, violet chunked), every change marked (┃ and "
      "▲label) at the step where it took effect; ticks count back from now."),
     ("Numbers", "vllm bench serve's definitions over the last N s: TTFT, TPOT, ITL, E2EL, "

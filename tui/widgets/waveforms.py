@@ -188,12 +188,33 @@ class StepPanel(ChartPanel):
 
 
 class BatchPanel(ChartPanel):
-    """Tokens per step, prefill stacked under decode, against the token budget."""
+    """Tokens per step, prefill stacked under decode, against the token budget. A step above
+    the budget is marked ▲ and the title says why: continuous batching runs a prompt longer
+    than the budget alone, whole (it never splits prompts), by design."""
 
     TITLE = "Batch composition"
     UNIT = "tokens of the largest step in each slice"
     SOURCE = "StepRecord"
     LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE), ("╌ token budget", theme.BUDGET))
+    OVER_NOTE = "▲ above the budget: a prompt longer than the budget runs alone, whole"
+    _over = False
+
+    def title_parts(self) -> list[tuple[str, Style]]:
+        parts = super().title_parts()
+        if self._over:
+            parts.append((f"   {self.OVER_NOTE}", style(theme.PREEMPTED, BG, bold=True)))
+        return parts
+
+    def title_strip(self, width: int) -> Strip:
+        if getattr(self, "_over_shown", None) != self._over:  # the note comes and goes
+            self._over_shown, self._title_key = self._over, None
+        return super().title_strip(width)
+
+    def _rebuild(self) -> None:
+        over = self._over
+        super()._rebuild()
+        if self._over != over:  # draw() found (or lost) a step above the budget: retitle
+            super()._rebuild()
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
         pre, dec = self.fit(f.prefill_per_step, cols), self.fit(f.decode_per_step, cols)
@@ -210,8 +231,15 @@ class BatchPanel(ChartPanel):
         c = Cells(h, cols, [])
         c.stacked([pre / top * h, dec / top * h], [theme.PREFILL, theme.DECODE])
         c.hline(budget / top * h, theme.BUDGET)
+        over = np.nonzero(np.isfinite(budget) & (tot > budget))[0]
+        self._over = bool(len(over))
+        if len(over):
+            c.chars[0, over] = "▲"
+            c.fg[0, over] = c.colour(theme.PREEMPTED)
         c.markers(self.marker_cols(f, cols))
-        p, d = last_value(pre, 3), last_value(dec, 3)
+        lt = f.latest  # the newest step, not the last columns' (a long step in flight: "–")
+        p = lt.prefill if lt else float("nan")
+        d = lt.decode if lt else float("nan")
         b = last_value(budget, cols)
         right = _right(h, [("prefill", theme.PREFILL), (fmt_num(p), theme.PREFILL),
                            ("decode", theme.DECODE), (fmt_num(d), theme.DECODE),
@@ -328,25 +356,10 @@ class TimeAxis(ChartPanel):
                 c0.fg[0, col] = c0.colour(theme.AB_COLOURS.get(mk.label[:1], theme.TITLE)
                                           if mk.kind == "ab" else theme.TITLE)
         rows = c0.strips([("mode", LBL)], [("", LBL)], BG)
-        # row 1: marker labels, newest kept when they collide
-        line = [" "] * cols
-        owner = [-1] * cols
-        for i, mk in sorted(enumerate(f.markers), key=lambda p: p[1].col, reverse=True):
-            col = mk.col + shift
-            text = "▲" + mk.label
-            if col < 0 or col >= cols:
-                continue
-            end = min(cols, col + len(text) + 1)
-            if any(o >= 0 for o in owner[col:end]):
-                text = "▲"
-                end = col + 1
-                if owner[col] >= 0:
-                    continue
-            for j, ch in enumerate(text[:end - col]):
-                line[col + j] = ch
-                owner[col + j] = i
+        # row 1: marker labels, whole or not at all (see change_labels)
+        line = change_labels([(mk.col + shift, mk.label) for mk in f.markers], cols)
         c1 = Cells(1, cols, [])
-        c1.chars[0] = line
+        c1.chars[0] = list(line)
         c1.fg[0] = c1.colour(theme.TITLE)
         # "1 col =" sits right above its value (the time row's right gutter)
         rows += c1.strips([("changes", LBL)], [(" 1 col =", LBL)], BG)
@@ -382,6 +395,63 @@ class TimeAxis(ChartPanel):
                 k += 1
         rows += c2.strips([("time", LBL)], [(f"▏{_fmt_dur(f.grid.bin_s)}", LBL)], BG)
         return rows[:h]
+
+
+def change_labels(markers: Sequence[tuple[int, str]], cols: int) -> str:
+    """The time axis's change row, ``cols`` cells: each marker ``(column, label)`` gets its
+    label whole, newest (rightmost) first — "▲label" starting at its column, or "label▲"
+    ending there when that runs off the right edge — with a blank cell between labels. A
+    marker whose label does not fit is a bare "▲" (where its cell is free) and is counted on
+    the nearest label: "▲budget 512→1024 +2" (+2 more changes there). Labels are never cut."""
+    line = [" "] * cols
+    used = [False] * cols  # a label's own blanks are taken too
+    placed: list[list] = []  # [start, end, anchor col, right-aligned, count]
+
+    def free(a: int, b: int) -> bool:  # cells [a, b) and one blank each side
+        return 0 <= a and b <= cols and not any(used[max(0, a - 1):min(cols, b + 1)])
+
+    def put(a: int, text: str) -> None:
+        line[a:a + len(text)] = text
+        used[a:a + len(text)] = [True] * len(text)
+
+    for col, label in sorted(markers, key=lambda m: m[0], reverse=True):
+        if not 0 <= col < cols:
+            continue
+        n = len(label) + 1
+        if free(col, col + n):
+            put(col, "▲" + label)
+            placed.append([col, col + n, col, False, 0])
+        elif free(col - n + 1, col + 1):
+            put(col - n + 1, label + "▲")
+            placed.append([col - n + 1, col + 1, col, True, 0])
+        else:
+            if not used[col]:
+                put(col, "▲")
+            if placed:  # the nearest label takes the count
+                min(placed, key=lambda p: abs(p[2] - col))[4] += 1
+    # the counts, right to left: one that finds no room beside its label goes to the next one
+    carry = 0
+    for a, b, _, right, k in sorted(placed, key=lambda p: p[0], reverse=True):
+        k += carry
+        carry = 0
+        if not k:
+            continue
+        m = len(f" +{k}")
+        after = b + m <= cols and not any(used[b:b + m + 1])
+        before = a - m >= 0 and not any(used[max(0, a - m - 1):a])
+        if after and (not right or not before):
+            put(b, f" +{k}")
+        elif before:
+            put(a - m, f"+{k} ")
+        else:
+            carry = k
+    if carry:  # no label had room beside it: the count goes where there is, leftmost
+        tag = f"+{carry}"
+        for j in range(cols - len(tag) + 1):
+            if not any(used[max(0, j - 1):j + len(tag) + 1]):
+                put(j, tag)
+                break
+    return "".join(line)
 
 
 def _tick_step(window_s: float, cols: int) -> float:
