@@ -69,6 +69,7 @@ knobs = st.builds(
     max_num_seqs=st.integers(1, 8),
     long_prefill_token_threshold=st.integers(0, 24),
     max_num_partial_prefills=st.integers(1, 3),
+    max_long_partial_prefills=st.integers(1, 3),
 )
 
 
