@@ -37,9 +37,29 @@ def _output(output: str | None, paths: list[str], fmt: str) -> str:
     outs = [out] if fmt != "csv" else [f"{out}.{k}.csv" for k in ("steps", "requests",
                                                                  "gpu_samples")]
     for o in outs:
-        if any(Path(o).resolve() == Path(t).resolve() for t in paths):
+        if any(Path(o).resolve() == Path(t).resolve() for t in paths) or is_trace_file(o):
             raise ConfigError(f"-o {output!r} would overwrite the trace {o!r}: give another path")
     return out
+
+
+def is_trace_file(path: str) -> bool:
+    """True when ``path`` is an existing file whose first line is a gpuchef trace's meta record
+    (``"type": "meta"``, ``"schema": "gpuchef-trace"``): any trace, not only the input ones,
+    is refused as an output. Unreadable or other files: False."""
+    import json
+
+    from .probes.recorder import TRACE_SCHEMA
+
+    p = Path(path)
+    try:
+        if not p.is_file():
+            return False
+        with p.open("rb") as f:
+            head = f.readline(1 << 20)
+        rec = json.loads(head.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("type") == "meta" and rec.get("schema") == TRACE_SCHEMA
 
 
 @click.command("report")

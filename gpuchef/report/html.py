@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
-from .model import Group, ReportData, TraceView, gpu_indices, gpu_names, per_gpu_means
+from .model import (Group, ReportData, TraceView, gpu_indices, gpu_names, part_start_rate,
+                    per_gpu_means)
 
 #: Section ids, in page order (tests and the table of contents use them).
 SECTIONS = {
@@ -146,7 +147,50 @@ def _sched_text(meta: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sc.items())
 
 
-def _run_rows(view: TraceView) -> list[tuple[str, str]]:
+#: Several traces share one time scale only when the shortest is at least this share of the
+#: longest (an 11 s part drawn to a 300 s scale is a flat line).
+SHARE_SPAN_MIN = 0.5
+
+
+def shared_span(views: Sequence[TraceView]) -> float | None:
+    """The time span (s) the traces' waveforms share: the longest, when there are several and
+    the shortest is at least ``SHARE_SPAN_MIN`` of it; else None (each its own length)."""
+    spans = [max(v.t(v.end_ns), 1e-3) for v in views]
+    if len(spans) < 2 or min(spans) < SHARE_SPAN_MIN * max(spans):
+        return None
+    return max(spans)
+
+
+def _part_load(view: TraceView, views: Sequence[TraceView]) -> str:
+    """The Load row's addition for a later part of a session: the rate in force when it began
+    (the meta's workload is the session's start)."""
+    part = view.meta.get("part")
+    if not isinstance(part, int) or part < 2:
+        return ""
+    rate, where = part_start_rate(view, views)
+    if rate is not None:
+        return (f" — the session's start; part {part} began at {rate} (the last rate change "
+                f"before it, in {where})")
+    if where:
+        return (f" — the session's start; part {part} began later, at the rate set in an "
+                f"earlier part: {where}")
+    return f" — the session's start, still in force when part {part} began"
+
+
+def run_table(views: Sequence[TraceView]) -> tuple[list[str], list[list[str]]]:
+    """The Run section's table: a column per trace, a row per fact, rows matched by their label
+    (a fact only some traces have — A/B settings, a part — is blank for the others, never a
+    shifted column)."""
+    per = [dict(_run_rows(v, views)) for v in views]
+    labels: list[str] = []
+    for v in views:
+        for k, _ in _run_rows(v, views):
+            if k not in labels:
+                labels.append(k)
+    return ["", *[v.name for v in views]], [[k, *[p.get(k, "") for p in per]] for k in labels]
+
+
+def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[str, str]]:
     meta, tr = view.meta, view.trace
     v = meta.get("versions") or {}
     host = meta.get("host") or {}
@@ -160,8 +204,13 @@ def _run_rows(view: TraceView) -> list[tuple[str, str]]:
         ("Scheduler at start", _sched_text(meta)),
         ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
                      f"max_model_len {meta.get('max_model_len', '?')}"),
-        ("Load", _load_text(meta)),
+        ("Load", _load_text(meta) + _part_load(view, views)),
     ]
+    part = meta.get("part")
+    if isinstance(part, int) and part > 1:
+        rows.insert(2, ("Part", f"{part} of session {meta.get('session_id', '?')}"
+                                + (f" (after {meta['previous_part']})"
+                                   if isinstance(meta.get("previous_part"), str) else "")))
     if view.ab:
         rows.append(("A/B settings", "; ".join(f"{k}: {s}" if s else k for k, s in view.settings.items())))
     rows += [
@@ -374,20 +423,17 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         parts.append(_section("summary", '<p class="empty">No engine steps or requests were '
                                          "recorded: nothing to compare.</p>"))
     # run metadata
-    runs = [_run_rows(v) for v in views]
-    head = ["", *[v.name for v in views]]
-    rows = [[runs[0][i][0], *[r[i][1] if i < len(r) else "" for r in runs]]
-            for i in range(len(runs[0]))] if runs else []
+    head, rows = run_table(views)
     parts.append(_section("run", _table(head, rows)))
     # waveforms
-    span = max((v.t(v.end_ns) for v in views), default=1.0)
+    span = shared_span(views)
     body = []
     for v in views:
         say(f"waveforms {v.name}")
         if not v.trace.steps and not v.trace.requests:
             body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')
             continue
-        svg, _ = plots.waveforms(v, span_s=span if len(views) > 1 else None)
+        svg, _ = plots.waveforms(v, span_s=span)
         marks = []
         if v.ab:
             marks.append("A/B windows shaded (A blue, B orange, labelled at the top)")
@@ -401,8 +447,12 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         body.append(f"<h3>{esc(v.name)}</h3>" + _figure(svg, f"waveforms-{plots._slug(v.name)}", cap))
     note = ("Engine busy is the share of wall time spent in the model's forward pass; gaps are "
             "time the engine waited (for work or for the CPU). Tokens per step: what each step "
-            "computed against the token budget (log axis). With several traces the time axes "
-            "are aligned at each trace's start and share one scale.")
+            "computed against the token budget (log axis). "
+            + ("With several traces the time axes are aligned at each trace's start and share "
+               "one scale." if span is not None else
+               "Each trace is drawn over its own length (their lengths differ by more than "
+               f"{1 / SHARE_SPAN_MIN:g}×: a shared scale would squash the shorter)."
+               if len(views) > 1 else ""))
     parts.append(_section("waveforms", "".join(body), note))
     # per GPU (traces with samples of several GPUs)
     body = []
@@ -410,7 +460,7 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         if len(gpu_indices(v)) < 2:
             continue
         say(f"per-GPU {v.name}")
-        svg = plots.per_gpu(v, span_s=span if len(views) > 1 else None)
+        svg = plots.per_gpu(v, span_s=span)
         fig = _figure(svg, f"gpus-{plots._slug(v.name)}", (
             f"{v.name}: each GPU over time (mean per bin), the spread across GPUs per bin "
             "(max − min) and, when sampled, DRAM bandwidth and power per GPU.")) if svg else ""

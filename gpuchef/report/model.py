@@ -308,6 +308,52 @@ def _field_means(samples: Sequence[GpuSample]) -> dict[str, float]:
     return gpu_means(samples, GPU_FIELDS)
 
 
+#: gpuchef/load.py marks a live rate change as ``rate→<value><unit>`` (unit "×" for a trace's
+#: speed, " req/s" for random arrivals).
+RATE_MARK = "rate→"
+
+
+def last_rate(events: Sequence[EngineEvent]) -> str | None:
+    """The rate set by the last ``rate→`` mark of ``events`` ("0.26×", "3 req/s"), or None."""
+    marks = [e for e in events if e.kind == "mark" and str(e.name).startswith(RATE_MARK)]
+    if not marks:
+        return None
+    return str(max(marks, key=lambda e: e.t_ns).name)[len(RATE_MARK):].strip()
+
+
+def part_start_rate(view: TraceView, views: Sequence[TraceView] = ()) -> tuple[str | None, str]:
+    """For a later part of a `top` session (``meta.part`` > 1): (the load rate in force when
+    it began — the last rate change of the parts before it, or None when none changed it —,
+    the name of the part that says so, or of the first part looked for and not found). The
+    earlier parts are taken from ``views`` (the report's inputs) or read from beside the trace
+    (``meta.previous_part``)."""
+    seen = 0
+    cur: TraceView | Trace = view
+    while seen < 64:
+        prev = (cur.meta if isinstance(cur, TraceView) else cur.meta).get("previous_part")
+        if not isinstance(prev, str) or not prev:
+            return None, ""
+        name = Path(prev).name
+        here = view.path.parent / name
+        found = next((v for v in views if v.path.name == name
+                      and v.meta.get("session_id") == view.meta.get("session_id")), None)
+        if found is not None:
+            tr: Trace = found.trace
+        else:
+            p = Path(prev) if Path(prev).is_file() else here
+            if not p.is_file():
+                return None, f"{name} (not found)"
+            try:
+                tr = read_trace(p)
+            except Exception:  # an unreadable earlier part: say so, the report goes on
+                return None, f"{name} (unreadable)"
+        rate = last_rate(tr.events)
+        if rate is not None:
+            return rate, name
+        cur, seen = tr, seen + 1
+    return None, ""
+
+
 def gpu_names(view: TraceView) -> dict[int, str]:
     """GPU index → its name, from the trace meta's ``gpus`` ({"0": "NVIDIA H200", …}); GPUs
     not named there are left out."""

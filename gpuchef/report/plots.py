@@ -153,32 +153,79 @@ def _binned(x: np.ndarray, v: np.ndarray, nb: int, how: str) -> np.ndarray:
         return np.where(c > 0, s / np.maximum(c, 1), np.nan)
 
 
-def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.0) -> None:
-    """A/B windows shaded, mode switches solid, knob changes dashed, other marks dotted."""
+#: Event labels above the top panel: at most this many rows; a label that fits in none is left
+#: out and counted ("+N labels not shown").
+LABEL_ROWS = 3
+LABEL_FONT = 7.0
+LABEL_ROW_PT = 9.0
+CHAR_W = 0.62  # mean glyph width of DejaVu Sans, in font sizes (labels' width estimate)
+
+
+def place_labels(items: Sequence[tuple[float, str]], x0: float, x1: float, width_pt: float,
+                 rows: int = LABEL_ROWS, font: float = LABEL_FONT) -> list[int | None]:
+    """A row (0 = lowest) for each label ``(x, text)`` (x in data units on ``[x0, x1]``, drawn
+    left-aligned from x) so that no two labels of a row overlap, given the axis width in points;
+    None where no row has room (the label is elided). Greedy in x order, lowest free row."""
+    scale = width_pt / max(x1 - x0, 1e-12)  # points per data unit
+    ends = [-math.inf] * rows
+    out: list[int | None] = [None] * len(items)
+    for i in sorted(range(len(items)), key=lambda k: items[k][0]):
+        x, text = items[i]
+        left = (x - x0) * scale
+        w = (len(text) + 1) * CHAR_W * font + 3.0
+        for r in range(rows):
+            if left >= ends[r]:
+                out[i], ends[r] = r, left + w
+                break
+    return out
+
+
+def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.0,
+                    span_s: float | None = None, fig_w_in: float = 11.5) -> int:
+    """A/B windows shaded, mode switches solid, knob changes dashed, other marks dotted. With
+    ``label``: their names above the axes, stacked in up to ``LABEL_ROWS`` rows so that none
+    overlaps (:func:`place_labels`; the rest elided and counted). Returns the rows used."""
     tf = view.t
+    items: list[tuple[float, str, str]] = []  # (x s, text, colour)
     if view.ab:
         for seg in view.segments:
             c = AB_COLORS.get(seg.label[:1], "#999999")
             ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=c, alpha=0.10, lw=0, zorder=0)
-            if label:
-                ax.text(tf(seg.t0_ns), 1.0, f" {seg.name}", transform=ax.get_xaxis_transform(),
-                        va="bottom", ha="left", fontsize=7, color=c, clip_on=False)
+            items.append((tf(seg.t0_ns), seg.name, c))
     knobs = [e for e in view.events if e.kind in ("knob", "mode")]
     marks = [e for e in view.events if e.kind == "mark" and not str(e.name).startswith("ab:")]
-    many = len(knobs) + len(marks) > 24
     for e in knobs:
         ax.axvline(tf(e.t_ns), color="#7B4EA3" if e.kind == "mode" else "#777777",
                    lw=1.0 if e.kind == "mode" else 0.7, ls="-" if e.kind == "mode" else "--",
                    zorder=1)
-        if label and not many and not view.ab:
-            text = f"→ {e.new}" if e.kind == "mode" else f"{_short(e.name)} {e.old}→{e.new}"
-            ax.text(tf(e.t_ns), 1.0, " " + text, transform=ax.get_xaxis_transform(), rotation=0,
-                    va="bottom", ha="left", fontsize=7, color="#555555", clip_on=False)
+        if not view.ab:
+            items.append((tf(e.t_ns), f"→ {e.new}" if e.kind == "mode"
+                          else f"{_short(e.name)} {e.old}→{e.new}", "#555555"))
     for e in marks:
         ax.axvline(tf(e.t_ns), color="#555555", lw=0.7, ls=":", zorder=1)
-        if label and not many:
-            ax.text(tf(e.t_ns), 1.0, " " + str(e.name), transform=ax.get_xaxis_transform(),
-                    va="bottom", ha="left", fontsize=7, color="#555555", clip_on=False)
+        items.append((tf(e.t_ns), str(e.name), "#555555"))
+    if not label or not items:
+        return 0
+    x0, x1 = ax.get_xlim()
+    if span_s is not None:
+        x0, x1 = 0.0, span_s
+    # the axes take ~0.75 of the figure's width (the legends sit outside on the right)
+    rows = place_labels([(x, t) for x, t, _ in items], x0, x1, 0.75 * fig_w_in * 72)
+    used = 0
+    for (x, text, c), r in zip(items, rows):
+        if r is None or not x0 <= x <= x1:
+            continue
+        used = max(used, r + 1)
+        ax.annotate(text, (x, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(1.5, 1.0 + r * LABEL_ROW_PT), textcoords="offset points",
+                    va="bottom", ha="left", fontsize=LABEL_FONT, color=c, annotation_clip=False)
+    hidden = sum(1 for r in rows if r is None)
+    if hidden:
+        ax.annotate(f"+{hidden} labels not shown", (1.0, 1.0), xycoords="axes fraction",
+                    xytext=(0, 1.0 + LABEL_ROWS * LABEL_ROW_PT), textcoords="offset points",
+                    va="bottom", ha="right", fontsize=LABEL_FONT, color="#777777")
+        used = LABEL_ROWS + 1
+    return used
 
 
 def _short(knob: str) -> str:
@@ -189,9 +236,16 @@ def _short(knob: str) -> str:
 
 # ---- waveforms -------------------------------------------------------------------------------------
 
-@_with_rc
 def waveforms(view: TraceView, span_s: float | None = None,
               token_ylim: float | None = None) -> tuple[str, list[str]]:
+    """:func:`waveforms_figure` as SVG: (SVG, panel titles)."""
+    fig, panels = waveforms_figure(view, span_s, token_ylim)
+    return to_svg(fig, f"wave-{_slug(view.name)}", f"Waveforms of {view.name}"), panels
+
+
+@_with_rc
+def waveforms_figure(view: TraceView, span_s: float | None = None,
+                     token_ylim: float | None = None) -> tuple[Any, list[str]]:
     """The run over time, one panel each: engine busy (%), tokens per step (prefill/decode means
     stacked, the largest step, the budget), queue (running/waiting), KV cache used (%), GPU
     (SM active, tensor active, DRAM bandwidth %, power W) when sampled, and latency (each
@@ -333,8 +387,10 @@ def waveforms(view: TraceView, span_s: float | None = None,
     axes[-1].set_xlabel("time since the start of the trace (s)")
     axes[-1].set_xlim(0, span)
     for i, a in enumerate(axes):
-        _events_overlay(a, view, label=(i == 0))
-    return to_svg(fig, f"wave-{_slug(view.name)}", f"Waveforms of {view.name}"), panels
+        rows = _events_overlay(a, view, label=(i == 0), span_s=span)
+        if i == 0 and rows > 1:  # room for the stacked labels under the title
+            a.set_title(a.get_title(loc="left"), loc="left", pad=12 + LABEL_ROW_PT * (rows - 1))
+    return fig, panels
 
 
 # ---- per GPU ---------------------------------------------------------------------------------------
@@ -435,7 +491,9 @@ def per_gpu(view: TraceView, span_s: float | None = None) -> str | None:
     axes[-1].set_xlabel("time since the start of the trace (s)")
     axes[-1].set_xlim(0, span)
     for i, a in enumerate(axes):
-        _events_overlay(a, view, label=(i == 0))
+        rows = _events_overlay(a, view, label=(i == 0), span_s=span)
+        if i == 0 and rows > 1:
+            a.set_title(a.get_title(loc="left"), loc="left", pad=12 + LABEL_ROW_PT * (rows - 1))
     return to_svg(fig, f"gpus-{_slug(view.name)}", f"Per-GPU utilisation of {view.name}")
 
 
@@ -472,6 +530,22 @@ def closeup_window(steps: Sequence[Any], width_ns: int) -> tuple[int, int]:
     return best_t, best_t + width_ns
 
 
+def closeup_steps(steps: Sequence[Any], a: int, b: int) -> list[Any]:
+    """The steps that overlap ``[a, b)`` (ns), by start: a long prefill step that began before
+    the stretch is in it (it was drawn as idle time when only starts in the stretch counted)."""
+    return sorted((s for s in steps if s.t_start_ns < b and s.t_end_ns > a),
+                  key=lambda s: s.t_start_ns)
+
+
+def closeup_stats(steps: Sequence[Any], a: int, b: int) -> tuple[int, float]:
+    """(steps overlapping ``[a, b)``, share of the stretch the model computed): each step's
+    ``gpu_ms`` counted for the part of its wall time inside the stretch."""
+    sel = closeup_steps(steps, a, b)
+    busy_ms = sum(s.gpu_ms * max(0, min(s.t_end_ns, b) - max(s.t_start_ns, a))
+                  / max(1, s.t_end_ns - s.t_start_ns) for s in sel)
+    return len(sel), busy_ms / max(1e-9, (b - a) / 1e6)
+
+
 @_with_rc
 def closeups(groups: Sequence[Group], aligned: bool = False) -> str:
     """Each group's busiest stretch (most prefill tokens) drawn step by step: a bar per step
@@ -497,7 +571,7 @@ def closeups(groups: Sequence[Group], aligned: bool = False) -> str:
         else:
             a, b = closeup_window(g.steps, width)
             offset = a - g.view.origin_ns
-        picks.append((a, b, [s for s in g.steps if a <= s.t_start_ns < b]))
+        picks.append((a, b, closeup_steps(g.steps, a, b)))
     dmax = max([s.num_decode_reqs for _, _, sel in picks for s in sel] or [1])
     tmax = max([s.num_tokens for _, _, sel in picks for s in sel] +
                [s.max_num_batched_tokens for _, _, sel in picks for s in sel] or [10])
@@ -515,11 +589,9 @@ def closeups(groups: Sequence[Group], aligned: bool = False) -> str:
                     where="pre", color="#B03A2E", ls="--", lw=0.9)
             ax2.step([*x, ends[-1]], [*[s.num_decode_reqs for s in sel], sel[-1].num_decode_reqs],
                      where="post", color="#1F3B57", lw=1.1)
-            busy_ms = sum(s.gpu_ms * max(0.0, min(s.t_end_ns, b) - s.t_start_ns)
-                          / max(1, s.t_end_ns - s.t_start_ns) for s in sel)
-            ax.text(0.995, 0.97, f"{len(sel)} steps; model compute {busy_ms / (width / 1e6):.0%} "
-                    "of the stretch", transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                    color="#555555")
+            n, share = closeup_stats(sel, a, b)
+            ax.text(0.995, 0.97, f"{n} steps; model compute {share:.0%} of the stretch",
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#555555")
         ax.set_yscale("log")
         ax.set_ylim(0.8, tmax * 3)
         ax.set_xlim(0, width / 1e6)
@@ -619,11 +691,39 @@ def latency_values(g: Group) -> dict[str, list[float]]:
     return out
 
 
-@_with_rc
 def latency_cdfs(groups: Sequence[Group]) -> str:
+    """:func:`latency_figure` as SVG."""
+    return to_svg(latency_figure(groups), "cdfs", "Latency CDFs per group")
+
+
+#: Log-axis label sets, densest first: (subs, decade stride).
+_LOG_TICKS = (((1.0, 2.0, 3.0, 5.0, 7.0), 1), ((1.0, 2.0, 5.0), 1), ((1.0, 3.0), 1),
+              ((1.0,), 1), ((1.0,), 2), ((1.0,), 3), ((1.0,), 5))
+
+
+def log_ticks(lo: float, hi: float, width_pt: float, font: float = 8.0
+              ) -> tuple[tuple[float, ...], int]:
+    """The densest (subs, decade stride) of ``_LOG_TICKS`` whose labels ("{:g}" of each tick in
+    ``[lo, hi]``) fit side by side on a log axis ``width_pt`` points wide, 4 pt apart."""
+    lo, hi = max(lo, 1e-12), max(hi, lo * 1.0001)
+    span = math.log10(hi / lo)
+    for subs, stride in _LOG_TICKS:
+        ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1,
+                                              math.ceil(math.log10(hi)) + 1)
+                 if e % stride == 0 for m in subs]
+        ticks = [t for t in ticks if lo <= t <= hi]
+        pos = [math.log10(t / lo) / span * width_pt for t in ticks]
+        half = [len(f"{t:g}") * CHAR_W * font / 2 for t in ticks]
+        if all(pos[i + 1] - pos[i] >= half[i] + half[i + 1] + 4.0 for i in range(len(pos) - 1)):
+            return subs, stride
+    return _LOG_TICKS[-1]
+
+
+@_with_rc
+def latency_figure(groups: Sequence[Group]) -> Any:
     """Cumulative distributions of TTFT, ITL and TPOT (ms, log axis), one line per group, with
-    the P99 marked."""
-    from matplotlib.ticker import NullFormatter
+    the P99 marked; x labels thinned so that none overlaps (:func:`log_ticks`)."""
+    from matplotlib.ticker import LogLocator, NullFormatter
 
     fig = _figure(11.5, 3.4)
     axes = fig.subplots(1, 3, sharey=True)
@@ -648,12 +748,12 @@ def latency_cdfs(groups: Sequence[Group]) -> str:
                                "chunks", "TPOT": ": per request, excl. the 1st"}[metric])
         ax.set_ylim(0.005, 0.9995)
         lo, hi = ax.get_xlim()
-        if hi / max(lo, 1e-9) < 30:  # under ~1.5 decades: label 1, 2, 3, 5, 7 of each
-            from matplotlib.ticker import LogLocator
-            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 7.0)))
+        # a third of the figure, less the y labels: ~3 in of axis each
+        subs, stride = log_ticks(lo, hi, 11.5 * 72 / 3 - 40)
+        ax.xaxis.set_major_locator(LogLocator(base=10.0 ** stride, subs=subs))
     axes[0].set_ylabel("share ≤ x (logit axis)")
     axes[0].legend(loc="lower right")
-    return to_svg(fig, "cdfs", "Latency CDFs per group")
+    return fig
 
 
 # ---- A/B windows ----------------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""gpuchef report, issue 15 §5: the step close-up counts the steps that overlap its stretch; a
+`top` trace and its .part2 line up in the run table and part2 names the rate in force when it
+began; traces of very different lengths are not squashed onto one time scale; CDF tick labels
+and event labels do not overlap; -o refuses any existing gpuchef trace."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+from click.testing import CliRunner
+
+from gpuchef.cli import _register, cli
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes.recorder import TraceRecorder, read_trace
+
+_register()
+
+H200 = Path(__file__).parent / "data" / "h200_chunked_1s.jsonl"
+S = 1_000_000_000
+
+
+def step(i, t0_s, dur_s, prefill=0, decode=0):
+    t = 10**12 + int(t0_s * S)
+    return StepRecord(i, t, t + int(dur_s * S), dur_s * 1e3, "continuous", 2048, 256, 0, 1,
+                      1 if prefill else 0, prefill, decode, 0, 1, 0, 0, 10, 100)
+
+
+def test_closeup_counts_a_step_that_began_before_the_stretch():
+    """A 4.4 s continuous prefill step from 0 s to 4.4 s, the stretch [1 s, 3 s): it fills
+    the stretch (it was drawn as idle, "1 steps; model compute 13 %")."""
+    from gpuchef.report.plots import closeup_stats, closeup_steps
+
+    steps = [step(0, 0.0, 4.4, prefill=8000), step(1, 4.4, 0.02, decode=30),
+             step(2, 3.5, 0.0)]
+    a, b = 10**12 + 1 * S, 10**12 + 3 * S
+    assert [s.step for s in closeup_steps(steps, a, b)] == [0]
+    n, share = closeup_stats(steps, a, b)
+    assert n == 1 and share == pytest.approx(1.0)
+    # a step ending inside: only its part inside counts (0.5 s of a 2 s stretch)
+    n, share = closeup_stats([step(0, 0.5, 1.0, prefill=100)], a, b)
+    assert n == 1 and share == pytest.approx(0.25)
+
+
+def _write(path, meta, events=(), steps=None, requests=None):
+    src = read_trace(H200)
+    rec = TraceRecorder(path, meta=meta)
+    for r in (*(src.steps if steps is None else steps),
+              *(src.requests if requests is None else requests), *events):
+        rec.record(r)
+    rec.close()
+    return path
+
+
+def _parts(tmp_path):
+    """A top trace whose rate was changed to 0.26× and its .part2 (same session)."""
+    src = read_trace(H200)
+    t_end = max(s.t_end_ns for s in src.steps)
+    wl = {"dataset": "azure-conv", "trace_speed": 0.5, "seed": 0}
+    p1 = _write(tmp_path / "top.jsonl", {"command": "top", "workload": wl, "session_id": "s1",
+                                         "ab": {"interleave": True}},
+                events=[EngineEvent("mark", 1, t_end - 2 * S, "rate→0.3×"),
+                        EngineEvent("mark", 2, t_end - S, "rate→0.26×"),
+                        EngineEvent("mark", 3, t_end - S // 2, "ab:1:A:1"),
+                        EngineEvent("mark", 4, t_end - S // 4, "ab:1:end")])
+    p2 = _write(tmp_path / "top.part2.jsonl",
+                {"command": "top", "workload": wl, "session_id": "s1", "part": 2,
+                 "previous_part": str(p1)})
+    return p1, p2
+
+
+def test_part2_run_table_lines_up_and_names_the_rate_it_began_at(tmp_path):
+    from gpuchef.report.html import _run_rows, run_table
+    from gpuchef.report.model import build
+
+    p1, p2 = _parts(tmp_path)
+    data = build([p1, p2])
+    v1, v2 = data.views
+    head, rows = run_table(data.views)
+    assert head == ["", "top", "top.part2"]
+    by = {r[0]: r[1:] for r in rows}
+    # every fact in its own trace's column (part2 has no A/B row: the rows below it shifted up)
+    for col, v in enumerate((v1, v2)):
+        for label, value in _run_rows(v, data.views):
+            assert by[label][col] == value, label
+    assert by["A/B settings"][1] == "" and by["Part"][0] == ""
+    assert "part 2 began at 0.26× (the last rate change before it, in top.jsonl)" in by["Load"][1]
+    assert by["Load"][1].startswith("azure-conv replayed at 0.5×")
+    # part2 alone: the earlier part is read from beside it
+    (only,) = build([p2]).views
+    assert "part 2 began at 0.26×" in dict(_run_rows(only))["Load"]
+    p1.unlink()
+    (only,) = build([p2]).views
+    assert "earlier part: top.jsonl (not found)" in dict(_run_rows(only))["Load"]
+
+
+def test_traces_of_very_different_lengths_get_their_own_time_axis():
+    from gpuchef.report.html import SHARE_SPAN_MIN, shared_span
+
+    def view(span_s):
+        return NS(end_ns=int(span_s * S), t=lambda t_ns: t_ns / S)
+
+    assert shared_span([view(11), view(300)]) is None  # 11 s drawn flat to 300 s before
+    assert shared_span([view(200), view(300)]) == pytest.approx(300)
+    assert shared_span([view(300 * SHARE_SPAN_MIN), view(300)]) == pytest.approx(300)
+    assert shared_span([view(300)]) is None
+
+
+def _overlaps(texts, renderer):
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    return [(texts[i].get_text(), texts[j].get_text())
+            for i, j in itertools.combinations(range(len(boxes)), 2)
+            if boxes[i].overlaps(boxes[j])]
+
+
+def _draw(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def test_cdf_tick_labels_do_not_overlap():
+    """ITLs from 2 µs to 0.5 s (a chunk's near-simultaneous tokens beside a prefill stall):
+    the ITL axis spans 5+ decades, where 1-2-5 labels crowd into each other."""
+    from gpuchef.report.plots import latency_figure
+
+    t, toks = 10**12, []
+    for gap_ns in (2_000, 20_000, 300_000, 5_000_000, 80_000_000, 500_000_000) * 20:
+        t += gap_ns
+        toks.append(t)
+    reqs = [RequestRecord(f"r{i}", 10**12 - i * 10**7, 10, len(toks), tuple(toks), "length")
+            for i in range(3)]
+    groups = [NS(requests=reqs, color="#4C72B0", label="A"),
+              NS(requests=reqs[:1], color="#DD8452", label="B")]
+    fig = latency_figure(groups)
+    r = _draw(fig)
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        labels = [lab for lab, loc in zip(ax.get_xticklabels(), ax.get_xticks())
+                  if lab.get_text() and lo <= loc <= hi]
+        assert len(labels) >= 2, ax.get_title()
+        assert not _overlaps(labels, r), (ax.get_title(), [x.get_text() for x in labels])
+
+
+def test_event_labels_above_the_waveforms_do_not_overlap(tmp_path):
+    """Twelve rate changes 0.1 s apart in a 1 s trace: stacked in rows or elided, none drawn
+    over another."""
+    from gpuchef.report.model import build
+    from gpuchef.report.plots import waveforms_figure
+
+    src = read_trace(H200)
+    t0 = min(s.t_start_ns for s in src.steps)
+    ev = [EngineEvent("mark", i, t0 + i * S // 12, f"rate→{0.1 * (i + 1):.2f}×")
+          for i in range(12)]
+    p = _write(tmp_path / "rates.jsonl", {"command": "top"}, events=ev)
+    (view,) = build([p]).views
+    fig, _ = waveforms_figure(view)
+    r = _draw(fig)
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith(("rate", "+"))]
+    assert len(labels) >= 4
+    assert not _overlaps(labels + [ax.title], r), [t.get_text() for t in labels]
+
+
+def test_report_o_refuses_any_existing_trace(tmp_path):
+    other = tmp_path / "other_trace.jsonl"
+    other.write_bytes(H200.read_bytes())
+    before = other.read_bytes()
+    r = CliRunner().invoke(cli, ["report", str(H200), "-o", str(other)])
+    assert r.exit_code == 2, r.output
+    assert "would overwrite the trace" in r.output and "other_trace.jsonl" in r.output
+    assert other.read_bytes() == before
+    # a file that is not a trace is an ordinary output
+    old = tmp_path / "old.html"
+    old.write_text("<html>old</html>")
+    from gpuchef.report_cmd import is_trace_file
+    assert is_trace_file(str(other)) and not is_trace_file(str(old))
+    assert not is_trace_file(str(tmp_path / "missing.jsonl"))
