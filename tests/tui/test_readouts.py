@@ -293,9 +293,13 @@ def test_a_continuous_prefill_above_the_budget_line_is_marked_and_explained():
             over = (f.prefill_per_step + f.decode_per_step) > f.budget
             assert over.any()  # the toy engine ran such steps
             rows = strips_text(panel)
-            assert "above the budget" in rows[0], rows[0]
+            assert "above the budget line: a prompt longer than the budget runs alone" \
+                in rows[1], rows[1]
             shift = len(rows[1]) - 8 - f.grid.cols  # the left gutter is 8 cells
-            cols = [i for i, ch in enumerate(rows[1][8:-8]) if ch == "▲"]
+            from gpuchef.tui.widgets.waveforms import BatchPanel
+            note = BatchPanel.OVER_NOTES[0]
+            marks = rows[1][8:-8].replace(note, " " * len(note))  # the note's own ▲ aside
+            cols = [i for i, ch in enumerate(marks) if ch == "▲"]
             assert cols and set(cols) <= {i for i in range(f.grid.cols) if over[i]}, (cols, shift)
     run(go())
 

@@ -189,32 +189,16 @@ class StepPanel(ChartPanel):
 
 class BatchPanel(ChartPanel):
     """Tokens per step, prefill stacked under decode, against the token budget. A step above
-    the budget is marked ▲ and the title says why: continuous batching runs a prompt longer
-    than the budget alone, whole (it never splits prompts), by design."""
+    the budget is marked ▲ in the top row, and the row says why (in its longest free stretch):
+    continuous batching runs a prompt longer than the budget alone, whole (it never splits
+    prompts), by design."""
 
     TITLE = "Batch composition"
     UNIT = "tokens of the largest step in each slice"
     SOURCE = "StepRecord"
     LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE), ("╌ token budget", theme.BUDGET))
-    OVER_NOTE = "▲ above the budget: a prompt longer than the budget runs alone, whole"
-    _over = False
-
-    def title_parts(self) -> list[tuple[str, Style]]:
-        parts = super().title_parts()
-        if self._over:
-            parts.append((f"   {self.OVER_NOTE}", style(theme.PREEMPTED, BG, bold=True)))
-        return parts
-
-    def title_strip(self, width: int) -> Strip:
-        if getattr(self, "_over_shown", None) != self._over:  # the note comes and goes
-            self._over_shown, self._title_key = self._over, None
-        return super().title_strip(width)
-
-    def _rebuild(self) -> None:
-        over = self._over
-        super()._rebuild()
-        if self._over != over:  # draw() found (or lost) a step above the budget: retitle
-            super()._rebuild()
+    OVER_NOTES = ("▲ above the budget line: a prompt longer than the budget runs alone, whole",
+                  "▲ above budget: a long prompt runs alone", "▲ > budget")
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
         pre, dec = self.fit(f.prefill_per_step, cols), self.fit(f.decode_per_step, cols)
@@ -232,10 +216,10 @@ class BatchPanel(ChartPanel):
         c.stacked([pre / top * h, dec / top * h], [theme.PREFILL, theme.DECODE])
         c.hline(budget / top * h, theme.BUDGET)
         over = np.nonzero(np.isfinite(budget) & (tot > budget))[0]
-        self._over = bool(len(over))
         if len(over):
             c.chars[0, over] = "▲"
             c.fg[0, over] = c.colour(theme.PREEMPTED)
+            _note(c, 0, self.OVER_NOTES, theme.PREEMPTED)
         c.markers(self.marker_cols(f, cols))
         lt = f.latest  # the newest step, not the last columns' (a long step in flight: "–")
         p = lt.prefill if lt else float("nan")
@@ -246,6 +230,23 @@ class BatchPanel(ChartPanel):
                            ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)])
         return c.strips(_gutter(h, fmt_num(top), "0", {h // 2: fmt_num(top / 2)} if h >= 5
                                 else None), right, BG)
+
+
+def _note(c: Cells, row: int, texts: Sequence[str], colour: str) -> None:
+    """Write the longest of ``texts`` that fits into the longest run of empty cells of ``row``
+    (a blank kept on each side); nothing if none fits."""
+    empty = np.concatenate([[False], c.chars[row] == " ", [False]])
+    edges = np.flatnonzero(np.diff(empty.astype(np.int8)))
+    if not len(edges):
+        return
+    starts, ends = edges[0::2], edges[1::2]
+    k = int(np.argmax(ends - starts))
+    a, b = int(starts[k]) + 1, int(ends[k]) - 1
+    for t in texts:
+        if len(t) <= b - a:
+            c.chars[row, a:a + len(t)] = list(t)
+            c.fg[row, a:a + len(t)] = c.colour(colour)
+            return
 
 
 class SeriesPanel(ChartPanel):
