@@ -38,10 +38,12 @@ step of the T/P it waits costs f + c·P; the allowance is raised to the
 largest such P among the requests that the full budget could still serve in time (a request
 already past rescue is not chased at every decode's expense). Guards: the allowance is never
 above the budget left after the decodes (``max_num_batched_tokens``, the user's cap), never below
-``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves), and while the model is not fitted
-(fewer than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient
-≤ 0) or its error is over ``ERROR_LEAVE`` (back under ``ERROR_ENTER``) the static budget is in
-force, and ``notify`` is told ("warning"/"notice", a message).
+``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves); while the model is not fitted (fewer
+than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient ≤ 0)
+it learns with allowances of 1/8, 1/4 and 1/2 of the budget left in turn (within the static
+budget: the fit sees every size, and a prompt gives several prefill steps), and while its error
+is over ``ERROR_LEAVE`` (until back under ``ERROR_ENTER``) the static budget is in force;
+``notify`` is told of each change ("warning"/"notice", a message).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ MIN_PREFILL_STEPS = 8
 ERROR_ENTER = 0.30         # the controller takes over at or below this mean relative error
 ERROR_LEAVE = 0.50         # and hands back to the static budget above this
 MIN_PREFILL_ALLOWANCE = 64  # tokens per step, or the budget left if smaller
+LEARN_SHIFTS = (3, 2, 1)    # while fitting: the budget left / 8, / 4, / 2 in turn
 TTFT_SCAN = 32             # waiting requests looked at for TTFT risk
 TTFT_EVERY = 4             # steps between two looks (its answer holds in between)
 MIN_GOAL_SHARE = 0.5       # the headroom never takes the goal below half the target
@@ -183,11 +186,12 @@ class Autopilot:
         self.last_allowance = -1
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
+        self._learn_i = 0
         self._ttft_p = 0.0
         self.set_spec(spec)
         self.notify("warning", f"autopilot ({spec.canonical}): fitting the step-time model "
-                               f"(needs {MIN_STEPS} steps, {MIN_PREFILL_STEPS} with prefill); the "
-                               "static budget is in force until then")
+                               f"(needs {MIN_STEPS} steps, {MIN_PREFILL_STEPS} with prefill) with "
+                               "1/8 to 1/2 of the static budget; not steering until then")
 
     def set_spec(self, spec: AutoBudgetSpec) -> None:
         """New targets; the fitted model is kept (the step time does not depend on them)."""
@@ -220,7 +224,13 @@ class Autopilot:
         out.ap_decode_ctx = ctx = ctx + len(decodes)
         self._update_status()
         if not self.active:
-            return budget_left
+            if self.model.fitted:  # fitted, but its error is too large: the static budget
+                return budget_left
+            # learning: step sizes of 1/8, 1/4, 1/2 of the budget left in turn — every size the
+            # fit needs to see, more prefill steps per prompt, never above the static budget
+            self._learn_i = (self._learn_i + 1) % len(LEARN_SHIFTS)
+            return max(min(MIN_PREFILL_ALLOWANCE, budget_left),
+                       budget_left >> LEARN_SHIFTS[self._learn_i])
         th = self.model.theta
         fixed = th[0] + th[1] + th[2] * len(decodes) / 64.0 + th[4] * ctx / 65536.0
         c = th[3] / 512.0                       # ms per prefill token

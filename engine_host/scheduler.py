@@ -104,11 +104,10 @@ class Scheduler:
 
     # -- the autopilot (engine_host/autopilot.py) -------------------------------------------
     def _autopilot(self, cfg: SchedulerConfig) -> Autopilot | None:
-        """The controller for ``cfg.auto_budget`` (None when off); a target change keeps its
-        fitted model."""
+        """The controller for ``cfg.auto_budget`` (None when off). Turning it off and on, or
+        new targets, keep its fitted model: the step time does not depend on them."""
         ap = self.autopilot
         if not cfg.auto_budget:
-            self.autopilot = None
             return None
         if ap is None:
             ap = self.autopilot = Autopilot(cfg.auto_budget_spec,

@@ -90,7 +90,8 @@ def simulate(cfg, steps, true_time, *, seed=0, noise=0.03, every=3, prompt=(600,
         rows.append(dict(step=step, true=t_true, meas=t_meas, pred=out.predicted_ms,
                          allowance=out.prefill_allowance, P=out.num_prefill_tokens,
                          D=len(out.decodes), waiting=waiting,
-                         active=ap is not None and ap.active))
+                         active=ap is not None and ap.active,
+                         fitted=ap is not None and ap.model.fitted))
         for r in out.decodes:
             r.num_computed_tokens += 1
         for r, k in out.prefills:
@@ -256,12 +257,16 @@ def test_falls_back_to_the_static_budget_with_a_status():
     events = []
     spec = parse_auto_budget(f"itl_p99:{ITL}ms")
     a = Autopilot(spec, notify=lambda k, m: events.append((k, m)))
-    assert events[0][0] == "warning" and "static budget" in events[0][1]
+    assert events[0][0] == "warning" and "fitting" in events[0][1]
     cfg = SchedulerConfig(max_num_batched_tokens=2048, auto_budget=spec.canonical)
     rows, sched = simulate(cfg, 300, TrueTime(), autopilot=a)
-    # not fitted yet: the whole budget left after the decodes
-    first = rows[0]
-    assert first["allowance"] == 2048 - first["D"] and not first["active"]
+    # not fitted yet: it learns with 1/8, 1/4, 1/2 of the budget left in turn
+    learning = [r for r in rows if not r["active"]]
+    assert learning and rows[0] is learning[0]
+    for r in learning:
+        left = 2048 - r["D"]
+        assert r["allowance"] in (left >> 3, left >> 2, left >> 1), r
+    assert {r["allowance"] * 8 // (2048 - r["D"]) for r in learning} >= {1, 2, 4}
     assert any(k == "notice" for k, _ in events), events
     assert rows[-1]["active"]
 
@@ -276,7 +281,7 @@ def test_falls_back_to_the_static_budget_with_a_status():
     n_events = len(events)
     rows2, _ = simulate(cfg, 200, Wild(), autopilot=a, seed=9)
     assert any(k == "warning" and "error" in m for k, m in events[n_events:]), events
-    fell = [r for r in rows2 if not r["active"] and r["allowance"] >= 0]
+    fell = [r for r in rows2 if not r["active"] and r["fitted"]]
     assert fell and all(r["allowance"] == 2048 - r["D"] for r in fell)
 
 
