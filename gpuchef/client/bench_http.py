@@ -140,8 +140,16 @@ def bench_http(o: dict[str, Any], err) -> None:
     def body(spec):
         return request_body(spec, cfg, tok)
 
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     try:
-        run = run_http_load(specs, cfg, body, ramp=ramp)
+        # the hosted bench's bar (session.run_load): on a terminal only, gone when done
+        with Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True,
+                      disable=not err.is_terminal) as progress:
+            bar = progress.add_task("requests", total=len(specs))
+            run = run_http_load(specs, cfg, body, ramp=ramp,
+                                on_done=lambda: progress.advance(bar))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/] the run was stopped; no results (requests in flight "
                   "were cancelled)")
