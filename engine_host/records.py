@@ -23,7 +23,8 @@ class StepRecord:
     step. ``num_preempted`` counts preemptions made while scheduling this step. Queue sizes and KV
     figures (blocks of ``block_size`` tokens) are taken after the step, finished requests gone.
     ``prefill_allowance``: the prefill tokens the autopilot allowed this step (-1: autopilot
-    off or not a chunked step; while it falls back, the budget left after the decodes);
+    off or not a chunked step; while it learns, 1/8-1/2 of the budget left after the decodes;
+    while it falls back, all of it);
     ``predicted_ms``: its step-time model's prediction for the step as scheduled (ms; -1: none
     yet), to set against ``wall_ms``. ``auto_budget``: its targets in force ("" = off).
     """
