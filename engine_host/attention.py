@@ -81,6 +81,13 @@ class AttentionBackend:
     """Interface: ``begin_step`` once per step (plan), then ``forward`` once per layer."""
 
     name = "base"
+    #: async scheduling: decode page tables built on the device (FlashInfer sets it up)
+    device_page_indices = False
+
+    def configure(self, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                  dtype: torch.dtype) -> None:
+        """The model's attention shapes, once before the first step (a backend that plans
+        per shape uses them; the reference needs nothing)."""
 
     def begin_step(self, meta: AttentionMetadata) -> None:
         self.meta = meta

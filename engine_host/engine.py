@@ -88,10 +88,14 @@ class _InFlight:
 
 
 class LLMEngine:
-    """A Llama-family engine with a paged KV cache and a two-mode scheduler.
+    """A Llama-family engine with a paged KV cache and a two-mode scheduler; implements
+    ``contract.Engine``.
 
     Raises ConfigError at construction for a bad device, dtype, model or cache size.
     """
+
+    engine_name = ""  # gpuchef's own: the header does not name it
+    tensor_parallel_size = 1
 
     def __init__(self, config: EngineConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
@@ -113,12 +117,11 @@ class LLMEngine:
         self.kv = KVCacheManager(mc.num_hidden_layers, self.num_blocks, bs,
                                  mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
         self.attn = make_backend(config.attention_backend, self.device)
-        if hasattr(self.attn, "configure"):
-            self.attn.configure(num_qo_heads=mc.num_attention_heads,
-                                num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-                                dtype=self.dtype)
+        self.attn.configure(num_qo_heads=mc.num_attention_heads,
+                            num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+                            dtype=self.dtype)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        if config.async_scheduling and hasattr(self.attn, "device_page_indices"):
+        if config.async_scheduling:
             self.attn.device_page_indices = True
         self.runner = ModelRunner(self.loaded.model, self.kv, self.attn, self.device, config.seed)
         # FlashInfer's fused norm/RoPE/activation kernels go with its attention (process-wide
@@ -173,9 +176,19 @@ class LLMEngine:
     def scheduler_config(self) -> SchedulerConfig:
         return self.scheduler.config
 
+    @property
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
+
     def set_scheduler_config(self, cfg: SchedulerConfig) -> None:
         """Put ``cfg`` in force from the next step on."""
         self.scheduler.config = cfg
+
+    def validate_scheduler_config(self, cfg: SchedulerConfig) -> None:
+        """Any valid SchedulerConfig can be put in force live: nothing to refuse."""
+
+    def close(self) -> None:
+        """Nothing beyond memory to release."""
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from .config import ENGINES, ConfigError, EngineConfig
+from .contract import Engine
 
 
 def make_engine(cfg: EngineConfig, engine: str | None = None,
                 tensor_parallel_size: int | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> Any:
+                progress: Callable[[str, int, int], None] | None = None) -> Engine:
     """Build the engine ``cfg`` asks for.
 
     ``engine``: "native" (``LLMEngine``) or "vllm" (``VllmEngine``, vLLM's engine core hosted in

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import AUTO_BUDGET, ConfigError, parse_value
-from .engine import LLMEngine
+from .contract import Engine
 from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 from .scheduler import Scheduler
@@ -74,7 +74,7 @@ class EngineHost:
     with ``finish_reason="error"`` plus an "error" event; the others go on.
     """
 
-    def __init__(self, engine: LLMEngine, *,
+    def __init__(self, engine: Engine, *,
                  on_step: Callable[[StepRecord], None] = _noop,
                  on_request: Callable[[RequestRecord], None] = _noop,
                  on_event: Callable[[EngineEvent], None] = _noop,
@@ -157,9 +157,7 @@ class EngineHost:
         # A bad change, and one an engine with narrower live ranges refuses (vLLM: budget and
         # max_num_seqs at most their start-up values), is refused now, in the caller's thread.
         cfg = self.engine.scheduler_config.with_changes(**changes)
-        check = getattr(self.engine, "validate_scheduler_config", None)
-        if check is not None:
-            check(cfg)
+        self.engine.validate_scheduler_config(cfg)
 
     def set_auto_budget(self, spec: Any) -> str:
         """Turn the autopilot on with targets ``spec`` (``itl_p99:50ms[,ttft_p99:2s]``, or an
@@ -359,7 +357,7 @@ class EngineHost:
                     except queue.Empty:
                         break
                 self._admit_due(time.monotonic_ns())
-                if self.paused and getattr(eng, "has_step_in_flight", False):
+                if self.paused and eng.has_step_in_flight:
                     self._report(eng.drain())  # async scheduling: the launched step still reports
                     continue
                 if self.paused or not eng.has_unfinished():

@@ -113,6 +113,13 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error
            "repetition": "stop"}
 
 
+@dataclass(frozen=True)
+class _BackendName:
+    """vLLM's attention backend as the surfaces name it (contract.BackendInfo)."""
+
+    name: str
+
+
 class VllmEngine:
     """vLLM 0.24's engine core in this process, with LLMEngine's surface (see module doc).
 
@@ -234,7 +241,7 @@ class VllmEngine:
         self.num_blocks = pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
         self.kv = _VllmKV(pool, sched.block_size)
         backend = vcfg.attention_config.backend
-        self.attn = SimpleNamespace(name=f"vllm ({backend.name.lower() if backend else 'auto'})")
+        self.attn = _BackendName(f"vllm ({backend.name.lower() if backend else 'auto'})")
         self.async_scheduling = bool(vcfg.scheduler_config.async_scheduling)
         # vLLM keeps its CUDA stream per thread (vllm/utils/torch_utils.py current_stream); the
         # host steps from its own thread, which must use the stream the graphs were built on.
@@ -311,6 +318,17 @@ class VllmEngine:
                 return
             torch.cuda.set_device(self.device)
             torch.cuda.set_stream(self._stream)  # vLLM patches this to set its per-thread stream
+
+    @property
+    def engine_name(self) -> str:
+        return f"vLLM {self.vllm_version}".strip()
+
+    @property
+    def has_step_in_flight(self) -> bool:
+        return False  # vLLM's own async scheduling completes each step inside step()
+
+    def drain(self) -> StepResult:
+        return StepResult(None)
 
     def close(self) -> None:
         """Shut vLLM's engine core down (frees the GPU; stops TP worker processes). Idempotent."""

@@ -106,8 +106,7 @@ def _bench(o: dict, err: Console) -> None:
         samplers.stop()
         if recorder is not None:
             recorder.close()
-        if hasattr(engine, "close"):  # vLLM: shut its engine core (and TP workers) down
-            engine.close()
+        engine.close()  # vLLM: shut its engine core (and TP workers) down
     if recorder is not None and (recorder.error or recorder.dropped):  # e.g. the disk filled up
         why = (f"{recorder.error}; the trace stops where that happened" if recorder.error else
                f"{recorder.dropped} record(s) dropped (the writer fell behind)")
@@ -118,7 +117,7 @@ def _bench(o: dict, err: Console) -> None:
     extra = {
         "Model:": f"{lm.name}{' (random weights)' if lm.random_weights else ''}",
         "Engine:": (ecfg.engine if ecfg.engine == "native" else
-                    f"vllm {getattr(engine, 'vllm_version', '')} "
+                    f"{engine.engine_name} "
                     f"(tensor parallel {ecfg.tensor_parallel_size})"),
         "Device / attention:": f"{engine.device} / {engine.attn.name}",
         "Scheduling:": scheduling,

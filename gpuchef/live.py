@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .engine_host.config import ConfigError, SchedulerConfig
+from .engine_host.contract import Engine
 from .engine_host.engine import LLMEngine
 from .engine_host.host import EngineHost
 from .engine_host.records import RequestRecord, StepRecord
@@ -133,22 +134,16 @@ class ABController:
                                   st.settle_s)
 
 
-def engine_identity(engine: Any) -> tuple[str, int, tuple[str, ...]]:
+def engine_identity(engine: Engine) -> tuple[str, int, tuple[str, ...]]:
     """What the header names about ``engine``: its name ("" for gpuchef's native engine, e.g.
     "vLLM 0.24.0"), its tensor-parallel size, and the GPUs it runs on — CUDA ordinals
     ``device.index`` … ``+ tp - 1`` (vLLM's workers take the first ``tp`` visible devices),
     mapped through ``CUDA_VISIBLE_DEVICES`` to NVML indices when that lists plain indices; empty
     on a CPU."""
-    cfg = getattr(engine, "config", None)
-    kind = getattr(cfg, "engine", "native")
-    tp = int(getattr(engine, "tensor_parallel_size", None)
-             or getattr(cfg, "tensor_parallel_size", 1) or 1)
-    name = ""
-    if kind != "native":
-        ver = getattr(engine, "vllm_version", "") if kind == "vllm" else ""
-        name = f"{'vLLM' if kind == 'vllm' else kind} {ver}".strip()
-    dev = getattr(engine, "device", None)
-    if getattr(dev, "type", None) != "cuda":
+    name = engine.engine_name
+    tp = int(engine.tensor_parallel_size)
+    dev = engine.device
+    if dev.type != "cuda":
         return name, tp, ()
     first = dev.index or 0
     ordinals = list(range(first, first + tp))
@@ -293,16 +288,14 @@ class LiveSession:
         self.ab.stop()
         self.load.stop()
         self.host.stop()
-        for rid in list(getattr(self.engine, "requests", ())):  # any engine without the map: skip
+        for rid in list(self.engine.requests):
             rec = self.engine.abort(rid)
             if rec is not None:
                 self.host.on_request(rec)
         self.nvml.stop()
         if self.host_probe is not None:
             self.host_probe.stop()
-        close = getattr(self.engine, "close", None)  # vLLM: its engine core and TP workers
-        if close is not None:
-            close()
+        self.engine.close()  # vLLM: its engine core and TP workers
         r = self._recorder
         if r is not None:
             r.close()

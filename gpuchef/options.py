@@ -328,8 +328,7 @@ def check_sampling(sample_hz: float, gpus: str | None, *, allow_off: bool = True
 def runs_async(engine: Any) -> bool:
     """Whether ``engine`` schedules step N+1 while step N runs: ``--async-scheduling``, or for
     vLLM its own default (the engine's ``async_scheduling`` attribute)."""
-    v = getattr(engine, "async_scheduling", None)
-    return bool(engine.config.async_scheduling if v is None else v)
+    return bool(engine.async_scheduling)
 
 
 def scheduling_desc(engine: Any) -> str:

@@ -91,14 +91,12 @@ class ServeSession:
         the engine and samplers, finish the trace."""
         self.front.stop()
         self.host.stop()
-        for rid in list(getattr(self.engine, "requests", ())):
+        for rid in list(self.engine.requests):
             rec = self.engine.abort(rid)
             if rec is not None:
                 self.host.on_request(rec)
         if self.samplers is not None:
             self.samplers.stop()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
         if self.recorder is not None:
             self.recorder.close()

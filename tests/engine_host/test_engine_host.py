@@ -304,3 +304,17 @@ def test_paused_load_holds_the_load_but_not_requests_from_outside(engine_cfg):
         assert host.wait_done(10)
     finally:
         host.stop()
+
+
+def test_both_engines_implement_the_contract(engine_cfg):
+    """contract.Engine is what EngineHost and the sessions use: the native engine has every
+    member (runtime_checkable checks their presence), with the values the surfaces read."""
+    from gpuchef.engine_host.contract import Engine
+
+    eng = LLMEngine(engine_cfg)
+    assert isinstance(eng, Engine)
+    assert eng.engine_name == "" and eng.tensor_parallel_size == 1
+    assert eng.async_scheduling == engine_cfg.async_scheduling
+    assert eng.drain().record is None and not eng.has_step_in_flight
+    eng.validate_scheduler_config(eng.scheduler_config)
+    eng.close()

@@ -534,3 +534,20 @@ def test_vllm_engine_streams_its_tokens_as_step_outputs(glue):
         assert [f for o in outs for f in o.first_tokens if f[0] == rid] == \
             [(rid, r.arrival_ns, r.prompt_len)]
         assert [o for o in outs if r in o.finished]
+
+
+def test_vllm_engine_implements_the_contract(glue):
+    from gpuchef.engine_host.contract import Engine
+
+    import torch
+
+    from gpuchef.engine_host.vllm_engine import _BackendName
+
+    eng, _ = make_engine(glue)
+    # what __init__ sets from the vLLM config (make_engine builds the engine without vLLM)
+    eng.vllm_version, eng.tensor_parallel_size, eng.async_scheduling = "0.24.0", 1, False
+    eng.device, eng.dtype, eng.loaded = torch.device("cpu"), torch.bfloat16, NS(name="x")
+    eng.attn = _BackendName("vllm (flash_attn)")
+    assert isinstance(eng, Engine)
+    assert eng.engine_name == "vLLM 0.24.0" and eng.attn.name.startswith("vllm")
+    assert not eng.has_step_in_flight and eng.drain().record is None

@@ -37,7 +37,7 @@ def header_of(session) -> str:
 def fake_engine(kind="vllm", tp=2, device=("cuda", 0), version="0.24.0"):
     """Only what ``engine_identity`` reads."""
     return SimpleNamespace(config=SimpleNamespace(engine=kind, tensor_parallel_size=tp),
-                           tensor_parallel_size=tp, vllm_version=version,
+                           tensor_parallel_size=tp, engine_name=f"vLLM {version}",
                            device=torch.device(*device))
 
 
@@ -56,6 +56,7 @@ def test_identity_maps_cuda_visible_devices(monkeypatch):
 def test_identity_native(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     native = SimpleNamespace(config=SimpleNamespace(engine="native", tensor_parallel_size=1),
+                             engine_name="", tensor_parallel_size=1,
                              device=torch.device("cuda", 1))
     assert engine_identity(native) == ("", 1, ("1",))
     native.device = torch.device("cpu")
@@ -91,7 +92,7 @@ def test_live_session_reports_vllm_tp2_to_the_header(monkeypatch):
     engine = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=256,
                                     cache=CacheConfig(num_gpu_blocks=64)))
     engine.config = replace(engine.config, engine="vllm", tensor_parallel_size=2)
-    engine.vllm_version = "0.24.0"
+    engine.engine_name = "vLLM 0.24.0"
     engine.tensor_parallel_size = 2
     engine.device = torch.device("cuda", 0)
     wcfg = WorkloadConfig(dataset="azure-conv", vocab_size=engine.model_config.vocab_size,
@@ -109,7 +110,7 @@ def test_live_session_reports_vllm_tp2_to_the_header(monkeypatch):
 
 def test_closing_the_session_closes_an_engine_that_can_close():
     """`gpuchef top --engine vllm` must stop vLLM (its engine core and TP worker processes) on
-    quit: LiveSession.close calls the engine's close() once, and tolerates engines without one."""
+    quit: LiveSession.close calls the engine's close() once (every engine has one: contract.Engine)."""
     engine = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=256,
                                     cache=CacheConfig(num_gpu_blocks=64)))
     calls = []
