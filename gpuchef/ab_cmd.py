@@ -160,6 +160,7 @@ def _ab(o: dict, err: Console) -> None:
         }
         if o["capacity"]:
             meta["ab"]["slos"] = [str(s) for s in c["slos"]]
+            meta["ab"]["slo_spec"] = o["slo_spec"]
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
     samplers = Samplers(c["gpus"], c["sample_hz"], sink=recorder.record if recorder else None)
@@ -334,10 +335,9 @@ def _is_probe(spec) -> bool:
 
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     from .ab import _assert_idle, _mark
-    from .capacity import EarlyStop, Measured, capacity_ratio, capacity_search, judge_load, \
-        slo_percentiles
+    from .capacity import EarlyStop, Measured, capacity_ratio, capacity_search, judge_probe, \
+        probe_mark, slo_percentiles, stop_mark
     from .engine_host.workload import generate
-    from .probes.metrics import summarize
     from .session import run_load
 
     settings, slos = c["settings"], c["slos"]
@@ -368,15 +368,16 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                 raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
                                   "or --duration")
             _assert_idle(engine)
-            _mark(engine, f"capacity:{k}:{rate:.4g}", listeners)
+            _mark(engine, probe_mark(k, rate), listeners)
             mine = [x for x in specs if not _is_probe(x)]
             stop = EarlyStop(slos, [x.output_len for x in mine],
                              [int(x.arrival_s * 1e9) for x in mine], [x.request_id for x in mine])
             hold: dict[str, Any] = {}
 
-            def decided(reason: str, t_ns: int) -> None:  # engine thread
+            def decided(reason: str, t_ns: int, k=k) -> None:  # engine thread
                 if reason and "t" not in hold:
                     hold["t"] = t_ns
+                    _mark(engine, stop_mark(k, reason), listeners)
                     for x in specs:  # the rest are aborted: the probe is decided
                         hold["host"].abort(x.request_id, "early stop")
 
@@ -398,20 +399,8 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
 
             res = run_load(engine, specs, listeners=[*listeners, watch], console=err,
                            on_start=on_start)
-            m = summarize(res.requests, res.duration_s, percentiles=pcts,
-                          goodput=c["goodput"] or None, steps=res.steps or None)
-            arr = [r.arrival_ns for r in res.requests if not _is_probe(r)]
-            arr_all = [res.t0_ns + int(x.arrival_s * 1e9) for x in specs if not _is_probe(x)]
-            fin = [r.token_times_ns[-1] for r in res.requests
-                   if r.finish_reason in ("length", "stop") and r.token_times_ns]
-            _, achieved, fails, notes = judge_load(arr_all if stop.reason else arr, fin,
-                                                   res.steps, m.median_e2el_ms)
-            if stop.reason:  # cut short: the saturation rules are not judged on a partial run
-                fails, achieved = [], math.nan
-                notes = [f"stopped at {(hold['t'] - res.t0_ns) / 1e9:.1f} s of "
-                         f"{(max(arr_all) - res.t0_ns) / 1e9:.1f} s"]
-            span = (max(arr_all) - min(arr_all)) / 1e9 if len(arr_all) > 1 else math.nan
-            return Measured(m, off, achieved, span, fails, stop.reason, notes)
+            return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=pcts,
+                               goodput=c["goodput"], stopped=stop.reason)
 
         click.echo(f"\n{k}: {st.describe()}")
         heads = ["offered req/s", *[f"{s.key} ms" for s in slos], "achieved req/s", "meets SLOs"]

@@ -197,6 +197,30 @@ SATURATION_TOLERANCE = 0.10
 QUEUE_GROWTH_MIN = 4.0
 
 
+def probe_mark(label: str, rate: float) -> str:
+    """The mark that opens a probe in the trace: ``capacity:<A|B>:<rate asked, req/s>``."""
+    return f"capacity:{label}:{rate:.4g}"
+
+
+def stop_mark(label: str, reason: str) -> str:
+    """The mark of an early stop: ``capacity:<A|B>:stopped:<reason>``."""
+    return f"capacity:{label}:stopped:{reason}"
+
+
+def parse_capacity_mark(name: Any) -> tuple[str, float | None, str] | None:
+    """(label, rate asked or None, stop reason or "") of a :func:`probe_mark` or
+    :func:`stop_mark` name; None for any other name."""
+    parts = str(name).split(":", 3)
+    if len(parts) < 3 or parts[0] != "capacity" or parts[1] not in ("A", "B"):
+        return None
+    if parts[2] == "stopped":
+        return parts[1], None, parts[3] if len(parts) > 3 else ""
+    try:
+        return parts[1], float(parts[2]), ""
+    except ValueError:
+        return None
+
+
 def offered_rate(arrivals_s: Sequence[float]) -> float:
     """A load's offered rate (req/s): its requests' count over their arrival span, as
     ``(n − 1) / (last − first)`` (n − 1 gaps: the rate of the arrival process, whatever the
@@ -233,8 +257,9 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
     token time of each completed request; ``steps``: its StepRecords (``num_waiting``). The
     judged span runs from ``WARMUP_SHARE`` into the arrival span to the last arrival.
 
-    Rule 1 (achieved short of offered): fewer than (1 − ``SATURATION_TOLERANCE``) × the
-    requests that arrived in the judged span finished in it. Rule 2 (queue growing): the mean
+    Rule 1 (achieved short of offered): fewer than (1 − ``SATURATION_TOLERANCE``) × n − 2√n
+    of the n requests that arrived in the judged span finished in it (2√n: two standard
+    deviations of a Poisson count). Rule 2 (queue growing): the mean
     ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
     quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
     shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL."""
@@ -251,7 +276,9 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
     arrived = sum(1 for t in arrivals_ns if w0 <= t <= a1)
     done = sum(1 for t in finishes_ns if w0 <= t <= a1)
     offered, achieved = arrived / dur, done / dur
-    if done < (1.0 - SATURATION_TOLERANCE) * arrived:
+    # 2√n: two standard deviations of a Poisson count, so that a few requests' luck at the
+    # edges of a short probe is not called saturation
+    if done < (1.0 - SATURATION_TOLERANCE) * arrived - 2.0 * math.sqrt(arrived):
         fails.append(f"saturated: achieved {achieved:.3g} req/s < {1 - SATURATION_TOLERANCE:.0%}"
                      f" of offered {offered:.3g} req/s (after the first {WARMUP_SHARE:.0%} of "
                      "the arrivals)")
@@ -269,6 +296,53 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
         notes.append(f"arrivals span {span:.3g} s < {need:.3g} s (steady state: at least "
                      f"{MIN_PROBE_SPAN_S:g} s and {STEADY_E2EL_FACTOR:g}× the median E2EL)")
     return offered, achieved, fails, notes
+
+
+def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
+                percentiles: Sequence[float] = (50.0, 99.0), goodput: dict | None = None,
+                stopped: str = "") -> Measured:
+    """A probe's :class:`Measured` from its records alone (``gpuchef ab --capacity`` and the
+    report of its trace both call this): ``summarize`` over its requests (duration from
+    ``start_ns`` to the last token), the offered rate of their arrivals (probe requests left
+    out), and :func:`judge_load`'s achieved rate, saturation rules and notes — not judged for a
+    probe ``stopped`` early (a partial run), whose note says when it stopped."""
+    from .probes.metrics import summarize
+
+    mine = [r for r in requests if not str(r.request_id).startswith(PROBE_ID_PREFIX)]
+    ends = [r.token_times_ns[-1] for r in requests if r.token_times_ns]
+    last = max(ends) if ends else start_ns + 1
+    m = summarize(requests, max(1e-9, (last - start_ns) / 1e9), percentiles=percentiles,
+                  goodput=goodput or None, steps=steps or None)
+    arr = [r.arrival_ns for r in mine]
+    off = offered_rate([a / 1e9 for a in arr])
+    span = (max(arr) - min(arr)) / 1e9 if len(arr) > 1 else math.nan
+    if stopped:
+        done = [r.token_times_ns[-1] for r in mine if r.finish_reason in ("length", "stop")
+                and r.token_times_ns]
+        at = (max(done) - start_ns) / 1e9 if done else 0.0
+        return Measured(m, off, math.nan, span, [], stopped,
+                        [f"stopped at {at:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s of "
+                         "arrivals" if arr else "stopped"])
+    fin = [r.token_times_ns[-1] for r in mine
+           if r.finish_reason in ("length", "stop") and r.token_times_ns]
+    _, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms)
+    return Measured(m, off, achieved, span, fails, "", notes)
+
+
+def probe_of(ms: Measured, slos: Sequence[SLO], target: float = math.nan) -> "Probe":
+    """The :class:`Probe` of a measurement: every broken rule in ``fails`` (the SLOs with their
+    values, saturation; an early stop alone when it stopped), met when there is none."""
+    m = ms.metrics
+    values = {s.key: s.value(m) for s in slos}
+    if ms.stopped_early:  # the partial run's own figures say less than the reason
+        fails = [f"stopped early: {ms.stopped_early}"]
+    else:
+        fails = [f"{s.key} {values[s.key]:.4g} ms > {s.limit_ms:g} ms" if math.isfinite(
+                 values[s.key]) else f"{s.key} not measured" for s in slos if not s.met(m)]
+        fails += ms.failures
+    rate = ms.offered_rps if math.isfinite(ms.offered_rps) else target
+    return Probe(rate, not fails, values, m, target, ms.achieved_rps, ms.span_s, fails,
+                 ms.stopped_early, list(ms.notes))
 
 
 class EarlyStop:
@@ -518,19 +592,8 @@ def capacity_search(measure: Callable[[float], Any], slos: Sequence[SLO], rate_l
 
     def probe(rate: float) -> bool:
         got = measure(rate)
-        ms = got if isinstance(got, Measured) else Measured(got)
-        m = ms.metrics
-        values = {s.key: s.value(m) for s in slos}
-        if ms.stopped_early:  # the partial run's own figures say less than the reason
-            fails = [f"stopped early: {ms.stopped_early}"]
-        else:
-            fails = [f"{s.key} {values[s.key]:.4g} ms > {s.limit_ms:g} ms" if math.isfinite(
-                     values[s.key]) else f"{s.key} not measured" for s in slos if not s.met(m)]
-            fails += ms.failures
-        rate_off = ms.offered_rps if math.isfinite(ms.offered_rps) else rate
-        p = Probe(rate_off, not fails, values, m, rate, ms.achieved_rps, ms.span_s, fails,
-                  ms.stopped_early, list(ms.notes))
-        offered[rate] = rate_off
+        p = probe_of(got if isinstance(got, Measured) else Measured(got), slos, rate)
+        offered[rate] = p.rate
         probes.append(p)
         if on_probe is not None:
             on_probe(p)

@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
-from .model import (Group, ReportData, TraceView, gpu_indices, gpu_names, part_start_rate,
-                    per_gpu_means)
+from .model import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
+                    part_start_rate, per_gpu_means)
 
 #: Section ids, in page order (tests and the table of contents use them).
 SECTIONS = {
@@ -24,6 +24,7 @@ SECTIONS = {
     "composition": "Batch composition",
     "latency": "Latency CDFs",
     "results": "Results",
+    "capacity": "Capacity probes",
     "windows": "A/B windows",
 }
 MAX_PROBLEMS_SHOWN = 40
@@ -357,6 +358,20 @@ def _windows_table(view: TraceView, pct: float) -> str:
                    "tokens/step", "counted"], rows, num_cols=range(2, 11)) + extra
 
 
+def capacity_table(probes: Sequence[Any], slos: Sequence[Any]) -> str:
+    """One row per probe: setting, rate asked, offered and achieved req/s, requests, each SLO's
+    value, whether it met, and every rule it broke (or its notes)."""
+    rows = []
+    for p in probes:
+        rows.append([p.label, _num(p.target, "{:.3g}"), _num(p.rate, "{:.3g}"),
+                     _num(p.achieved, "{:.3g}"), _num(p.metrics.completed),
+                     *[_num(p.values[s.key], "{:.1f}") for s in slos],
+                     "yes" if p.met else "no", "; ".join([*p.fails, *p.notes])])
+    head = ["setting", "asked req/s", "offered req/s", "achieved req/s", "completed",
+            *[f"{s.key} (ms, ≤ {s.limit_ms:g})" for s in slos], "meets", "why not / notes"]
+    return _table(head, rows, num_cols=range(1, 5 + len(slos)))
+
+
 #: The per-GPU table's columns: (per_gpu_means key, header).
 GPU_TABLE_COLUMNS = (("samples", "samples"), ("sm_active", "SM active %"),
                      ("tensor_active", "tensor active %"), ("dram_bw_util", "DRAM BW %"),
@@ -537,6 +552,20 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
                               "The gpuchef bench results block of each group, computed from "
                               "the trace's requests and steps (probes.metrics.summarize)." + slo))
+    # capacity probes (gpuchef ab --capacity)
+    body = []
+    for v in views:
+        probes, slos = capacity_probes(v)
+        if probes:
+            body.append(f"<h3>{esc(v.name)}</h3>" + capacity_table(probes, slos))
+    if body:
+        parts.append(_section("capacity", "".join(body), (
+            "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
+            "(docs/capacity.md): offered = the probe's requests' count over their arrival "
+            "span; achieved = requests finished per second while arrivals continued, after the "
+            "first quarter; a probe fails an SLO, or as saturated (achieved below 90 % of "
+            "offered, or the waiting queue growing), or stops early once an SLO is broken "
+            "beyond doubt.")))
     # A/B windows
     abviews = [v for v in views if v.ab]
     if abviews:

@@ -308,6 +308,46 @@ def _field_means(samples: Sequence[GpuSample]) -> dict[str, float]:
     return gpu_means(samples, GPU_FIELDS)
 
 
+def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
+    """The probes of a ``gpuchef ab --capacity`` trace, judged from its records as the command
+    judged them (``capacity.judge_probe`` and ``probe_of``): (their Probes in time order, each
+    with ``label`` "A"/"B" added; the SLOs, from the meta's ``slo_spec``, [] when not recorded).
+    A probe runs from its ``capacity:<A|B>:<rate>`` mark to the next one (or the trace's end);
+    a ``capacity:<A|B>:stopped:<why>`` mark says it stopped early."""
+    from gpuchef.capacity import judge_probe, parse_capacity_mark, parse_slos, probe_of, \
+        slo_percentiles
+    from gpuchef.engine_host.config import ConfigError
+
+    meta_ab = view.meta.get("ab") if isinstance(view.meta.get("ab"), dict) else {}
+    try:
+        slos = parse_slos(meta_ab["slo_spec"]) if meta_ab.get("slo_spec") else []
+    except ConfigError:
+        slos = []
+    marks = []
+    for e in view.events:
+        if e.kind == "mark":
+            m = parse_capacity_mark(e.name)
+            if m is not None:
+                marks.append((e.t_ns, m))
+    marks.sort(key=lambda x: x[0])
+    opens = [(t, m) for t, m in marks if m[1] is not None]
+    reqs = sorted(view.trace.requests, key=lambda r: r.arrival_ns)
+    steps = sorted(view.trace.steps, key=lambda s: s.t_start_ns)
+    pcts = tuple(sorted({50.0, 99.0} | set(slo_percentiles(slos))))
+    out = []
+    for i, (t0, (label, rate, _)) in enumerate(opens):
+        t1 = opens[i + 1][0] if i + 1 < len(opens) else view.end_ns + 1
+        why = next((m[2] for t, m in marks if t0 <= t < t1 and m[1] is None), "")
+        rq = [r for r in reqs if t0 <= r.arrival_ns < t1]
+        st = [x for x in steps if t0 <= x.t_start_ns < t1]
+        if not rq:
+            continue
+        p = probe_of(judge_probe(rq, st, t0, percentiles=pcts, stopped=why), slos, rate)
+        p.label = label
+        out.append(p)
+    return out, slos
+
+
 #: gpuchef/load.py marks a live rate change as ``rate→<value><unit>`` (unit "×" for a trace's
 #: speed, " req/s" for random arrivals).
 RATE_MARK = "rate→"

@@ -162,11 +162,12 @@ def test_tolerance_parsing():
 def test_cli_capacity_on_cpu(tmp_path):
     """The whole path on the tiny model: both settings searched, a ratio, JSON with probes."""
     out = tmp_path / "cap.json"
+    trace = tmp_path / "cap.jsonl"
     r = CliRunner().invoke(cli, [
         "ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "6", "--input-len", "64",
         "--output-len", "8", "--capacity", "--slo", "ttft_p99:5s,itl_p99:5s", "--rate-lo", "8",
-        "--rate-hi", "16", "--tolerance", "60%", "--result-json", str(out)],
-        catch_exceptions=False)
+        "--rate-hi", "16", "--tolerance", "60%", "--result-json", str(out), "--trace",
+        str(trace)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "Capacity A:" in r.output and "Capacity B:" in r.output
     assert "Capacity ratio B/A:" in r.output
@@ -182,6 +183,17 @@ def test_cli_capacity_on_cpu(tmp_path):
         assert p["target_rps"] == 8.0
         # the probe's rate is what its own 6 Poisson arrivals offered, not the 8 asked for
         assert p["rate_rps"] == p["offered_rps"] == pytest.approx((len(a) - 1) / (max(a) - min(a)))
+    # the report judges the trace's probes as the command did: same offered rates, SLO values,
+    # verdicts and reasons
+    from gpuchef.report.model import build, capacity_probes
+
+    probes, slos = capacity_probes(build([trace]).views[0])
+    assert [s.key for s in slos] == ["ttft_p99", "itl_p99"]
+    ref = [(k, p) for k in "AB" for p in d["capacity"][k]["probes"]]
+    assert [(k, p["offered_rps"], p["met"], p["fails"]) for k, p in ref] == \
+        [(p.label, pytest.approx(p.rate), p.met, p.fails) for p in probes]
+    for (_, a), b in zip(ref, probes):
+        assert a["values_ms"] == pytest.approx(b.values)
 
 
 @pytest.mark.parametrize("args,needle", [
