@@ -34,8 +34,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 
 def serve(port_file: str, chunks: int, cpu: int | None) -> None:
     """The fake server (child process): writes its port to ``port_file``, serves until killed."""
@@ -46,7 +44,8 @@ def serve(port_file: str, chunks: int, cpu: int | None) -> None:
 
     def chunk(i: int) -> bytes:
         d = {"id": "x", "object": "text_completion",
-             "choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == chunks else None}],
+             "choices": [{"index": 0, "text": "x",
+                          "finish_reason": "length" if i == chunks else None}],
              "usage": {"prompt_tokens": 16, "completion_tokens": i, "total_tokens": 16 + i}}
         return b"data: " + json.dumps(d).encode() + b"\n\n"
 
@@ -137,7 +136,7 @@ def main() -> None:
     ap.add_argument("--max-p99-ms", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per rate; the one with the least CPU taken by other processes is kept")
+                    help="runs per rate; the one other processes took the least CPU in is kept")
     ap.add_argument("--json", default=None)
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the child's entry
     a = ap.parse_args()

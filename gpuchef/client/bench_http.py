@@ -53,13 +53,15 @@ def check_http_flags(o: dict[str, Any]) -> None:
     if o.get("base_url"):
         bad = [_flag(k) for k in ENGINE_ONLY if k in o and _given(k)]
         if bad:
-            raise ConfigError(f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not apply with "
+            verb = "does" if len(bad) == 1 else "do"
+            raise ConfigError(f"{', '.join(bad)} {verb} not apply with "
                               f"--base-url: the server at {o['base_url']} runs its own engine "
                               "(set such options on that server)")
     else:
         bad = [_flag(k) for k in HTTP_ONLY if k in o and _given(k)]
         if bad:
-            raise ConfigError(f"{', '.join(bad)} {'needs' if len(bad) == 1 else 'need'} --base-url URL "
+            verb = "needs" if len(bad) == 1 else "need"
+            raise ConfigError(f"{', '.join(bad)} {verb} --base-url URL "
                               "(an OpenAI-compatible server to send the load to)")
 
 
@@ -90,7 +92,8 @@ def bench_http(o: dict[str, Any], err) -> None:
     try:
         rate = float(o["request_rate"])
     except ValueError:
-        raise ConfigError(f"--request-rate {o['request_rate']!r} must be a number > 0 or inf") from None
+        raise ConfigError(f"--request-rate {o['request_rate']!r} must be a number > 0 "
+                          "or inf") from None
     check_ramp_up(o.get("ramp_up_strategy"), o.get("ramp_up_start_rps"), o.get("ramp_up_end_rps"),
                   request_rate=rate, dataset=o["dataset"], probe_interval_s=o["probe_interval_s"])
     if o.get("vocab_size") is not None and o["vocab_size"] < 11:
@@ -99,7 +102,8 @@ def bench_http(o: dict[str, Any], err) -> None:
     if cfg.is_chat and tok is None:
         raise ConfigError("--endpoint /v1/chat/completions sends text: give --tokenizer PATH "
                           "(a local tokenizer.json or model folder) to make the prompts")
-    workload_config(o, vocab_size=1 << 20, max_model_len=None, warn=lambda m: None)  # flags, trace file
+    # the load flags and the trace file, checked before anything is sent
+    workload_config(o, vocab_size=1 << 20, max_model_len=None, warn=lambda m: None)
     check_output_path(o["result_json"], "--result-json")
 
     info = fetch_server_info(cfg)  # ConfigError when nothing answers
@@ -130,7 +134,8 @@ def bench_http(o: dict[str, Any], err) -> None:
         specs = apply_ramp_up(specs, *ramp, burstiness=wcfg.burstiness, arrival=wcfg.arrival,
                               seed=wcfg.seed)
     if ramp:
-        load = f"random, ramp-up {ramp[0]} {ramp[1]}→{ramp[2]} req/s, burstiness {wcfg.burstiness}"
+        load = (f"random, ramp-up {ramp[0]} {ramp[1]}→{ramp[2]} req/s, "
+                f"burstiness {wcfg.burstiness}")
     else:
         load = load_desc(wcfg)
     err.print(f"[dim]{len(specs)} requests to {escape(cfg.api_url)} (model {escape(cfg.model)}, "
@@ -170,7 +175,8 @@ def bench_http(o: dict[str, Any], err) -> None:
         "Load:": load,
         "Peak output token throughput (tok/s):": f"{peak_tok:.2f}",
         "Peak concurrent requests:": str(peak_conc),
-        "Client lateness p50/p99/max (ms):": f"{late['p50']:.2f} / {late['p99']:.2f} / {late['max']:.2f}",
+        "Client lateness p50/p99/max (ms):":
+            f"{late['p50']:.2f} / {late['p99']:.2f} / {late['max']:.2f}",
     })
     click.echo(strip_engine_section(format_results_block(m, extra=extra)))
     for line in error_lines(run.results):
