@@ -400,7 +400,8 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
             res = run_load(engine, specs, listeners=[*listeners, watch], console=err,
                            on_start=on_start)
             return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=pcts,
-                               goodput=c["goodput"], stopped=stop.reason)
+                               goodput=c["goodput"], stopped=stop.reason,
+                               stopped_ns=hold.get("t"))
 
         click.echo(f"\n{k}: {st.describe()}")
         heads = ["offered req/s", *[f"{s.key} ms" for s in slos], "achieved req/s", "meets SLOs"]

@@ -300,12 +300,12 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
 
 def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
                 percentiles: Sequence[float] = (50.0, 99.0), goodput: dict | None = None,
-                stopped: str = "") -> Measured:
+                stopped: str = "", stopped_ns: int | None = None) -> Measured:
     """A probe's :class:`Measured` from its records alone (``gpuchef ab --capacity`` and the
     report of its trace both call this): ``summarize`` over its requests (duration from
     ``start_ns`` to the last token), the offered rate of their arrivals (probe requests left
     out), and :func:`judge_load`'s achieved rate, saturation rules and notes — not judged for a
-    probe ``stopped`` early (a partial run), whose note says when it stopped."""
+    probe ``stopped`` early (a partial run, at ``stopped_ns``), whose note says when."""
     from .probes.metrics import summarize
 
     mine = [r for r in requests if not str(r.request_id).startswith(PROBE_ID_PREFIX)]
@@ -317,12 +317,10 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
     off = offered_rate([a / 1e9 for a in arr])
     span = (max(arr) - min(arr)) / 1e9 if len(arr) > 1 else math.nan
     if stopped:
-        done = [r.token_times_ns[-1] for r in mine if r.finish_reason in ("length", "stop")
-                and r.token_times_ns]
-        at = (max(done) - start_ns) / 1e9 if done else 0.0
+        at = (stopped_ns if stopped_ns is not None else last) - start_ns
         return Measured(m, off, math.nan, span, [], stopped,
-                        [f"stopped at {at:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s of "
-                         "arrivals" if arr else "stopped"])
+                        [f"stopped at {at / 1e9:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s "
+                         "of arrivals" if arr else "stopped"])
     fin = [r.token_times_ns[-1] for r in mine
            if r.finish_reason in ("length", "stop") and r.token_times_ns]
     _, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms)

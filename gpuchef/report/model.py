@@ -337,12 +337,13 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
     out = []
     for i, (t0, (label, rate, _)) in enumerate(opens):
         t1 = opens[i + 1][0] if i + 1 < len(opens) else view.end_ns + 1
-        why = next((m[2] for t, m in marks if t0 <= t < t1 and m[1] is None), "")
+        stop = next(((t, m[2]) for t, m in marks if t0 <= t < t1 and m[1] is None), (None, ""))
         rq = [r for r in reqs if t0 <= r.arrival_ns < t1]
         st = [x for x in steps if t0 <= x.t_start_ns < t1]
         if not rq:
             continue
-        p = probe_of(judge_probe(rq, st, t0, percentiles=pcts, stopped=why), slos, rate)
+        p = probe_of(judge_probe(rq, st, t0, percentiles=pcts, stopped=stop[1],
+                                 stopped_ns=stop[0]), slos, rate)
         p.label = label
         out.append(p)
     return out, slos
