@@ -33,10 +33,6 @@ from .probes.timeline import Timeline
 from .session import trace_meta
 from .tui.model import ABState, SessionInfo
 
-#: Settle time skipped at the start of each A/B window when the A/B screen computes its numbers:
-#: requests in flight at the edge finish under the new setting (s; at most this share of a window).
-AB_SETTLE_MAX_S = 2.0
-AB_SETTLE_SHARE = 0.25
 AB_WINDOW_RANGE = (0.5, 3600.0)
 
 
@@ -94,9 +90,9 @@ class ABController:
                 raise ConfigError("an A/B run is already going: stop it first (x on the A/B screen)")
             self._run_id += 1
             self._stop.clear()
-            settle = min(AB_SETTLE_MAX_S, AB_SETTLE_SHARE * window_s)
+            # no settle time: probes/ab.py counts a request in the window it arrived in
             self._state = ABState(True, {"A": sa, "B": sb}, window_s, rounds, "", 0, 0,
-                                  self._run_id, settle)
+                                  self._run_id, 0.0)
             restore = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
             self._thread = threading.Thread(target=self._run, args=(restore,), name="gpuchef-ab",
                                             daemon=True)
