@@ -74,8 +74,9 @@ def session_for(engine, *, dataset: str | None, speed: float | None, budget: int
         max_output_len=CPU_MAX_OUTPUT_LEN if cpu and not dataset else None,
         request_rate=4.0, num_prompts=100,
         vocab_size=engine.model_config.vocab_size, max_model_len=engine.max_model_len)
-    note = (f"CPU defaults: prompt≤{CPU_MAX_INPUT_LEN} output≤{CPU_MAX_OUTPUT_LEN}; budget "
-            f"{CPU_BUDGET}") if cpu and not dataset else ""
+    # as `gpuchef top` says it: the budget's number is the header's live one, not the note's
+    note = (f"CPU defaults: prompt≤{CPU_MAX_INPUT_LEN} output≤{CPU_MAX_OUTPUT_LEN}; "
+            "CPU default budget") if cpu and not dataset else ""
     return LiveSession(engine, wcfg, sample_hz=sample_hz, gpus=gpus, trace_path=trace,
                        slos=DEFAULT_SLOS_CPU if cpu else DEFAULT_SLOS_GPU, note=note)
 
