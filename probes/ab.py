@@ -22,7 +22,9 @@ goodput) are over a window's requests.
 
 **Throughput** (the one definition): the work done while the setting was in force, per second of
 the window's span — requests *finished* in the span, output tokens *produced* in it (token
-times), tokens *computed* by its steps (prefill + decode). Under an open-loop load the requests
+times), tokens *computed* by its steps (prefill + decode); goodput likewise: the requests
+finished in the span that met every goodput SLO (``summarize``'s test), so goodput ≤ request
+throughput. Under an open-loop load the requests
 that arrived in a window only measure the arrival process; what a setting achieved is what it
 finished while in force.
 
@@ -225,7 +227,7 @@ def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 
          goodput: dict[str, float] | None = None) -> tuple[BenchMetrics, dict[str, float]]:
     """The figures of ``windows`` as one (the setting's pooled figures, or one window's own):
     ``probes.metrics.summarize`` over their requests and steps with their spans summed as the
-    duration; throughputs from their summed ``work`` (the definition in the module docstring);
+    duration; throughputs and goodput from their summed ``work`` (the module docstring);
     steps/s and busy fraction over the windows' own step spans (not the gaps between them);
     GPU fields weighted by span. Raises ValueError for no windows."""
     if not windows:
@@ -240,6 +242,8 @@ def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 
     m.request_throughput = work["finished"] / dur
     m.output_throughput = work["output_tokens"] / dur
     m.total_token_throughput = work["step_tokens"] / dur
+    if goodput and all(w.work and "good_finished" in w.work for w in windows):
+        m.request_goodput = sum(w.work["good_finished"] for w in windows) / dur
     if steps:
         span = sum((max(s.t_end_ns for s in w.steps) - min(s.t_start_ns for s in w.steps)) / 1e9
                    for w in windows if w.steps)
@@ -288,8 +292,13 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
             out.append(hit)
             continue
         end = _span_end(near, stp, t0, t1)
-        res = WindowResult(w.label, w.n, t0, end, list(reqs), list(stp),
-                           work=work_in(near, stp, t0, end), run=w.run, step0=w.step0,
+        work = work_in(near, stp, t0, end)
+        if goodput:  # good work done: the finished requests that met every SLO
+            fin = [r for r in near if t0 <= r.token_times_ns[-1] < end]
+            work["good_finished"] = round(summarize(fin, 1.0, percentiles=(50.0,),
+                                                    goodput=goodput).request_goodput or 0)
+        res = WindowResult(w.label, w.n, t0, end, list(reqs), list(stp), work=work,
+                           run=w.run, step0=w.step0,
                            gpu=gpu_means(t0, end) if gpu_means is not None else {})
         if t1 - t0 < MIN_WINDOW_SHARE * med:
             res.counted, res.why = False, (f"shorter than {MIN_WINDOW_SHARE:g} of the median "

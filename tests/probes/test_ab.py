@@ -83,6 +83,11 @@ def test_window_throughput_is_work_done_while_in_force():
     # latency is of the requests that arrived in the window: p's TTFT is A's (0.5 s)
     assert a1.metrics.mean_ttft_ms == pytest.approx(500.0)
     assert b1.metrics.mean_ttft_ms == pytest.approx(200.0)
+    # goodput is good work done: of B1's two finished requests only q met TTFT <= 300 ms
+    a1, b1 = ab.window_results(wins, [p, q], steps, percentiles=(50.0,), goodput={"ttft": 300})
+    assert a1.metrics.request_goodput == 0.0
+    assert b1.metrics.request_goodput == pytest.approx(1 / 2.0)
+    assert b1.metrics.request_goodput <= b1.metrics.request_throughput
 
 
 def test_pooled_and_per_window_come_from_the_same_windows():
