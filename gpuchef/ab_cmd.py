@@ -45,13 +45,16 @@ from .options import (check_output_files, check_output_path, check_sampling, eng
               help="Comma-separated percentiles to report.")
 @click.option("--capacity", is_flag=True,
               help="Instead of one rate: for each setting, bisect over the request rate for the "
-                   "highest rate that meets every --slo (Sarathi-Serve's capacity), then B/A.")
+                   "highest rate that meets every --slo and is not saturated (achieved < 90% "
+                   "of offered, or a growing queue, fails a probe; one whose SLO is broken "
+                   "beyond doubt stops early), then B/A. docs/capacity.md.")
 @click.option("--slo", "slo_spec", default=None,
               help="--capacity SLOs: METRIC_STAT:LIMIT pairs, metric ttft/tpot/itl/e2el, stat "
                    "mean/median/p50/p90/p99/…, limit in ms or s, e.g. itl_p99:100ms,ttft_p99:2s.")
 @click.option("--rate-lo", default=0.5, show_default=True, type=float,
-              help="--capacity: lowest rate tried (req/s). A trace dataset is sped up or slowed "
-                   "down (--trace-speed) to reach a rate.")
+              help="--capacity: lowest rate tried (req/s). A trace dataset is replayed at the "
+                   "speed at which the probe's own arrivals offer the rate (count over their "
+                   "span); every probe's offered and achieved req/s are shown.")
 @click.option("--rate-hi", default=32.0, show_default=True, type=float,
               help="--capacity: highest rate tried (req/s).")
 @click.option("--tolerance", default="5%", show_default=True,
