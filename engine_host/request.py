@@ -9,12 +9,16 @@ from dataclasses import dataclass, field
 from .config import ConfigError
 
 
+SAMPLING_EPS = 1e-5  # vllm/sampling_params.py _SAMPLING_EPS
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each output token, and when to stop.
 
-    ``temperature`` 0 = greedy. ``top_k`` 0 = off, ``top_p`` 1.0 = off (vLLM's conventions).
-    ``seed`` makes a request's samples reproducible whatever it is batched with (each request
+    ``temperature`` below 1e-5 = greedy (vLLM's rule). ``top_k`` 0 = off, ``top_p`` 1.0 = off
+    (vLLM's conventions). ``seed`` (an integer torch's generator takes) makes a request's samples reproducible whatever it is batched with (each request
     draws from its own generator). ``ignore_eos`` with ``max_tokens`` forces the output length,
     as trace replay needs (``vllm bench``'s ``ignore_eos``). ``stop_token_ids`` end the request
     when sampled (finish reason "stop"), ``ignore_eos`` or not, as in vLLM.
@@ -37,13 +41,19 @@ class SamplingParams:
             raise ConfigError(f"top_p={self.top_p!r} is out of range: allowed (0, 1]")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = off)")
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int)
+                              or not SEED_MIN <= s <= SEED_MAX):
+            raise ConfigError(f"seed={s!r} must be an integer in [{SEED_MIN}, {SEED_MAX}] "
+                              "(what torch.Generator.manual_seed takes)")
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
             raise ConfigError(f"stop_token_ids={ids!r} must be a tuple of integer token ids")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # vLLM's _SAMPLING_EPS: below it logits / temperature overflow to inf; it means greedy
+        return self.temperature < SAMPLING_EPS
 
 
 #: Stands in ``output_token_ids`` for a token that a launched, not yet completed step samples

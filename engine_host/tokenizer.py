@@ -44,6 +44,7 @@ class Tokenizer:
     eos_token: str = ""
     bundled: bool = False
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    _compiled: Any = field(default=None, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -79,7 +80,9 @@ class Tokenizer:
         import jinja2
 
         try:
-            tmpl = _jinja_env().from_string(self.chat_template)
+            tmpl = self._compiled
+            if tmpl is None:
+                tmpl = self._compiled = _jinja_env().from_string(self.chat_template)
             return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
         except jinja2.TemplateError as e:
@@ -157,6 +160,8 @@ def load_tokenizer(model: str, model_vocab_size: int, path: str | None = None) -
     where = Path(os.path.expanduser(path or model))
     file = where if where.is_file() else where / "tokenizer.json"
     folder = file.parent
+    if not where.exists():
+        raise ConfigError(f"tokenizer {str(path or model)!r}: no such file or folder")
     if not file.is_file():
         extra = (" (it has tokenizer.model, a SentencePiece file: save it as tokenizer.json "
                  "once with transformers' AutoTokenizer.save_pretrained)"

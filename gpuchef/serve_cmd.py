@@ -18,6 +18,9 @@ from .options import (_opts, check_output_files, check_output_path, check_sampli
                       engine_config, engine_options, scheduler_options)
 from .serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
 
+#: after the engine thread died: /health says 503 this long before the process exits (1)
+DEATH_GRACE_S = 2.0
+
 serve_options = _opts(
     click.option("--host", "http_host", default="127.0.0.1", show_default=True,
                  help="Address to listen on. The default is loopback only: give 0.0.0.0 (or an "
@@ -115,6 +118,7 @@ def serve(**o) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    died = False
     try:
         session.start()
         url = session.url
@@ -123,13 +127,20 @@ def serve(**o) -> None:
                    err=True)
         sys.stderr.flush()
         while not stop.wait(0.5):
-            if session.host.error is not None:
-                err.print(f"[bold red]error:[/] the engine stopped: {escape(str(session.host.error))}")
+            e = session.host.error
+            if e is not None:
+                died = True
+                err.print(f"[bold red]error:[/] the engine stopped ({type(e).__name__}: "
+                          f"{escape(str(e))}); /health answers 503 for {DEATH_GRACE_S:g} s, "
+                          "then the server exits with status 1")
+                stop.wait(DEATH_GRACE_S)
                 break
     finally:
         session.close()
     if o["trace_path"]:
         err.print(f"[dim]trace: {o['trace_path']}[/dim]")
+    if died:  # a supervisor restarts on failure
+        sys.exit(1)
 
 
 def _build(o: dict, err: Console):

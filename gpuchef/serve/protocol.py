@@ -52,6 +52,7 @@ class GenRequest:
     model: str | None
     prompts: list[Any]
     max_tokens: int | None
+    max_tokens_given: bool = False
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
@@ -118,14 +119,14 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise bad(f"'model' must be a string, got {model!r}", "model")
     n = body.get("n", 1)
-    if n is not None and n != 1:
+    if n is not None and (not _is_int(n) or n != 1):
         raise bad(f"'n' = {n!r}: gpuchef's server returns one choice per prompt; allowed n=1",
                   "n")
     _unsupported(body, {"logprobs": (None, False, 0), "top_logprobs": (None, 0),
-                        "echo": False, "best_of": (None, 1), "suffix": None,
+                        "echo": False, "best_of": (None, 1), "suffix": ("",),
                         "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                         "repetition_penalty": (1, 1.0), "logit_bias": ({},),
-                        "response_format": (None,), "tools": (None, []),
+                        "response_format": ({"type": "text"},), "tools": (None, []),
                         "use_beam_search": False})
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
@@ -149,10 +150,12 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
         raise bad(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {sti!r}",
                   "stop_token_ids")
     seed = _int(body, "seed")
+    include_usage = _bool(so, "include_usage")
     return dict(
         model=model, stream=stream,
-        include_usage=_bool(so, "include_usage"),
-        continuous_usage=_bool(so, "continuous_usage_stats"),
+        include_usage=include_usage,
+        # vLLM: per-chunk usage only together with include_usage
+        continuous_usage=include_usage and _bool(so, "continuous_usage_stats"),
         temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=_top_k(body),
@@ -174,6 +177,8 @@ def _max_tokens(body: dict, *keys: str) -> int | None:
         v = body.get(key)
         if v is None:
             continue
+        if isinstance(v, float) and v.is_integer():  # 4.0, as some clients send it
+            v = int(v)
         if not _is_int(v):
             raise bad(f"'{key}' must be an integer, got {v!r}", key)
         if v < 1:
@@ -211,7 +216,8 @@ def parse_completion(body: Any) -> GenRequest:
             raise bad("'prompt' is empty: give at least one token or character", "prompt")
     mt = _max_tokens(body, "max_tokens")
     return GenRequest("completions", prompts=prompts,
-                      max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if mt is None else mt, **c)
+                      max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if mt is None else mt,
+                      max_tokens_given=mt is not None, **c)
 
 
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -244,7 +250,7 @@ def parse_chat(body: Any) -> GenRequest:
                               "({\"type\": \"text\", \"text\": ...}) are supported",
                               f"{where}.content")
                 parts.append(part["text"])
-            content = "".join(parts)
+            content = "\n".join(parts)  # vLLM joins text parts with a newline
         elif content is None and role == "assistant":
             content = ""
         elif not isinstance(content, str):
@@ -252,7 +258,8 @@ def parse_chat(body: Any) -> GenRequest:
                       f"{where}.content")
         out.append({"role": role, "content": content})
     mt = _max_tokens(body, "max_completion_tokens", "max_tokens")
-    return GenRequest("chat", prompts=[], max_tokens=mt, messages=out, **c)
+    return GenRequest("chat", prompts=[], max_tokens=mt, max_tokens_given=mt is not None,
+                      messages=out, **c)
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hmac
 import itertools
 import json
 import logging
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine_host.config import KNOBS, MODES, ConfigError
+from ..engine_host.config import AUTO_BUDGET, KNOBS, MODES, ConfigError, parse_value
 from ..engine_host.records import RequestRecord, StepOutput
 from ..engine_host.request import SamplingParams
 from . import protocol as P
@@ -42,6 +43,9 @@ log = logging.getLogger("gpuchef.serve")
 HTTP_ID_PREFIX = "http-"
 DEFAULT_MAX_CONCURRENT = 4096
 DEFAULT_MAX_BODY_MB = 32.0
+#: bodies and prompt texts above this are parsed / tokenised off the server's loop (a 10 MB
+#: text held it 11 s): the loop keeps streaming to everyone else meanwhile
+OFF_LOOP_BYTES = 64 << 10
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -245,12 +249,16 @@ class FrontDoor:
         except web.HTTPException as e:
             if e.status < 400:
                 raise
+            headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
             msg = {404: f"no route {request.method} {request.path}: see /v1/models, "
                         "/v1/completions, /v1/chat/completions, /metrics, /gpuchef/v1/scheduler",
                    405: f"method {request.method} is not allowed on {request.path}"}.get(
                 e.status, e.reason)
-            return web.json_response(APIError(e.status, msg).body(), status=e.status)
-        except (asyncio.CancelledError, ConnectionResetError):
+            return web.json_response(APIError(e.status, msg).body(), status=e.status,
+                                     headers=headers)
+        except ConnectionResetError:  # the client went away mid-stream: its request is aborted
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug: say it, keep serving
             log.exception("request failed")
@@ -259,16 +267,20 @@ class FrontDoor:
 
     def _check_auth(self, request: web.Request) -> None:
         h = request.headers.get("Authorization", "")
-        if h != f"Bearer {self.api_key}":
+        if not hmac.compare_digest(h.encode(), f"Bearer {self.api_key}".encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' "
                                 "(the server's --api-key)", code="invalid_api_key")
 
     async def _json(self, request: web.Request) -> Any:
         raw = await request.read()
         try:
+            if len(raw) > OFF_LOOP_BYTES:
+                return await asyncio.get_running_loop().run_in_executor(None, json.loads, raw)
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise P.bad(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise P.bad("the request body is not valid JSON: nested too deeply") from None
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -302,8 +314,11 @@ class FrontDoor:
     def _scheduler_state(self) -> dict[str, Any]:
         cfg = self.host.scheduler_config
         return {"mode": cfg.mode, **{k: getattr(cfg, k) for k in KNOBS if hasattr(cfg, k)},
+                AUTO_BUDGET: getattr(cfg, AUTO_BUDGET, ""),
                 "step": self.host.step_id,
                 "allowed": {"mode": list(MODES),
+                            AUTO_BUDGET: "TARGET:DURATION[,TARGET:DURATION], e.g. "
+                                         "itl_p99:50ms,ttft_p99:2s, or \"\" (off): docs/autopilot.md",
                             **{k: {"min": s.lo, "max": s.hi, "flag": s.flag, "help": s.help}
                                for k, s in KNOBS.items()}}}
 
@@ -315,13 +330,25 @@ class FrontDoor:
         if not isinstance(body, dict) or not body:
             raise P.bad("the body must be a JSON object of knobs to change, e.g. "
                         "{\"max_num_batched_tokens\": 512, \"mode\": \"chunked\"}")
-        for k in body:
-            if k != "mode" and k not in KNOBS:
-                raise P.bad(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode", k)
+        for k, v in body.items():
+            if k not in ("mode", AUTO_BUDGET) and k not in KNOBS:
+                raise P.bad(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode, "
+                            f"{AUTO_BUDGET}", k)
+            if k in KNOBS and not P._is_int(v):  # JSON has integers: "512" is a typing slip
+                raise P.bad(f"'{k}' must be a JSON integer, got {v!r}", k)
+            if k == "mode" and not isinstance(v, str):
+                raise P.bad(f"'mode' must be a string, got {v!r}", k)
+            if k == AUTO_BUDGET and not (v is None or isinstance(v, str)):
+                raise P.bad(f"'{AUTO_BUDGET}' must be a string (\"\" or null = off), got {v!r}", k)
+            try:  # each alone first, so that the error names the one at fault
+                parse_value(k, "" if v is None else v)
+            except ConfigError as e:
+                raise P.bad(str(e), k) from None
         try:
-            parsed = self.host.set_config(source="http", **body)
-        except ConfigError as e:
-            raise P.bad(str(e), next(iter(body)) if len(body) == 1 else None) from None
+            parsed = self.host.set_config(source="http", **{k: ("" if v is None else v)
+                                                             for k, v in body.items()})
+        except ConfigError as e:  # knobs that bound each other, or a limit of the engine
+            raise P.bad(str(e)) from None
         state = self._scheduler_state()
         state.update(parsed)  # in force from the next step
         return web.json_response({"accepted": parsed, "scheduler": state})
@@ -335,7 +362,17 @@ class FrontDoor:
         gen = P.parse_chat(await self._json(request))
         return await self._generate(request, gen)
 
-    def _prompt_ids(self, gen: P.GenRequest) -> list[list[int]]:
+    async def _encode(self, text: str, special: bool, param: str) -> list[int]:
+        tk = self.tokenizer
+        try:
+            if len(text) > OFF_LOOP_BYTES:
+                return await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: tk.encode(text, add_special_tokens=special))
+            return tk.encode(text, add_special_tokens=special)
+        except (TypeError, UnicodeError) as e:  # a lone surrogate ("\ud800") is not text
+            raise P.bad(f"'{param}' is not valid Unicode text ({e})", param) from None
+
+    async def _prompt_ids(self, gen: P.GenRequest) -> list[list[int]]:
         tk = self.tokenizer
         if gen.kind == "chat":
             if tk is None:
@@ -345,14 +382,14 @@ class FrontDoor:
                 text = tk.apply_chat_template(gen.messages)
             except ConfigError as e:
                 raise P.bad(str(e), "messages") from None
-            return [tk.encode(text, add_special_tokens=False)]
+            return [await self._encode(text, False, "messages")]
         out = []
         for p in gen.prompts:
             if isinstance(p, str):
                 if tk is None:
                     raise P.bad("this server has no tokenizer (see --tokenizer): give the prompt "
                                 "as token ids", "prompt")
-                ids = tk.encode(p)
+                ids = await self._encode(p, True, "prompt")
             else:
                 ids = p
                 lo, hi = min(ids), max(ids)
@@ -366,7 +403,7 @@ class FrontDoor:
         self._check_model(gen.model)
         if getattr(self.host, "error", None) is not None:
             raise APIError(503, "the engine stopped; see GET /health")
-        prompts = self._prompt_ids(gen)
+        prompts = await self._prompt_ids(gen)
         L = self.max_model_len
         params = []
         for ids in prompts:
@@ -378,15 +415,20 @@ class FrontDoor:
                 raise P.bad(f"This model's maximum context length is {L} tokens. However, you "
                             f"requested {len(ids) + max(mt, 1)} tokens ({len(ids)} in the {where}, "
                             f"{max(mt, 1)} in the completion). Please reduce the length of the "
-                            f"{where} or completion.", "max_tokens" if gen.max_tokens else where,
+                            f"{where} or completion.", "max_tokens" if gen.max_tokens_given else where,
                             "context_length_exceeded")
             try:
                 params.append(SamplingParams(
                     max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
                     seed=gen.seed, ignore_eos=gen.ignore_eos,
                     stop_token_ids=tuple(gen.stop_token_ids)))
-            except ConfigError as e:
-                raise P.bad(str(e)) from None
+            except ConfigError as e:  # "seed=... must be ...": name the field
+                field_name = str(e).split("=", 1)[0]
+                raise P.bad(str(e), field_name if field_name.isidentifier() else None) from None
+        if len(prompts) > self.max_concurrent:
+            raise P.bad(f"'prompt' holds {len(prompts)} prompts, more than the server's limit of "
+                        f"{self.max_concurrent} requests in flight (--max-concurrent-requests)",
+                        "prompt")
         if len(self._streams) + len(prompts) > self.max_concurrent:
             raise APIError(503, f"the server has {len(self._streams)} requests in flight, its "
                                 f"limit is {self.max_concurrent} (--max-concurrent-requests): "
@@ -413,47 +455,61 @@ class FrontDoor:
                 self._streams.pop(s.rid, None)
 
     def _take(self, s: _Stream, gen: P.GenRequest) -> str:
-        """Consume ``s.items``: append token text, note the end; returns the text to send."""
+        """Consume ``s.items``: each token's text in turn (a stop string is looked for after
+        every token, so the tokens after it are neither counted nor shown), then the end;
+        returns the text to send now."""
         items, s.items = s.items, []
+        maxlen = max(map(len, gen.stop)) if gen.stop else 0
         for it in items:
             if it[0] == "tok":
                 if s.stopped:
                     continue
                 s.n_tokens += 1
-                if s.decoder is not None:
-                    s.ids.append(it[1])
-                    s.text += s.decoder.step(it[1])
                 if self.record_send_lag:  # engine's token time → handed to the writer
                     self.send_lag_ns.append(time.monotonic_ns() - it[2])
+                if s.decoder is None:
+                    continue
+                s.ids.append(it[1])
+                before = len(s.text)
+                s.text += s.decoder.step(it[1])
+                if maxlen and len(s.text) > before:
+                    self._find_stop(s, gen, max(0, before - maxlen + 1))
             elif s.record is None:
-                s.record = it[1]
+                r = s.record = it[1]
                 if s.finish is None:
-                    s.finish = P.finish_reason(it[1].finish_reason)
+                    s.finish = P.finish_reason(r.finish_reason)
                 if s.decoder is not None and not s.stopped:
+                    ids = s.ids
+                    if (r.finish_reason == "stop" and ids and ids[-1] in gen.stop_token_ids
+                            and not gen.include_stop_str_in_output):
+                        # vLLM: the stop token's text is not part of the output
+                        s.stop_reason = ids[-1]
+                        ids = ids[:-1]
                     # bytes held back for a character never completed: the end shows them as
                     # decode() does (U+FFFD), so the streamed text equals the whole text
-                    full = self.tokenizer.decode(s.ids)
-                    if full.startswith(s.text):
+                    full = self.tokenizer.decode(ids)
+                    if full.startswith(s.text[:s.sent]):
                         s.text = full
-        if gen.stop and not s.stopped:
-            start = max(0, s.sent - max(map(len, gen.stop)))
-            hits = [(s.text.find(x, start), x) for x in gen.stop]
-            hits = [(i, x) for i, x in hits if i >= 0]
-            if hits:
-                i, x = min(hits)
-                s.text = s.text[:i + len(x)] if gen.include_stop_str_in_output else s.text[:i]
-                s.stopped, s.finish, s.stop_reason = True, "stop", x
-                if s.record is None:
-                    self.host.abort(s.rid, "stop")
-        if gen.stop and not s.stopped and s.record is None:
+                    if maxlen:
+                        self._find_stop(s, gen, max(0, s.sent - maxlen))
+        if maxlen and not s.stopped and s.record is None:
             # hold back what could be the start of a stop string
-            keep = max(map(len, gen.stop)) - 1
-            upto = max(s.sent, len(s.text) - keep)
+            upto = max(s.sent, len(s.text) - (maxlen - 1))
         else:
             upto = len(s.text)
         delta = s.text[s.sent:upto]
         s.sent = upto
         return delta
+
+    def _find_stop(self, s: _Stream, gen: P.GenRequest, start: int) -> None:
+        hits = [(i, x) for x in gen.stop if (i := s.text.find(x, start)) >= 0]
+        if not hits:
+            return
+        i, x = min(hits)
+        s.text = s.text[:i + len(x)] if gen.include_stop_str_in_output else s.text[:i]
+        s.stopped, s.finish, s.stop_reason = True, "stop", x
+        if s.record is None:
+            self.host.abort(s.rid, "stop")
 
     @staticmethod
     def _finished(s: _Stream) -> bool:
@@ -466,13 +522,18 @@ class FrontDoor:
         return None
 
     async def _whole(self, gen: P.GenRequest, streams: list[_Stream]) -> web.Response:
-        for s in streams:
-            while not self._finished(s):
-                await s.event.wait()
-                s.event.clear()
-                self._take(s, gen)
-            self._take(s, gen)
-            err = self._error_of(s)
+        pending = list(streams)
+        while pending:  # every choice at once: a stop string in one ends it then, not later
+            await asyncio.wait([asyncio.ensure_future(x.event.wait()) for x in pending],
+                               return_when=asyncio.FIRST_COMPLETED)
+            for x in list(pending):
+                if x.event.is_set():
+                    x.event.clear()
+                    self._take(x, gen)
+                    if self._finished(x) or x.stopped:
+                        pending.remove(x)
+        for x in streams:
+            err = self._error_of(x)
             if err is not None:
                 raise err
         created = int(time.time())
@@ -502,7 +563,6 @@ class FrontDoor:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = f'{{"id":"{cid}","object":"{obj}","created":{created},"model":{json.dumps(self.model_name)},'
-        resp: web.StreamResponse | None = None
         role_sent = [False] * len(streams)
         pending = list(streams)
         wake = asyncio.Event()
@@ -515,66 +575,84 @@ class FrontDoor:
                 wake.set()
 
         relays = [asyncio.ensure_future(relay(s)) for s in streams] if len(streams) > 1 else []
+        box: list = [None]
         try:
-            while pending:
-                if len(streams) == 1:
-                    s0 = streams[0]
-                    await s0.event.wait()
-                    s0.event.clear()
-                else:
-                    await wake.wait()
-                    wake.clear()
-                chunks = []
-                for s in list(pending):
-                    if not s.items:
-                        continue
-                    had_tokens = any(it[0] == "tok" for it in s.items)
-                    delta = self._take(s, gen)
-                    done = s.finish is not None and (s.record is not None or s.stopped)
-                    err = self._error_of(s)
-                    if err is not None:
-                        if resp is None and len(streams) == 1:
-                            raise err
-                        chunks.append(json.dumps(err.body()))
-                        pending.remove(s)
-                        continue
-                    if not had_tokens and not done and not delta:
-                        continue
-                    if chat:
-                        d: dict[str, Any] = {"content": delta}
-                        if not role_sent[s.index]:
-                            d = {"role": "assistant", "content": delta}
-                            role_sent[s.index] = True
-                        choice = {"index": s.index, "delta": d, "logprobs": None,
-                                  "finish_reason": s.finish if done else None}
-                    else:
-                        choice = {"index": s.index, "text": delta, "logprobs": None,
-                                  "finish_reason": s.finish if done else None,
-                                  "stop_reason": s.stop_reason if done else None}
-                    body = head + '"choices":[' + json.dumps(choice) + "]"
-                    if gen.continuous_usage:
-                        body += ',"usage":' + json.dumps(P.usage(s.prompt_len, s.n_tokens))
-                    chunks.append(body + "}")
-                    if done:
-                        pending.remove(s)
-                if not chunks:
-                    continue
-                if resp is None:
-                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache"})
-                    await resp.prepare(request)
-                await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
-            if resp is None:
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-cache"})
-                await resp.prepare(request)
-            tail = ""
-            if gen.include_usage:
-                u = P.usage(sum(s.prompt_len for s in streams), sum(s.n_tokens for s in streams))
-                tail = "data: " + head + '"choices":[],"usage":' + json.dumps(u) + "}\n\n"
-            await resp.write((tail + "data: [DONE]\n\n").encode())
-            await resp.write_eof()
-            return resp
+            return await self._stream_loop(request, gen, streams, pending, wake, head, chat,
+                                           role_sent, box)
+        except ConnectionResetError:  # the client went away: _generate aborts its requests
+            return box[0] if box[0] is not None else web.Response(status=499)
         finally:
             for t in relays:
                 t.cancel()
+
+    async def _stream_loop(self, request: web.Request, gen: P.GenRequest,
+                           streams: list[_Stream], pending: list[_Stream], wake: asyncio.Event,
+                           head: str, chat: bool, role_sent: list[bool],
+                           box: list) -> web.StreamResponse:
+        """Write the SSE stream until every choice ended; ``box[0]`` holds the response once
+        prepared (for the caller, when the client goes away mid-write)."""
+        resp: web.StreamResponse | None = None
+        # OpenAI: with include_usage every chunk carries "usage", null until the last
+        null_usage = ',"usage":null' if gen.include_usage and not gen.continuous_usage else ""
+        while pending:
+            if len(streams) == 1:
+                s0 = streams[0]
+                await s0.event.wait()
+                s0.event.clear()
+            else:
+                await wake.wait()
+                wake.clear()
+            chunks = []
+            for s in list(pending):
+                if not s.items:
+                    continue
+                had_tokens = any(it[0] == "tok" for it in s.items)
+                delta = self._take(s, gen)
+                done = s.finish is not None and (s.record is not None or s.stopped)
+                err = self._error_of(s)
+                if err is not None:
+                    if resp is None and len(streams) == 1:
+                        raise err
+                    chunks.append(json.dumps(err.body()))
+                    pending.remove(s)
+                    continue
+                if not had_tokens and not done and not delta:
+                    continue
+                if chat:
+                    d: dict[str, Any] = {"content": delta}
+                    if not role_sent[s.index]:
+                        d = {"role": "assistant", "content": delta}
+                        role_sent[s.index] = True
+                    choice = {"index": s.index, "delta": d, "logprobs": None,
+                              "finish_reason": s.finish if done else None}
+                else:
+                    choice = {"index": s.index, "text": delta, "logprobs": None,
+                              "finish_reason": s.finish if done else None,
+                              "stop_reason": s.stop_reason if done else None}
+                body = head + '"choices":[' + json.dumps(choice) + "]"
+                if gen.continuous_usage:
+                    body += ',"usage":' + json.dumps(P.usage(s.prompt_len, s.n_tokens))
+                chunks.append(body + null_usage + "}")
+                if done:
+                    pending.remove(s)
+            if not chunks:
+                continue
+            if resp is None:
+                resp = box[0] = await self._prepare_sse(request)
+            await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
+        if resp is None:
+            resp = box[0] = await self._prepare_sse(request)
+        tail = ""
+        if gen.include_usage:
+            u = P.usage(sum(s.prompt_len for s in streams), sum(s.n_tokens for s in streams))
+            tail = "data: " + head + '"choices":[],"usage":' + json.dumps(u) + "}\n\n"
+        await resp.write((tail + "data: [DONE]\n\n").encode())
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    async def _prepare_sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        return resp

@@ -398,3 +398,96 @@ def test_start_up_refusals_come_before_the_model_loads(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{broken")
     r = run_cli("serve", "--device", "cpu", "--model", "tiny", "--tokenizer", str(tmp_path))
     assert r.returncode == 2 and "cannot be read" in r.stderr
+
+
+MORE_BAD = [
+    ({"prompt": "hi", "seed": 2**64}, 400, "seed", "manual_seed"),
+    ({"prompt": "hi", "seed": -(2**63) - 1}, 400, "seed", "manual_seed"),
+    ({"prompt": "\ud800"}, 400, "prompt", "not valid Unicode"),
+    ({"prompt": "x", "n": True}, 400, "n", "n=1"),
+    ({"prompt": "x", "max_tokens": 4.5}, 400, "max_tokens", "integer"),
+]
+
+
+@pytest.mark.parametrize("body,status,param,words", MORE_BAD,
+                         ids=[f"{i}-{b[2]}" for i, b in enumerate(MORE_BAD)])
+def test_inputs_that_once_crashed_the_engine_or_gave_500(server, body, status, param, words):
+    st, resp = http("POST", server.url + "/v1/completions", body)
+    assert st == status, resp
+    assert resp["error"]["param"] == param and words in resp["error"]["message"], resp
+    assert http("GET", server.url + "/health")[0] == 200
+
+
+def test_lenient_where_clients_are_and_a_tiny_temperature_is_greedy(server):
+    c = client(server)
+    ids = [21, 22, 23]
+    r = c.completions.create(model="tiny-served", prompt=ids, max_tokens=5, temperature=1e-40,
+                             extra_body={"ignore_eos": True})
+    assert r.choices[0].text == TOK.decode(engine_greedy(ids, 5))  # vLLM: < 1e-5 is greedy
+    st, resp = http("POST", server.url + "/v1/completions",
+                    {"prompt": ids, "max_tokens": 4.0, "response_format": {"type": "text"},
+                     "suffix": "", "ignore_eos": True})
+    assert st == 200 and resp["usage"]["completion_tokens"] == 4
+    raw = "[" * 100_000 + "]" * 100_000
+    st, resp = http("POST", server.url + "/v1/completions", raw=raw.encode()[:50_000])
+    assert st == 400
+    assert http("GET", server.url + "/health")[0] == 200
+
+
+def test_stop_in_a_batch_ends_that_choice_when_found_and_counts_only_its_tokens(server):
+    ids = [30, 31, 32, 33]
+    ref = engine_greedy(ids, 40)
+    pre = [TOK.decode(ref[:i]) for i in range(41)]
+    # a stop string: the text of the first later token that does not occur before it
+    n_stop, stop = next((i, pre[i][len(pre[i - 1]):]) for i in range(3, 41)
+                        if pre[i].startswith(pre[i - 1]) and len(pre[i]) - len(pre[i - 1]) >= 2
+                        and pre[i].find(pre[i][len(pre[i - 1]):]) == len(pre[i - 1])
+                        and "\ufffd" not in pre[i])
+    c = client(server)
+    r = c.completions.create(model="tiny-served", prompt=[[40, 41], ids], max_tokens=40,
+                             temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    ch = r.choices[1]
+    assert ch.finish_reason == "stop" and ch.text == pre[n_stop - 1]
+    assert r.usage.completion_tokens == 40 + n_stop  # choice 0 ran to 40, choice 1 to its stop
+
+
+def test_stop_token_id_text_is_left_out_and_named_as_the_stop_reason(server):
+    ids = [50, 51, 52]
+    ref = engine_greedy(ids, 8)
+    r = client(server).completions.create(model="tiny-served", prompt=ids, max_tokens=8,
+                                          temperature=0,
+                                          extra_body={"stop_token_ids": [ref[3]], "ignore_eos": True})
+    n = ref.index(ref[3]) + 1
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and r.usage.completion_tokens == n
+    assert ch.text == TOK.decode(ref[:n - 1])
+    assert ch.model_extra.get("stop_reason") == ref[3]
+
+
+def test_a_batch_larger_than_the_cap_is_a_400_and_405_names_the_methods(server):
+    st, resp = http("GET", server.url + "/v1/chat/completions")
+    assert st == 405
+    with urllib.request.urlopen(urllib.request.Request(server.url + "/v1/models")) as r:
+        assert r.status == 200
+    try:
+        urllib.request.urlopen(urllib.request.Request(server.url + "/v1/completions", method="GET"))
+    except urllib.error.HTTPError as e:
+        assert "POST" in e.headers.get("Allow", "")
+
+
+def test_knob_endpoint_types_and_which_knob_is_at_fault(tmp_path):
+    with ServeProc("--max-concurrent-requests", "2") as s:
+        st, body = http("POST", s.url + "/v1/completions", {"prompt": [[1], [2], [3]]})
+        assert st == 400 and "--max-concurrent-requests" in body["error"]["message"]
+        u = s.url + "/gpuchef/v1/scheduler"
+        st, body = http("PATCH", u, {"max_num_batched_tokens": "512"})
+        assert st == 400 and "JSON integer" in body["error"]["message"]
+        st, body = http("PATCH", u, {"max_num_seqs": 8, "max_num_batched_tokens": 0})
+        assert st == 400 and body["error"]["param"] == "max_num_batched_tokens"
+        assert http("GET", u)[1]["max_num_seqs"] == 256  # nothing changed
+        st, body = http("PATCH", u, {"auto_budget": "itl_p99:50ms"})
+        assert st == 200, body
+        st, body = http("PATCH", u, {"auto_budget": "itl_p99:-5ms"})
+        assert st == 400 and body["error"]["param"] == "auto_budget"
+        st, body = http("PATCH", u, {"mode": 3})
+        assert st == 400 and body["error"]["param"] == "mode"
