@@ -34,9 +34,11 @@ mean relative error (σ of a normal error) and z its quantile for the target's s
 With a TTFT target, each request in line for prefill (the running partial prefills, then up to
 32 waiting; looked at every 4th step) with age a and T prefill tokens ahead of its first token
 (its own included) needs T·(f/P + c) ≤ g_ttft − a, i.e. P ≥ T·f/(g_ttft − a − T·c), when every
-step of the T/P it waits costs f + c·P; the allowance is raised to the
+step of the T/P it waits costs f + c·P; the allowance is raised toward the
 largest such P among the requests that the full budget could still serve in time (a request
-already past rescue is not chased at every decode's expense). Guards: the allowance is never
+already past rescue is not chased at every decode's expense), but only as far as the predicted
+step time stays within the ITL target itself: the relaxation spends the headroom, never the
+target (past it both SLOs would fail together). Guards: the allowance is never
 above the budget left after the decodes (``max_num_batched_tokens``, the user's cap), never below
 ``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves); while the model is not fitted (fewer
 than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient ≤ 0)
@@ -236,13 +238,15 @@ class Autopilot:
         c = th[3] / 512.0                       # ms per prefill token
         e = max(th[5], 0.0) / 1048576.0         # ms per query-key pair
         o = line[0].num_computed_tokens if line else 0
-        p = _largest_p(self._goal(self.spec.itl_ms, self._z_itl) - fixed, c + e * o, e / 2.0)
+        b = c + e * o
+        p = _largest_p(self._goal(self.spec.itl_ms, self._z_itl) - fixed, b, e / 2.0)
         if self.spec.ttft_ms is not None and p < budget_left:
             self._ttft_age += 1
             if self._ttft_age >= TTFT_EVERY:  # the line moves by a few requests a step
                 self._ttft_age = 0
                 self._ttft_p = self._ttft_need(sched, line, fixed, c, budget_left)
-            p = max(p, self._ttft_p)
+            if self._ttft_p > p:  # TTFT at risk: spend the headroom, not the ITL target
+                p = min(self._ttft_p, _largest_p(self.spec.itl_ms - fixed, b, e / 2.0))
         floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
         return max(floor, min(int(p), budget_left))
 

@@ -17,7 +17,7 @@ from gpuchef.engine_host.autopilot import MIN_PREFILL_ALLOWANCE, Autopilot, Step
 from gpuchef.engine_host.config import (CacheConfig, ConfigError, EngineConfig, SchedulerConfig,
                                         parse_auto_budget)
 from gpuchef.engine_host.kv_cache import KVCacheManager
-from gpuchef.engine_host.request import Request, SamplingParams
+from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams
 from gpuchef.engine_host.scheduler import Scheduler
 
 BS = 16
@@ -213,9 +213,7 @@ def test_reconverges_after_a_step_change_in_load(factor):
 
 def test_ttft_at_risk_raises_the_allowance():
     # a fitted model, 40 decodes running, 40 000 tokens queued 1.5 s ago against a 2 s TTFT
-    # target: at the ITL rule's P_itl the 15th request in line would miss (by hand: it needs
-    # P ≥ 13 ms·30 000/(500 ms − 0.012·30 000) ≈ 2 800); the 17th cannot be saved at any
-    # allowance and is not chased
+    # target: the ITL rule alone allows P_itl; the TTFT rule must allow more
     model = StepTimeModel()
     true = TrueTime()
     rng = np.random.default_rng(1)
@@ -236,21 +234,36 @@ def test_ttft_at_risk_raises_the_allowance():
         for i in range(40):  # decodes, admitted long ago
             r = make_req(i, 500, 100)
             r.prefill_target = r.num_computed_tokens = 500
+            r.status = RequestStatus.RUNNING
             sched.running.append(r)
         for i in range(20):  # 20 × 2000 tokens waiting since t = 0
             sched.waiting.append(make_req(100 + i, 2000, 10, arrival_ns=0))
         out = sched.schedule()
         return out.prefill_allowance, len(out.decodes)
 
+    model.error = 0.10  # a 10 % model error: the ITL goal keeps headroom under the target
     p_itl, d = allowance(f"itl_p99:{ITL}ms")
     p_both, _ = allowance(f"itl_p99:{ITL}ms,ttft_p99:2s")
-    # independent check of the ITL-only answer from the true coefficients (the fit is exact)
-    fixed = 8 + 2 + 0.06 * d + 3e-5 * 501 * d
-    z_goal = ITL * max(0.5, 1 / (1 + 2.3263 * 1.25 * model.error))
-    p_true = (-0.012 + np.sqrt(0.012 ** 2 + 4 * 0.5e-6 * (z_goal - fixed))) / (2 * 0.5e-6)
-    assert p_itl == pytest.approx(p_true, rel=0.03)
-    assert p_both > 1.5 * p_itl
-    assert p_both <= 4096 - d
+
+    # independent check from the true coefficients (the fit is exact): the largest P whose
+    # step time is within `goal`
+    def p_at(goal):
+        fixed = 8 + 2 + 0.06 * d + 3e-5 * 501 * d
+        return (-0.012 + np.sqrt(0.012 ** 2 + 4 * 0.5e-6 * (goal - fixed))) / (2 * 0.5e-6)
+
+    assert d == 40
+    assert p_itl == pytest.approx(p_at(ITL / (1 + 2.3263 * 1.25 * 0.10)), rel=0.03)
+    # at risk, the TTFT rule raises it to serve the requests in line that can still be served
+    # (by hand: the j-th of them, T = 2000·j tokens ahead, needs P ≥ T·f/(g − 1500 ms − c·T),
+    # g = 2 s/(1 + 2.33·σ)), but only up to the ITL target itself
+    f = 8 + 2 + 0.06 * d + 3e-5 * 501 * d
+    g = 2000 / (1 + 2.3263 * 1.25 * 0.10)
+    needs = [T * f / (g - 1500 - 0.012 * T) for T in (2000 * j for j in range(1, 21))
+             if g - 1500 - 0.012 * T > 0]
+    need = max(n for n in needs if n <= 4096 - d)
+    assert p_itl < need
+    assert p_both == pytest.approx(min(need, p_at(ITL)), rel=0.03)
+    assert p_both > 1.2 * p_itl
 
 
 def test_falls_back_to_the_static_budget_with_a_status():
