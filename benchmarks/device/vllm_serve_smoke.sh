@@ -15,7 +15,7 @@ wait_url() {  # wait_url LOG: the front door's URL from its start-up line, or no
   done
 }
 if [ -n "${DRY_SMOKE:-}" ]; then ENG="--engine native --device cpu --model tiny"; N=10; else
-  ENG="--engine vllm --model llama-3-8b"; fi
+  ENG="--engine vllm --model llama-3-8b ${ENG_EXTRA:-}"; fi
 # 1. hosted vLLM behind the front door
 gpuchef serve $ENG --port 0 --trace $R/vllm_hosted_serve.jsonl > $R/vllm_hosted_serve.log 2>&1 &
 P=$!
