@@ -441,6 +441,10 @@ def test_bench_base_url_prints_the_block_and_writes_vllms_keys(server, tmp_path)
     assert d["probe_completed"] >= 1
     # forced lengths reached the server as max_tokens + ignore_eos
     assert all(b["max_tokens"] <= 5 and b["ignore_eos"] for b in server.bodies.values())
+    # the server's vocab_size bounds the prompt ids; its max_model_len clips the load
+    loads = [b for rid, b in server.bodies.items() if rid.startswith("req-")]
+    assert max(max(b["prompt"]) for b in loads) < 4096
+    assert max(len(b["prompt"]) + b["max_tokens"] for b in loads) == 512  # trace prompts > 512
 
 
 def test_bench_base_url_refuses_engine_flags_and_http_flags_alone(server):
