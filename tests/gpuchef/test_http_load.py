@@ -570,3 +570,20 @@ def test_peak_output_rate_and_concurrency_as_vllm_buckets_them():
     # 1-s buckets from the first start: [0,1) 1 token, [1,2) 3+1+2+1, [3,4) 1
     assert peak_stats([a, b, failed]) == (7.0, 2)
     assert peak_stats([failed]) == (0.0, 0)
+
+
+def test_bench_ramp_up_end_to_end(server, tmp_path):
+    out = tmp_path / "r.json"
+    r = bench(["--base-url", server.url, "--vocab-size", "100", "--num-prompts", "30",
+               "--input-len", "4", "--output-len", "2", "--ramp-up-strategy", "linear",
+               "--ramp-up-start-rps", "20", "--ramp-up-end-rps", "60", "--burstiness", "inf",
+               "--result-json", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert (d["ramp_up_strategy"], d["ramp_up_start_rps"], d["ramp_up_end_rps"]) == \
+        ("linear", 20, 60)
+    assert [e["rps"] for e in d["rps_change_events"]] == list(range(20, 61))
+    # constant gaps 1/rate_i: the sends are spaced as the ramp says (vLLM, not rescaled)
+    want = np.cumsum([1 / (20 + 40 * i / 29) for i in range(30)])
+    got = np.asarray(d["start_times"]) - d["start_times"][0]
+    assert np.allclose(got, want - want[0], atol=0.02)
