@@ -127,8 +127,8 @@ async def _palette_hits(pilot, typed: str) -> list[str]:
     await pilot.press(*typed)
     await pilot.pause(0.6)
     ol = pilot.app.screen.query_one(CommandList)
-    return [str(getattr(ol.get_option_at_index(i).prompt, "plain", ol.get_option_at_index(i).prompt))
-            for i in range(ol.option_count)]
+    prompts = [ol.get_option_at_index(i).prompt for i in range(ol.option_count)]
+    return [str(getattr(p, "plain", p)) for p in prompts]
 
 
 def _notes(app) -> list[str]:
@@ -305,8 +305,8 @@ def test_a_continuous_prefill_above_the_budget_line_is_marked_and_explained():
 
 
 def test_change_labels_are_whole_or_counted_never_cut():
-    """Close changes overlapped until only the last was readable ('▲  ▲  ▲partial 2→1') and a
-    label at the right edge was cut ('▲mode→con')."""
+    """Close changes overlapped until only the last was readable ('▲  ▲  ▲partial 2→1') and
+    a label at the right edge was cut ('▲mode→con')."""
     from gpuchef.tui.widgets.waveforms import change_labels
 
     marks = [(40, "budget 512→1024"), (41, "chunk off→256"), (43, "partial 1→2"),

@@ -26,9 +26,11 @@ PANELS = (
     ("Queue and KV cache", "running and waiting requests after the last step (held between "
      "steps; arrivals since the newest step count as waiting), preemptions (×), KV blocks in "
      "use. A readout older than 1 s says its age."),
-    ("time axis", "mode in force (▀ amber continuous, violet chunked), every change marked (┃ and "
-     "▲label) at the step where it took effect; ticks count back from now."),
-    ("Numbers", "vllm bench serve's definitions over the last N s: TTFT, TPOT, ITL, E2EL, "
+    ("time axis", "mode in force (▀ amber continuous, violet chunked; a switch shows at once), "
+     "every change marked (┃ and ▲label) at the step where it took effect — labels whole, "
+     "the ones with no room counted as +N; ticks count back from now."),
+    ("Numbers", "vllm bench serve's definitions over the last N s: TTFT, TPOT, ITL (one per "
+     "output chunk), E2EL, "
      "throughput, goodput against the SLOs (--goodput), steps/s, tokens per step."),
 )
 
