@@ -2,8 +2,9 @@
 and over HTTP (`gpuchef serve`'s front door, streamed), interleaved over ``--rounds``.
 
 * in-process: ``gpuchef.session.run_load`` — the host admits each request at its arrival time.
-* HTTP: the front door on the same engine in this process; the load from `gpuchef bench
-  --base-url` in a *separate* process (as a user's load tool would be), token-id prompts,
+* HTTP: the front door on the same engine, in its own process as `gpuchef serve` runs it
+  (``--server-thread`` adds the same server on a thread of this process); the load from
+  `gpuchef bench --base-url` in a *separate* process (as a user's load tool would be), token-id prompts,
   ``ignore_eos`` with the forced lengths, streamed. Its figures are client-side (vllm bench
   serve's definitions); the server-side records of the same requests are summarised beside them
   (the difference is the HTTP path: client → server → first chunk back).
@@ -47,6 +48,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--server-thread", action="store_true",
+                    help="also the front door on a thread of the engine's process (the first "
+                         "design; the GIL it takes from the engine is why process.py exists)")
     a = ap.parse_args()
 
     from rich.console import Console
@@ -56,6 +60,7 @@ def main() -> None:
     from gpuchef.engine_host.tokenizer import load_tokenizer
     from gpuchef.engine_host.workload import WorkloadConfig, generate
     from gpuchef.probes.metrics import summarize
+    from gpuchef.serve.process import ChildArgs, ServeProcess
     from gpuchef.serve.server import bind_socket
     from gpuchef.serve.session import fan, make_front_door
     from gpuchef.session import build_engine, run_load
@@ -78,20 +83,29 @@ def main() -> None:
         m = summarize(res.requests, res.duration_s, percentiles=(50, 99))
         return _row(m)
 
-    def http() -> dict:
-        tok = load_tokenizer(a.model, engine.model_config.vocab_size)
+    def http(thread: bool) -> dict:
         host = EngineHost(engine)
-        front, metrics = make_front_door(host, engine, tokenizer=tok, served_model_name=None,
-                                         model=a.model, api_key=None, max_concurrent=1 << 20,
-                                         max_body_bytes=256 << 20)
         server_recs = []
-        host.on_output = fan(front.on_output, metrics.on_output)
-        host.on_request = fan(front.on_request, metrics.on_request, server_recs.append)
-        host.on_step = metrics.on_step
-        front.record_send_lag = True
-        sock = bind_socket("127.0.0.1", 0)
-        host.start()
-        front.start(sock)
+        if thread:  # the front door on a thread of this process (the design before process.py)
+            tok = load_tokenizer(a.model, engine.model_config.vocab_size)
+            front, metrics = make_front_door(host, engine, tokenizer=tok, served_model_name=None,
+                                             model=a.model, api_key=None,
+                                             max_concurrent=1 << 20, max_body_bytes=256 << 20)
+            host.on_output = fan(front.on_output, metrics.on_output)
+            host.on_request = fan(front.on_request, metrics.on_request, server_recs.append)
+            host.on_step = metrics.on_step
+            front.record_send_lag = True
+            sock = bind_socket("127.0.0.1", 0)
+            host.start()
+            front.start(sock)
+        else:  # what gpuchef serve runs: the server in its own process
+            front = ServeProcess(ChildArgs("127.0.0.1", 0, a.model, engine.model_config.vocab_size,
+                                           None, None, None, 1 << 20, 256 << 20, "bench")).start()
+            host.on_output = front.on_output
+            host.on_request = fan(front.on_request, server_recs.append)
+            host.on_step = front.on_step
+            host.start()
+            front.attach(host, engine)
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "r.json")
             cmd = [sys.executable, "-m", "gpuchef", "bench", "--base-url", front.url,
@@ -109,7 +123,7 @@ def main() -> None:
             client = json.load(open(out))
         front.stop()
         host.stop()
-        lag = sorted(front.send_lag_ns)
+        lag = sorted(getattr(front, "send_lag_ns", []))
         srv = [r for r in server_recs if r.token_times_ns]
         span = (max(r.token_times_ns[-1] for r in srv) - min(r.arrival_ns for r in srv)) / 1e9
         ms = summarize(srv, span, percentiles=(50, 99))
@@ -125,10 +139,12 @@ def main() -> None:
                "wall_s": time.monotonic() - t0}
         return row
 
-    rows = {"inproc": [], "http": []}
+    arms = [("inproc", inproc), ("http", lambda: http(False))]
+    if a.server_thread:
+        arms.append(("http_thread", lambda: http(True)))
+    rows = {k: [] for k, _ in arms}
     for r in range(a.rounds):
-        for arm, fn in (("inproc", inproc), ("http", http)) if r % 2 == 0 else \
-                (("http", http), ("inproc", inproc)):
+        for arm, fn in (arms if r % 2 == 0 else arms[::-1]):
             rows[arm].append(fn())
             err.print(f"round {r + 1} {arm}: {rows[arm][-1]['total_token_throughput']:.1f} tok/s, "
                       f"TTFT p50 {rows[arm][-1]['median_ttft_ms']:.2f} ms")
@@ -143,6 +159,11 @@ def main() -> None:
         "itl_p50_diff_ms": med("http", "median_itl_ms") - med("inproc", "median_itl_ms"),
         "itl_p99_diff_ms": med("http", "p99_itl_ms") - med("inproc", "p99_itl_ms"),
     }
+    if a.server_thread:
+        summary["thread_ratio_total_tok_s"] = (med("http_thread", "total_token_throughput")
+                                               / med("inproc", "total_token_throughput"))
+        summary["thread_itl_p50_diff_ms"] = (med("http_thread", "median_itl_ms")
+                                             - med("inproc", "median_itl_ms"))
     result = {"args": vars(a), "device": str(engine.device), "rows": rows, "summary": summary}
     print(json.dumps(summary, indent=2))
     if a.json:

@@ -58,26 +58,27 @@ def model_vocab_size(model: str) -> int:
 
 
 def prepare_serving(o: dict[str, Any]):
-    """Everything the front door can refuse, before the model loads: the listening socket
-    (port in use, bad host), the tokenizer, the limits. Returns ``(sock, tokenizer)``; raises
-    ConfigError."""
-    from .engine_host.tokenizer import load_tokenizer
-    from .serve.server import bind_socket
+    """Start the front door's process before the model loads: it binds the port (a port in
+    use, a bad host) and reads the tokenizer, and refuses the limits. Returns the started
+    ``ServeProcess`` (``attach`` it to the host once the engine is built); raises ConfigError
+    with the one line it printed."""
+    from .serve.process import ChildArgs, ServeProcess
+    from .serve.session import gpuchef_version
 
     if not o["max_concurrent_requests"] >= 1:
         raise ConfigError(f"--max-concurrent-requests {o['max_concurrent_requests']} must be >= 1")
     mb = o["max_request_body_mb"]
     if not (mb > 0 and mb == mb and mb < 1 << 20):
         raise ConfigError(f"--max-request-body-mb {mb:g} must be > 0 (MiB)")
-    tokenizer = load_tokenizer(o["model"], model_vocab_size(o["model"]), o["tokenizer"])
-    sock = bind_socket(o["http_host"], o["port"])
-    return sock, tokenizer
-
-
-def front_door_kwargs(o: dict[str, Any]) -> dict[str, Any]:
-    return dict(served_model_name=o["served_model_name"], model=o["model"],
-                api_key=o["api_key"], max_concurrent=o["max_concurrent_requests"],
-                max_body_bytes=int(o["max_request_body_mb"] * 2**20))
+    port = o["port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port!r} is out of range: allowed [0, 65535] (0 = any free port)")
+    args = ChildArgs(http_host=o["http_host"], port=port, model=o["model"],
+                     model_vocab_size=model_vocab_size(o["model"]),
+                     tokenizer_path=o["tokenizer"], served_model_name=o["served_model_name"],
+                     api_key=o["api_key"], max_concurrent=o["max_concurrent_requests"],
+                     max_body_bytes=int(mb * 2**20), version=gpuchef_version())
+    return ServeProcess(args).start()
 
 
 @click.command("serve")
@@ -122,7 +123,8 @@ def serve(**o) -> None:
     try:
         session.start()
         url = session.url
-        click.echo(f"gpuchef serve: {session.front.model_name} on {url} (OpenAI API {url}/v1, "
+        name = session.server.args.served_model_name or session.server.args.model
+        click.echo(f"gpuchef serve: {name} on {url} (OpenAI API {url}/v1, "
                    f"metrics {url}/metrics, knobs {url}/gpuchef/v1/scheduler); Ctrl-C stops",
                    err=True)
         sys.stderr.flush()
@@ -151,23 +153,21 @@ def _build(o: dict, err: Console):
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
     ecfg = engine_config(o)
     check_output_path(o["trace_path"], "--trace", make_parents=True)
-    sock, tokenizer = prepare_serving(o)
+    server = prepare_serving(o)
     try:
         engine = build_engine(ecfg, err)
-        if tokenizer.model_vocab_size != engine.model_config.vocab_size:
+        if server.args.model_vocab_size != engine.model_config.vocab_size:
             raise ConfigError(f"the tokenizer was built for a vocabulary of "
-                              f"{tokenizer.model_vocab_size}, the model has "
+                              f"{server.args.model_vocab_size}, the model has "
                               f"{engine.model_config.vocab_size}")
         recorder = None
         if o["trace_path"]:
             meta = trace_meta(engine, ecfg, None, "serve")
-            name = sock.getsockname()
-            meta["source"] = {"kind": "hosted", "serve": f"http://{name[0]}:{name[1]}"}
+            meta["source"] = {"kind": "hosted", "serve": server.url}
             recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
-        session = ServeSession(engine, sock, tokenizer=tokenizer, recorder=recorder,
-                               **front_door_kwargs(o))
+        session = ServeSession(engine, server, recorder=recorder)
         session.samplers = Samplers(gpus, sample_hz, sink=session.sample_sink)
         return session
     except BaseException:
-        sock.close()
+        server.stop()
         raise

@@ -14,7 +14,7 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, engine_config, engine_options, scheduler_options,
                       workload_config, workload_options)
-from .serve_cmd import front_door_kwargs, prepare_serving, serve_options
+from .serve_cmd import prepare_serving, serve_options
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
 # Azure conversation trace slowed down and clipped so that the engine is busy but keeps up:
@@ -173,20 +173,20 @@ def _build(ctx: click.Context, o: dict, err: Console):
     check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
     check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)
-    sock = tokenizer = None
+    server = None
     if o["serve"]:  # a port in use or a bad tokenizer is refused before the model loads
-        sock, tokenizer = prepare_serving(o)
+        server = prepare_serving(o)
     try:
-        return _start(o, ecfg, err, sock, tokenizer, note, slos, pcts, gpus, window_s,
-                      num_prompts, duration_s, load_given)
+        return _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts,
+                      duration_s, load_given)
     except BaseException:
-        if sock is not None:
-            sock.close()
+        if server is not None:
+            server.stop()
         raise
 
 
-def _start(o, ecfg, err, sock, tokenizer, note, slos, pcts, gpus, window_s, num_prompts,
-           duration_s, load_given):
+def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, duration_s,
+           load_given):
     from .live import LiveSession
     from .session import build_engine
     from .tui.app import GpuchefApp
@@ -195,30 +195,20 @@ def _start(o, ecfg, err, sock, tokenizer, note, slos, pcts, gpus, window_s, num_
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
     wcfg = replace(wcfg, num_prompts=wcfg.num_prompts if num_prompts is None else num_prompts)
-    taps: tuple = ()
-    front = None
     meta_extra = {"window_s": window_s}
-    if sock is not None:
-        from .serve.session import make_front_door
-
-        front, metrics = make_front_door(None, engine, tokenizer=tokenizer, **front_door_kwargs(o))
-        taps = (front, metrics)
-        name = sock.getsockname()
-        url = f"http://{name[0]}:{name[1]}"
-        note.append(f"serving {url}" + ("" if load_given else "; internal load paused (p)"))
-        meta_extra["source"] = {"kind": "hosted", "serve": url}
+    if server is not None:
+        note.append(f"serving {server.url}" + ("" if load_given else "; internal load paused (p)"))
+        meta_extra["source"] = {"kind": "hosted", "serve": server.url}
     session = LiveSession(
         engine, wcfg, sample_hz=o["sample_hz"], gpus=gpus, trace_path=o["trace_path"],
         trace_prompts=o["trace_prompts"], slos=slos, percentiles=pcts,
         stats_window_s=o["stats_window"], note="; ".join(note), num_prompts=num_prompts,
-        duration_s=duration_s, meta_extra=meta_extra, taps=taps)
+        duration_s=duration_s, meta_extra=meta_extra,
+        taps=(server,) if server is not None else ())
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"], ab_window_s=o["ab_window"],
                      screenshot_dir=o["screenshot_dir"])
-    if front is not None:
-        front.host = session.host
-        front.metrics._state = lambda: session.host.state
-    session.start(load_paused=front is not None and not load_given)
-    if front is not None:
-        front.start(sock)
-        session.closers.append(front.stop)
+    session.start(load_paused=server is not None and not load_given)
+    if server is not None:
+        server.attach(session.host, engine)
+        session.closers.append(server.stop)
     return app

@@ -1,10 +1,10 @@
-"""The headless server's composition: engine + EngineHost + front door + /metrics + samplers +
-trace (`gpuchef serve`). `gpuchef top --serve` composes the same front door into the dashboard's
-LiveSession instead (gpuchef/top_cmd.py)."""
+"""The headless server's composition: engine + EngineHost + the front door's process (HTTP and
+/metrics, process.py) + samplers + trace (`gpuchef serve`). `gpuchef top --serve` composes the
+same ServeProcess into the dashboard's LiveSession instead (gpuchef/top_cmd.py).
+``make_front_door`` builds the server in this process (benchmarks compare the two)."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable
 
 from ..engine_host.host import EngineHost
@@ -51,45 +51,39 @@ def make_front_door(host: Any, engine: Any, *, tokenizer: Any, served_model_name
 class ServeSession:
     """`gpuchef serve`: the engine behind the front door until ``close``.
 
-    ``sock``: the listening socket (``server.bind_socket``, made before the model loaded);
-    ``recorder``: a TraceRecorder or None; ``samplers``: gpuchef.session.Samplers or None (its
-    sink should include ``metrics.on_gpu_sample``: build it with ``sink=session.sample_sink``).
+    ``server``: a started ``process.ServeProcess`` (it listens already: it bound its port before
+    the model loaded); ``recorder``: a TraceRecorder or None; ``samplers``:
+    gpuchef.session.Samplers or None (build it with ``sink=session.sample_sink``).
     """
 
-    def __init__(self, engine: Any, sock: socket.socket, *, tokenizer: Any,
-                 served_model_name: str | None, model: str, api_key: str | None = None,
-                 max_concurrent: int, max_body_bytes: int, recorder: Any = None) -> None:
+    def __init__(self, engine: Any, server: Any, *, recorder: Any = None) -> None:
         self.engine = engine
-        self.sock = sock
+        self.server = server
         self.recorder = recorder
         rec = recorder.record if recorder is not None else None
         self.host = EngineHost(engine)
-        self.front, self.metrics = make_front_door(
-            self.host, engine, tokenizer=tokenizer, served_model_name=served_model_name,
-            model=model, api_key=api_key, max_concurrent=max_concurrent,
-            max_body_bytes=max_body_bytes)
-        f, m = self.front, self.metrics
-        self.host.on_step = fan(m.on_step, rec)
-        self.host.on_output = fan(f.on_output, m.on_output)
-        self.host.on_request = fan(f.on_request, m.on_request, rec)
-        self.host.on_event = fan(rec) if rec is not None else self.host.on_event
-        self.sample_sink = fan(m.on_gpu_sample, rec)
+        sv = server
+        self.host.on_step = fan(sv.on_step, rec)
+        self.host.on_output = sv.on_output
+        self.host.on_request = fan(sv.on_request, rec)
+        self.host.on_event = fan(sv.on_event, rec)
+        self.sample_sink = fan(sv.on_gpu_sample, rec)
         self.samplers: Any = None
 
     @property
     def url(self) -> str:
-        return self.front.url
+        return self.server.url
 
     def start(self) -> None:
         self.host.start()
         if self.samplers is not None:
             self.samplers.start()
-        self.front.start(self.sock)
+        self.server.attach(self.host, self.engine)
 
     def close(self) -> None:
         """Stop serving (requests in flight are aborted, their clients get what was made), stop
         the engine and samplers, finish the trace."""
-        self.front.stop()
+        self.server.stop()
         self.host.stop()
         for rid in list(self.engine.requests):
             rec = self.engine.abort(rid)

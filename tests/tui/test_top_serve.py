@@ -28,7 +28,7 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
                  "--max-model-len", "512", "--trace", str(trace), "--screenshot-dir",
                  str(tmp_path)])
     s = app.session
-    front = s.closers[0].__self__
+    front = s.closers[0].__self__  # the ServeProcess
     assert front.url.startswith("http://127.0.0.1:")
     assert s.load.paused and "serving http://127.0.0.1:" in s.info.note
     c = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0)

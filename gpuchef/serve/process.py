@@ -1,0 +1,334 @@
+"""The front door in its own process, as vLLM runs its API server apart from its engine core.
+
+Measured on the H200 (benchmarks/RESULTS.md, 2026-12-01): with the HTTP server on a thread of
+the engine's process, its per-token Python work (a task wake-up, a detokenise step, a JSON chunk
+and a socket write per stream per step) took the GIL from the engine thread — the engine's own
+P50 ITL went from 10 to 40 ms at 3× the Azure trace. So the server runs in a child process
+(``multiprocessing`` spawn: no fork after CUDA), and the engine's process keeps only a bridge:
+
+* engine side (``ServeProcess``): listeners that append each record to a deque (the engine
+  thread's whole cost), a sender thread that ships them in one pickled batch per wake-up, and a
+  receiver thread that turns the child's requests into ``EngineHost.submit`` / ``abort`` /
+  ``set_config`` calls — the same host API the load generator uses;
+* server side (``_child_main``): the FrontDoor and ServeMetrics of server.py / metrics.py over a
+  ``RemoteHost`` that looks like the EngineHost to them.
+
+The child binds the port and loads the tokenizer before the engine's model loads, so a port in
+use or a bad tokenizer is one line at once (ConfigError from ``ServeProcess``).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine_host.config import ConfigError, SchedulerConfig
+from ..engine_host.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+
+#: the sender's longest sleep (s) when the engine is idle; a step wakes it at once
+SEND_IDLE_S = 0.05
+RPC_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the server needs of the engine, sent once it is built."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    scheduler: SchedulerConfig
+    step_id: int
+
+
+@dataclass(frozen=True)
+class ChildArgs:
+    http_host: str
+    port: int
+    model: str
+    model_vocab_size: int
+    tokenizer_path: str | None
+    served_model_name: str | None
+    api_key: str | None
+    max_concurrent: int
+    max_body_bytes: int
+    version: str
+
+
+class ServeProcess:
+    """Engine side of the front door. ``start()`` spawns the server process and waits until it
+    listens (ConfigError with its one line when it cannot bind or read the tokenizer);
+    ``attach(host, engine)`` connects it to the host once the engine is built; ``stop()``.
+
+    The listeners (``on_output``, ``on_request``, ``on_step``, ``on_event``, ``on_gpu_sample``)
+    are for the host's and sampler's threads: each is one deque append.
+    """
+
+    def __init__(self, args: ChildArgs) -> None:
+        self.args = args
+        self.url = ""
+        self.host: Any = None
+        self._q: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._proc: Any = None
+        self._conn: Any = None
+        self._threads: list[threading.Thread] = []
+        self._send_lock = threading.Lock()
+        self.child_error = ""
+
+    # -- listeners (engine / sampler threads) --------------------------------------------------
+    def on_output(self, o: StepOutput) -> None:
+        self._q.append(o)
+        self._wake.set()
+
+    def on_request(self, r: RequestRecord) -> None:
+        self._q.append(r)
+        self._wake.set()
+
+    def on_step(self, r: StepRecord) -> None:
+        self._q.append(r)
+
+    def on_event(self, e: EngineEvent) -> None:
+        if e.kind in ("knob", "mode"):  # the server keeps the knobs in force for GET
+            self._q.append(("sched", self.host.scheduler_config if self.host else None))
+
+    def on_gpu_sample(self, s: Any) -> None:
+        if hasattr(s, "sm_active"):
+            self._q.append(s)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, timeout_s: float = 120.0) -> "ServeProcess":
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=_child_main, args=(child, self.args),
+                                 name="gpuchef-http", daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(timeout_s):
+            self._proc.kill()
+            raise ConfigError(f"the HTTP server process did not start within {timeout_s:g} s")
+        try:
+            kind, value = parent.recv()
+        except EOFError:
+            raise ConfigError("the HTTP server process exited while starting") from None
+        if kind == "bind_error":
+            self._proc.join(5)
+            raise ConfigError(value)
+        host, port = value[0], value[1]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        return self
+
+    def attach(self, host: Any, engine: Any) -> None:
+        """Connect the server to ``host`` (the EngineHost of ``engine``): from now on it
+        answers requests."""
+        self.host = host
+        facts = EngineFacts(engine.max_model_len, engine.model_config.vocab_size,
+                            engine.num_blocks, host.scheduler_config, host.step_id)
+        self._send([("ready", facts)])
+        for target, name in ((self._sender, "gpuchef-http-send"),
+                             (self._receiver, "gpuchef-http-recv")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (its clients get what was made), then the bridge threads."""
+        if self._proc is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        try:
+            self._send([("stop", None)])
+        except (OSError, ValueError):
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2)
+        for t in self._threads:
+            t.join(2)
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+        self._proc = None
+
+    # -- bridge threads ------------------------------------------------------------------------
+    def _send(self, batch: list) -> None:
+        with self._send_lock:
+            self._conn.send(batch)
+
+    def _sender(self) -> None:
+        q = self._q
+        last_err = None
+        while not self._stop.is_set():
+            self._wake.wait(SEND_IDLE_S)
+            self._wake.clear()
+            batch = []
+            while q:
+                batch.append(q.popleft())
+            host = self.host
+            err = host.error
+            if err is not None and last_err is None:
+                last_err = err
+                batch.append(("error", f"{type(err).__name__}: {err}"))
+            batch.append(("state", host.state))
+            try:
+                self._send(batch)
+            except (OSError, ValueError, BrokenPipeError):
+                self.child_error = "the HTTP server process is gone"
+                return
+
+    def _receiver(self) -> None:
+        host = self.host
+        conn = self._conn
+        while not self._stop.is_set():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                if not self._stop.is_set():
+                    self.child_error = "the HTTP server process is gone"
+                return
+            kind = msg[0]
+            if kind == "submit":
+                _, rid, ids, sp = msg
+                host.submit(rid, ids, sp, load=False)
+            elif kind == "abort":
+                host.abort(msg[1], msg[2])
+            elif kind == "set":
+                _, rpc, changes = msg
+                try:
+                    parsed = host.set_config(source="http", **changes)
+                    reply = ("reply", rpc, True, parsed)
+                except ConfigError as e:
+                    reply = ("reply", rpc, False, str(e))
+                try:
+                    self._send([reply])
+                except (OSError, ValueError):
+                    return
+
+
+class RemoteHost:
+    """The EngineHost as the server process sees it: ``submit``/``abort`` are messages,
+    ``set_config`` a round trip (validated by the engine's process, ConfigError as there),
+    ``scheduler_config``/``step_id``/``state``/``error`` the latest the engine sent."""
+
+    def __init__(self, conn: Any, facts: EngineFacts) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.scheduler_config = facts.scheduler
+        self.step_id = facts.step_id
+        self.state: tuple[int, int, int, int] | None = None
+        self.error: Any = None
+        self._rpc = itertools.count()
+        self._replies: dict[int, Any] = {}
+        self._reply_cv = threading.Condition()
+
+    def _send(self, msg: tuple) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+    def submit(self, rid: str, ids: Any, sp: Any, load: bool = False) -> None:
+        self._send(("submit", rid, list(ids), sp))
+
+    def abort(self, rid: str, reason: str = "abort") -> None:
+        self._send(("abort", rid, reason))
+
+    def set_config(self, source: str = "http", **changes: Any) -> dict[str, Any]:
+        n = next(self._rpc)
+        self._send(("set", n, changes))
+        end = time.monotonic() + RPC_TIMEOUT_S
+        with self._reply_cv:
+            while n not in self._replies:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise ConfigError("the engine did not answer the knob change in time")
+                self._reply_cv.wait(left)
+            ok, value = self._replies.pop(n)
+        if not ok:
+            raise ConfigError(value)
+        self.scheduler_config = self.scheduler_config.with_changes(**value)
+        return value
+
+    def reply(self, n: int, ok: bool, value: Any) -> None:
+        with self._reply_cv:
+            self._replies[n] = (ok, value)
+            self._reply_cv.notify_all()
+
+
+class _EngineError(Exception):
+    pass
+
+
+def _child_main(conn: Any, a: ChildArgs) -> None:
+    """The server process: bind, read the tokenizer, say so, wait for the engine, serve."""
+    from ..engine_host.tokenizer import load_tokenizer
+    from .metrics import ServeMetrics
+    from .server import FrontDoor, bind_socket
+
+    try:
+        tok = load_tokenizer(a.model, a.model_vocab_size, a.tokenizer_path)
+        sock = bind_socket(a.http_host, a.port)
+    except ConfigError as e:
+        conn.send(("bind_error", str(e)))
+        conn.close()
+        return
+    conn.send(("bound", sock.getsockname()[:2]))
+    try:
+        first = conn.recv()
+    except EOFError:
+        return
+    kind, facts = first[0]
+    if kind != "ready":
+        return
+    remote = RemoteHost(conn, facts)
+    name = a.served_model_name or a.model
+    metrics = ServeMetrics(name, kv_blocks_total=facts.num_blocks, state=lambda: remote.state)
+    metrics.set_scheduler(facts.scheduler)
+    front = FrontDoor(remote, tokenizer=tok, model_name=name, model_root=a.model,
+                      max_model_len=facts.max_model_len, vocab_size=facts.vocab_size,
+                      metrics=metrics, api_key=a.api_key, max_concurrent=a.max_concurrent,
+                      max_body_bytes=a.max_body_bytes, version=a.version)
+    front.start(sock)
+    try:
+        while True:
+            try:
+                batch = conn.recv()
+            except EOFError:
+                break
+            stop = False
+            for item in batch:
+                if isinstance(item, StepOutput):
+                    front.on_output(item)
+                    metrics.on_output(item)
+                elif isinstance(item, RequestRecord):
+                    front.on_request(item)
+                    metrics.on_request(item)
+                elif isinstance(item, StepRecord):
+                    remote.step_id = item.step + 1
+                    metrics.on_step(item)
+                elif isinstance(item, tuple):
+                    k = item[0]
+                    if k == "state":
+                        remote.state = item[1]
+                    elif k == "reply":
+                        remote.reply(item[1], item[2], item[3])
+                    elif k == "sched" and item[1] is not None:
+                        remote.scheduler_config = item[1]
+                    elif k == "error":
+                        remote.error = _EngineError(item[1])
+                    elif k == "stop":
+                        stop = True
+                else:
+                    metrics.on_gpu_sample(item)
+            if stop:
+                break
+    finally:
+        front.stop()
