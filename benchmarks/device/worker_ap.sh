@@ -5,8 +5,10 @@
 # step. Start: bash benchmarks/device/setup.sh worker_ap; then collect.sh until $F/ap_done.
 # Wall time (estimate): warm-up 3-6 min (FlashInfer compile, graphs), then three `ab --capacity`
 # pairs of <= 5 probes x (25 s of arrivals + drain, stopped early once an SLO is broken beyond
-# doubt) = 6-8 min each, so ~25 min in all; each job is capped by its timeout below.
-# Dry run on a CPU (tiny model, 2 probes of 5 s; checks every command line, not the numbers):
+# doubt) = 6-8 min each, so ~25 min in all, then two 1-min lane runs; each job is capped by
+# its timeout below.
+# Dry run on a CPU (tiny model, 2 probes of 5 s; checks every command line, not the numbers;
+# all seven jobs rc 0 in 2.5 min on 2026-12-01):
 #   AP_DRY_CPU=1 RES=/tmp/dres FLAGS=/tmp/dflags GDIR=$PWD bash benchmarks/device/worker_ap.sh
 WORKER=ap
 source ${GDIR:-/tmp/g}/benchmarks/device/env.sh
@@ -32,4 +34,10 @@ job ap02_cost 120 "${PYTHON:-python3} benchmarks/bench_autopilot.py --steps 5000
 job ap03_cap_512_1024 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=512 --b mode=chunked,max_num_batched_tokens=1024 --result-json $R/ap_cap_512_1024.json"
 job ap04_cap_2048_4096 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b mode=chunked,max_num_batched_tokens=4096 --result-json $R/ap_cap_2048_4096.json"
 job ap05_cap_2048_auto $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b $AUTO --result-json $R/ap_cap_2048_auto.json"
+# the long-prompt lane: short prompts' TTFT with and without (analyse the traces with
+# benchmarks/results/2026-12-01-cpu-autopilot/lane_ttft.py after gzip), if time is left
+LANE="--max-num-batched-tokens 2048 --long-prefill-token-threshold 1024 --max-num-partial-prefills 4"
+[ -n "$AP_DRY_CPU" ] && LANE="--max-num-batched-tokens 512 --long-prefill-token-threshold 256 --max-num-partial-prefills 4"
+job ap06_lane_4 240 "$GPUCHEF bench $M $AZ --duration 40 --trace-speed ${LANE_SPEED:-3} $LANE --max-long-partial-prefills 4 --trace $R/lane_long4.jsonl --sample-hz 0"
+job ap07_lane_1 240 "$GPUCHEF bench $M $AZ --duration 40 --trace-speed ${LANE_SPEED:-3} $LANE --max-long-partial-prefills 1 --trace $R/lane_long1.jsonl --sample-hz 0"
 touch $F/ap_done
