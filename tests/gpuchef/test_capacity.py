@@ -369,3 +369,31 @@ def test_a_saturated_probe_fails_though_its_slos_hold():
     assert all(p.rate == pytest.approx(p.target * 1.1) for p in res.probes)
     d = res.as_dict()["probes"][0]
     assert d["offered_rps"] == pytest.approx(4.4) and d["target_rps"] == 4.0
+
+
+def test_rule_1_is_not_fooled_by_a_denser_trace_or_long_requests():
+    """The H200 false alarm: arrivals getting denser through the probe (a replayed trace) and
+    requests of a few seconds each make the finishes in the judged span trail its arrivals
+    though nothing queues; counted over the span shifted by the warm-up's service time they
+    match. A backlog that grows is still caught."""
+    from gpuchef.capacity import judge_load, warmup_service_s
+    from gpuchef.engine_host.records import RequestRecord
+
+    S = 10**9
+    # 25 s of arrivals whose rate rises from 2 to 14 req/s; each request takes 5 s, no queue
+    arr, t = [], 0.0
+    while t < 25:
+        arr.append(int(t * S))
+        t += 1.0 / (2 + 12 * t / 25)
+    reqs = [RequestRecord(f"req-{i}", a, 100, 2, (a + S // 10, a + 5 * S), "length")
+            for i, a in enumerate(arr)]
+    d = warmup_service_s(reqs)
+    assert d == pytest.approx(5.0)
+    fin = [r.token_times_ns[-1] for r in reqs]
+    assert judge_load(arr, fin, [], 5000.0)[2]  # unshifted: the old false "saturated"
+    _, _, fails, _ = judge_load(arr, fin, [], 5000.0, d)
+    assert fails == []
+    # the same arrivals served at 5 req/s at most: a growing backlog, still saturated
+    served = [int(5 * S + i * S / 5) for i in range(len(arr))]
+    _, _, fails, _ = judge_load(arr, served, [], 5000.0, d)
+    assert fails and fails[0].startswith("saturated: achieved")
