@@ -112,3 +112,23 @@ def test_scraper_against_real_sockets_refused_and_404():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_real_vllm_024_metrics_captured_on_the_h200():
+    """vLLM 0.24's own /metrics text (plain `vllm serve`, dummy Llama-3-8B weights, under the
+    load of `gpuchef bench --base-url`: the first 200 Azure requests at 3x, H200 2026-12-01,
+    benchmarks/results/2026-12-01-h200-s5). The counters equal what that client sent and got
+    (180,695 prompt and 47,050 output tokens, 200 requests); the interval from the scrape
+    taken under load to the one after it is a positive generation rate."""
+    after = parse_metrics((DATA / "vllm_0.24_metrics_after.txt").read_text(), t_ns=20 * 10**9)
+    assert after.server == "vllm" and not after.error
+    assert after.values["prompt_tokens"] == 180695
+    assert after.values["generation_tokens"] == 47050
+    assert after.values["requests_finished"] == 200
+    assert after.values["running"] == 0 and after.values["waiting"] == 0
+    assert after.hists["ttft"].count == 200
+    assert after.hists["itl"].count == 47050 - 200  # vLLM: one per token after the first
+    load = parse_metrics((DATA / "vllm_0.24_metrics_load.txt").read_text(), t_ns=5 * 10**9)
+    assert load.values["running"] > 0 and 0 < load.values["kv_usage"] < 1
+    d = delta(load, after)
+    assert d.rates["generation_tokens"] > 0 and d.hist_count["iteration_tokens"] > 0
