@@ -139,6 +139,30 @@ def _token_text(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
+def read_tokenizer_json(path: str) -> tuple[Any, Path]:
+    """``(tokenizers.Tokenizer, the file)`` from a local ``tokenizer.json`` or a folder that
+    holds one — the one reader of tokenizer files (the server and the HTTP load client). Local
+    files only. Raises ConfigError naming the path: no such path, no tokenizer.json (a
+    SentencePiece-only folder says how to convert it), a file the library cannot parse."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    where = Path(os.path.expanduser(path))
+    file = where if where.is_file() else where / "tokenizer.json"
+    folder = file.parent
+    if not where.exists():
+        raise ConfigError(f"tokenizer {str(path)!r}: no such file or folder")
+    if not file.is_file():
+        extra = (" (it has tokenizer.model, a SentencePiece file: save it as tokenizer.json "
+                 "once with transformers' AutoTokenizer.save_pretrained)"
+                 if (folder / "tokenizer.model").is_file() else "")
+        raise ConfigError(f"tokenizer {str(path)!r}: {str(folder)!r} has no tokenizer.json"
+                          f"{extra}; use token-id prompts or --tokenizer PATH")
+    try:
+        return HFTokenizer.from_file(str(file)), file
+    except Exception as e:  # the Rust side raises plain Exception subclasses
+        raise ConfigError(f"tokenizer {str(file)!r} cannot be read: {e}") from None
+
+
 def load_tokenizer(model: str, model_vocab_size: int, path: str | None = None) -> Tokenizer:
     """The tokenizer for ``model`` (a preset name or a local folder), or the one at ``path``
     (a folder with ``tokenizer.json``, or the file itself) when given.
@@ -151,27 +175,12 @@ def load_tokenizer(model: str, model_vocab_size: int, path: str | None = None) -
     a SentencePiece ``tokenizer.model``: convert it once with transformers), it cannot be read
     or parsed, or its ids exceed the model's vocabulary.
     """
-    from tokenizers import Tokenizer as HFTokenizer
-
     from .presets import PRESETS
 
     if path is None and model in PRESETS:
         return _bundled(model, model_vocab_size)
-    where = Path(os.path.expanduser(path or model))
-    file = where if where.is_file() else where / "tokenizer.json"
+    tok, file = read_tokenizer_json(path or model)
     folder = file.parent
-    if not where.exists():
-        raise ConfigError(f"tokenizer {str(path or model)!r}: no such file or folder")
-    if not file.is_file():
-        extra = (" (it has tokenizer.model, a SentencePiece file: save it as tokenizer.json "
-                 "once with transformers' AutoTokenizer.save_pretrained)"
-                 if (folder / "tokenizer.model").is_file() else "")
-        raise ConfigError(f"tokenizer {str(path or model)!r}: no tokenizer.json in "
-                          f"{str(folder)!r}{extra}; use token-id prompts or --tokenizer PATH")
-    try:
-        tok = HFTokenizer.from_file(str(file))
-    except Exception as e:  # the Rust side raises plain Exception subclasses
-        raise ConfigError(f"tokenizer {str(file)!r} cannot be read: {e}") from None
     cfg: dict[str, Any] = {}
     cfg_file = folder / "tokenizer_config.json"
     if cfg_file.is_file():

@@ -3,7 +3,6 @@ knob endpoint, headless (like `vllm serve`). `gpuchef top --serve` takes the sam
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading

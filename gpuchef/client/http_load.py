@@ -36,7 +36,6 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
@@ -211,20 +210,14 @@ def apply_ramp_up(specs: Sequence[RequestSpec], strategy: str, start_rps: int, e
 
 def load_tokenizer(path: str):
     """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json`` file, or a folder holding one
-    (a Hugging Face model folder). Local files only: nothing is downloaded. Raises ConfigError
-    naming the path."""
-    p = Path(path).expanduser()
-    f = p / "tokenizer.json" if p.is_dir() else p
-    if not f.is_file():
-        what = "has no tokenizer.json" if p.is_dir() else "no such file"
-        raise ConfigError(f"--tokenizer {path!r}: {what} (give a local tokenizer.json or a model "
-                          "folder holding one)")
+    (``engine_host.tokenizer.read_tokenizer_json``, the one reader). Raises ConfigError naming
+    ``--tokenizer`` and the path."""
+    from ..engine_host.tokenizer import read_tokenizer_json
+
     try:
-        from tokenizers import Tokenizer
-        return Tokenizer.from_file(str(f))
-    except Exception as e:  # the library raises a bare Exception for a bad file
-        raise ConfigError(f"--tokenizer {path!r}: cannot read {str(f)!r} as a tokenizer "
-                          f"({e})") from None
+        return read_tokenizer_json(path)[0]
+    except ConfigError as e:
+        raise ConfigError(f"--tokenizer: {e}") from None
 
 
 def tokenizer_vocab_size(tok) -> int:

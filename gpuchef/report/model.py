@@ -294,7 +294,6 @@ def ab_results(view: TraceView, percentiles: Sequence[float],
 def _gpu_means(view: TraceView, segs: Sequence[Segment]) -> dict[str, float]:
     import bisect
 
-    out = {}
     gs = sorted(view.trace.gpu_samples, key=lambda g: g.t_ns)
     ts = [g.t_ns for g in gs]
     samples = [g for s in segs

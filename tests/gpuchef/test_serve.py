@@ -394,7 +394,7 @@ def test_start_up_refusals_come_before_the_model_loads(tmp_path):
     r = run_cli("serve", "--device", "cpu", "--model", "tiny", "--port", "70000")
     assert r.returncode == 2 and "[0, 65535]" in r.stderr
     r = run_cli("serve", "--device", "cpu", "--model", "tiny", "--tokenizer", str(tmp_path))
-    assert r.returncode == 2 and "no tokenizer.json" in r.stderr and "loaded" not in r.stderr
+    assert r.returncode == 2 and "has no tokenizer.json" in r.stderr and "loaded" not in r.stderr
     (tmp_path / "tokenizer.json").write_text("{broken")
     r = run_cli("serve", "--device", "cpu", "--model", "tiny", "--tokenizer", str(tmp_path))
     assert r.returncode == 2 and "cannot be read" in r.stderr

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-import numpy as np
 
 from gpuchef.probes.metrics import BenchMetrics, RequestTable, gpu_means, summarize, window_metrics
 from gpuchef.probes.timeline import TimelineSnapshot
