@@ -283,11 +283,7 @@ class LiveSession:
             f()
         self.ab.stop()
         self.load.stop()
-        self.host.stop()
-        for rid in list(self.engine.requests):
-            rec = self.engine.abort(rid)
-            if rec is not None:
-                self.host.on_request(rec)
+        self.host.stop(abort_remaining=True)
         self.nvml.stop()
         if self.host_probe is not None:
             self.host_probe.stop()

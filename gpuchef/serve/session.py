@@ -84,11 +84,7 @@ class ServeSession:
         """Stop serving (requests in flight are aborted, their clients get what was made), stop
         the engine and samplers, finish the trace."""
         self.server.stop()
-        self.host.stop()
-        for rid in list(self.engine.requests):
-            rec = self.engine.abort(rid)
-            if rec is not None:
-                self.host.on_request(rec)
+        self.host.stop(abort_remaining=True)
         if self.samplers is not None:
             self.samplers.stop()
         self.engine.close()
