@@ -539,7 +539,7 @@ def test_a_bad_tokenizer_path_is_one_line(server, tmp_path):
     assert r.exit_code == 2 and "has no tokenizer.json" in r.output
     (tmp_path / "tokenizer.json").write_text("{not json")
     r = bench(["--base-url", server.url, "--tokenizer", str(tmp_path)])
-    assert r.exit_code == 2 and "cannot read" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "cannot be read" in r.output and "Traceback" not in r.output
 
 
 def test_text_prompt_encodes_to_about_the_target_length(tokenizer_json):
