@@ -284,7 +284,7 @@ def test_live_ab_makes_two_windows_per_setting_and_restores_the_settings(engine)
         async with app.run_test(size=SIZE) as pilot:
             assert await until(pilot, lambda: len(s.timeline.snapshot().steps) > 3)
             assert app.start_ab({"mode": "chunked", "max_num_batched_tokens": 256},
-                                {"mode": "continuous"}, window_s=0.6, rounds=2)
+                                {"mode": "continuous"}, window_s=1.2, rounds=2)
             assert isinstance(app.screen, ABScreen)
             assert await until(pilot, lambda: not s.ab.state().active, 60)
             await pilot.pause(0.7)  # the A/B screen refreshes twice a second
@@ -292,7 +292,7 @@ def test_live_ab_makes_two_windows_per_setting_and_restores_the_settings(engine)
             def counted() -> bool:  # a window counts once requests that arrived in it finish
                 r = app.ab_analyser.analyse(s.timeline.snapshot(), s.ab.state())
                 return all(len(r.settings[k].windows) == 2 for k in "AB")
-            assert await until(pilot, counted, 30)
+            assert await until(pilot, counted, 45)
             return app.ab_analyser.analyse(s.timeline.snapshot(), s.ab.state())
 
     try:
