@@ -173,6 +173,15 @@ def _build(ctx: click.Context, o: dict, err: Console):
     check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
     check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)
+    serve_only = {"http_host": "--host", "port": "--port", "api_key": "--api-key",
+                  "served_model_name": "--served-model-name", "tokenizer": "--tokenizer",
+                  "max_concurrent_requests": "--max-concurrent-requests",
+                  "max_request_body_mb": "--max-request-body-mb"}
+    given = [f for k, f in serve_only.items()
+             if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE]
+    if given and not o["serve"]:
+        raise ConfigError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --serve "
+                          "(the dashboard serves over HTTP only when asked)")
     server = None
     if o["serve"]:  # a port in use or a bad tokenizer is refused before the model loads
         server = prepare_serving(o)

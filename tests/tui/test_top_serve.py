@@ -61,3 +61,10 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
     http_ids = sorted(r.request_id for r in t.requests if r.request_id.startswith("http-"))
     assert http_ids == [f"http-{i}" for i in range(5)]
     assert t.meta["source"]["kind"] == "hosted"
+
+
+def test_serve_flags_without_serve_are_refused_before_the_model_loads():
+    from gpuchef.engine_host.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--port, --api-key need --serve"):
+        build(["--device", "cpu", "--port", "9000", "--api-key", "k"])
