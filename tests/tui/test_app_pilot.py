@@ -181,6 +181,10 @@ def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine
             assert await until(pilot, lambda: s.load.state().paused)
             scr.query_one("#load").value = True
             assert await until(pilot, lambda: not s.load.state().paused)
+            # the host records the load's resume before its next step: wait for it, so that the
+            # count of events below is not taken between the two
+            assert await until(pilot, lambda: any(e.kind == "resume" and e.name == "load"
+                                                  for e in s.timeline.snapshot().events))
 
             # a bad value: a message naming the allowed range, nothing else changes
             before = s.scheduler_config
