@@ -348,7 +348,7 @@ class EngineHost:
         if r is not None:
             self.state = (r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_total)
             self.on_step(r)
-        out = getattr(res, "output", None)
+        out = res.output
         if out is not None:
             self.on_output(out)
         for f in res.finished:

@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+#: The kinds of step (``StepRecord.kind``); a step computes prefill tokens, decode rows or both.
+STEP_KINDS = ("prefill_only", "mixed", "decode_only")
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One engine step, emitted at the scheduler/runner boundary (DESIGN.md "StepRecord").
@@ -57,6 +61,13 @@ class StepRecord:
     @property
     def num_decode_tokens(self) -> int:
         return self.num_decode_reqs
+
+    @property
+    def kind(self) -> str:
+        """"prefill_only", "mixed" or "decode_only" (``STEP_KINDS``): what the step computed."""
+        if self.num_prefill_tokens and self.num_decode_reqs:
+            return "mixed"
+        return "prefill_only" if self.num_prefill_tokens else "decode_only"
 
     @property
     def num_tokens(self) -> int:

@@ -46,10 +46,11 @@ def _meta(pid: int, tid: int | None, name: str, value: Any) -> dict[str, Any]:
     return ev
 
 
+_SLICE_NAME = {"prefill_only": "prefill", "mixed": "mixed", "decode_only": "decode"}
+
+
 def _kind(s: Any) -> str:
-    if s.num_prefill_tokens and s.num_decode_reqs:
-        return "mixed"
-    return "prefill" if s.num_prefill_tokens else "decode"
+    return _SLICE_NAME[s.kind]  # StepRecord.kind, as the slice's name
 
 
 def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:

@@ -626,10 +626,11 @@ def composition(steps: Sequence[Any]) -> dict[str, tuple[int, float, float]]:
     return {k: (v[0], v[0] / n, v[1] / t) for k, v in kinds.items()}
 
 
+_KIND_LABEL = {"prefill_only": "prefill only", "mixed": "mixed", "decode_only": "decode only"}
+
+
 def _kind(s: Any) -> str:
-    if s.num_prefill_tokens and s.num_decode_reqs:
-        return "mixed"
-    return "prefill only" if s.num_prefill_tokens else "decode only"
+    return _KIND_LABEL[s.kind]  # StepRecord.kind, in the report's words
 
 
 @_with_rc

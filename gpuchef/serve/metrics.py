@@ -26,7 +26,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.config import KNOBS, MODES
-from ..engine_host.records import RequestRecord, StepOutput, StepRecord
+from ..engine_host.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
 
 # vLLM V1's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -39,7 +39,6 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 # gpuchef's step series: step durations from a graphed decode (ms) to a long prefill (s)
 STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                         0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-STEP_KINDS = ("prefill_only", "mixed", "decode_only")
 FINISHED_REASONS = ("stop", "length", "abort")
 #: GpuSample field → gpuchef gauge name (percent unless the name says otherwise)
 GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
@@ -48,13 +47,6 @@ GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
               "dram_bw_util": "gpuchef:gpu_dram_bw_util_percent",
               "gpu_util": "gpuchef:gpu_util_percent",
               "power_w": "gpuchef:gpu_power_watts"}
-
-
-def step_kind(r: StepRecord) -> str:
-    """"prefill_only", "mixed" or "decode_only" (a step with neither does not occur)."""
-    if r.num_prefill_tokens and r.num_decode_reqs:
-        return "mixed"
-    return "prefill_only" if r.num_prefill_tokens else "decode_only"
 
 
 class _Hist:
@@ -177,7 +169,7 @@ class ServeMetrics:
         self.kv_used, self.kv_total = r.kv_blocks_used, r.kv_blocks_total
         self.preemptions += r.num_preempted
         self.iteration_tokens.observe(r.num_tokens)
-        k = step_kind(r)
+        k = r.kind
         self.step_seconds[k].observe(r.wall_ms / 1e3)
         self.step_prefill[k].observe(r.num_prefill_tokens)
         self.step_decode[k].observe(r.num_decode_reqs)
