@@ -218,13 +218,17 @@ class _Records:
         self.steps.extend(res.steps)
 
     def runs(self, run_id: int, percentiles: Sequence[float], goodput: dict | None,
-             samplers: Any) -> list[Run]:
+             samplers: Any, sequential: bool = False) -> list[Run]:
         _, wins, _ = ab_windows(self.events, run_id)
         res = window_results(wins, self.requests, self.steps, percentiles=percentiles,
                              goodput=goodput or None,
                              gpu_means=samplers.gpu_means if samplers is not None else None)
         out = []
         for r in res:
+            if sequential and not r.counted and r.why.startswith("shorter than"):
+                # a repetition is a whole load, not a time window: its length is no sign of a
+                # stop (two 2-prompt runs differ 2x by chance and crashed the comparison)
+                r.counted, r.why = True, ""
             t0 = max((o for m, o in self.load_t0 if m <= r.t0_ns), default=0)
             out.append(Run(**{f.name: getattr(r, f.name) for f in fields(WindowResult)},
                            load_t0_ns=t0))
@@ -269,7 +273,7 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                                      list(res.requests), list(res.steps), load_t0_ns=res.t0_ns))
     _assert_idle(engine)
     rec.events.append(_mark(engine, mark_name(run_id, "end"), listeners))
-    return rec.runs(run_id, percentiles, goodput, samplers)
+    return rec.runs(run_id, percentiles, goodput, samplers, sequential=True)
 
 
 class _Switcher:
