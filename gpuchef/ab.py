@@ -222,13 +222,10 @@ class _Records:
         _, wins, _ = ab_windows(self.events, run_id)
         res = window_results(wins, self.requests, self.steps, percentiles=percentiles,
                              goodput=goodput or None,
-                             gpu_means=samplers.gpu_means if samplers is not None else None)
+                             gpu_means=samplers.gpu_means if samplers is not None else None,
+                             whole_loads=sequential)
         out = []
         for r in res:
-            if sequential and not r.counted and r.why.startswith("shorter than"):
-                # a repetition is a whole load, not a time window: its length is no sign of a
-                # stop (two 2-prompt runs differ 2x by chance and crashed the comparison)
-                r.counted, r.why = True, ""
             t0 = max((o for m, o in self.load_t0 if m <= r.t0_ns), default=0)
             out.append(Run(**{f.name: getattr(r, f.name) for f in fields(WindowResult)},
                            load_t0_ns=t0))

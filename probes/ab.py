@@ -263,12 +263,14 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
                    percentiles: Sequence[float] = (50.0, 99.0),
                    goodput: dict[str, float] | None = None,
                    gpu_means: Callable[[int, int], dict[str, float]] | None = None,
-                   cache: dict | None = None) -> list[WindowResult]:
+                   cache: dict | None = None, whole_loads: bool = False) -> list[WindowResult]:
     """A :class:`WindowResult` for each complete window of ``wins`` (time order), counted or
     not (see the module docstring). ``requests``: RequestRecords (any order); ``steps``:
     StepRecords; ``gpu_means(t0_ns, t1_ns)``: mean GPU fields over a span. ``cache``: a dict
     kept between calls (the live screen) — a window whose records did not change is not
-    recomputed."""
+    recomputed. ``whole_loads``: each window is a whole load (`gpuchef ab`'s sequential
+    repetitions), so the ``MIN_WINDOW_SHARE`` length rule, a sign of a window cut short by a
+    stop, does not apply — two 2-prompt loads differ 2x in length by chance."""
     done = [w for w in wins if w.complete]
     if not done:
         return []
@@ -300,7 +302,7 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
         res = WindowResult(w.label, w.n, t0, end, list(reqs), list(stp), work=work,
                            run=w.run, step0=w.step0,
                            gpu=gpu_means(t0, end) if gpu_means is not None else {})
-        if t1 - t0 < MIN_WINDOW_SHARE * med:
+        if not whole_loads and t1 - t0 < MIN_WINDOW_SHARE * med:
             res.counted, res.why = False, (f"shorter than {MIN_WINDOW_SHARE:g} of the median "
                                            f"window ({med / 1e9:.3g} s)")
         elif not reqs:
@@ -496,14 +498,15 @@ def analyse(events: Sequence[Any], requests: Sequence[Any], steps: Sequence[Any]
             run: int | None = None, percentiles: Sequence[float] = (50.0, 99.0),
             goodput: dict[str, float] | None = None, min_pairs: int = MIN_WINDOWS,
             gpu_means: Callable[[int, int], dict[str, float]] | None = None,
-            cache: dict | None = None) -> tuple[int | None, list[Window], bool,
-                                               list[WindowResult], Comparison | None]:
+            cache: dict | None = None, whole_loads: bool = False
+            ) -> tuple[int | None, list[Window], bool, list[WindowResult], Comparison | None]:
     """Everything about A/B run ``run`` (default: the newest) from its records: (run id, its
     windows, ended, each complete window's result, the comparison — None while a setting has
-    no counted window). The one entry point of the live screen, ``gpuchef ab`` and the report."""
+    no counted window). The one entry point of the live screen, ``gpuchef ab`` and the report.
+    ``whole_loads``: the windows are whole sequential loads (see :func:`window_results`)."""
     rid, wins, ended = windows(events, run)
     results = window_results(wins, requests, steps, percentiles=percentiles, goodput=goodput,
-                             gpu_means=gpu_means, cache=cache)
+                             gpu_means=gpu_means, cache=cache, whole_loads=whole_loads)
     try:
         cmp = compare(results, percentiles, goodput, min_pairs)
     except ValueError:

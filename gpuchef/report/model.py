@@ -282,7 +282,8 @@ def ab_results(view: TraceView, percentiles: Sequence[float],
         _, _, _, results, cmp = abdef.analyse(
             view.events, tr.requests, tr.steps, run=rid, percentiles=percentiles,
             goodput=goodput or None, gpu_means=gpu if gs else None,
-            min_pairs=abdef.MIN_REPETITIONS if sequential else abdef.MIN_WINDOWS)
+            min_pairs=abdef.MIN_REPETITIONS if sequential else abdef.MIN_WINDOWS,
+            whole_loads=sequential)
         for r in results:
             seg = by_key.get((rid, r.label, r.rep))
             if seg is not None:

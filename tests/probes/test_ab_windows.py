@@ -61,6 +61,24 @@ def test_windows_of_one_run_and_which_are_counted():
         ab.compare([by["A1"]])
 
 
+def test_whole_loads_are_counted_whatever_their_length():
+    """Sequential repetitions (each window a whole load): a load half as long as the median is
+    not "cut short by a stop" — `gpuchef ab` and the report both pass whole_loads."""
+    ev = [mark(0, "ab:1:A:1"), mark(4, "ab:1:B:1"), mark(8, "ab:1:A:2"), mark(9, "ab:1:B:2"),
+          mark(13, "ab:1:end")]
+    reqs = [req("a", 0.5, [0.6, 3.0]), req("b", 4.5, [4.6, 7.0]), req("c", 8.1, [8.2, 8.9]),
+            req("d", 9.1, [9.2, 12.0])]
+    _, wins, _ = ab.windows(ev)
+    short = {r.name: r for r in ab.window_results(wins, reqs, [])}
+    assert not short["A2"].counted and short["A2"].why.startswith("shorter than")
+    whole = {r.name: r for r in ab.window_results(wins, reqs, [], whole_loads=True)}
+    assert all(r.counted for r in whole.values()), {k: r.why for k, r in whole.items()}
+    *_, cmp = ab.analyse(ev, reqs, [], run=1, min_pairs=2, whole_loads=True)
+    assert cmp is not None and len(cmp.runs) == 4 and not cmp.skipped
+    *_, cmp = ab.analyse(ev, reqs, [], run=1, min_pairs=2)
+    assert cmp is not None and [r.name for r in cmp.skipped] == ["A2"]
+
+
 def test_window_throughput_is_work_done_while_in_force():
     """Hand-computed: A1 = [0, 2) s, B1 = [2, 4) s. Request p arrives in A1 and produces 1
     token in A1 and 2 in B1 (finishing there); q arrives and finishes in B1."""
