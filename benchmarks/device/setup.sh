@@ -5,7 +5,10 @@
 # follow each other within ~30 s).
 set -e
 rm -rf /tmp/g /tmp/res /tmp/flags && mkdir -p /tmp/g /tmp/res /tmp/flags /tmp/vparts /tmp/vdeps
-tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C /tmp/g
+# a committed snapshot (.snap.tgz: `git archive HEAD ... | gzip`) when carried, so that edits in
+# progress in the checkout do not travel into the runs; else the working tree
+if [ -f .snap.tgz ]; then tar -xzf .snap.tgz -C /tmp/g; else
+  tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C /tmp/g; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # what the image may already have (transformers brings tokenizers): only when it is missing
 PYTHONPATH=/tmp/site python3 -c "import tokenizers, jinja2, packaging" 2>/dev/null || \

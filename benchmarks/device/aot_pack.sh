@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 16 item 4: ship FlashInfer's kernels as an AOT set instead of compiling them on every
+# fresh machine. FlashInfer loads `<package>/data/aot/<uri>/<uri>.so` before it looks at its JIT
+# cache and never calls ninja for it (flashinfer/jit/core.py: JitSpec.try_load / is_aot); the JIT
+# cache under $FLASHINFER_WORKSPACE_BASE is rebuilt on a fresh install because ninja compares the
+# freshly installed headers' mtimes with the carried objects'.
+# pack FIC OUTDIR: every compiled module under FIC's cached_ops → OUTDIR/aot.tar.xz.NN (15 MiB parts,
+# the device's return limit is 16 MiB a file) and OUTDIR/aot.list (uri, bytes).
+# install PARTSDIR SITE: unpack the parts into SITE/flashinfer/data/aot.
+set -e
+cmd=$1; shift
+case "$cmd" in
+  pack)
+    fic=$1; out=$2; tmp=$(mktemp -d); mkdir -p "$out"
+    for so in "$fic"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+      [ -e "$so" ] || continue
+      uri=$(basename "$(dirname "$so")"); [ "$(basename "$so" .so)" = "$uri" ] || continue
+      mkdir -p "$tmp/$uri" && cp "$so" "$tmp/$uri/"
+      echo "$uri $(stat -c %s "$so")"
+    done > "$out/aot.list"
+    tar -C "$tmp" -cf - . | xz -T0 -6 > "$tmp.tar.xz"
+    split -b 15M -d "$tmp.tar.xz" "$out/aot.tar.xz."
+    rm -rf "$tmp" "$tmp.tar.xz"
+    echo "modules: $(wc -l < "$out/aot.list"), bytes: $(awk '{s+=$2} END {print s}' "$out/aot.list")"
+    ls -la "$out" ;;
+  install)
+    parts=$1; site=$2; dst="$site/flashinfer/data/aot"; mkdir -p "$dst"
+    cat "$parts"/aot.tar.xz.* | xz -d | tar -C "$dst" -xf -
+    echo "aot modules installed: $(ls "$dst" | wc -l) in $dst" ;;
+  *) echo "usage: aot_pack.sh pack FIC OUTDIR | install PARTSDIR SITE" >&2; exit 2 ;;
+esac
