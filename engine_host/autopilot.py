@@ -185,6 +185,9 @@ class Autopilot:
         self.model = model or StepTimeModel()
         self.notify = notify or _noop
         self.active = False
+        #: what the step being scheduled got: "learning" (not fitted: 1/8-1/2 of the budget
+        #: left), "fallback" (fitted, error too large: the static budget) or "steering"
+        self.state = "learning"
         self.last_allowance = -1
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
@@ -225,6 +228,8 @@ class Autopilot:
                 ctx += c
         out.ap_decode_ctx = ctx = ctx + len(decodes)
         self._update_status()
+        self.state = "steering" if self.active else (
+            "fallback" if self.model.fitted else "learning")
         if not self.active:
             if self.model.fitted:  # fitted, but its error is too large: the static budget
                 return budget_left
@@ -286,6 +291,8 @@ class Autopilot:
         out.prefill_allowance = allowance
         m = self.model
         out.predicted_ms = float(m.predict(x)) if m.n >= MIN_STEPS else -1.0
+        out.autopilot_state = self.state
+        out.fit_error = float(m.error) if m._err_n else -1.0
         self.last_allowance = allowance
 
     def observe(self, features, wall_ms: float) -> None:

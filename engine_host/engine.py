@@ -318,6 +318,7 @@ class LLMEngine:
             kv_blocks_total=usage.total, num_finished=num_finished, cuda_graph=cuda_graph,
             max_long_partial_prefills=cfg.max_long_partial_prefills, auto_budget=cfg.auto_budget,
             prefill_allowance=out.prefill_allowance, predicted_ms=out.predicted_ms,
+            autopilot_state=out.autopilot_state, fit_error=out.fit_error,
         )
         self.scheduler.observe(out, rec.wall_ms)  # the autopilot's model learns the step time
         return rec

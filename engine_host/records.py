@@ -31,6 +31,11 @@ class StepRecord:
     while it falls back, all of it);
     ``predicted_ms``: its step-time model's prediction for the step as scheduled (ms; -1: none
     yet), to set against ``wall_ms``. ``auto_budget``: its targets in force ("" = off).
+    ``autopilot_state``: what the allowance was ("learning": the model not fitted yet, 1/8-1/2
+    of the budget left; "fallback": fitted but its error too large, the static budget;
+    "steering": chosen by the model; "" = off). ``fit_error``: the model's tracked mean
+    relative a-priori error |wall - predicted| / wall when the step was scheduled (fraction;
+    -1: not tracked yet) — the number its status lines and fallback rule use.
     """
 
     step: int
@@ -57,6 +62,8 @@ class StepRecord:
     auto_budget: str = ""
     prefill_allowance: int = -1
     predicted_ms: float = -1.0
+    autopilot_state: str = ""
+    fit_error: float = -1.0
 
     @property
     def num_decode_tokens(self) -> int:

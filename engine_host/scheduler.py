@@ -50,6 +50,8 @@ class SchedulerOutput:
     # the autopilot's choice (tokens; -1 = off) and its model's prediction (ms; -1 = none)
     prefill_allowance: int = -1
     predicted_ms: float = -1.0
+    autopilot_state: str = ""   # Autopilot.state ("" = off); fit_error: its model's (-1 = none)
+    fit_error: float = -1.0
     ap_features: tuple | None = None
     ap_decode_ctx: int = 0
 
