@@ -342,7 +342,7 @@ class LLMEngine:
             cur = self._launch(out, None, t_sched)
             t_sched = time.monotonic_ns()
         nxt = None
-        if not self._may_preempt():
+        if not self.scheduler.may_preempt():
             out = self.scheduler.schedule()
             if any(v.last_step == cur.step_id for v in out.preempted):
                 raise RuntimeError("async scheduling preempted a request of the step in flight")
@@ -359,35 +359,6 @@ class LLMEngine:
             return StepResult(None)
         self._inflight = None
         return self._complete(cur, None)
-
-    def _may_preempt(self) -> bool:
-        """Whether ``schedule()`` now could preempt (conservative: never a false "no").
-
-        Preemption happens only (a) when a decode needs a new block and none is free — decodes
-        are scheduled before any block is taken in a step (chunked: first; continuous: only in a
-        step without prefills) — or (b) when nothing at all could be scheduled with more than one
-        request running, which needs every running request to be mid-prefill and stuck."""
-        sched, kv = self.scheduler, self.kv
-        bs = kv.block_size
-        need = 0
-        any_decode = False
-        first_prefill = None
-        for r in sched.running:
-            if r.is_prefill:
-                if first_prefill is None:
-                    first_prefill = r
-                continue
-            any_decode = True
-            if r.num_computed_tokens >= len(r.block_ids) * bs:
-                need += 1
-        free = kv.pool.num_free
-        if any_decode:
-            return need > free
-        if len(sched.running) <= 1:
-            return False
-        if sched.config.mode == "chunked":
-            return free == 0
-        return not kv.can_grow(first_prefill, first_prefill.remaining_prefill)
 
     def _launch(self, out: SchedulerOutput, prev: _InFlight | None, t_sched: int) -> _InFlight:
         """Launch ``out`` and book it as done: computed tokens advance now (vLLM does so at

@@ -123,7 +123,11 @@ class Scheduler:
         if out.ap_features is not None and self.autopilot is not None:
             self.autopilot.observe(out.ap_features, wall_ms)
 
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+    def preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        """Preempt ``victim`` by recompute (vLLM's ``PreemptionMode.RECOMPUTE``): its blocks
+        freed, its computed tokens dropped, requeued at the front of the waiting queue, and
+        noted in ``out.preempted``. Its output tokens so far stay: re-admitted, it recomputes
+        prompt + outputs before sampling again."""
         self.running.remove(victim)
         self.kv.free(victim)
         victim.num_computed_tokens = 0
@@ -154,9 +158,40 @@ class Scheduler:
         # Running requests all mid-prefill with no block free: nothing could move. Preempt
         # from the tail until something fits (only happens when the pool is nearly full).
         while out.is_empty and len(self.running) > 1:
-            self._preempt(self.running[-1], out)
+            self.preempt(self.running[-1], out)
             policy(out)
         return out
+
+    def may_preempt(self) -> bool:
+        """Whether ``schedule()`` now could preempt (conservative: never a false "no"); async
+        scheduling asks before scheduling a step while another is in flight.
+
+        Preemption happens only (a) in ``_schedule_decodes``, when a decode needs a new block
+        and none is free — decodes are scheduled before any block is taken in a step (chunked:
+        first; continuous: only in a step without prefills) — or (b) in ``schedule``'s
+        fallback, when nothing at all could be scheduled with more than one request running,
+        which needs every running request to be mid-prefill and stuck."""
+        kv = self.kv
+        bs = kv.block_size
+        need = 0
+        any_decode = False
+        first_prefill = None
+        for r in self.running:
+            if r.is_prefill:
+                if first_prefill is None:
+                    first_prefill = r
+                continue
+            any_decode = True
+            if r.num_computed_tokens >= len(r.block_ids) * bs:  # _schedule_decodes' slow path
+                need += 1
+        free = kv.pool.num_free
+        if any_decode:
+            return need > free
+        if len(self.running) <= 1:
+            return False
+        if self.config.mode == "chunked":
+            return free == 0
+        return not kv.can_grow(first_prefill, first_prefill.remaining_prefill)
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
         """Give every running decode one token, in admission order, while the budget lasts;
@@ -176,7 +211,7 @@ class Scheduler:
                 continue
             while not self.kv.can_grow(req, 1):
                 victim = self.running[-1]
-                self._preempt(victim, out)
+                self.preempt(victim, out)
                 if victim is req:
                     break
             if req.status is not RequestStatus.RUNNING:
