@@ -20,7 +20,7 @@ from .records import RequestRecord, StepOutput, StepRecord
 from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, ModelRunner, StepHandle
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput, reaches_length, stop_reason
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -223,18 +223,7 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        inf = self._inflight
-        if inf is not None and req.last_step == inf.step_id:
-            # the step in flight still writes its KV: free its blocks when that step completes
-            self._unschedule(req)
-            inf.deferred_free.append(req)
-        else:
-            self.scheduler.remove(req)
-        out = req.output_token_ids
-        while out and out[-1] == PLACEHOLDER_TOKEN:  # tokens not seen yet are not reported
-            out.pop()
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
+        self.scheduler.finish(req, reason, self._hold(req, self._inflight))
         return self._record(req)
 
     def has_unfinished(self) -> bool:
@@ -285,15 +274,10 @@ class LLMEngine:
             r.output_token_ids.append(tok)
             r.token_times_ns.append(now)
             tokens.append((r.request_id, tok))
-            sp = r.sampling
-            if len(r.output_token_ids) >= sp.max_tokens or r.num_tokens >= self.max_model_len:
-                r.finish_reason = "length"
-            elif (not sp.ignore_eos and tok in eos) or tok in sp.stop_token_ids:
-                r.finish_reason = "stop"
-            else:
+            reason = stop_reason(r, len(r.output_token_ids), tok, eos, self.max_model_len)
+            if not reason:
                 continue
-            self.scheduler.remove(r)
-            r.status = RequestStatus.FINISHED
+            self.scheduler.finish(r, reason)
             del self.requests[r.request_id]
             finished.append(self._record(r))
         rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
@@ -383,17 +367,16 @@ class LLMEngine:
             ids = r.output_token_ids
             ids.append(PLACEHOLDER_TOKEN)
             slots.append(len(ids) - 1)
-            if len(ids) >= r.sampling.max_tokens or r.num_tokens >= max_len:
-                self.scheduler.running.remove(r)
+            if reaches_length(r, len(ids), max_len):
+                self.scheduler.unschedule(r)  # not scheduled again; finished on completion
         return _InFlight(sid, out, h, slots, t_sched)
 
-    def _unschedule(self, r: Request) -> None:
-        """Take ``r`` out of the scheduler's queues without freeing its blocks."""
-        sched = self.scheduler
-        if r in sched.running:
-            sched.running.remove(r)
-        elif r in sched.waiting:
-            sched.waiting.remove(r)
+    @staticmethod
+    def _hold(r: Request, inflight: _InFlight | None) -> list[Request] | None:
+        """Where a finishing ``r`` leaves its blocks: the list of ``inflight`` if that step
+        (launched, not completed) still writes its KV, else None (freed at once)."""
+        return inflight.deferred_free if inflight is not None and r.last_step == inflight.step_id \
+            else None
 
     def _complete(self, cur: _InFlight, nxt: _InFlight | None) -> StepResult:
         """Wait for ``cur``, put its tokens in place of the placeholders, finish requests (a
@@ -414,20 +397,10 @@ class LLMEngine:
             r.output_token_ids[slot] = tok
             r.token_times_ns.append(now)
             tokens.append((r.request_id, tok))
-            sp = r.sampling
-            if slot + 1 >= sp.max_tokens or r.prompt_len + slot + 1 >= max_len:
-                r.finish_reason = "length"
-            elif (not sp.ignore_eos and tok in eos) or tok in sp.stop_token_ids:
-                r.finish_reason = "stop"
-            else:
+            reason = stop_reason(r, slot + 1, tok, eos, max_len)
+            if not reason:
                 continue
-            if nxt is not None and r.last_step == nxt.step_id:
-                del r.output_token_ids[slot + 1:]
-                self._unschedule(r)
-                nxt.deferred_free.append(r)
-            else:
-                self.scheduler.remove(r)
-            r.status = RequestStatus.FINISHED
+            self.scheduler.finish(r, reason, self._hold(r, nxt))
             del self.requests[r.request_id]
             finished.append(self._record(r))
         for r in cur.deferred_free:

@@ -30,11 +30,30 @@ from typing import Callable
 from .autopilot import Autopilot
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
-from .request import Request, RequestStatus
+from .request import PLACEHOLDER_TOKEN, Request, RequestStatus
 
 
 def _quiet(kind: str, message: str) -> None:
     pass
+
+
+def reaches_length(req: Request, num_output: int, max_model_len: int) -> bool:
+    """Whether ``num_output`` output tokens end ``req`` by length: its ``max_tokens``, or the
+    context ``max_model_len`` filled (vLLM's finish reason "length")."""
+    return num_output >= req.sampling.max_tokens or req.prompt_len + num_output >= max_model_len
+
+
+def stop_reason(req: Request, num_output: int, token: int, eos_token_ids: tuple[int, ...],
+                max_model_len: int) -> str:
+    """Why ``req`` ends with ``token`` as its ``num_output``-th output: "length" (see
+    ``reaches_length``), "stop" (an EOS id unless ``ignore_eos``, or one of its
+    ``stop_token_ids``), or "" when it goes on. vLLM's order: length is checked first."""
+    if reaches_length(req, num_output, max_model_len):
+        return "length"
+    sp = req.sampling
+    if (not sp.ignore_eos and token in eos_token_ids) or token in sp.stop_token_ids:
+        return "stop"
+    return ""
 
 
 @dataclass
@@ -89,8 +108,8 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
-    def remove(self, req: Request) -> None:
-        """Drop ``req`` from whichever queue holds it and free its blocks."""
+    def unschedule(self, req: Request) -> None:
+        """Drop ``req`` from whichever queue holds it (if any); its blocks stay."""
         if req in self.running:
             self.running.remove(req)
         else:
@@ -98,7 +117,27 @@ class Scheduler:
                 self.waiting.remove(req)
             except ValueError:
                 pass
+
+    def remove(self, req: Request) -> None:
+        """Drop ``req`` from whichever queue holds it and free its blocks."""
+        self.unschedule(req)
         self.kv.free(req)
+
+    def finish(self, req: Request, reason: str, hold: list[Request] | None = None) -> None:
+        """End ``req`` with finish reason ``reason`` ("stop", "length", "abort"): out of the
+        queues, its blocks freed — or, with ``hold``, appended to it for the caller to free
+        once the step in flight that still writes them completes (async scheduling) — and its
+        trailing placeholder tokens (outputs not seen yet) dropped."""
+        self.unschedule(req)
+        if hold is None:
+            self.kv.free(req)
+        else:
+            hold.append(req)
+        ids = req.output_token_ids
+        while ids and ids[-1] == PLACEHOLDER_TOKEN:
+            ids.pop()
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
 
     @property
     def num_unfinished(self) -> int:
