@@ -17,10 +17,10 @@ from .config import ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepOutput, StepRecord
-from .request import PLACEHOLDER_TOKEN, Request, RequestStatus, SamplingParams, check_prompt
+from .request import Request, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, ModelRunner, StepHandle
-from .scheduler import Scheduler, SchedulerOutput, reaches_length, stop_reason
+from .scheduler import Postprocessed, Scheduler, SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -64,10 +64,10 @@ class StepResult:
     output: StepOutput | None = None
 
 
-def _step_output(step_id: int, t_ns: int, tokens: list, first: list,
+def _step_output(step_id: int, t_ns: int, post: Postprocessed,
                  finished: list) -> StepOutput | None:
-    return StepOutput(step_id, t_ns, tuple(tokens), tuple(first), tuple(finished)) \
-        if tokens else None
+    return StepOutput(step_id, t_ns, tuple(post.tokens), tuple(post.first), tuple(finished)) \
+        if post.tokens else None
 
 
 @dataclass(eq=False)
@@ -223,7 +223,7 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        self.scheduler.finish(req, reason, self._hold(req, self._inflight))
+        self.scheduler.finish(req, reason, *self._holding(self._inflight))
         return self._record(req)
 
     def has_unfinished(self) -> bool:
@@ -255,35 +255,22 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return StepResult(None)
-        for r, _ in out.prefills:
-            if not r.first_scheduled_ns:
-                r.first_scheduled_ns = t_start
         sampled, gpu_ms = self.runner.execute(out)
         now = time.monotonic_ns()
-        for r in out.decodes:
-            r.num_computed_tokens += 1
-        for r, n in out.prefills:
-            r.num_computed_tokens += n
-        finished: list[RequestRecord] = []
-        tokens: list[tuple[str, int]] = []
-        first: list[tuple[str, int, int]] = []
-        eos = self.model_config.eos_token_ids
-        for r, tok in sampled:
-            if not r.output_token_ids:
-                first.append((r.request_id, r.arrival_ns, r.prompt_len))
-            r.output_token_ids.append(tok)
-            r.token_times_ns.append(now)
-            tokens.append((r.request_id, tok))
-            reason = stop_reason(r, len(r.output_token_ids), tok, eos, self.max_model_len)
-            if not reason:
-                continue
-            self.scheduler.finish(r, reason)
-            del self.requests[r.request_id]
-            finished.append(self._record(r))
+        self.scheduler.advance(out, self.step_id, t_start)
+        post = self.scheduler.postprocess(sampled, now, self.model_config.eos_token_ids,
+                                          self.max_model_len)
+        finished = self._retire(post)
         rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
                                 self.runner.last_step_used_graph)
         self.step_id += 1
-        return StepResult(rec, finished, _step_output(rec.step, now, tokens, first, finished))
+        return StepResult(rec, finished, _step_output(rec.step, now, post, finished))
+
+    def _retire(self, post: Postprocessed) -> list[RequestRecord]:
+        """Forget the requests ``post`` finished; their records, in finishing order."""
+        for r in post.finished:
+            del self.requests[r.request_id]
+        return [self._record(r) for r in post.finished]
 
     def _step_record(self, step_id: int, out: SchedulerOutput, t_start: int, gpu_ms: float,
                      num_finished: int, cuda_graph: bool) -> StepRecord:
@@ -351,32 +338,15 @@ class LLMEngine:
         scheduled again; its blocks stay until the step completes."""
         sid = self.step_id
         self.step_id += 1
-        for r, _ in out.prefills:
-            if not r.first_scheduled_ns:
-                r.first_scheduled_ns = t_sched
         h = self.runner.launch(out, prev.handle if prev is not None else None)
-        for r in out.decodes:
-            r.num_computed_tokens += 1
-            r.last_step = sid
-        for r, n in out.prefills:
-            r.num_computed_tokens += n
-            r.last_step = sid
-        slots: list[int] = []
-        max_len = self.max_model_len
-        for r in h.sample_reqs:
-            ids = r.output_token_ids
-            ids.append(PLACEHOLDER_TOKEN)
-            slots.append(len(ids) - 1)
-            if reaches_length(r, len(ids), max_len):
-                self.scheduler.unschedule(r)  # not scheduled again; finished on completion
+        self.scheduler.advance(out, sid, t_sched)
+        slots = self.scheduler.reserve_outputs(h.sample_reqs, self.max_model_len)
         return _InFlight(sid, out, h, slots, t_sched)
 
     @staticmethod
-    def _hold(r: Request, inflight: _InFlight | None) -> list[Request] | None:
-        """Where a finishing ``r`` leaves its blocks: the list of ``inflight`` if that step
-        (launched, not completed) still writes its KV, else None (freed at once)."""
-        return inflight.deferred_free if inflight is not None and r.last_step == inflight.step_id \
-            else None
+    def _holding(inflight: _InFlight | None) -> tuple[int, list[Request] | None]:
+        """``Scheduler.finish``'s ``(in_flight_step, hold)`` for the step ``inflight``."""
+        return (inflight.step_id, inflight.deferred_free) if inflight is not None else (-1, None)
 
     def _complete(self, cur: _InFlight, nxt: _InFlight | None) -> StepResult:
         """Wait for ``cur``, put its tokens in place of the placeholders, finish requests (a
@@ -384,32 +354,16 @@ class LLMEngine:
         discarded), free what waited on ``cur``, and return ``cur``'s record."""
         sampled, gpu_ms = self.runner.wait(cur.handle)
         now = time.monotonic_ns()
-        finished: list[RequestRecord] = []
-        tokens: list[tuple[str, int]] = []
-        first: list[tuple[str, int, int]] = []
-        eos = self.model_config.eos_token_ids
-        max_len = self.max_model_len
-        for (r, tok), slot in zip(sampled, cur.slots):
-            if r.status is RequestStatus.FINISHED:
-                continue  # stopped in the step before, or aborted: this row is discarded
-            if slot == 0:
-                first.append((r.request_id, r.arrival_ns, r.prompt_len))
-            r.output_token_ids[slot] = tok
-            r.token_times_ns.append(now)
-            tokens.append((r.request_id, tok))
-            reason = stop_reason(r, slot + 1, tok, eos, max_len)
-            if not reason:
-                continue
-            self.scheduler.finish(r, reason, self._hold(r, nxt))
-            del self.requests[r.request_id]
-            finished.append(self._record(r))
+        post = self.scheduler.postprocess(sampled, now, self.model_config.eos_token_ids,
+                                          self.max_model_len, cur.slots, *self._holding(nxt))
+        finished = self._retire(post)
         for r in cur.deferred_free:
             self.kv.free(r)
         t_start = max(cur.t_sched_ns, self._last_t_end)
         rec = self._step_record(cur.step_id, cur.out, t_start, gpu_ms, len(finished),
                                 cur.handle.used_graph)
         self._last_t_end = rec.t_end_ns
-        return StepResult(rec, finished, _step_output(cur.step_id, now, tokens, first, finished))
+        return StepResult(rec, finished, _step_output(cur.step_id, now, post, finished))
 
     @staticmethod
     def _record(r: Request) -> RequestRecord:

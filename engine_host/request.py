@@ -109,7 +109,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str = ""
     generator: object = None  # torch.Generator, created lazily by the sampler
-    last_step: int = -1  # id of the latest step launched with this request in it (async)
+    last_step: int = -1  # id of the latest step with this request in it (Scheduler.advance)
     first_scheduled_ns: int = 0  # start of the first step that computed any of it (queue time)
 
     @property

@@ -87,11 +87,24 @@ class SchedulerOutput:
         return not self.decodes and not self.prefills
 
 
+@dataclass
+class Postprocessed:
+    """What ``Scheduler.postprocess`` made of one step: ``tokens`` (request id, token id) in
+    row order, ``first`` (request id, arrival ns, prompt length) for each first output token,
+    and the requests it ``finished``."""
+
+    tokens: list[tuple[str, int]] = field(default_factory=list)
+    first: list[tuple[str, int, int]] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+
+
 class Scheduler:
     """Holds the waiting queue and the running list; ``schedule()`` picks one step's batch.
 
     ``running`` is in admission order (the tail is preempted first). The engine calls
-    ``schedule()``, runs the batch, then updates each request's ``num_computed_tokens``.
+    ``schedule()``, runs the batch, then ``advance()`` and ``postprocess()`` (which appends the
+    sampled tokens and ``finish``es requests); the engine changes the queues only through these
+    methods, ``add`` and ``finish``.
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
@@ -123,21 +136,82 @@ class Scheduler:
         self.unschedule(req)
         self.kv.free(req)
 
-    def finish(self, req: Request, reason: str, hold: list[Request] | None = None) -> None:
+    def finish(self, req: Request, reason: str, in_flight_step: int = -1,
+               hold: list[Request] | None = None) -> None:
         """End ``req`` with finish reason ``reason`` ("stop", "length", "abort"): out of the
-        queues, its blocks freed — or, with ``hold``, appended to it for the caller to free
-        once the step in flight that still writes them completes (async scheduling) — and its
-        trailing placeholder tokens (outputs not seen yet) dropped."""
+        queues, its blocks freed, its trailing placeholder tokens (outputs not seen yet)
+        dropped. Async scheduling: if ``req`` is in step ``in_flight_step`` (launched, not
+        completed: ``req.last_step``), that step still writes its KV, so ``req`` is appended to
+        ``hold`` instead, for the caller to free when the step completes."""
         self.unschedule(req)
-        if hold is None:
-            self.kv.free(req)
-        else:
+        if hold is not None and req.last_step == in_flight_step:
             hold.append(req)
+        else:
+            self.kv.free(req)
         ids = req.output_token_ids
         while ids and ids[-1] == PLACEHOLDER_TOKEN:
             ids.pop()
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+
+    # -- after a step runs (nano-vllm's Scheduler.postprocess) --------------------------------
+    def advance(self, out: SchedulerOutput, step_id: int, t_ns: int) -> None:
+        """Book ``out`` as computed once the runner has its inputs (sync: executed; async:
+        launched, as vLLM books at schedule time): each request's ``num_computed_tokens``
+        grows by its tokens, ``last_step`` = ``step_id``, and a first prefill stamps
+        ``first_scheduled_ns`` = ``t_ns`` (monotonic ns, when the step was scheduled)."""
+        for r in out.decodes:
+            r.num_computed_tokens += 1
+            r.last_step = step_id
+        for r, n in out.prefills:
+            if not r.first_scheduled_ns:
+                r.first_scheduled_ns = t_ns
+            r.num_computed_tokens += n
+            r.last_step = step_id
+
+    def reserve_outputs(self, reqs: list[Request], max_model_len: int) -> list[int]:
+        """Async scheduling: give each request sampling in a launched step a placeholder
+        output (``PLACEHOLDER_TOKEN``); returns their indices in ``output_token_ids``. One that
+        surely ends by length with it leaves the running list, so it is not scheduled again;
+        ``postprocess`` finishes it when the step completes."""
+        slots: list[int] = []
+        for r in reqs:
+            ids = r.output_token_ids
+            ids.append(PLACEHOLDER_TOKEN)
+            slots.append(len(ids) - 1)
+            if reaches_length(r, len(ids), max_model_len):
+                self.unschedule(r)
+        return slots
+
+    def postprocess(self, sampled: list[tuple[Request, int]], now_ns: int,
+                    eos_token_ids: tuple[int, ...], max_model_len: int,
+                    slots: list[int] | None = None, in_flight_step: int = -1,
+                    hold: list[Request] | None = None) -> "Postprocessed":
+        """Take one completed step's sampled tokens ``(request, token id)``: append each (or,
+        with ``slots`` from ``reserve_outputs``, put it in place of its placeholder), time it
+        ``now_ns``, check ``stop_reason`` and ``finish`` those that end (``in_flight_step`` and
+        ``hold``: see ``finish``). Rows of requests already finished (stopped a step before,
+        or aborted, while this step ran) are discarded."""
+        res = Postprocessed()
+        for i, (r, tok) in enumerate(sampled):
+            if r.status is RequestStatus.FINISHED:
+                continue
+            ids = r.output_token_ids
+            if slots is None:
+                slot = len(ids)
+                ids.append(tok)
+            else:
+                slot = slots[i]
+                ids[slot] = tok
+            if slot == 0:
+                res.first.append((r.request_id, r.arrival_ns, r.prompt_len))
+            r.token_times_ns.append(now_ns)
+            res.tokens.append((r.request_id, tok))
+            reason = stop_reason(r, slot + 1, tok, eos_token_ids, max_model_len)
+            if reason:
+                self.finish(r, reason, in_flight_step, hold)
+                res.finished.append(r)
+        return res
 
     @property
     def num_unfinished(self) -> int:
