@@ -119,11 +119,13 @@ workload_options = _opts(
 )
 
 # `vllm bench serve`'s spellings; docs/http-load.md; gpuchef/client/http_load.py
-http_load_options = _opts(
+_HTTP_BASE = (
     click.option("--base-url", default=None, metavar="URL",
                  help="Send the load as streaming HTTP requests to this OpenAI-compatible server "
                       "(vLLM, SGLang, gpuchef serve) instead of a hosted engine; --model is the "
                       "name sent (default: the server's first model)."),
+)
+_HTTP_CLIENT = (
     click.option("--endpoint", default="/v1/completions", show_default=True,
                  type=click.Choice(["/v1/completions", "/v1/chat/completions"]),
                  help="With --base-url: the API; chat needs --tokenizer (it sends text)."),
@@ -135,17 +137,22 @@ http_load_options = _opts(
                       "--ramp-up-start-rps to --ramp-up-end-rps over the requests."),
     click.option("--ramp-up-start-rps", default=None, type=int, help="Ramp-up start rate (req/s)."),
     click.option("--ramp-up-end-rps", default=None, type=int, help="Ramp-up end rate (req/s)."),
-    click.option("--api-key", default=None,
-                 help="With --base-url: Bearer token (default: $OPENAI_API_KEY)."),
-    click.option("--tokenizer", default=None, type=click.Path(),
-                 help="With --base-url: a local tokenizer.json (or a model folder holding one); "
-                      "prompts are then sent as text of the load's lengths."),
     click.option("--vocab-size", default=None, type=int,
                  help="With --base-url: vocabulary size for token-id prompts (default: the "
                       "tokenizer's, else the server's /v1/models when it says)."),
     click.option("--request-timeout", default=600.0, show_default=True, type=float,
                  help="With --base-url: seconds a request may take, end to end."),
 )
+_HTTP_AUTH = (
+    click.option("--api-key", default=None,
+                 help="With --base-url: Bearer token (default: $OPENAI_API_KEY)."),
+    click.option("--tokenizer", default=None, type=click.Path(),
+                 help="With --base-url: a local tokenizer.json (or a model folder holding one); "
+                      "prompts are then sent as text of the load's lengths."),
+)
+http_load_options = _opts(*_HTTP_BASE, *_HTTP_CLIENT, *_HTTP_AUTH)
+#: `top --attach`'s load flags: --api-key and --tokenizer come with top's --serve options
+http_client_options = _opts(*_HTTP_CLIENT)
 
 
 def engine_config(o: dict[str, Any]) -> EngineConfig:

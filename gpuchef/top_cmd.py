@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_files, check_output_path, engine_config, engine_options, scheduler_options,
-                      workload_config, workload_options)
+from .options import (check_output_files, check_output_path, engine_config, engine_options,
+                      http_client_options, scheduler_options, workload_config, workload_options)
 from .serve_cmd import prepare_serving, serve_options
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
@@ -90,6 +90,14 @@ def parse_window(text: str) -> float:
                    "internal load starts paused (p starts it) unless --dataset or "
                    "--request-rate is given; HTTP requests are the ids http-N.")
 @serve_options
+@click.option("--attach", "attach", multiple=True, metavar="URL",
+              help="Watch a server gpuchef does not host (vLLM, SGLang, gpuchef serve): scrape "
+                   "URL/metrics, no engine here; give it more than once for several servers. "
+                   "With --dataset/--request-rate gpuchef also sends its load to the first one "
+                   "(the flags of `bench --base-url`). docs/attach.md.")
+@click.option("--scrape-hz", default=4.0, show_default=True, type=float,
+              help="With --attach: scrapes of /metrics per second (0.1–50).")
+@http_client_options
 @click.pass_context
 def top(ctx: click.Context, **o) -> None:
     """Open the live dashboard: host the engine, drive it with load, sample the GPU, and watch
@@ -123,7 +131,51 @@ def _is_default(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None)
 
 
+#: top options that configure a hosted engine or its front door: meaningless with --attach
+#: (the server runs its own engine; its knobs are PATCHed live when it has gpuchef's endpoint)
+ATTACH_REFUSES = ("engine", "tensor_parallel_size", "model", "device", "dtype",
+                  "attention_backend", "enforce_eager", "async_scheduling", "block_size",
+                  "num_gpu_blocks", "kv_cache_memory_gb", "gpu_memory_utilization", "mode",
+                  "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+                  "max_num_partial_prefills", "max_long_partial_prefills", "auto_budget",
+                  "serve", "http_host", "port", "served_model_name", "max_concurrent_requests",
+                  "max_request_body_mb", "trace_prompts", "ab_window")
+#: the options only --attach gives a meaning to
+ATTACH_ONLY = ("scrape_hz", "endpoint", "max_concurrency", "ramp_up_strategy",
+               "ramp_up_start_rps", "ramp_up_end_rps", "vocab_size", "request_timeout")
+
+
+def _flag(ctx: click.Context, name: str) -> str:
+    for p in ctx.command.params:
+        if p.name == name and getattr(p, "opts", None):
+            return max(p.opts, key=len)
+    return "--" + name.replace("_", "-")
+
+
+def check_attach_flags(ctx: click.Context, o: dict) -> None:
+    """Refuse, naming them all, the flags that make no sense with ``--attach`` (a hosted
+    engine's), and the attach-only flags without it. Raises ConfigError."""
+    given = [k for k in o if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE,
+                                                             ParameterSource.ENVIRONMENT)]
+    if o["attach"]:
+        bad = [_flag(ctx, k) for k in ATTACH_REFUSES if k in given]
+        if bad:
+            verb = "does" if len(bad) == 1 else "do"
+            raise ConfigError(f"{', '.join(bad)} {verb} not apply with --attach: the server "
+                              f"at {o['attach'][0]} runs its own engine (set such options on that "
+                              "server; its knobs change live when it answers gpuchef's knob "
+                              "endpoint)")
+    else:
+        bad = [_flag(ctx, k) for k in ATTACH_ONLY if k in given]
+        if bad:
+            verb = "needs" if len(bad) == 1 else "need"
+            raise ConfigError(f"{', '.join(bad)} {verb} --attach URL (a server to watch)")
+
+
 def _build(ctx: click.Context, o: dict, err: Console):
+    check_attach_flags(ctx, o)
+    if o["attach"]:
+        return _build_attach(ctx, o, err)
     from .engine_host.engine import resolve_device
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import parse_gpus
@@ -220,4 +272,50 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
     if server is not None:
         server.attach(session.host, engine)
         session.closers.append(server.stop)
+    return app
+
+
+def _build_attach(ctx: click.Context, o: dict, err: Console):
+    """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py)."""
+    from .attach import AttachSession, base_of
+    from .probes.host import check_sample_hz
+    from .probes.metrics import parse_goodput, parse_percentiles
+    from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
+    from .tui.app import GpuchefApp
+
+    window_s = parse_window(o["window"])
+    urls = [base_of(u) for u in o["attach"]]
+    if not 0.1 <= o["scrape_hz"] <= 50:
+        raise ConfigError(f"--scrape-hz {o['scrape_hz']:g} is out of range: allowed [0.1, 50]")
+    gpus = parse_gpus(o["gpus"]) if o["gpus"] is not None else None
+    if gpus is not None:
+        check_sample_hz(o["sample_hz"], *SAMPLE_HZ_RANGE, flag="--sample-hz")
+    pcts = parse_percentiles(o["metric_percentiles"])
+    slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else dict(DEFAULT_SLOS_GPU)
+    if not 1 <= o["fps"] <= 30:
+        raise ConfigError(f"--fps {o['fps']:g} is out of range: allowed [1, 30]")
+    if not 1 <= o["stats_window"] <= 3600:
+        raise ConfigError(f"--stats-window {o['stats_window']:g} is out of range: allowed "
+                          "[1, 3600] s")
+    check_screenshot_dir(o["screenshot_dir"])
+    check_output_files(o)
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
+    load = None
+    load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
+    if load_given:  # the load of `bench --base-url`, refused before anything is sent
+        from .client.bench_http import prepare_http_load
+
+        if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
+            o["request_rate"] = str(GPU_RANDOM_RATE)  # not inf: a live load, not all at once
+        o.setdefault("result_json", None)
+        load = prepare_http_load(o, base_url=urls[0])
+        err.print(f"[dim]{len(load.specs)} requests to {escape(load.cfg.api_url)} "
+                  f"({escape(load.desc)})[/dim]")
+    session = AttachSession(urls, scrape_hz=o["scrape_hz"], gpus=gpus,
+                            sample_hz=o["sample_hz"], load=load, api_key=o.get("api_key"),
+                            trace_path=o["trace_path"], slos=slos, percentiles=pcts,
+                            stats_window_s=o["stats_window"])
+    app = GpuchefApp(session, window_s=window_s, fps=o["fps"],
+                     screenshot_dir=o["screenshot_dir"])
+    session.start()
     return app

@@ -51,6 +51,7 @@ from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
 from .host import HostSample
 from .nvml import GpuSample
+from .scrape import ScrapeSample, sample_from_json, sample_to_json
 
 NAN = float("nan")
 TRACE_SCHEMA = "gpuchef-trace"
@@ -64,7 +65,11 @@ RECORD_TYPES: dict[str, type] = {
     "request": RequestRecord,
     "event": EngineEvent,
 }
+#: `top --attach`'s scrapes of a server's /metrics: their own record type (not a dataclass of
+#: flat fields: histograms nest), written by sample_to_json and read by sample_from_json
+SCRAPE_TYPE = "scrape"
 _TYPE_OF: dict[type, str] = {cls: name for name, cls in RECORD_TYPES.items()}
+_TYPE_OF[ScrapeSample] = SCRAPE_TYPE
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls))
                                         for cls in RECORD_TYPES.values()}
 _TOKEN_FIELDS = ("output_token_ids", "prompt_token_ids")  # written only with trace_prompts
@@ -137,6 +142,8 @@ def encode_record(rec: Any, *, trace_prompts: bool = False) -> str:
     left out unless ``trace_prompts``. Raises TypeError for an object of no known record type.
     """
     cls = type(rec)
+    if cls is ScrapeSample:
+        return _dumps({"type": SCRAPE_TYPE, **sample_to_json(rec)})
     names = _FIELDS.get(cls)
     if names is None:
         raise TypeError(f"not a trace record: {cls.__name__}")
@@ -369,7 +376,8 @@ class TraceRecorder:
                     break
                 try:
                     lines.append(encode_record(item, trace_prompts=tp))
-                    counts[_TYPE_OF[type(item)]] += 1
+                    k = _TYPE_OF[type(item)]
+                    counts[k] = counts.get(k, 0) + 1  # "scrape" only in attached traces
                 except Exception:  # an unknown object or an unserialisable value: skip it
                     self.dropped += 1
                 if len(lines) >= 4096:
@@ -452,6 +460,7 @@ class Trace:
     host_samples: list[HostSample] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
     events: list[EngineEvent] = field(default_factory=list)
+    scrapes: list[ScrapeSample] = field(default_factory=list)
     end: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -674,6 +683,12 @@ def iter_trace(path: str | os.PathLike[str],
             if kind == "meta":
                 on_problem(f"{p} line {n}: a second meta record — skipped")
                 continue
+            if kind == SCRAPE_TYPE:
+                try:
+                    yield TraceRecord(kind, n, sample_from_json(d))
+                except ValueError as e:
+                    on_problem(f"{p} line {n}: {e} — skipped")
+                continue
             if kind not in RECORD_TYPES:
                 on_problem(f"{p} line {n}: unknown record type {_short(kind)} — skipped")
                 continue
@@ -686,7 +701,7 @@ def iter_trace(path: str | os.PathLike[str],
 
 
 _LISTS = {"step": "steps", "gpu_sample": "gpu_samples", "host_sample": "host_samples",
-          "request": "requests", "event": "events"}
+          "request": "requests", "event": "events", SCRAPE_TYPE: "scrapes"}
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:

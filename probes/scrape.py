@@ -147,6 +147,58 @@ def _hist(fam: Any) -> Hist | None:
     return Hist(tuple(sorted(buckets.items())), count, total)
 
 
+def bucket_quantile(buckets: tuple[tuple[float, float], ...], q: float) -> float:
+    """The ``q``-quantile (0–1) of a histogram given as per-bucket counts ``(le, count)`` (not
+    cumulative; +Inf last), interpolated linearly inside the bucket as Prometheus'
+    ``histogram_quantile`` does (the lower edge of the first bucket is 0; a quantile in the +Inf
+    bucket is the highest finite edge). NaN when the buckets hold nothing. Units: ``le``'s."""
+    total = sum(c for _, c in buckets)
+    if total <= 0 or not buckets:
+        return float("nan")
+    rank = q * total
+    lo, cum = 0.0, 0.0
+    for le, c in buckets:
+        if c > 0 and cum + c >= rank:
+            if math.isinf(le):
+                return lo
+            return lo + (le - lo) * max(0.0, rank - cum) / c
+        cum += c
+        if not math.isinf(le):
+            lo = le
+    return lo
+
+
+def sample_to_json(s: ScrapeSample) -> dict[str, Any]:
+    """A ScrapeSample as the trace's ``scrape`` record fields (docs/trace-format.md): histograms
+    as ``{"buckets": [[le, count], ...], "count", "sum"}`` with cumulative counts as scraped
+    (+Inf written as null)."""
+    return {"t_ns": s.t_ns, "url": s.url, "server": s.server, "values": dict(s.values),
+            "hists": {q: {"buckets": [[le if math.isfinite(le) else None, c] for le, c in h.buckets],
+                          "count": h.count, "sum": h.sum} for q, h in s.hists.items()},
+            "error": s.error, "scrape_ms": s.scrape_ms}
+
+
+def sample_from_json(d: dict[str, Any]) -> ScrapeSample:
+    """The inverse of :func:`sample_to_json`. Raises ValueError naming a field of the wrong
+    type."""
+    try:
+        t = d["t_ns"]
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise ValueError(f"scrape field t_ns={t!r} is not int")
+        values = {str(k): float(v) for k, v in (d.get("values") or {}).items()
+                  if v is not None}
+        hists = {}
+        for q, h in (d.get("hists") or {}).items():
+            b = tuple((math.inf if le is None else float(le), float(c)) for le, c in h["buckets"])
+            hists[str(q)] = Hist(b, float(h["count"]), float(h["sum"]))
+        return ScrapeSample(t, str(d.get("url", "")), str(d.get("server", "unknown")), values,
+                            hists, str(d.get("error") or ""), float(d.get("scrape_ms") or 0.0))
+    except KeyError as e:
+        raise ValueError(f"scrape record lacks field {e}") from None
+    except (TypeError, AttributeError):
+        raise ValueError("scrape record: values/hists are not of the documented shape") from None
+
+
 @dataclass(frozen=True)
 class ScrapeDelta:
     """What happened between two scrapes of one server (``dt_s`` seconds): counter rates

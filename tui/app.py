@@ -65,7 +65,11 @@ class GpuchefApp(App):
         self.tick_cpu_s = 0.0
 
     def on_mount(self) -> None:
-        self.push_screen(MainScreen())
+        if self.session.info.per_step_records:
+            self.push_screen(MainScreen())
+        else:  # a server gpuchef does not host: its picture comes from /metrics scrapes
+            from .screens.attach import AttachScreen
+            self.push_screen(AttachScreen())
         self.set_interval(1.0 / self.fps, self._tick)
 
     def _tick(self) -> None:
@@ -178,12 +182,15 @@ class GpuchefApp(App):
 
     def action_toggle_load(self) -> None:
         load = self.session.load
-        if load.state().paused:
-            load.resume()
-            self.notify("load resumed", timeout=3)
-        else:
-            load.pause()
-            self.notify("load paused: no new arrivals (p resumes)", timeout=3)
+        try:
+            if load.state().paused:
+                load.resume()
+                self.notify("load resumed", timeout=3)
+            else:
+                load.pause()
+                self.notify("load paused: no new arrivals (p resumes)", timeout=3)
+        except ConfigError as e:  # a load that cannot pause (top --attach's): say why
+            self._refused(e)
 
     def action_toggle_engine(self) -> None:
         s = self.session

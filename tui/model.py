@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from gpuchef.engine_host.config import ConfigError, SchedulerConfig
+from gpuchef.probes.scrape import ScrapeDelta, ScrapeSample
 from gpuchef.probes.timeline import Timeline
 
 #: Highest rate a live control accepts: req/s for random arrivals, × for a trace.
@@ -49,6 +50,9 @@ class SessionInfo:
     native engine, not named). ``tensor_parallel_size``: GPUs the engine shards the model over.
     ``gpus``: the GPUs the engine runs on (NVML indices where known, e.g. ("0", "1")); empty on a
     CPU, or when the session did not say (the header then shows ``device``).
+    ``source``: "hosted" (gpuchef runs the engine) or the attached servers' URLs, comma-joined.
+    ``per_step_records``: the timeline gets a StepRecord per engine step (False for a server
+    gpuchef does not host: its picture comes from /metrics scrapes, see ``AttachedSession``).
     """
 
     model: str
@@ -63,13 +67,16 @@ class SessionInfo:
     engine: str = ""
     tensor_parallel_size: int = 1
     gpus: tuple[str, ...] = ()
+    source: str = "hosted"
+    per_step_records: bool = True
 
 
 @dataclass(frozen=True)
 class LoadState:
     """The live load as the header and the rate control show it.
 
-    ``kind``: "random" (``rate`` in req/s) or "trace" (``rate`` is the replay speed, ×).
+    ``kind``: "random" (``rate`` in req/s), "trace" (``rate`` is the replay speed, ×) or
+    "none" (no load of gpuchef's: ``name`` says what drives the server).
     ``name``: dataset name. ``mean_rate``: the trace's mean req/s at speed 1 (0 for random).
     ``paused``: no new arrivals. ``submitted``: requests sent so far. ``done``: the stream ended
     (a bounded ``--num-prompts``/``--duration`` load). ``loop``: a trace restarts at its end.
@@ -90,6 +97,8 @@ class LoadState:
 
     def describe(self) -> str:
         """e.g. "azure-conv ×0.50 (≈2.8 req/s), loop" or "random 4.0 req/s"."""
+        if self.kind == "none":
+            return self.name
         if self.kind == "random":
             s = f"random {self.rate:g} req/s"
         else:
@@ -171,3 +180,36 @@ class Session(Protocol):
     def set_config(self, **changes: Any) -> dict[str, Any]: ...
     def export_trace(self) -> str: ...
     def close(self) -> None: ...
+
+
+class ScrapedServer(Protocol):
+    """One attached server as the dashboard reads it (``gpuchef/attach.py``). ``url``: its base
+    URL; ``kind``: "vllm" / "sglang" / "gpuchef" / "unknown" (from the names in its /metrics);
+    ``hz``: scrapes per second; ``status``: "" or one line saying why the last scrape failed.
+    ``samples()``: scrapes so far (oldest first, failed ones included, the last ~10 min);
+    ``deltas()``: the intervals between consecutive good scrapes (``probes.scrape.delta``).
+    Both return snapshots: safe to read from the UI thread."""
+
+    url: str
+    hz: float
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+
+    def samples(self) -> Sequence[ScrapeSample]: ...
+    def deltas(self) -> Sequence[ScrapeDelta]: ...
+
+
+class AttachedSession(Session, Protocol):
+    """A session on servers gpuchef does not host (``info.per_step_records`` is False): the
+    timeline holds the client's requests (when gpuchef sends the load), GPU samples (``--gpus``)
+    and events, never steps. ``knobs_reason``: "" when ``set_knob`` reaches the server's knob
+    endpoint, else why the knobs are read-only (``set_knob`` then raises ConfigError saying
+    so). ``scheduler_config`` is what the server said (meaningless while read-only)."""
+
+    servers: tuple[ScrapedServer, ...]
+
+    @property
+    def knobs_reason(self) -> str: ...

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -65,29 +66,37 @@ def check_http_flags(o: dict[str, Any]) -> None:
                               "(an OpenAI-compatible server to send the load to)")
 
 
-def bench_http(o: dict[str, Any], err) -> None:
-    """Run `gpuchef bench --base-url`: options ``o`` as bench parsed them, ``err`` a rich Console
-    on stderr. Prints the results block (stdout), one line per kind of failed request (stderr),
-    and writes ``--result-json``. Raises ConfigError for bad input, before any request is sent;
-    exits 1 when no request succeeded."""
-    from rich.markup import escape
+@dataclass
+class PreparedLoad:
+    """The HTTP load ready to send: ``cfg`` (the server and client settings, ``model`` filled
+    in), ``wcfg`` the workload, ``specs`` its requests, ``body(spec)`` a request's JSON bytes,
+    ``ramp`` (strategy, start, end) or None, ``tok`` the local tokenizer or None, ``desc`` one
+    line about the load."""
 
+    cfg: Any
+    wcfg: Any
+    specs: list
+    body: Callable[[Any], bytes]
+    ramp: tuple[str, int, int] | None
+    tok: Any
+    desc: str
+
+
+def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
+                      model: str = "") -> PreparedLoad:
+    """Parse the load flags of ``o`` (as `bench --base-url` and `top --attach` take them),
+    ask the server for its models once, and build the requests. ``base_url``: the server
+    (default ``o["base_url"]``); ``model``: the name to send ("" = the server's first model).
+    Raises ConfigError for bad input or an unreachable server, before any request is sent."""
     from ..engine_host.workload import generate
-    from ..options import check_output_files, check_output_path, workload_config, write_json
-    from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
+    from ..options import workload_config
     from ..session import load_desc
-    from .http_load import (HttpLoadConfig, apply_ramp_up, check_ramp_up, error_counts,
-                            error_lines, fetch_server_info, lateness_stats, load_tokenizer,
-                            peak_stats, request_body, result_arrays, run_http_load,
-                            to_request_records, tokenizer_vocab_size)
+    from .http_load import (HttpLoadConfig, apply_ramp_up, check_ramp_up, fetch_server_info,
+                            load_tokenizer, request_body, tokenizer_vocab_size)
 
-    check_http_flags(o)
-    check_output_files(o)
-    goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
-    pcts = parse_percentiles(o["metric_percentiles"])
-    cfg = HttpLoadConfig(base_url=o["base_url"], endpoint=o["endpoint"],
-                         model=o["model"] if _given("model") else "",
-                         api_key=o.get("api_key"), max_concurrency=o.get("max_concurrency"),
+    cfg = HttpLoadConfig(base_url=base_url or o["base_url"], endpoint=o["endpoint"],
+                         model=model, api_key=o.get("api_key"),
+                         max_concurrency=o.get("max_concurrency"),
                          request_timeout_s=o["request_timeout"])
     try:
         rate = float(o["request_rate"])
@@ -104,7 +113,9 @@ def bench_http(o: dict[str, Any], err) -> None:
                           "(a local tokenizer.json or model folder) to make the prompts")
     # the load flags and the trace file, checked before anything is sent
     workload_config(o, vocab_size=1 << 20, max_model_len=None, warn=lambda m: None)
-    check_output_path(o["result_json"], "--result-json")
+    if o.get("result_json"):
+        from ..options import check_output_path
+        check_output_path(o["result_json"], "--result-json")
 
     info = fetch_server_info(cfg)  # ConfigError when nothing answers
     if info is not None and info.models:
@@ -134,16 +145,39 @@ def bench_http(o: dict[str, Any], err) -> None:
         specs = apply_ramp_up(specs, *ramp, burstiness=wcfg.burstiness, arrival=wcfg.arrival,
                               seed=wcfg.seed)
     if ramp:
-        load = (f"random, ramp-up {ramp[0]} {ramp[1]}→{ramp[2]} req/s, "
+        desc = (f"random, ramp-up {ramp[0]} {ramp[1]}→{ramp[2]} req/s, "
                 f"burstiness {wcfg.burstiness}")
     else:
-        load = load_desc(wcfg)
-    err.print(f"[dim]{len(specs)} requests to {escape(cfg.api_url)} (model {escape(cfg.model)}, "
-              f"{'text' if tok is not None else 'token-id'} prompts, {escape(load)}, "
-              f"max concurrency {cfg.max_concurrency or 'unbounded'})[/dim]")
+        desc = load_desc(wcfg)
 
     def body(spec):
         return request_body(spec, cfg, tok)
+
+    return PreparedLoad(cfg, wcfg, specs, body, ramp, tok, desc)
+
+
+def bench_http(o: dict[str, Any], err) -> None:
+    """Run `gpuchef bench --base-url`: options ``o`` as bench parsed them, ``err`` a rich Console
+    on stderr. Prints the results block (stdout), one line per kind of failed request (stderr),
+    and writes ``--result-json``. Raises ConfigError for bad input, before any request is sent;
+    exits 1 when no request succeeded."""
+    from rich.markup import escape
+
+    from ..options import check_output_files, write_json
+    from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
+    from .http_load import (error_counts, error_lines, lateness_stats, peak_stats, result_arrays,
+                            run_http_load, to_request_records)
+
+    check_http_flags(o)
+    check_output_files(o)
+    goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
+    pcts = parse_percentiles(o["metric_percentiles"])
+    pl = prepare_http_load(o, model=o["model"] if _given("model") else "")
+    cfg, wcfg, specs, body, ramp, tok, load = (pl.cfg, pl.wcfg, pl.specs, pl.body, pl.ramp,
+                                               pl.tok, pl.desc)
+    err.print(f"[dim]{len(specs)} requests to {escape(cfg.api_url)} (model {escape(cfg.model)}, "
+              f"{'text' if tok is not None else 'token-id'} prompts, {escape(load)}, "
+              f"max concurrency {cfg.max_concurrency or 'unbounded'})[/dim]")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -595,12 +595,15 @@ async def run_http_load_async(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
                               body: Callable[[RequestSpec], bytes], *,
                               ramp: tuple[str, int, int] | None = None,
                               start_delay_s: float = 0.0,
-                              on_done: Callable[[], None] | None = None) -> HttpLoadRun:
+                              on_done: Callable[[], None] | None = None,
+                              on_result: Callable[[ClientResult], None] | None = None
+                              ) -> HttpLoadRun:
     """Send ``specs`` (sorted by ``arrival_s``) at ``t0 + arrival_s`` each, ``body(spec)`` as the
     request body (built just before the request's due time, in the slack before it), all over
     one pooled ``aiohttp`` session; wait for every response. ``ramp``: (strategy, start, end) to
     log ``rps_change_events`` as vLLM does. ``on_done()`` is called as each request finishes
-    (a progress bar). Returns an HttpLoadRun; raises nothing per request.
+    (a progress bar); ``on_result(result)`` with each ClientResult as it finishes (`top
+    --attach` shows them live). Returns an HttpLoadRun; raises nothing per request.
     Proxy variables (HTTP_PROXY, ...) are not read: the load goes straight to ``base_url``."""
     from datetime import datetime
 
@@ -640,6 +643,8 @@ async def run_http_load_async(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
             task = asyncio.create_task(send_one(session, spec, data, cfg, due, sem))
             if on_done is not None:
                 task.add_done_callback(lambda _t: on_done())
+            if on_result is not None:
+                task.add_done_callback(lambda t: t.cancelled() or on_result(t.result()))
             tasks.append(task)
         results = list(await asyncio.gather(*tasks))
         end = max([r.end_ns for r in results], default=time.monotonic_ns())

@@ -1,0 +1,524 @@
+"""`gpuchef top --attach URL`: the dashboard's session on servers gpuchef does not host.
+
+Composition root of an attached session, behind ``tui.model.AttachedSession``: one
+:class:`AttachedServer` per URL (a ``probes.scrape.Scraper`` of its ``/metrics`` and the
+intervals between scrapes), the NVML sampler when ``--gpus`` is given (the server on this host),
+the HTTP load of `bench --base-url` when asked (:class:`HttpLoadControl`: its requests go to the
+timeline as the client saw them), the server's knobs through gpuchef's knob endpoint
+(``GET``/``PATCH /gpuchef/v1/scheduler``) when it has one, and the session trace (scrapes as
+``scrape`` records, ``source`` in the meta).
+
+Threads: one scraper per server, the load's event loop, the NVML sampler, the trace writer. The
+UI thread reads snapshots (``samples()``/``deltas()``, the timeline) and calls ``set_knob``,
+which is one PATCH with a short timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, parse_value
+from .live import next_part_path
+from .probes.metrics import DEFAULT_PERCENTILES
+from .probes.nvml import NvmlSampler
+from .probes.recorder import TraceRecorder
+from .probes.scrape import ScrapeDelta, ScrapeSample, Scraper, delta
+from .probes.timeline import Timeline
+from .tui.model import ABState, LoadState, SessionInfo
+
+KNOB_PATH = "/gpuchef/v1/scheduler"
+KNOB_TIMEOUT_S = 2.0
+#: scrapes kept per server (10 min at 4 Hz, twice over): what the charts and a late `e` can see
+KEEP_SCRAPES = 4800
+#: how often the knob state is read again from a server that has the endpoint (s)
+KNOB_REFRESH_S = 2.0
+
+
+def base_of(url: str) -> str:
+    """``http://h:p/metrics`` or ``http://h:p/`` → ``http://h:p`` (the URL as the user gave it,
+    without a trailing /metrics). Raises ConfigError for a URL that is not http(s)://host."""
+    from .client.http_load import normalize_base_url
+
+    u = url.strip().rstrip("/")
+    if u.endswith("/metrics"):
+        u = u[: -len("/metrics")]
+    try:
+        return normalize_base_url(u)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--base-url", "--attach")) from None
+
+
+def _http_json(method: str, url: str, body: dict | None, api_key: str | None,
+               timeout: float) -> tuple[int, Any]:
+    """One JSON request; returns (status, parsed body or None). Raises OSError / URLError when
+    nothing answers."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json",
+                                          "Accept": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read(1 << 20)
+            status = r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(1 << 20), e.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
+
+
+def _config_from(state: Any) -> SchedulerConfig:
+    """The SchedulerConfig a knob endpoint's state dict describes. Raises ConfigError / TypeError
+    for one that is not gpuchef's."""
+    if not isinstance(state, dict) or "mode" not in state:
+        raise ConfigError("not gpuchef's knob endpoint (no 'mode' in its answer)")
+    kw = {k: state[k] for k in KNOBS if k in state}
+    if isinstance(state.get(AUTO_BUDGET), str):
+        kw[AUTO_BUDGET] = state[AUTO_BUDGET]
+    return SchedulerConfig(mode=state["mode"], **kw)
+
+
+class AttachedServer:
+    """One attached server: its scraper and what it saw (``tui.model.ScrapedServer``).
+
+    ``url``: the base URL; ``hz``: scrapes/s; ``api_key``: Bearer token for /metrics and the
+    knob endpoint. ``on_sample(sample)`` is called with each scrape after it is kept (the
+    session's trace). ``fetch``: replaces the HTTP GET (tests).
+    """
+
+    def __init__(self, url: str, hz: float, *, api_key: str | None = None,
+                 on_sample: Callable[[ScrapeSample], None] | None = None,
+                 fetch: Callable[[str, float], str] | None = None) -> None:
+        self.url = base_of(url)
+        self.api_key = api_key
+        self._samples: deque[ScrapeSample] = deque(maxlen=KEEP_SCRAPES)
+        self._deltas: deque[ScrapeDelta] = deque(maxlen=KEEP_SCRAPES)
+        self._prev: ScrapeSample | None = None
+        self._kind = "unknown"
+        self._forward = on_sample
+        self.scraper = Scraper(self.url, hz, on_sample=self._on_sample, api_key=api_key,
+                               fetch=fetch)
+        self.hz = self.scraper.hz
+        #: the knob state, refreshed from the scrape thread (None: no knob endpoint)
+        self.knobs: SchedulerConfig | None = None
+        self.knobs_reason = "knob endpoint not asked yet"
+        self._knob_read = 0.0
+
+    # -- ScrapedServer ---------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def status(self) -> str:
+        return self.scraper.status
+
+    def samples(self) -> Sequence[ScrapeSample]:
+        return tuple(self._samples)
+
+    def deltas(self) -> Sequence[ScrapeDelta]:
+        return tuple(self._deltas)
+
+    # -- the scrape thread -----------------------------------------------------------------------
+    def _on_sample(self, s: ScrapeSample) -> None:
+        self._samples.append(s)
+        if not s.error:
+            self._kind = s.server
+            if self._prev is not None:
+                d = delta(self._prev, s)
+                if d is not None:
+                    self._deltas.append(d)
+            self._prev = s
+        if self.knobs is not None and time.monotonic() - self._knob_read >= KNOB_REFRESH_S:
+            self.read_knobs()  # another client may have PATCHed them
+        if self._forward is not None:
+            self._forward(s)
+
+    # -- knobs -----------------------------------------------------------------------------------
+    def read_knobs(self) -> SchedulerConfig | None:
+        """GET the knob endpoint: sets ``knobs`` (None when the server has none) and
+        ``knobs_reason`` ("" when live, else why not). Never raises."""
+        self._knob_read = time.monotonic()
+        url = self.url + KNOB_PATH
+        try:
+            status, body = _http_json("GET", url, None, self.api_key, KNOB_TIMEOUT_S)
+        except (OSError, urllib.error.URLError) as e:
+            if self.knobs is None:
+                self.knobs_reason = f"cannot reach {url} ({getattr(e, 'reason', e)})"
+            return self.knobs
+        if status != 200:
+            self.knobs = None
+            self.knobs_reason = (f"{self.url} has no gpuchef knob endpoint (GET {KNOB_PATH}: "
+                                 f"HTTP {status}); vLLM and SGLang take these knobs at start-up "
+                                 "(--max-num-batched-tokens, ...)")
+            return None
+        try:
+            self.knobs = _config_from(body)
+            self.knobs_reason = ""
+        except (ConfigError, TypeError) as e:
+            self.knobs = None
+            self.knobs_reason = f"{url}: {e}"
+        return self.knobs
+
+    def patch_knobs(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """PATCH the knob endpoint with ``changes``; returns what the server accepted. Raises
+        ConfigError with the server's message (a refused value) or naming what failed."""
+        url = self.url + KNOB_PATH
+        try:
+            status, body = _http_json("PATCH", url, changes, self.api_key, KNOB_TIMEOUT_S)
+        except (OSError, urllib.error.URLError) as e:
+            raise ConfigError(f"knob change not sent: cannot reach {url} "
+                              f"({getattr(e, 'reason', e)})") from None
+        if status != 200 or not isinstance(body, dict):
+            msg = ""
+            if isinstance(body, dict):
+                err = body.get("error")
+                msg = err.get("message", "") if isinstance(err, dict) else str(err or "")
+            raise ConfigError(msg or f"{url} refused the change (HTTP {status})")
+        try:
+            self.knobs = _config_from(body.get("scheduler"))
+        except (ConfigError, TypeError):
+            self.read_knobs()
+        return dict(body.get("accepted") or {})
+
+    def start(self) -> None:
+        self.read_knobs()
+        self.scraper.start()
+
+    def stop(self) -> None:
+        self.scraper.stop()
+
+
+class NoLoad:
+    """``LoadControl`` when gpuchef sends no load: the server's own clients drive it."""
+
+    REASON = ("the load is not gpuchef's: give --dataset or --request-rate to send one "
+              "(restart top)")
+
+    def state(self) -> LoadState:
+        return LoadState("none", "none from gpuchef (the server's own clients)", 0.0)
+
+    def set_rate(self, value: Any) -> float:
+        raise ConfigError(self.REASON)
+
+    def pause(self) -> None:
+        raise ConfigError(self.REASON)
+
+    def resume(self) -> None:
+        raise ConfigError(self.REASON)
+
+
+class HttpLoadControl:
+    """The load of `bench --base-url` (a ``client.bench_http.PreparedLoad``) sent on its own
+    event loop thread; ``on_record(RequestRecord)`` for each request as the client saw it
+    (``client.http_load.to_request_records``). The arrivals are fixed when it starts (absolute
+    times), so the rate and pause are refused with the reason."""
+
+    REASON = ("the attached load's arrivals are fixed when it starts (absolute times): "
+              "restart top with another --request-rate / --trace-speed")
+
+    def __init__(self, prepared: Any, on_record: Callable[[Any], None]) -> None:
+        self.p = prepared
+        self.on_record = on_record
+        self.submitted = 0
+        self.finished = 0
+        self.done = False
+        self.error = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+        w = prepared.wcfg
+        self._kind = "random" if w.is_random else "trace"
+        self._rate = float(w.request_rate) if w.is_random else float(w.trace_speed)
+
+    def state(self) -> LoadState:
+        return LoadState(self._kind, self.p.wcfg.dataset, self._rate, submitted=self.finished,
+                         done=self.done)
+
+    def set_rate(self, value: Any) -> float:
+        raise ConfigError(self.REASON)
+
+    def pause(self) -> None:
+        raise ConfigError(self.REASON)
+
+    def resume(self) -> None:
+        raise ConfigError(self.REASON)
+
+    def _on_result(self, r: Any) -> None:
+        from .client.http_load import to_request_records
+
+        self.finished += 1
+        self.on_record(to_request_records([r])[0])
+
+    def start(self) -> None:
+        from .client.http_load import run_http_load_async
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._task = loop.create_task(run_http_load_async(
+                    self.p.specs, self.p.cfg, self.p.body, ramp=self.p.ramp,
+                    on_result=self._on_result))
+                loop.run_until_complete(self._task)
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # never a traceback in the dashboard: one line
+                self.error = f"the load stopped: {type(e).__name__}: {e}"
+            finally:
+                self.done = True
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="gpuchef-attach-load", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not self.done:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class NoAB:
+    """``ABControl`` of an attached session: A/B needs the scheduler in gpuchef's hands."""
+
+    def state(self) -> ABState:
+        return ABState()
+
+    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
+              rounds: int | None = None) -> ABState:
+        raise ConfigError("live A/B alternates the knobs of an engine gpuchef hosts; on an "
+                          "attached server use `gpuchef ab` against two servers")
+
+    def stop(self) -> None:
+        pass
+
+
+class AttachSession:
+    """`top --attach`'s session (``tui.model.AttachedSession``).
+
+    ``urls``: the servers (base URLs or their /metrics). ``scrape_hz``: scrapes/s each.
+    ``gpus``/``sample_hz``: local GPUs to sample (None: none; ``nvml``: a stand-in module for
+    tests). ``load``: a ``client.bench_http.PreparedLoad`` to send to the first server, or None.
+    ``trace_path``: write the trace from the start. ``fetch``: replaces the scrapers' HTTP GET
+    (tests). Raises ConfigError for a bad URL or rate.
+    """
+
+    def __init__(self, urls: Sequence[str], *, scrape_hz: float = 4.0,
+                 gpus: list[int] | None = None, sample_hz: float = 10.0, nvml: Any = None,
+                 load: Any = None, api_key: str | None = None, trace_path: str | None = None,
+                 slos: dict[str, float] | None = None,
+                 percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+                 stats_window_s: float = 30.0, note: str = "",
+                 fetch: Callable[[str, float], str] | None = None) -> None:
+        if not urls:
+            raise ConfigError("--attach needs a URL (the server's base URL, e.g. "
+                              "http://127.0.0.1:8000)")
+        self.clock = time.monotonic_ns
+        self.slos = dict(slos or {})
+        self.percentiles = tuple(percentiles)
+        self.stats_window_s = float(stats_window_s)
+        self.timeline = Timeline(percentiles=self.percentiles)
+        self.start_ns = self.timeline.origin_ns
+        self._recorder: TraceRecorder | None = None
+        self._lock = threading.Lock()
+        try:
+            self.servers: tuple[AttachedServer, ...] = tuple(
+                AttachedServer(u, scrape_hz, api_key=api_key, on_sample=self._record, fetch=fetch)
+                for u in urls)
+        except ValueError as e:  # the Scraper's range check
+            raise ConfigError(str(e)) from None
+        seen = [s.url for s in self.servers]
+        dup = sorted({u for u in seen if seen.count(u) > 1})
+        if dup:
+            raise ConfigError(f"--attach {dup[0]} is given twice: each server once")
+        self.scrape_hz = self.servers[0].hz
+        self.load = HttpLoadControl(load, self._add_request) if load is not None else NoLoad()
+        self.ab = NoAB()
+        model = load.cfg.model if load is not None else ""
+        self.info = SessionInfo(
+            model=model or "(server's model)", random_weights=False,
+            device="remote", attention="(server's)", note=note,
+            gpus=tuple(str(g) for g in gpus) if gpus else (),
+            source=",".join(seen), per_step_records=False)
+        self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=self._gpu_sample,
+                                on_event=self._event) if gpus else None
+        self._meta_extra = {"sample_hz": sample_hz if gpus else 0, "scrape_hz": self.scrape_hz}
+        if load is not None:
+            self._meta_extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
+                                        "model": load.cfg.model,
+                                        "num_requests": len(load.specs)}
+        if trace_path:
+            self._recorder = TraceRecorder(trace_path, meta=self._meta())
+        self._closed = False
+        self._started = False
+        self.closers: list[Callable[[], None]] = []
+
+    def _meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "command": "top",
+            "model": {"name": self.info.model, "random_weights": None,
+                      "source": self.servers[0].url},
+            "device": "remote",
+            # each scrape record names its server's kind (vllm / sglang / gpuchef)
+            "source": {"kind": "attached", "urls": [s.url for s in self.servers]},
+            "slos_ms": self.slos, "percentiles": list(self.percentiles),
+            **self._meta_extra}
+        if self.nvml is not None and self.nvml.gpu_names:
+            meta["gpus"] = {str(k): v for k, v in self.nvml.gpu_names.items()}
+        return meta
+
+    # -- record sinks (any thread) ---------------------------------------------------------------
+    def _record(self, rec: Any) -> None:
+        r = self._recorder
+        if r is not None:
+            r.record(rec)
+
+    def _add_request(self, rec: Any) -> None:
+        self.timeline.add_request(rec)
+        self._record(rec)
+
+    def _gpu_sample(self, s: Any) -> None:
+        self.timeline.add_gpu_sample(s)
+        self._record(s)
+
+    def _event(self, e: Any) -> None:
+        self.timeline.add_event(e)
+        self._record(e)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "AttachSession":
+        """Start the scrapers (each reads the knob endpoint first), the NVML sampler and the
+        load. Idempotent."""
+        if self._started:
+            return self
+        self._started = True
+        if self.nvml is not None:
+            self.nvml.start()
+        for s in self.servers:
+            s.start()
+        if isinstance(self.load, HttpLoadControl):
+            self.load.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the load (requests in flight are cancelled), the scrapers and the sampler; the
+        trace gets its end record. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for f in self.closers:
+            f()
+        if isinstance(self.load, HttpLoadControl):
+            self.load.stop()
+        for s in self.servers:
+            s.stop()
+        if self.nvml is not None:
+            self.nvml.stop()
+        r = self._recorder
+        if r is not None:
+            r.close()
+
+    # -- state read by the UI --------------------------------------------------------------------
+    @property
+    def knobs_reason(self) -> str:
+        """"" when the knobs are live (the first server answers gpuchef's knob endpoint)."""
+        s = self.servers[0]
+        if s.knobs is not None:
+            return ""
+        return f"read-only: {s.knobs_reason}"
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.servers[0].knobs or SchedulerConfig()
+
+    @property
+    def gpu_status(self) -> str:
+        if self.nvml is None:
+            return ("no --gpus: the server's GPUs are not sampled (give --gpus when it runs on "
+                    "this host)")
+        return self.nvml.status
+
+    @property
+    def gpu_available(self) -> bool:
+        return self.nvml is not None and self.nvml.available
+
+    @property
+    def trace_path(self) -> str | None:
+        r = self._recorder
+        return str(r.path) if r is not None else None
+
+    @property
+    def engine_error(self) -> str | None:
+        return None  # the server's own failures show as scrape status lines
+
+    @property
+    def status_lines(self) -> list[str]:
+        """One line per thing that is wrong now (a scrape failing, the load stopped)."""
+        out = [s.status for s in self.servers if s.status]
+        if isinstance(self.load, HttpLoadControl) and self.load.error:
+            out.append(self.load.error)
+        return out
+
+    # -- commands --------------------------------------------------------------------------------
+    def set_knob(self, name: str, value: Any) -> Any:
+        """PATCH one knob (or the mode) on the first server; ConfigError when read-only or
+        refused (the server's message)."""
+        return self.set_config(**{name: value})[name]
+
+    def set_config(self, **changes: Any) -> dict[str, Any]:
+        reason = self.knobs_reason
+        if reason:
+            raise ConfigError(f"knobs are {reason}")
+        for k, v in changes.items():  # refused here with the same words as a hosted engine
+            if k != "mode" and k != AUTO_BUDGET and k not in KNOBS:
+                raise ConfigError(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode")
+            changes[k] = parse_value(k, v)
+        return self.servers[0].patch_knobs(changes)
+
+    def export_trace(self, path: str | None = None) -> str:
+        """Rotate the open trace, or write what the session holds (every kept scrape, the
+        client's requests, GPU samples, events) to ``path`` (default
+        ``gpuchef-top-<time>.jsonl``) and go on recording there. Blocks on file I/O. Raises
+        ConfigError when the file cannot be opened."""
+        r = self._recorder
+        if r is not None:
+            new = Path(path) if path else next_part_path(r.path)
+            done = r.rotate(new)
+            return f"trace {done} finished; now writing {new}"
+        p = Path(path or f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
+        rec = TraceRecorder(p, meta={**self._meta(), "backfilled_from_timeline": True})
+        snap = self.timeline.snapshot()
+        backlog: list[tuple[int, Any]] = [(s.t_ns, s) for srv in self.servers
+                                          for s in srv.samples()]
+        backlog += [(g.t_ns, g) for g in snap.gpu_samples]
+        backlog += [(e.t_ns, e) for e in snap.events]
+        backlog += [(q.arrival_ns, q) for q in snap.requests]
+        backlog.sort(key=lambda x: x[0])
+        n_scrapes = sum(1 for _, x in backlog if isinstance(x, ScrapeSample))
+        with self._lock:  # scrapes from now on go to the new file only
+            for _, x in backlog:
+                rec.record(x)
+            self._recorder = rec
+        return (f"trace {p}: wrote {n_scrapes} scrapes and {len(snap.requests)} requests held "
+                "in memory; recording goes on there")
+
+
+__all__ = ["AttachSession", "AttachedServer", "HttpLoadControl", "NoAB", "NoLoad", "base_of"]

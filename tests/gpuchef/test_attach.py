@@ -1,0 +1,297 @@
+"""`gpuchef top --attach URL`: the dashboard on a server gpuchef does not host, driven with
+Pilot. A fake server on 127.0.0.1 serves vLLM 0.24's real /metrics text (captured on the H200,
+tests/probes/data) and switches it between scrapes: the panels show the values in that text.
+Every bad-input path is one status line (or one error line before start) and the session goes
+on; the trace keeps the scrapes as their own record type."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from rich.console import Console
+
+from gpuchef.engine_host.config import ConfigError
+from gpuchef.probes.recorder import read_trace
+from gpuchef.top_cmd import _build, top
+
+DATA = Path(__file__).parents[1] / "probes" / "data"
+LOAD = (DATA / "vllm_0.24_metrics_load.txt").read_text()
+AFTER = (DATA / "vllm_0.24_metrics_after.txt").read_text()
+
+
+def _value(text: str, name: str) -> float:
+    """The sum over label sets of ``name`` in Prometheus text (independent of probes.scrape)."""
+    tot = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            tot += float(m.group(1))
+    return tot
+
+
+class FakeServer:
+    """An aiohttp server on a free loopback port. ``text``: what /metrics answers now;
+    ``status``: its HTTP status; ``routes``: extra handlers."""
+
+    def __init__(self, text: str = LOAD, status: int = 200, metrics: bool = True) -> None:
+        self.text, self.status, self.metrics = text, status, metrics
+        self.scrapes = 0
+        self.patches: list[dict] = []
+
+    async def _metrics(self, request):
+        self.scrapes += 1
+        return web.Response(text=self.text, status=self.status)
+
+    def __enter__(self) -> "FakeServer":
+        app = web.Application()
+        if self.metrics:
+            app.router.add_get("/metrics", self._metrics)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.runner = web.AppRunner(app)
+            self.loop.run_until_complete(self.runner.setup())
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+            site = web.SockSite(self.runner, sock)
+            self.loop.run_until_complete(site.start())
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def build(args):
+    ctx = top.make_context("top", list(args))
+    return _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
+
+
+async def wait_for(pilot, cond, timeout=10.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return True
+        await pilot.pause(0.05)
+    return False
+
+
+def test_attach_to_vllm_metrics_panels_show_the_parsed_values(tmp_path):
+    trace = tmp_path / "a.jsonl"
+    with FakeServer(LOAD) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--trace", str(trace),
+                     "--screenshot-dir", str(tmp_path)])
+        s = app.session
+        server = s.servers[0]
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                scr = app.screen
+                assert await wait_for(pilot, lambda: len(server.deltas()) >= 2)
+                await pilot.pause(1.2)  # a numbers refresh
+                shown = scr.shown[server.url]
+                assert shown["running"] == _value(LOAD, "vllm:num_requests_running") == 7
+                assert shown["waiting"] == _value(LOAD, "vllm:num_requests_waiting")
+                assert shown["kv_usage"] == pytest.approx(_value(LOAD, "vllm:kv_cache_usage_perc"))
+                assert shown["prompt_tokens"] == 0  # the same text twice: nothing happened
+                n0 = len(server.samples())
+                srv.text = AFTER  # the load finished between two scrapes
+                assert await wait_for(pilot, lambda: any(
+                    d.gauges.get("running") == 0 for d in server.deltas()))
+                d = next(d for d in server.deltas() if d.gauges.get("running") == 0)
+                # the interval that crossed: its rate × its length is the counters' difference
+                dp = _value(AFTER, "vllm:prompt_tokens_total") - _value(LOAD,
+                                                                        "vllm:prompt_tokens_total")
+                dg = (_value(AFTER, "vllm:generation_tokens_total")
+                      - _value(LOAD, "vllm:generation_tokens_total"))
+                assert d.rates["prompt_tokens"] * d.dt_s == pytest.approx(dp)
+                assert d.rates["generation_tokens"] * d.dt_s == pytest.approx(dg)
+                it_n = (_value(AFTER, "vllm:iteration_tokens_total_count")
+                        - _value(LOAD, "vllm:iteration_tokens_total_count"))
+                it_s = (_value(AFTER, "vllm:iteration_tokens_total_sum")
+                        - _value(LOAD, "vllm:iteration_tokens_total_sum"))
+                assert d.hist_mean["iteration_tokens"] == pytest.approx(it_s / it_n)
+                # the chart holds that interval's rate in some column, the numbers the newest
+                from gpuchef.tui.plotdata import TimeGrid
+                from gpuchef.tui.widgets.scrape import build_scrape_frame
+                f = build_scrape_frame(server.deltas(), TimeGrid.ending_at(
+                    s.clock(), s.start_ns, 10.0, 100), server.kind, server.hz)
+                col = f.get("prompt_tokens")
+                assert any(v == pytest.approx(dp / d.dt_s) for v in col[col == col])
+                await pilot.pause(1.2)
+                shown = scr.shown[server.url]
+                assert shown["running"] == 0 and shown["prompt_tokens"] == 0
+                # the numbers panel's text and the panel titles say where they come from
+                text = str(scr.numbers.render())
+                assert "running" in text and "vllm" in text
+                titles = [p.title_strip(170).text for p in scr.scrape_panels]
+                assert all("from /metrics" in t or "histogram deltas" in t for t in titles)
+                assert any("100 ms scrapes" in t for t in titles)
+                steps = str(scr.query_one("#a-steps").render())
+                assert "no per-step records" in steps
+                # the knobs: vLLM has no gpuchef knob endpoint, so read-only with the reason
+                assert "no gpuchef knob endpoint" in s.knobs_reason
+                await pilot.press("m")
+                await pilot.pause(0.2)
+                assert s.scheduler_config.mode == "chunked"  # nothing changed
+                assert len(server.samples()) > n0
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+    t = read_trace(trace)
+    assert t.meta["source"] == {"kind": "attached", "urls": [srv.url]}
+    assert {x.server for x in t.scrapes} == {"vllm"}
+    assert t.scrapes and all(x.url == srv.url + "/metrics" for x in t.scrapes)
+    assert {x.values.get("running") for x in t.scrapes if not x.error} == {7.0, 0.0}
+    assert t.complete and not t.problems
+    assert t.end["counts"]["scrape"] == len(t.scrapes)
+
+
+@pytest.mark.parametrize("case", ["refused", "404", "500", "unknown", "not_text"])
+def test_bad_servers_are_one_status_line_and_the_session_goes_on(tmp_path, case):
+    texts = {"unknown": "# HELP foo_total x\n# TYPE foo_total counter\nfoo_total 3\n",
+             "not_text": "<html>hello</html>\n"}
+    srv = FakeServer(texts.get(case, LOAD), status={"500": 500}.get(case, 200),
+                     metrics=case != "404")
+    if case == "refused":
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        sock.close()
+        ctx = None
+    else:
+        ctx = srv.__enter__()
+        url = srv.url
+    want = {"refused": "cannot reach it", "404": "HTTP 404", "500": "HTTP 500",
+            "unknown": "no vLLM, SGLang or gpuchef series", "not_text": "not Prometheus text"}
+    try:
+        app = build(["--attach", url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                assert await wait_for(pilot, lambda: len(s.servers[0].samples()) >= 3)
+                await pilot.pause(0.3)
+                lines = s.status_lines
+                assert len(lines) == 1 and want[case] in lines[0], lines
+                header = str(app.screen.query_one("#a-header").render())
+                assert want[case] in header
+                if case == "404":
+                    assert "--enable-metrics" in lines[0]
+                n = len(s.servers[0].samples())
+                await pilot.pause(0.5)
+                assert len(s.servers[0].samples()) > n  # still scraping
+                if ctx is not None and case != "404":
+                    srv.text, srv.status = LOAD, 200  # the server recovers: the line goes
+                    assert await wait_for(pilot, lambda: not s.status_lines)
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+    finally:
+        if ctx is not None:
+            srv.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--attach", "http://127.0.0.1:1", "--model", "tiny"], "--model does not apply with --attach"),
+    (["--attach", "http://127.0.0.1:1", "--serve"], "--serve does not apply with --attach"),
+    (["--attach", "http://127.0.0.1:1", "--max-num-batched-tokens", "64", "--mode", "chunked"],
+     "--mode, --max-num-batched-tokens do not apply"),
+    (["--scrape-hz", "2"], "--scrape-hz needs --attach"),
+    (["--attach", "ftp://x"], "--attach 'ftp://x' must be http"),
+    (["--attach", "http://127.0.0.1:1", "--scrape-hz", "0"], "--scrape-hz 0 is out of range"),
+    (["--attach", "http://127.0.0.1:1", "--attach", "http://127.0.0.1:1/metrics"],
+     "is given twice"),
+])
+def test_attach_flags_that_make_no_sense_are_one_error(args, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        build(args)
+
+
+def test_load_to_an_unreachable_server_is_refused_before_start(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    with pytest.raises(ConfigError, match="cannot connect"):
+        build(["--attach", url, "--dataset", "random", "--num-prompts", "3"])
+
+
+def test_attach_to_gpuchef_serve_with_gpuchefs_load_matches_the_servers_trace(tmp_path):
+    """The dashboard on `gpuchef serve --model tiny` (a subprocess) while gpuchef sends its
+    load: the scrape intervals' generation-token rates integrate to the tokens the server's
+    trace generated and the client received (exactly: counters), the running gauge's time
+    average matches the server's steps' within 30 % (scrapes at 10 Hz sample a gauge), and the
+    knobs are live (a PATCH the server's knob endpoint then reports)."""
+    import json
+    import urllib.request
+
+    from serve_proc import ServeProc
+
+    strace = tmp_path / "serve.jsonl"
+    with ServeProc("--max-model-len", "256", "--trace", str(strace)) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--dataset", "random",
+                     "--input-len", "24", "--output-len", "12", "--request-rate", "4",
+                     "--num-prompts", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+        server = s.servers[0]
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                assert await wait_for(pilot, lambda: s.load.state().done, timeout=25)
+                await pilot.pause(0.6)  # scrapes after the last token
+                assert server.kind == "gpuchef" and s.knobs_reason == ""
+                assert app.request_knob("max_num_batched_tokens", 256)
+                await pilot.pause(1.2)
+                assert "budget 256" in str(app.screen.query_one("#a-knobs").render())
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+        with urllib.request.urlopen(srv.url + "/gpuchef/v1/scheduler", timeout=5) as r:
+            assert json.loads(r.read())["max_num_batched_tokens"] == 256
+    tr = read_trace(strace)
+    deltas = server.deltas()
+    gen = sum(d.rates["generation_tokens"] * d.dt_s for d in deltas)
+    client = s.timeline.snapshot().requests
+    assert len(client) == 10 and all(r.finish_reason == "length" for r in client)
+    assert round(gen) == sum(r.output_len for r in tr.requests) == \
+        sum(r.output_len for r in client) == 120
+    prompt = sum(d.rates["prompt_tokens"] * d.dt_s for d in deltas)
+    assert round(prompt) == sum(r.prompt_len for r in tr.requests)
+    # time-averaged running requests over the load: the scrapes' gauge vs the server's steps
+    t0, t1 = min(r.arrival_ns for r in client), max(r.token_times_ns[-1] for r in client)
+    ds = [d for d in deltas if t0 <= d.t_ns <= t1]
+    scraped = sum(d.gauges["running"] * d.dt_s for d in ds) / sum(d.dt_s for d in ds)
+    steps = [x for x in tr.steps if t0 <= x.t_end_ns <= t1]
+    # a step's queue holds from its end to the next step's end
+    held = [(b.t_end_ns - a.t_end_ns, a.num_running) for a, b in zip(steps, steps[1:])]
+    stepped = sum(dt * n for dt, n in held) / sum(dt for dt, _ in held)
+    assert scraped == pytest.approx(stepped, rel=0.3, abs=0.5)
