@@ -236,6 +236,7 @@ class HttpLoadControl:
         self.finished = 0
         self.done = False
         self.error = ""
+        self.failed: list[Any] = []  # ClientResults that failed (the status line names them)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
@@ -260,7 +261,19 @@ class HttpLoadControl:
         from .client.http_load import to_request_records
 
         self.finished += 1
+        if not r.success:
+            self.failed.append(r)
         self.on_record(to_request_records([r])[0])
+
+    @property
+    def failure_line(self) -> str:
+        """"" or one line: how many requests failed, by kind, the first message of each
+        (``client.http_load.error_lines``)."""
+        if not self.failed:
+            return ""
+        from .client.http_load import error_lines
+
+        return "load: " + "; ".join(error_lines(list(self.failed)))
 
     def start(self) -> None:
         from .client.http_load import run_http_load_async
@@ -279,6 +292,13 @@ class HttpLoadControl:
                 self.error = f"the load stopped: {type(e).__name__}: {e}"
             finally:
                 self.done = True
+                rest = asyncio.all_tasks(loop)  # requests in flight at close: cancelled
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    async def drain() -> None:
+                        await asyncio.gather(*rest, return_exceptions=True)
+                    loop.run_until_complete(drain())
                 loop.close()
 
         self._thread = threading.Thread(target=run, name="gpuchef-attach-load", daemon=True)
@@ -473,8 +493,11 @@ class AttachSession:
     def status_lines(self) -> list[str]:
         """One line per thing that is wrong now (a scrape failing, the load stopped)."""
         out = [s.status for s in self.servers if s.status]
-        if isinstance(self.load, HttpLoadControl) and self.load.error:
-            out.append(self.load.error)
+        if isinstance(self.load, HttpLoadControl):
+            if self.load.failure_line:
+                out.append(self.load.failure_line)
+            if self.load.error:
+                out.append(self.load.error)
         return out
 
     # -- commands --------------------------------------------------------------------------------

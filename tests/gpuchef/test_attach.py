@@ -50,10 +50,28 @@ class FakeServer:
         self.scrapes += 1
         return web.Response(text=self.text, status=self.status)
 
+    async def _models(self, request):
+        return web.json_response({"object": "list", "data": [
+            {"id": "fake", "object": "model", "max_model_len": 4096, "vocab_size": 1000}]})
+
+    async def _cut(self, request):
+        """Every stream is closed by the server after 2 chunks, before [DONE]."""
+        await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(2):
+            await resp.write(b'data: {"choices": [{"index": 0, "text": "x", '
+                             b'"finish_reason": null}]}\n\n')
+            await asyncio.sleep(0.01)
+        request.transport.close()
+        return resp
+
     def __enter__(self) -> "FakeServer":
         app = web.Application()
         if self.metrics:
             app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._cut)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -295,3 +313,41 @@ def test_attach_to_gpuchef_serve_with_gpuchefs_load_matches_the_servers_trace(tm
     held = [(b.t_end_ns - a.t_end_ns, a.num_running) for a, b in zip(steps, steps[1:])]
     stepped = sum(dt * n for dt, n in held) / sum(dt for dt, _ in held)
     assert scraped == pytest.approx(stepped, rel=0.3, abs=0.5)
+
+
+def test_a_server_that_closes_streams_early_is_one_status_line_and_nothing_is_lost(tmp_path):
+    trace = tmp_path / "cut.jsonl"
+    with FakeServer(LOAD) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--dataset", "random",
+                     "--input-len", "8", "--output-len", "4", "--request-rate", "40",
+                     "--num-prompts", "5", "--trace", str(trace),
+                     "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                assert await wait_for(pilot, lambda: s.load.state().done)
+                await pilot.pause(0.3)
+                lines = s.status_lines
+                assert len(lines) == 1, lines
+                assert lines[0].startswith("load: 5 requests: stream closed early"), lines
+                assert "after 2 chunk(s)" in lines[0]
+                header = str(app.screen.query_one("#a-header").render())
+                assert "stream closed early" in header
+                n = len(s.servers[0].samples())
+                await pilot.pause(0.4)
+                assert len(s.servers[0].samples()) > n  # the session goes on
+                await pilot.press("p")  # a load that cannot pause says why, nothing breaks
+                await pilot.pause(0.1)
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+    reqs = s.timeline.snapshot().requests
+    assert len(reqs) == 5 and all(r.finish_reason == "error" for r in reqs)
+    t = read_trace(trace)
+    assert sorted(r.request_id for r in t.requests) == sorted(r.request_id for r in reqs)
+    assert all("stream_cut" in r.error for r in t.requests)
+    assert t.scrapes and t.complete

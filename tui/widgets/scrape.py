@@ -330,7 +330,7 @@ def attach_numbers_text(servers: Sequence[ServerNumbers], client, percentiles: t
     lo, hi = percentiles[0], percentiles[-1]
     t = Text(no_wrap=True, overflow="ellipsis")
     names = [s.url.split("//", 1)[-1] for s in servers]
-    width = 13
+    width = 16
     t.append(f"{'':<14}", style=theme.LABEL)
     for n in names:
         t.append(f"{n[-width:]:>{width}} ", style=f"bold {theme.TITLE}")
