@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--async-scheduling", action="store_true")
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                    help="default: the engine's (on for CUDA, off for CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", default=None)

@@ -270,8 +270,12 @@ class EngineConfig:
     ``engine``: "native" (gpuchef's own) or "vllm" (vLLM hosted in-process, the ``[vllm]``
     extra; see vllm_engine.py). ``tensor_parallel_size``: GPUs for vLLM (native: 1 only).
     ``async_scheduling`` (vLLM's ``--async-scheduling``): the native engine schedules and launches
-    step N+1 while step N runs on the GPU (docs/async_scheduling.md); same tokens.
-    Raises ConfigError for an unknown engine or a size below 1.
+    step N+1 while step N runs on the GPU (docs/async_scheduling.md); same tokens. None (the
+    default): on for CUDA, off for CPU, where the runner does a step's work in its launch and
+    there is nothing to overlap (``engine.resolve_async_scheduling``); for vLLM, vLLM's own
+    default.
+    Raises ConfigError for an unknown engine, a size below 1 or an ``async_scheduling`` other
+    than True, False or None.
     """
 
     model: str = "tiny"
@@ -285,11 +289,14 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     engine: str = "native"
     tensor_parallel_size: int = 1
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
+            raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be True, False "
+                              "or None (on for CUDA, off for CPU)")
         tp = self.tensor_parallel_size
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"--tensor-parallel-size {tp!r} must be an integer >= 1")

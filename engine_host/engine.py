@@ -6,6 +6,7 @@ commands between steps.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -42,6 +43,12 @@ def resolve_device(name: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {name!r} is not supported: use auto, cpu, cuda or cuda:N")
     return dev
+
+
+def resolve_async_scheduling(flag: bool | None, device: torch.device) -> bool:
+    """``--async-scheduling`` / ``--no-async-scheduling`` as given; not given (None): on for
+    CUDA, off for CPU (there the runner does a step's work in ``launch``: nothing overlaps)."""
+    return device.type == "cuda" if flag is None else bool(flag)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -99,8 +106,10 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
-        self.config = config
         self.device = resolve_device(config.device)
+        # ``config`` as run: async scheduling resolved for the device
+        config = self.config = dataclasses.replace(
+            config, async_scheduling=resolve_async_scheduling(config.async_scheduling, self.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         check_backend(config.attention_backend, self.device)  # before minutes of weight loading
         self.loaded: LoadedModel = load_model(config.model, dtype=self.dtype, device=self.device,

@@ -196,8 +196,8 @@ class VllmEngine:
             long_prefill_token_threshold=sc.long_prefill_token_threshold,
             enable_chunked_prefill=True, enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True)
-        if cfg.async_scheduling:  # off: vLLM's own default decides
-            kw["async_scheduling"] = True
+        if cfg.async_scheduling is not None:  # None: vLLM's own default decides
+            kw["async_scheduling"] = cfg.async_scheduling
         if cc.kv_cache_memory_gb is not None:
             kw["kv_cache_memory_bytes"] = int(cc.kv_cache_memory_gb * 2**30)
         if cfg.attention_backend == "flashinfer":

@@ -45,9 +45,10 @@ engine_options = _opts(
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
     click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (GPU only)."),
-    click.option("--async-scheduling", "async_scheduling", is_flag=True,
+    click.option("--async-scheduling/--no-async-scheduling", "async_scheduling", default=None,
                  help="Schedule and launch step N+1 while step N runs on the GPU, hiding the "
-                      "host's per-step work (vLLM's --async-scheduling); same tokens."),
+                      "host's per-step work (vLLM's --async-scheduling); same tokens. Default: "
+                      "on for CUDA, off for CPU (nothing to overlap); vLLM: its own default."),
     click.option("--block-size", default=16, show_default=True, type=int,
                  help="KV cache page size in tokens (start-up only)."),
     click.option("--num-gpu-blocks", "num_gpu_blocks", default=None, type=int,
@@ -161,7 +162,7 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
         model=o["model"], device=o["device"], dtype=o["dtype"], seed=o["seed"],
         max_model_len=o["max_model_len"], attention_backend=o["attention_backend"],
         enforce_eager=o["enforce_eager"],
-        async_scheduling=bool(o.get("async_scheduling", False)),
+        async_scheduling=o.get("async_scheduling"),
         cache=CacheConfig(block_size=o["block_size"], num_gpu_blocks=o["num_gpu_blocks"],
                           kv_cache_memory_gb=o["kv_cache_memory_gb"],
                           gpu_memory_utilization=o["gpu_memory_utilization"]),
