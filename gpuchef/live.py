@@ -200,7 +200,8 @@ class LiveSession:
             attention=engine.attn.name, dtype=str(engine.dtype).replace("torch.", ""),
             kv_blocks=engine.num_blocks, block_size=engine.kv.block_size,
             max_model_len=engine.max_model_len, note=note, engine=engine_name,
-            tensor_parallel_size=tp, gpus=engine_gpus)
+            tensor_parallel_size=tp, gpus=engine_gpus,
+            async_scheduling=bool(engine.async_scheduling))
         self.timeline = Timeline(percentiles=self.percentiles)
         self.start_ns = self.timeline.origin_ns
         self._recorder: TraceRecorder | None = None

@@ -335,10 +335,13 @@ def _info(tr: Trace) -> SessionInfo:
         name, rnd, dtype = str(model or "?"), False, ""
     bad = f"; {len(tr.problems)} bad line(s) skipped" if tr.problems else ""
     part = "" if tr.complete else "; no end record (writer stopped)"
+    ec = m.get("engine_config")
+    asy = ec.get("async_scheduling") if isinstance(ec, dict) else None
     return SessionInfo(name, rnd, str(m.get("device", "?")), str(m.get("attention_backend", "?")),
                        dtype, int(m.get("kv_blocks") or 0), int(m.get("block_size") or 16),
                        int(m.get("max_model_len") or 0),
-                       f"recorded {tr.meta.get('created', '')[:19]}{bad}{part}")
+                       f"recorded {tr.meta.get('created', '')[:19]}{bad}{part}",
+                       async_scheduling=asy if isinstance(asy, bool) else None)
 
 
 def _load(tr: Trace) -> tuple[str, str, float]:

@@ -146,7 +146,9 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
         "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
                   "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
         "device": str(engine.device), "attention_backend": engine.attn.name,
-        "engine_config": asdict(ecfg), **({"workload": asdict(wcfg)} if wcfg is not None else {}),
+        # async scheduling as run: the flag's default (None) resolved by the engine
+        "engine_config": {**asdict(ecfg), "async_scheduling": bool(engine.async_scheduling)},
+        **({"workload": asdict(wcfg)} if wcfg is not None else {}),
         "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
         "block_size": engine.kv.block_size,
     }

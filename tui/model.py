@@ -53,6 +53,7 @@ class SessionInfo:
     ``source``: "hosted" (gpuchef runs the engine) or the attached servers' URLs, comma-joined.
     ``per_step_records``: the timeline gets a StepRecord per engine step (False for a server
     gpuchef does not host: its picture comes from /metrics scrapes, see ``AttachedSession``).
+    ``async_scheduling``: the engine schedules step N+1 while N runs (None = not known).
     """
 
     model: str
@@ -69,6 +70,7 @@ class SessionInfo:
     gpus: tuple[str, ...] = ()
     source: str = "hosted"
     per_step_records: bool = True
+    async_scheduling: bool | None = None
 
 
 @dataclass(frozen=True)

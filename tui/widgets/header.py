@@ -1,5 +1,5 @@
 """The header: what runs (model, engine and tensor-parallel size, the GPUs or device, attention),
-how it is scheduled (mode and the knobs in force), what load drives it, for how long, and where
+how it is scheduled (sync or async, the mode and the knobs in force), what load drives it, for how long, and where
 the trace goes."""
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def header_text(st: HeaderState) -> Text:
     if i.dtype:
         t.append(f" {i.dtype}", style=theme.LABEL)
     t.append(f"  attention {i.attention}", style=theme.LABEL)
+    if i.async_scheduling is not None:
+        t.append("  async" if i.async_scheduling else "  sync", style=theme.LABEL)
     t.append("   mode ", style=theme.LABEL)
     t.append(f" {c.mode} ", style=f"bold #11151c on {theme.MODE_COLOURS.get(c.mode, theme.TITLE)}")
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
