@@ -4,6 +4,8 @@ the same weights, and CUDA-graph decode against eager decode."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -214,3 +216,15 @@ def test_async_scheduling_with_eos_preemption_and_sampling():
     assert run(False) > 0
     assert run(True) > 0
     ops.use_flashinfer_ops(False)
+
+
+def test_async_scheduling_is_the_default_on_cuda():
+    """No --async-scheduling / --no-async-scheduling on CUDA: async (issue 16), with the greedy
+    tokens of --no-async-scheduling."""
+    backend = "flashinfer" if importlib.util.find_spec("flashinfer") else "reference"
+    eng = engine(backend, async_scheduling=None)
+    assert eng.async_scheduling is True and eng.config.async_scheduling is True
+    got, _ = greedy_run(eng)
+    sync, _ = greedy_run(engine(backend, async_scheduling=False))
+    ops.use_flashinfer_ops(False)
+    assert got == sync
