@@ -22,6 +22,7 @@ SECTIONS = {
     "gpus": "Per-GPU",
     "closeups": "Step close-ups",
     "composition": "Batch composition",
+    "autopilot": "Autopilot",
     "latency": "Latency CDFs",
     "results": "Results",
     "capacity": "Capacity probes",
@@ -327,6 +328,33 @@ def _figure(svg: str, fig_id: str, caption: str) -> str:
             f"<figcaption>{esc(caption)}</figcaption></figure>")
 
 
+AUTOPILOT_NOTE = (
+    "The autopilot (--auto-budget, docs/autopilot.md) picks each chunked step's prefill "
+    "allowance from a step-time model fitted online to the engine's own steps. From the "
+    "StepRecords: prefill_allowance, predicted_ms against wall_ms, fit_error (the model's "
+    "tracked mean relative error, the number its fallback rule uses) and autopilot_state.")
+
+
+def autopilot_body(view: TraceView, span: float | None) -> str:
+    """One trace's part of the autopilot section: its figure and a line of totals, or why
+    there is none (:func:`plots.autopilot_absent`)."""
+    why = plots.autopilot_absent(view)
+    head = f"<h3>{esc(view.name)}</h3>"
+    if why is not None:
+        return head + f'<p class="empty">No autopilot figure: {esc(why)}.</p>'
+    d = plots.autopilot_series(view, span)
+    last = d["last"]
+    states = ", ".join(f"{k} {v}" for k, v in sorted(d["states"].items()))
+    err = f"{last.fit_error * 100:.0f} %" if last.fit_error >= 0 else "not tracked yet"
+    line = (f"{d['steps']} steps with the autopilot ({states}); targets at the end "
+            f"{last.auto_budget}; fit error at the end {err}.")
+    svg = plots.autopilot(view, span)
+    return head + f"<p>{esc(line)}</p>" + _figure(
+        svg, f"autopilot-{plots._slug(view.name)}",
+        f"{view.name}: the allowance over the prefill the steps carried and the budget, the "
+        "predicted vs the actual step time, and the fit error; shaded where it did not steer.")
+
+
 def _section(sid: str, body: str, note: str = "") -> str:
     n = f'<p class="note">{note}</p>' if note else ""
     return f'<section id="{sid}"><h2>{esc(SECTIONS[sid])}</h2>{n}{body}</section>'
@@ -529,6 +557,10 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             "Histogram of tokens per step, stacked by step kind, per group.") + table,
             "Share of steps and of compute time by kind: decode only, prefill only, or mixed "
             "(prefill chunks and decodes in one batch)."))
+    # the autopilot: its allowance, predicted vs actual step time, fit error
+    if any(v.trace.steps for v in views):
+        parts.append(_section("autopilot", "".join(autopilot_body(v, span) for v in views
+                                                   if v.trace.steps), AUTOPILOT_NOTE))
     # latency
     if any(g.requests for g in groups):
         say("latency CDFs")
