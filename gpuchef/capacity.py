@@ -236,7 +236,9 @@ class Measured:
     """What one probe of ``gpuchef ab --capacity`` measured. ``metrics``: BenchMetrics (or a
     Mapping {SLO key: ms}); ``offered_rps``: :func:`offered_rate` of its workload;
     ``achieved_rps``: requests finished per second over the judged span (after the warm-up,
-    up to the last arrival); ``span_s``: its arrival span; ``failures``: the rules it broke
+    up to the last arrival); ``judged_offered_rps``: requests arrived per second over that same
+    span, the figure achieved is held against (a replayed trace's arrivals get denser, so it
+    can exceed ``offered_rps``); ``span_s``: its arrival span; ``failures``: the rules it broke
     besides the SLOs (saturation, with numbers); ``stopped_early``: why it was cut short
     (an SLO already broken beyond doubt), "" if it ran to the end; ``notes``: e.g. too short."""
 
@@ -247,6 +249,7 @@ class Measured:
     failures: list[str] = field(default_factory=list)
     stopped_early: str = ""
     notes: list[str] = field(default_factory=list)
+    judged_offered_rps: float = math.nan
 
 
 def warmup_service_s(requests: Sequence[Any]) -> float:
@@ -342,9 +345,9 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
                          "of arrivals" if arr else "stopped"])
     fin = [r.token_times_ns[-1] for r in mine
            if r.finish_reason in ("length", "stop") and r.token_times_ns]
-    _, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms,
-                                           warmup_service_s(mine))
-    return Measured(m, off, achieved, span, fails, "", notes)
+    judged, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms,
+                                                warmup_service_s(mine))
+    return Measured(m, off, achieved, span, fails, "", notes, judged)
 
 
 def probe_of(ms: Measured, slos: Sequence[SLO], target: float = math.nan) -> "Probe":
@@ -360,7 +363,7 @@ def probe_of(ms: Measured, slos: Sequence[SLO], target: float = math.nan) -> "Pr
         fails += ms.failures
     rate = ms.offered_rps if math.isfinite(ms.offered_rps) else target
     return Probe(rate, not fails, values, m, target, ms.achieved_rps, ms.span_s, fails,
-                 ms.stopped_early, list(ms.notes))
+                 ms.stopped_early, list(ms.notes), ms.judged_offered_rps)
 
 
 class EarlyStop:
@@ -494,8 +497,9 @@ class Probe:
     """One measured rate. ``rate``: what the probe offered (req/s, :func:`offered_rate` of its
     workload; the rate asked for when unknown), ``met``: every SLO held and no other rule
     failed, ``values``: SLO key → measured ms, ``metrics``: what ``measure`` returned (its
-    ``metrics``), ``target``: the rate the search asked for, ``achieved``: req/s finished,
-    ``span_s``: the arrival span, ``fails``: every rule broken (an SLO: "itl_p99 126 ms > 100
+    ``metrics``), ``target``: the rate the search asked for, ``achieved``: req/s finished
+    over the judged span (after the warm-up), ``judged_offered``: req/s arrived over that
+    same span (what ``achieved`` is held against), ``span_s``: the arrival span, ``fails``: every rule broken (an SLO: "itl_p99 126 ms > 100
     ms"; saturation; an early stop), ``stopped_early``: why it was cut short, ``notes``."""
 
     rate: float
@@ -508,6 +512,7 @@ class Probe:
     fails: list[str] = field(default_factory=list)
     stopped_early: str = ""
     notes: list[str] = field(default_factory=list)
+    judged_offered: float = math.nan
 
     @property
     def why(self) -> str:
@@ -578,6 +583,7 @@ class CapacityResult:
                 "bracket_rps": list(self.bracket), "converged": self.converged,
                 "probes": [{"rate_rps": f(p.rate), "offered_rps": f(p.rate),
                             "target_rps": f(p.target), "achieved_rps": f(p.achieved),
+                            "judged_offered_rps": f(p.judged_offered),
                             "arrival_span_s": f(p.span_s), "met": p.met, "fails": p.fails,
                             "stopped_early": p.stopped_early or None, "notes": p.notes,
                             "values_ms": {k: f(v) for k, v in p.values.items()}}

@@ -392,12 +392,14 @@ def capacity_table(probes: Sequence[Any], slos: Sequence[Any]) -> str:
     rows = []
     for p in probes:
         rows.append([p.label, _num(p.target, "{:.3g}"), _num(p.rate, "{:.3g}"),
-                     _num(p.achieved, "{:.3g}"), _num(p.metrics.completed),
+                     _num(p.achieved, "{:.3g}"), _num(p.judged_offered, "{:.3g}"),
+                     _num(p.metrics.completed),
                      *[_num(p.values[s.key], "{:.1f}") for s in slos],
                      "yes" if p.met else "no", "; ".join([*p.fails, *p.notes])])
-    head = ["setting", "asked req/s", "offered req/s", "achieved req/s", "completed",
+    head = ["setting", "asked req/s", "offered req/s", "achieved req/s",
+            "arrived req/s (same span)", "completed",
             *[f"{s.key} (ms, ≤ {s.limit_ms:g})" for s in slos], "meets", "why not / notes"]
-    return _table(head, rows, num_cols=range(1, 5 + len(slos)))
+    return _table(head, rows, num_cols=range(1, 6 + len(slos)))
 
 
 #: The per-GPU table's columns: (per_gpu_means key, header).
@@ -473,6 +475,17 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     body = []
     for v in views:
         say(f"waveforms {v.name}")
+        if v.trace.scrapes and not v.trace.steps:  # `top --attach`: the server's /metrics
+            from .scrape_plots import scrape_figure
+
+            svg = scrape_figure(v)
+            body.append(f"<h3>{esc(v.name)}</h3>" + (_figure(
+                svg, f"scrape-{plots._slug(v.name)}",
+                f"{v.name}: a server gpuchef did not host, drawn from its /metrics — derived "
+                "series, one value per scrape interval (no per-step records: the engine's "
+                "steps are the server's own).") if svg else
+                '<p class="empty">fewer than two good scrapes of a server</p>'))
+            continue
         if not v.trace.steps and not v.trace.requests:
             body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')
             continue
@@ -595,7 +608,7 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
             "(docs/capacity.md): offered = the probe's requests' count over their arrival "
             "span; achieved = requests finished per second while arrivals continued, after the "
-            "first quarter; a probe fails an SLO, or as saturated (achieved below 90 % of "
+            "first quarter, beside what arrived per second over that same span; a probe fails an SLO, or as saturated (achieved below 90 % of "
             "offered, or the waiting queue growing), or stops early once an SLO is broken "
             "beyond doubt.")))
     # A/B windows

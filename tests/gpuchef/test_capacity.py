@@ -397,3 +397,30 @@ def test_rule_1_is_not_fooled_by_a_denser_trace_or_long_requests():
     served = [int(5 * S + i * S / 5) for i in range(len(arr))]
     _, _, fails, _ = judge_load(arr, served, [], 5000.0, d)
     assert fails and fails[0].startswith("saturated: achieved")
+
+
+def test_achieved_is_shown_beside_what_arrived_over_its_own_span():
+    """A denser trace: the whole probe offers ~7.3 req/s, but over the judged span (after the
+    first quarter) more arrive — and a served probe finishes that many. judge_probe carries the
+    judged span's arrival rate so the table and JSON do not put 'achieved 9' beside 'offered 7'
+    as if the engine made requests; the reference is counted here from the arrivals."""
+    from gpuchef.capacity import WARMUP_SHARE, judge_probe, parse_slos, probe_of
+    from gpuchef.engine_host.records import RequestRecord
+
+    S = 10**9
+    arr, t = [], 0.0
+    while t < 25:
+        arr.append(int(t * S))
+        t += 1.0 / (2 + 12 * t / 25)
+    reqs = [RequestRecord(f"req-{i}", a, 100, 2, (a + S // 10, a + S // 5), "length")
+            for i, a in enumerate(arr)]
+    ms = judge_probe(reqs, [], 0)
+    w0 = arr[0] + int(WARMUP_SHARE * (arr[-1] - arr[0]))
+    ref = sum(1 for a in arr if a >= w0) / ((arr[-1] - w0) / S)
+    assert ms.judged_offered_rps == pytest.approx(ref)
+    assert ms.judged_offered_rps > ms.offered_rps * 1.1  # the trace gets denser
+    assert ms.achieved_rps == pytest.approx(ref, rel=0.05) and not ms.failures
+    p = probe_of(ms, parse_slos("ttft_p50:2s"))
+    assert p.judged_offered == ms.judged_offered_rps
+    d = CapacityResult(p.rate, False, (p.rate, None), [p]).as_dict()["probes"][0]
+    assert d["judged_offered_rps"] == pytest.approx(ref) and d["offered_rps"] == p.rate
