@@ -1,7 +1,9 @@
 """Drive `gpuchef top` with Textual's Pilot over the real engine and save SVG screenshots.
 
 Scenes: the main screen under continuous batching, the same after switching to chunked prefill
-(the switch is marked on the waveforms), the live A/B screen, and the help screen.
+(the switch is marked on the waveforms), chunked with the autopilot on (``b``: its allowance on
+the batch composition, its predicted vs actual step time and status), the live A/B screen, and
+the help screen.
 
     python benchmarks/make_screenshots.py                      # CPU: tiny + the bundled trace
     python benchmarks/make_screenshots.py --model llama-3-8b --prefix h200-   # a GPU machine
@@ -11,7 +13,8 @@ Scenes: the main screen under continuous batching, the same after switching to c
 
 ``--scenes`` picks shots (default: all, in the order below); the run goes through the same
 sequence but only waits for and saves the scenes asked for: `main-continuous` (warm-up + one
-phase in continuous), `main-chunked` (switch to chunked, one phase), `ab` (A = chunked, B =
+phase in continuous), `main-chunked` (switch to chunked, one phase), `main-autopilot` (then `b`
+with ``--auto-budget``'s targets, one phase; `b` again after the shot), `ab` (A = chunked, B =
 continuous, ``--ab-s``), `help`. `--scenes main-chunked` alone takes warm-up + one phase.
 
 Without --dataset the load is `gpuchef top`'s default for the device (on a CPU: the Azure trace at
@@ -30,8 +33,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from gpuchef.engine_host.config import (ENGINES, CacheConfig, ConfigError, EngineConfig,
-                                        SchedulerConfig)
+from gpuchef.engine_host.config import (AUTO_BUDGET, ENGINES, CacheConfig, ConfigError,
+                                        EngineConfig, SchedulerConfig, parse_value)
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.live import LiveSession
 from gpuchef.probes.host import check_sample_hz
@@ -42,7 +45,7 @@ from gpuchef.top_cmd import (CPU_BUDGET, CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, 
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (170, 50)
-SCENES = ("main-continuous", "main-chunked", "ab", "help")
+SCENES = ("main-continuous", "main-chunked", "main-autopilot", "ab", "help")
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]*")
 
 
@@ -106,11 +109,16 @@ async def scenes(app: GpuchefApp, out: Path, prefix: str, phase_s: float, ab_s: 
         if "main-continuous" in only:
             await pilot.pause(phase_s)
             shot("main-continuous")
-        if "main-chunked" in only or "ab" in only:
+        if "main-chunked" in only or "main-autopilot" in only or "ab" in only:
             await pilot.press("m")  # → chunked, marked on the waveforms
         if "main-chunked" in only:
             await pilot.pause(phase_s)
             shot("main-chunked")
+        if "main-autopilot" in only:
+            await pilot.press("b")  # the autopilot on, with app.auto_budget_targets
+            await pilot.pause(phase_s)
+            shot("main-autopilot")
+            await pilot.press("b")
         if "ab" in only:
             await pilot.press("a")  # A/B: A = chunked (now), B = continuous
             await pilot.pause(ab_s)
@@ -131,15 +139,17 @@ def take(engine, out: Path, *, prefix: str, dataset: str | None = None,
          ab_window_s: float = 8.0, warmup_s: float = 30.0, phase_s: float = 45.0,
          ab_s: float = 45.0, log=print, sample_hz: float = 10.0,
          gpus: list[int] | None = None, only: tuple[str, ...] = SCENES,
-         size: tuple[int, int] = SIZE) -> list[Path]:
+         size: tuple[int, int] = SIZE, auto_budget: str | None = None) -> list[Path]:
     """The scenes in ``only`` (default all) over ``engine`` (already built); returns the SVG
-    paths."""
+    paths. ``auto_budget``: the autopilot's targets for `main-autopilot` (default: `b`'s)."""
     if not SAFE_NAME.fullmatch(prefix):
         raise ConfigError(f"--prefix {prefix!r}: file names take only letters, digits, . _ -")
     out.mkdir(parents=True, exist_ok=True)
     session = session_for(engine, dataset=dataset, speed=speed, budget=budget,
                           sample_hz=sample_hz, gpus=gpus)
     app = GpuchefApp(session, window_s=window_s, ab_window_s=ab_window_s, show_ui_cost=True)
+    if auto_budget:
+        app.auto_budget_targets = auto_budget
     session.start()
     try:
         return asyncio.run(scenes(app, out, prefix, phase_s, ab_s, log, warmup_s, only, size))
@@ -170,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-s", type=float, default=45.0, help="seconds per mode before a shot")
     ap.add_argument("--ab-window", type=float, default=8.0)
     ap.add_argument("--ab-s", type=float, default=45.0, help="seconds of A/B before the shot")
+    ap.add_argument("--auto-budget", default=None,
+                    help="the autopilot's targets for main-autopilot (default: b's, "
+                         "itl_p99:50ms,ttft_p99:2s)")
     ap.add_argument("--window", type=float, default=60.0, help="waveform window (s)")
     ap.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}",
                     help="terminal size COLSxROWS (default %(default)s)")
@@ -184,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         if not SAFE_NAME.fullmatch(a.prefix):
             raise ConfigError(f"--prefix {a.prefix!r}: file names take only letters, digits, "
                               ". _ -")
+        if a.auto_budget:  # refused here, with its message, before the engine is built
+            a.auto_budget = parse_value(AUTO_BUDGET, a.auto_budget)
         sample_hz = check_sample_hz(a.sample_hz, *SAMPLE_HZ_RANGE, flag="--sample-hz")
         gpus = parse_gpus(a.gpus)
         # the start-up budget is the most vLLM takes live: start with the one the shots use
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         take(engine, Path(a.out), prefix=a.prefix, dataset=a.dataset, speed=a.trace_speed,
              budget=a.budget, window_s=a.window, ab_window_s=a.ab_window, warmup_s=a.warmup_s,
              phase_s=a.phase_s, ab_s=a.ab_s, log=err.print, sample_hz=sample_hz, gpus=gpus,
-             only=only, size=size)
+             only=only, size=size, auto_budget=a.auto_budget)
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         return 2

@@ -17,7 +17,7 @@ from typing import Any
 from textual import work
 from textual.app import App
 
-from gpuchef.engine_host.config import KNOBS, ConfigError, parse_knob, parse_mode
+from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, parse_value
 
 from .ab import ABAnalyser
 from .commands import DashboardCommands
@@ -29,6 +29,9 @@ from .screens.help import HelpScreen
 from .screens.main import MainScreen
 
 WINDOWS_S = (10.0, 60.0, 600.0)
+#: The autopilot's targets when ``b`` turns it on and none were in force this session (the
+#: issue's H200 targets; the controls panel or the palette's 'auto …' set others).
+DEFAULT_AUTO_BUDGET = "itl_p99:50ms,ttft_p99:2s"
 
 
 class GpuchefApp(App):
@@ -61,6 +64,8 @@ class GpuchefApp(App):
         self.show_ui_cost = show_ui_cost  # off for snapshot tests (machine-dependent)
         self._cost_mark = (time.monotonic(), time.thread_time())
         self._error_shown = False
+        # the targets ``b`` turns the autopilot on with: the last ones in force
+        self.auto_budget_targets = (session.scheduler_config.auto_budget or DEFAULT_AUTO_BUDGET)
         self.ticks = 0
         self.tick_cpu_s = 0.0
 
@@ -96,9 +101,10 @@ class GpuchefApp(App):
         self._resync()
 
     def request_knob(self, name: str, value: Any) -> bool:
-        """Send one knob or the mode to the engine; show the refusal if it is bad. True if sent."""
+        """Send one knob, the mode or the autopilot's targets (``auto_budget``: a spec or "off")
+        to the engine; show the refusal if it is bad. True if sent."""
         try:
-            parsed = parse_mode(value) if name == "mode" else parse_knob(name, value)
+            parsed = parse_value(name, value)
         except ConfigError as e:
             self._refused(e)
             return False
@@ -113,6 +119,12 @@ class GpuchefApp(App):
         except ConfigError as e:
             self._refused(e)
             return False
+        if name == AUTO_BUDGET:
+            if v:
+                self.auto_budget_targets = v
+            self.notify(f"autopilot {'→ ' + v if v else 'off: the static budget'} (from the "
+                        "next step)", timeout=3)
+            return True
         self.notify(f"{name} → {v} (from the next step)", timeout=3)
         return True
 
@@ -150,6 +162,11 @@ class GpuchefApp(App):
     def action_toggle_mode(self) -> None:
         cur = self.session.scheduler_config.mode
         self.request_knob("mode", "continuous" if cur == "chunked" else "chunked")
+
+    def action_toggle_autopilot(self) -> None:
+        """``b``: the autopilot off, or on with the last targets in force this session."""
+        on = bool(self.session.scheduler_config.auto_budget)
+        self.request_knob(AUTO_BUDGET, "off" if on else self.auto_budget_targets)
 
     def action_knob_step(self, name: str, direction: int) -> None:
         cfg = self.session.scheduler_config

@@ -81,9 +81,10 @@ class Cells:
         self.fg[rows] = np.where(on, cidx[np.minimum(k, L - 1)], self.fg[rows])
 
     def hline(self, level: np.ndarray, colour: str, top: int = 0, height: int | None = None,
-              char: str = "╌") -> None:
+              char: str = "╌", over: bool = False) -> None:
         """A dashed line at ``level`` rows above the bottom (per column, NaN = none), drawn
-        only in empty cells."""
+        only in empty cells; ``over``: through bars too (the bar's colour becomes the cell's
+        background), so that a level inside a bar still shows."""
         h = self.rows - top if height is None else height
         lv = np.asarray(level, float)
         ok = np.isfinite(lv) & (lv > 0) & (lv <= h + 1e-9)
@@ -92,6 +93,10 @@ class Cells:
         cols = np.nonzero(ok)[0]
         rows = np.clip(top + h - np.ceil(lv[cols] - 1e-9).astype(np.int64), top, top + h - 1)
         empty = self.chars[rows, cols] == " "
+        if over:
+            full = self.chars[rows, cols] == "█"  # a partial top block gives way to the line
+            self.bg[rows[full], cols[full]] = self.fg[rows[full], cols[full]]
+            empty[:] = True
         rows, cols = rows[empty], cols[empty]
         self.chars[rows, cols] = char
         self.fg[rows, cols] = self.colour(colour)

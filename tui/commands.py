@@ -4,6 +4,8 @@ Typed forms (short or vLLM knob names; values as in the controls panel):
 
 * ``budget 512`` / ``max_num_batched_tokens 512``, ``chunk 256``, ``seqs 64``, ``partial 2``,
   ``mode continuous``
+* ``auto itl_p99:50ms,ttft_p99:2s`` / ``autopilot itl_p99:50ms`` / ``auto off`` (the autopilot's
+  targets, ``--auto-budget``'s form)
 * ``rate 3`` (req/s, or × for a trace)
 * ``window 60`` (seconds of waveform)
 * ``ab mode=chunked vs mode=continuous``, ``ab budget=2048 vs budget=512 window=20``
@@ -21,7 +23,8 @@ from typing import Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from gpuchef.engine_host.config import KNOBS, ConfigError, parse_knob, parse_mode
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, parse_auto_budget,
+                                        parse_knob, parse_mode)
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 
@@ -97,9 +100,13 @@ class DashboardCommands(Provider):
         cfg = s.scheduler_config
         other = "continuous" if cfg.mode == "chunked" else "chunked"
         load = s.load.state()
+        auto = cfg.auto_budget
         acts = [
             (f"Switch mode to {other}", partial(app.request_knob, "mode", other),
              "continuous = prefill-first whole prompts; chunked = decode-first, token budget"),
+            ((f"Turn autopilot off (now {auto})" if auto else
+              f"Turn autopilot on ({app.auto_budget_targets})"), app.action_toggle_autopilot,
+             "b; other targets: type 'auto itl_p99:50ms,ttft_p99:2s' or 'auto off'"),
             ("Resume load" if load.paused else "Pause load", app.action_toggle_load,
              "stop or restart new arrivals"),
             ("Resume engine" if getattr(s, "engine_paused", False) else "Pause engine",
@@ -176,6 +183,15 @@ class DashboardCommands(Provider):
             return Hit(TYPED_EXCLUSIVE, f"Start A/B: {describe_setting(a)} vs "
                        f"{describe_setting(b)}, windows of {w:g} s",
                        partial(app.start_ab, a, b, w), text=f"ab {rest}")
+        if head in ("auto", "autopilot", AUTO_BUDGET):
+            try:
+                spec = parse_auto_budget(rest)
+            except ConfigError as e:
+                return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
+                                                   title="refused"), text=f"{head} {rest}")
+            what = f"Autopilot on: {spec.canonical}" if spec else "Autopilot off (static budget)"
+            return Hit(TYPED_EXCLUSIVE, what, partial(app.request_knob, AUTO_BUDGET, rest),
+                       text=f"{head} {rest}", help="in force from the engine's next step")
         if head == "rate":
             return Hit(TYPED_EXCLUSIVE, f"Set load rate to {rest}", partial(app.request_rate, rest),
                        text=f"rate {rest}")

@@ -36,6 +36,10 @@ KEYS: tuple[Key, ...] = (
         "max_num_partial_prefills +1", "scheduler"),
     Key("left_parenthesis", "(", "knob_step('max_num_partial_prefills', -1)",
         "max_num_partial_prefills −1", "scheduler"),
+    Key("b", "b", "toggle_autopilot", "autopilot on / off (--auto-budget: each step's prefill "
+        "allowance from a fitted step-time model; on with the last targets, else "
+        "itl_p99:50ms,ttft_p99:2s; set others in the controls or the palette: "
+        "'auto itl_p99:100ms,ttft_p99:3s', 'auto off')", "scheduler"),
     Key("greater_than_sign", ">", "rate_step(1)", "load rate ×1.25 (req/s, or trace speed)",
         "load", "rate↑"),
     Key("less_than_sign", "<", "rate_step(-1)", "load rate ÷1.25", "load", "rate↓"),

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpuchef.engine_host.autopilot import ERROR_ENTER
+from gpuchef.engine_host.config import AUTO_BUDGET
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
@@ -33,6 +35,7 @@ KNOB_SHORT = {
     "max_num_seqs": "seqs",
     "max_num_partial_prefills": "partial",
     "mode": "mode",
+    AUTO_BUDGET: "autopilot",
 }
 
 GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN policy
@@ -136,6 +139,13 @@ class WaveFrame:
     inside the window. ``latest``: the newest step (:class:`LatestStep`), for the readouts;
     ``pending``: requests the load submitted since it (set by the screen; they are waiting —
     during an engine pause no step counts them).
+    The autopilot (``StepRecord`` fields of the same names): ``allowance`` — the
+    ``prefill_allowance`` of the step whose tokens the batch composition draws (the largest
+    ending in the slice; NaN where it had none, the autopilot off); ``predicted_ms`` — mean
+    ``predicted_ms`` of the steps ending in the slice that have one; ``step_ms`` — mean
+    ``wall_ms`` of the steps ending in the slice (the actual step time the prediction is set
+    against); ``autopilot``: the newest step's status (:class:`AutopilotStatus`; None before a
+    step).
     """
 
     grid: TimeGrid
@@ -157,6 +167,10 @@ class WaveFrame:
     kv_blocks_total: int = 0
     latest: "LatestStep | None" = None
     pending: int = 0
+    allowance: np.ndarray | None = None
+    predicted_ms: np.ndarray | None = None
+    step_ms: np.ndarray | None = None
+    autopilot: "AutopilotStatus | None" = None
 
     @property
     def busy(self) -> np.ndarray:
@@ -191,6 +205,48 @@ class LatestStep:
         return self.kv_used / self.kv_total if self.kv_total > 0 else NAN
 
 
+@dataclass(frozen=True)
+class AutopilotStatus:
+    """The autopilot as the newest StepRecord saw it: ``auto_budget`` (targets, "" = off),
+    ``state`` ("learning", "fallback", "steering"; "" off), ``fit_error`` (the model's tracked
+    mean relative error, fraction; -1 = not tracked yet), ``allowance`` (tokens; -1 none),
+    ``predicted_ms`` / ``wall_ms`` (ms; predicted -1 = none) and ``budget``
+    (``max_num_batched_tokens``) of that step."""
+
+    auto_budget: str
+    state: str
+    fit_error: float
+    allowance: int
+    predicted_ms: float
+    wall_ms: float
+    budget: int
+
+    @classmethod
+    def of(cls, s: StepRecord) -> "AutopilotStatus":
+        return cls(s.auto_budget, s.autopilot_state, s.fit_error, s.prefill_allowance,
+                   s.predicted_ms, s.wall_ms, s.max_num_batched_tokens)
+
+    @property
+    def error_text(self) -> str:
+        """"7 %", or "–" while not tracked."""
+        return f"{self.fit_error * 100:.0f} %" if self.fit_error >= 0 else "–"
+
+    def line(self) -> str:
+        """One status line: "steering itl_p99:50ms: fitted, err 7 %", "fallback: static budget
+        2048 (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
+        if not self.auto_budget:
+            return "off: the static budget (b turns it on)"
+        if self.state == "steering":
+            return f"steering {self.auto_budget}: fitted, err {self.error_text}"
+        if self.state == "fallback":
+            return (f"fallback: static budget {self.budget} (err {self.error_text}, steers "
+                    f"again at ≤ {ERROR_ENTER:.0%})")
+        if self.state == "learning":
+            return (f"learning: not fitted (err {self.error_text}); allowance 1/8–1/2 of "
+                    f"budget {self.budget}")
+        return f"{self.auto_budget}: no chunked step yet"
+
+
 def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Sum of ``w`` per bin with each weight spread evenly over ``[ts, te]`` (sorted, disjoint
     spans; zero-length spans land in the bin of ``te``)."""
@@ -209,13 +265,15 @@ def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) ->
 
 _STEP_FIELDS = ("t_start_ns", "t_end_ns", "num_prefill_tokens", "num_decode_reqs", "num_running",
                 "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total",
-                "max_num_batched_tokens", "step")
+                "max_num_batched_tokens", "step", "prefill_allowance")
+_ALLOWANCE = _STEP_FIELDS.index("prefill_allowance")
 _MODE_CODE = {"continuous": 0, "chunked": 1}
 _MODES = ("continuous", "chunked")
 
 
 class StepColumns:
-    """StepRecords as numpy columns (int64, plus ``gpu_ms`` float64 and a mode code), appended
+    """StepRecords as numpy columns (int64, plus ``gpu_ms`` and ``predicted_ms`` float64 and a
+    mode code), appended
     incrementally: each record is converted once, so a redraw costs numpy slicing, not a Python
     pass over every step in the window. ``max_age_ns``: steps ending longer ago than this before
     the newest one are dropped (the longest window plus a margin).
@@ -225,6 +283,7 @@ class StepColumns:
         self.max_age_ns = max_age_ns
         self.ints = np.zeros((0, len(_STEP_FIELDS)), dtype=np.int64)
         self.gpu_ms = np.zeros(0)
+        self.predicted_ms = np.zeros(0)
         self.mode = np.zeros(0, dtype=np.int8)
         self.last_step = -1
 
@@ -246,14 +305,17 @@ class StepColumns:
         ints = np.array([[getattr(s, f) for f in _STEP_FIELDS] for s in new],
                         dtype=np.int64).reshape(m, len(_STEP_FIELDS))
         gpu = np.fromiter((s.gpu_ms for s in new), np.float64, m)
+        pred = np.fromiter((s.predicted_ms for s in new), np.float64, m)
         mode = np.fromiter((_MODE_CODE.get(s.mode, 1) for s in new), np.int8, m)
         self.ints = np.concatenate([self.ints, ints])
         self.gpu_ms = np.concatenate([self.gpu_ms, gpu])
+        self.predicted_ms = np.concatenate([self.predicted_ms, pred])
         self.mode = np.concatenate([self.mode, mode])
         self.last_step = new[-1].step
         cut = int(np.searchsorted(self.ints[:, 1], self.ints[-1, 1] - self.max_age_ns))
         if cut > 4096:  # trim in chunks, not every call
             self.ints, self.gpu_ms, self.mode = self.ints[cut:], self.gpu_ms[cut:], self.mode[cut:]
+            self.predicted_ms = self.predicted_ms[cut:]
 
     def __len__(self) -> int:
         return len(self.gpu_ms)
@@ -438,6 +500,18 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         pre_ps, dec_ps = nan.copy(), nan.copy()
         pre_ps[hasb] = pre[best[hasb]]
         dec_ps[hasb] = dec[best[hasb]]
+        # the autopilot: the drawn step's allowance; predicted vs actual step time per slice
+        allow = nan.copy()
+        allow[hasb] = cols[best[hasb], _ALLOWANCE]
+        allow[allow < 0] = NAN
+        wall_ms = (cols[:, 1] - cols[:, 0]).astype(np.float64) / 1e6
+        step_ms = np.where(cnt > 0, np.bincount(idx, weights=wall_ms[inside], minlength=n)
+                           / np.maximum(cnt, 1), NAN)
+        pred = steps.predicted_ms[sl][inside]
+        hp = pred >= 0
+        pn = np.bincount(idx[hp], minlength=n)
+        predicted = np.where(pn > 0, np.bincount(idx[hp], weights=pred[hp], minlength=n)
+                             / np.maximum(pn, 1), NAN)
         preempted = np.bincount(idx, weights=cols[inside, 6], minlength=n)
         budget_i = np.full(n, -1, dtype=np.int64)
         np.maximum.at(budget_i, idx, cols[inside, 9])
@@ -460,7 +534,7 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         kv_total = int(cols[-1, 8])
     else:
         busy_p = busy_m = busy_d = z
-        pre_ps = dec_ps = budget = nan
+        pre_ps = dec_ps = budget = allow = step_ms = predicted = nan
         preempted = cnt = z
         state = np.repeat(before[None, :], n, axis=0)
         t_state = np.full(n, before_t, dtype=np.int64)
@@ -483,7 +557,9 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
                             int(r[3]), int(r[9]))
     return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
                      preempted, kv, cnt, modes, gpu_series, per_gpu,
-                     markers_for(snap.events_between(t0, t1), grid), kv_total, latest)
+                     markers_for(snap.events_between(t0, t1), grid), kv_total, latest,
+                     allowance=allow, predicted_ms=predicted, step_ms=step_ms,
+                     autopilot=AutopilotStatus.of(snap.steps[-1]) if snap.steps else None)
 
 
 def _kv_share(rows: np.ndarray) -> np.ndarray:
@@ -541,6 +617,8 @@ def event_label(ev: EngineEvent) -> tuple[str, str] | None:
 def _fmt_knob(name: str, v: Any) -> str:
     if name == "long_prefill_token_threshold" and v == 0:
         return "off"
+    if name == AUTO_BUDGET:
+        return str(v) or "off"
     return str(v)
 
 

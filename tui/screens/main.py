@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
@@ -23,7 +24,7 @@ from ..widgets.header import HeaderState, SessionHeader
 from ..widgets.numbers import NumbersPanel, RequestColumns, compute_numbers_fast
 from ..widgets.queue_kv import QueueKvPanel
 from ..widgets.waveforms import (BatchPanel, GpuPanel, MemPowerPanel, PerGpuPanel, StepPanel,
-                                 TimeAxis)
+                                 StepTimePanel, TimeAxis)
 
 MAX_FRAME_S = 0.5       # the last (partial) column and the header refresh at least this often
 NUMBERS_EVERY_S = 1.0
@@ -68,6 +69,7 @@ class MainScreen(Screen):
     StepPanel { height: 1fr; min-height: 6; }
     BatchPanel { height: 1fr; min-height: 6; }
     QueueKvPanel { height: 1fr; min-height: 7; }
+    StepTimePanel { height: 5; }
     TimeAxis { height: 3; }
     NumbersPanel, ControlsPanel { border-top: solid #3a4356; border-title-color: #d8dee9; }
     #hints { height: 1; display: none; background: #1b2130; }
@@ -115,6 +117,7 @@ class MainScreen(Screen):
                 yield MemPowerPanel(id="mem")
                 yield StepPanel(id="step")
                 yield BatchPanel(id="batch")
+                yield StepTimePanel(id="steptime")
                 yield QueueKvPanel(id="queue")
                 yield TimeAxis(id="axis")
             with VerticalScroll(id="side"):
@@ -132,6 +135,10 @@ class MainScreen(Screen):
         self.per_gpu = self.query_one(PerGpuPanel)
         self.per_gpu.display = False
         self.panels.append(self.per_gpu)
+        # the autopilot's step-time panel: shown while it is on or its steps are in the window
+        self.step_time = self.query_one(StepTimePanel)
+        self.step_time.display = bool(self.app.session.scheduler_config.auto_budget)
+        self.panels.append(self.step_time)
         self.header = self.query_one(SessionHeader)
         self.numbers = self.query_one(NumbersPanel)
         self.controls = self.query_one(ControlsPanel)
@@ -198,6 +205,8 @@ class MainScreen(Screen):
                 frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps,
                                     gpus=self.gpus)
                 frame.pending = self._pending(snap, load)
+                self.step_time.display = bool(cfg.auto_budget) or bool(
+                    frame.allowance is not None and np.isfinite(frame.allowance).any())
                 for p in self.panels:
                     if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
                         p.set_frame(frame)

@@ -1,4 +1,5 @@
-"""The controls panel: mode, the four live knobs, the load's rate and a load on/off switch.
+"""The controls panel: mode, the four live knobs, the autopilot's targets, the load's rate and a
+load on/off switch.
 
 Inputs validate as you type (the same ``parse_knob`` the engine uses, so the red mark and the
 message agree); Enter sends the value. The session validates again and refuses a bad value with
@@ -14,7 +15,8 @@ from textual.containers import Horizontal, Vertical
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Select, Switch
 
-from gpuchef.engine_host.config import KNOBS, MODES, ConfigError, SchedulerConfig, parse_knob
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, ConfigError, SchedulerConfig,
+                                        parse_auto_budget, parse_knob)
 
 from ..messages import KnobRequest, LoadToggle, RateRequest
 from ..model import LoadState, parse_rate
@@ -37,6 +39,18 @@ class KnobValidator(Validator):
     def validate(self, value: str) -> ValidationResult:
         try:
             parse_knob(self.knob, value)
+        except ConfigError as e:
+            return self.failure(str(e))
+        return self.success()
+
+
+class AutoBudgetValidator(Validator):
+    """Validates the autopilot's targets with the engine's own ``parse_auto_budget`` ("off" or
+    empty turns it off)."""
+
+    def validate(self, value: str) -> ValidationResult:
+        try:
+            parse_auto_budget(value)
         except ConfigError as e:
             return self.failure(str(e))
         return self.success()
@@ -65,6 +79,7 @@ class ControlsPanel(Vertical):
     ControlsPanel Label.hint { width: 1fr; color: #6c7689; padding: 0 0 0 1; }
     ControlsPanel Input { width: 12; height: 1; border: none; padding: 0 1; }
     ControlsPanel Input.-invalid { border: none; background: #5a1a2a; }
+    ControlsPanel #auto-budget { width: 1fr; }
     ControlsPanel Select { width: 18; height: 1; }
     ControlsPanel SelectCurrent { border: none; height: 1; padding: 0 1; }
     ControlsPanel Switch { height: 1; border: none; padding: 0; width: 6; }
@@ -101,6 +116,13 @@ class ControlsPanel(Vertical):
                 yield Label(f"[{spec.lo}, {spec.hi:,}]" if name != "long_prefill_token_threshold"
                             else "0 = budget", classes="hint")
         with Horizontal():
+            yield Label("autopilot")
+            yield Input(type="text", id="auto-budget", validators=[AutoBudgetValidator()],
+                        validate_on=["changed", "submitted"], compact=True, placeholder="off",
+                        tooltip="--auto-budget: itl_p99:50ms[,ttft_p99:2s] picks each step's "
+                                "prefill allowance from a fitted step-time model; off = the "
+                                "static budget (b toggles)")
+        with Horizontal():
             yield Label("rate")
             yield Input(type="text", id="rate", validators=[RateValidator(self)],
                         validate_on=["changed", "submitted"], compact=True,
@@ -119,6 +141,8 @@ class ControlsPanel(Vertical):
         wid = event.input.id or ""
         if wid.startswith("knob-"):
             self.post_message(KnobRequest(wid[5:], event.value))
+        elif wid == "auto-budget":
+            self.post_message(KnobRequest(AUTO_BUDGET, event.value.strip() or "off"))
         elif wid == "rate":
             self.post_message(RateRequest(event.value))
         self.screen.set_focus(None)
@@ -146,7 +170,8 @@ class ControlsPanel(Vertical):
         seen it) and it is not being edited; ``force`` rewrites every field (after a refusal)."""
         focused = None if force else self.screen.focused
         shown = {"mode": cfg.mode, **{n: str(getattr(cfg, n)) for n in LABELS},
-                 "rate": f"{load.rate:g}", "load": not load.paused}
+                 "rate": f"{load.rate:g}", "load": not load.paused,
+                 AUTO_BUDGET: cfg.auto_budget or "off"}
         last = {} if force else getattr(self, "_shown", {})
         self._shown = shown
         changed = {k for k, v in shown.items() if last.get(k) != v}
@@ -158,6 +183,9 @@ class ControlsPanel(Vertical):
             inp = self.query_one(f"#knob-{name}", Input)
             if name in changed and focused is not inp and inp.value != shown[name]:
                 inp.value = shown[name]
+        auto = self.query_one("#auto-budget", Input)
+        if AUTO_BUDGET in changed and focused is not auto and auto.value != shown[AUTO_BUDGET]:
+            auto.value = shown[AUTO_BUDGET]
         rate = self.query_one("#rate", Input)
         if "rate" in changed and focused is not rate and rate.value != shown["rate"]:
             rate.value = shown["rate"]

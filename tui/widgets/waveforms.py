@@ -1,5 +1,6 @@
 """Waveform panels on the shared time axis: GPU saturation, DRAM bandwidth and power, the step
-waveform, batch composition, and the time axis with the change markers.
+waveform, batch composition (with the autopilot's prefill allowance), the autopilot's predicted
+vs actual step time, and the time axis with the change markers.
 
 Each panel is a Line-API widget: ``set_frame(WaveFrame)`` rebuilds its rows once (numpy → Strips)
 and ``render_line`` hands them to Textual; nothing is recomputed when Textual repaints. Row 0 is
@@ -138,7 +139,7 @@ class ChartPanel(Widget):
         return parts
 
     def title_strip(self, width: int) -> Strip:
-        key = (width, self.UNIT, self.SOURCE)  # titles change only with the width
+        key = (width, self.UNIT, self.SOURCE, self.LEGEND)  # titles change only with these
         if getattr(self, "_title_key", None) != key:
             self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
         return self._title
@@ -197,6 +198,10 @@ class BatchPanel(ChartPanel):
     UNIT = "tokens of the largest step in each slice"
     SOURCE = "StepRecord"
     LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE), ("╌ token budget", theme.BUDGET))
+    #: title and legend while the window holds autopilot steps: their prefill allowance is
+    #: drawn too (the unit shorter, the source left out, so that the legend fits)
+    UNIT_AUTO = "tokens per step"
+    LEGEND_AUTO = LEGEND + (("━ autopilot allowance", theme.ALLOWANCE),)
     OVER_NOTES = ("▲ above the budget line: a prompt longer than the budget runs alone, whole",
                   "▲ above budget: a long prompt runs alone", "▲ > budget")
 
@@ -212,8 +217,17 @@ class BatchPanel(ChartPanel):
         tot = np.nan_to_num(pre) + np.nan_to_num(dec)
         top = nice_max(max(float(np.nanmax(budget)) if known.any() else 0.0,
                            float(tot.max()) if len(tot) else 0.0), 8)
+        allow = self.fit(f.allowance, cols) if f.allowance is not None else np.full(cols, np.nan)
+        auto = bool(np.isfinite(allow).any())
+        cls = type(self)
+        self.LEGEND = self.LEGEND_AUTO if auto else cls.LEGEND
+        self.UNIT = self.UNIT_AUTO if auto else cls.UNIT
+        self.SOURCE = "" if auto else cls.SOURCE
         c = Cells(h, cols, [])
         c.stacked([pre / top * h, dec / top * h], [theme.PREFILL, theme.DECODE])
+        # the allowance sits on the prefill it allowed (the decodes are stacked above it);
+        # drawn before the budget so that the budget line keeps cells where both fall
+        c.hline(allow / top * h, theme.ALLOWANCE, char="━", over=True)
         c.hline(budget / top * h, theme.BUDGET)
         over = np.nonzero(np.isfinite(budget) & (tot > budget))[0]
         if len(over):
@@ -225,9 +239,65 @@ class BatchPanel(ChartPanel):
         p = lt.prefill if lt else float("nan")
         d = lt.decode if lt else float("nan")
         b = last_value(budget, cols)
-        right = _right(h, [("prefill", theme.PREFILL), (fmt_num(p), theme.PREFILL),
-                           ("decode", theme.DECODE), (fmt_num(d), theme.DECODE),
-                           ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)])
+        items = [("prefill", theme.PREFILL), (fmt_num(p), theme.PREFILL),
+                 ("decode", theme.DECODE), (fmt_num(d), theme.DECODE),
+                 ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)]
+        ap = f.autopilot
+        if auto and ap is not None and ap.allowance >= 0:  # the newest step's allowance
+            items[4:4] = [("allow", theme.ALLOWANCE), (fmt_num(ap.allowance), theme.ALLOWANCE)]
+        right = _right(h, items)
+        return c.strips(_gutter(h, fmt_num(top), "0", {h // 2: fmt_num(top / 2)} if h >= 5
+                                else None), right, BG)
+
+
+class StepTimePanel(ChartPanel):
+    """The autopilot's step-time model against the engine: each slice's actual step time
+    (``StepRecord.wall_ms``, mean of the steps ending there, bars) under the model's prediction
+    for the same steps (``predicted_ms``, ━), and in the title the controller's status from the
+    newest step (``autopilot_state``, ``fit_error``: the model's tracked mean relative error,
+    the number its fallback rule uses)."""
+
+    TITLE = "Autopilot step time"
+    UNIT = "ms, actual (bars) vs predicted (━)"
+    SOURCE = "StepRecord wall_ms, predicted_ms"
+
+    def title_parts(self) -> list[tuple[str, Style]]:
+        parts = super().title_parts()
+        ap = self._frame.autopilot if self._frame is not None else None
+        if ap is not None:  # the status first: on a narrow panel the unit and source give way
+            colour = {"steering": theme.DECODE, "fallback": theme.PREEMPTED}.get(ap.state,
+                                                                                theme.WAITING)
+            parts[2:2] = [(": ", LBL), (ap.line(), style(colour, BG, bold=True))]
+        return parts
+
+    def title_strip(self, width: int) -> Strip:
+        ap = self._frame.autopilot if self._frame is not None else None
+        key = (width, ap.line() if ap else "")
+        if getattr(self, "_title_key", None) != key:
+            self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
+        return self._title
+
+    def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
+        act = self.fit(f.step_ms, cols) if f.step_ms is not None else np.full(cols, np.nan)
+        pred = (self.fit(f.predicted_ms, cols) if f.predicted_ms is not None
+                else np.full(cols, np.nan))
+        vals = np.concatenate([act[np.isfinite(act)], pred[np.isfinite(pred)]])
+        top = nice_max(float(vals.max()) if len(vals) else 0.0, 1)
+        c = Cells(h, cols, [])
+        c.stacked([np.nan_to_num(act) / top * h], [theme.STEP_ACTUAL])
+        c.hline(pred / top * h, theme.ALLOWANCE, char="━", over=True)
+        if not np.isfinite(pred).any():
+            msg = "no prediction yet (the model predicts from its 24th step)"[:cols]
+            c.chars[0, :len(msg)] = list(msg)
+            c.fg[0, :len(msg)] = c.colour(theme.AXIS)
+        c.markers(self.marker_cols(f, cols))
+        ap = f.autopilot
+        a = ap.wall_ms if ap else float("nan")
+        pr = ap.predicted_ms if ap and ap.predicted_ms >= 0 else float("nan")
+        right = _right(h, [("pred", theme.ALLOWANCE), (fmt_num(pr, "ms"), theme.ALLOWANCE),
+                           ("actual", theme.STEP_ACTUAL), (fmt_num(a, "ms"), theme.STEP_ACTUAL),
+                           ("fit err", theme.LABEL),
+                           (ap.error_text if ap else "–", theme.TITLE)])
         return c.strips(_gutter(h, fmt_num(top), "0", {h // 2: fmt_num(top / 2)} if h >= 5
                                 else None), right, BG)
 
