@@ -96,10 +96,12 @@ def _span(tr: Trace) -> tuple[int, int]:
     """(first, last) record time of the trace (ns); requests count by arrival only if nothing
     else is there (a slice may hold requests that arrived long before it)."""
     lo = [x for x in ((tr.steps[0].t_start_ns if tr.steps else None),
+                      (tr.scrapes[0].t_ns if tr.scrapes else None),
                       (tr.gpu_samples[0].t_ns if tr.gpu_samples else None),
                       (tr.host_samples[0].t_ns if tr.host_samples else None),
                       (tr.events[0].t_ns if tr.events else None)) if x is not None]
     hi = [x for x in ((max(s.t_end_ns for s in tr.steps) if tr.steps else None),
+                      (tr.scrapes[-1].t_ns if tr.scrapes else None),
                       (tr.gpu_samples[-1].t_ns if tr.gpu_samples else None),
                       (tr.host_samples[-1].t_ns if tr.host_samples else None),
                       (tr.events[-1].t_ns if tr.events else None)) if x is not None]
@@ -114,6 +116,52 @@ def _span(tr: Trace) -> tuple[int, int]:
         return t, t
     a = min(lo)
     return a, max(a, max(hi))
+
+
+class ReplayScrapedServer:
+    """One server of an attached trace (`top --attach --trace`) as ``tui.model.ScrapedServer``
+    at the playback position: its scrapes and their intervals stamped at or before it."""
+
+    def __init__(self, session: "ReplaySession", url: str, samples: list) -> None:
+        from gpuchef.probes.scrape import delta
+
+        self._s = session
+        self.url = url.removesuffix("/metrics")
+        self._samples = sorted(samples, key=lambda x: x.t_ns)
+        self._t = [x.t_ns for x in self._samples]
+        self._deltas, prev = [], None
+        for x in self._samples:
+            if x.error:
+                continue
+            if prev is not None and (d := delta(prev, x)) is not None:
+                self._deltas.append(d)
+            prev = x
+        self._dt = [d.t_ns for d in self._deltas]
+        hz = session.trace.meta.get("scrape_hz")
+        self.hz = float(hz) if isinstance(hz, (int, float)) and hz > 0 else 4.0
+
+    def _cut(self) -> int:
+        from bisect import bisect_right
+        return bisect_right(self._t, self._s.position_ns)
+
+    def samples(self):
+        return self._samples[:self._cut()]
+
+    def deltas(self):
+        from bisect import bisect_right
+        return self._deltas[:bisect_right(self._dt, self._s.position_ns)]
+
+    @property
+    def kind(self) -> str:
+        ok = [x for x in self.samples() if not x.error]
+        return ok[-1].server if ok else "unknown"
+
+    @property
+    def status(self) -> str:
+        """The failure of the newest scrape at the position ("" if it was good)."""
+        i = self._cut()
+        x = self._samples[i - 1] if i else None
+        return f"{x.url}: {x.error}" if x is not None and x.error else ""
 
 
 class ReplaySession:
@@ -159,6 +207,11 @@ class ReplaySession:
                         else r.arrival_ns):
             tl.add_request(r)
         self.timeline = tl
+        # an attached trace: its scrapes, one server each, played back like the other records
+        by_url: dict[str, list] = {}
+        for x in tr.scrapes:
+            by_url.setdefault(x.url, []).append(x)
+        self.servers = tuple(ReplayScrapedServer(self, u, xs) for u, xs in by_url.items())
         self._steps = tl.snapshot(self.end_ns).steps
         self._step_ends = [s.t_end_ns for s in self._steps]
         self.info = _info(tr)
@@ -292,6 +345,11 @@ class ReplaySession:
         return self.path
 
     engine_error = None
+    knobs_reason = READ_ONLY
+
+    @property
+    def status_lines(self) -> list[str]:
+        return [x.status for x in self.servers if x.status]
 
     def set_knob(self, name: str, value: Any) -> Any:
         raise _read_only(name)
@@ -341,10 +399,25 @@ def _info(tr: Trace) -> SessionInfo:
                        dtype, int(m.get("kv_blocks") or 0), int(m.get("block_size") or 16),
                        int(m.get("max_model_len") or 0),
                        f"recorded {tr.meta.get('created', '')[:19]}{bad}{part}",
-                       async_scheduling=asy if isinstance(asy, bool) else None)
+                       async_scheduling=asy if isinstance(asy, bool) else None,
+                       **_source(tr))
+
+
+def _source(tr: Trace) -> dict[str, Any]:
+    """An attached trace (`top --attach`): its servers and no per-step records."""
+    src = tr.meta.get("source")
+    if isinstance(src, dict) and src.get("kind") == "attached" and not tr.steps:
+        urls = [str(u) for u in src.get("urls") or []]
+        return {"source": ",".join(urls), "per_step_records": False}
+    return {}
 
 
 def _load(tr: Trace) -> tuple[str, str, float]:
+    if _source(tr):  # `top --attach`: gpuchef's HTTP load as it described it, or none
+        ld = tr.meta.get("load")
+        desc = ld.get("desc") if isinstance(ld, dict) else None
+        return "none", (f"{desc} (as recorded)" if desc else
+                        "none from gpuchef (the server's own clients)"), 0.0
     w = tr.meta.get("workload") or {}
     ds = str(w.get("dataset") or "?")
     if ds == "random":

@@ -29,6 +29,7 @@ from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.keys import KEYS
 from gpuchef.tui.plotdata import GpuColumns, StepColumns
 from gpuchef.tui.screens.help import PANELS, HelpScreen
+from gpuchef.tui.screens.attach import AttachScreen
 from gpuchef.tui.screens.main import MainScreen
 from gpuchef.tui.widgets.controls import ControlsPanel
 
@@ -134,6 +135,29 @@ class ReplayScreen(MainScreen):
     def jumped(self) -> None:
         """After a seek or a window change: new columns and a redraw now."""
         self.seed()
+        if getattr(self, "ready", False):
+            self.tick(force=True)
+
+
+class ReplayAttachScreen(AttachScreen):
+    """An attached trace played back: the attach screen (the servers' /metrics as recorded)
+    plus the replay status line."""
+
+    def compose(self) -> ComposeResult:
+        yield ReplayBar(id="replay-bar")
+        yield from super().compose()
+
+    def on_mount(self) -> None:
+        self.bar = self.query_one(ReplayBar)
+
+    def tick(self, force: bool = False) -> None:
+        super().tick(force)
+        self.bar.show(self.app.session)
+
+    def jumped(self) -> None:
+        """After a seek: redraw now (the frames are built from the intervals up to the
+        position each tick; only the GPU columns, which are rebuilt)."""
+        self.gpus = GpuColumns()
         if getattr(self, "ready", False):
             self.tick(force=True)
 
@@ -264,7 +288,8 @@ class ReplayApp(GpuchefApp):
 
     def on_mount(self, event) -> None:
         event.prevent_default()  # not GpuchefApp.on_mount: it would push the live main screen
-        self.push_screen(ReplayScreen())
+        attached = not self.session.info.per_step_records  # a `top --attach` trace
+        self.push_screen(ReplayAttachScreen() if attached else ReplayScreen())
         self.set_interval(1.0 / self.fps, self._tick)
         for w in self.warnings[:3]:  # the terminal's copy is hidden behind the dashboard
             self.notify(w, title="trace", severity="warning", timeout=12)

@@ -36,6 +36,8 @@ MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
 AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C")
+#: the one group of a `top --attach` trace (no steps: the server's scheduler is not seen)
+ATTACHED = "attached"
 GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN policy
 
 
@@ -147,7 +149,7 @@ def _origin_end(tr: Trace) -> tuple[int, int]:
         starts.append(min(r.arrival_ns for r in tr.requests))
         ends.append(max((r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns)
                         for r in tr.requests))
-    for xs in (tr.gpu_samples, tr.host_samples, tr.events):
+    for xs in (tr.gpu_samples, tr.host_samples, tr.events, tr.scrapes):
         if xs:
             starts.append(min(x.t_ns for x in xs))
             ends.append(max(x.t_ns for x in xs))
@@ -247,6 +249,10 @@ def view_trace(tr: Trace) -> TraceView:
         start = min([r.arrival_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
                     default=origin)
         segs = mode_segments(steps, start, end + 1)
+        src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}
+        if not segs and src.get("kind") == "attached" and (tr.requests or tr.scrapes):
+            # `top --attach`: no steps (the server's own); one stretch, the client's requests
+            segs = [Segment(ATTACHED, ATTACHED, start, end + 1)]
     _assign(segs, tr.requests, steps)
     settings: dict[str, str] = {}
     for seg in segs:
@@ -255,6 +261,9 @@ def view_trace(tr: Trace) -> TraceView:
         spec = (meta_ab.get("settings") or {}).get(seg.label, {}) if ab else {}
         if isinstance(spec, dict) and (spec.get("describe") or spec.get("spec") is not None):
             settings[seg.label] = str(spec.get("describe") or spec["spec"]) or "the base settings"
+        elif seg.label == ATTACHED:
+            urls = (tr.meta.get("source") or {}).get("urls") or []
+            settings[seg.label] = f"server {', '.join(urls)} (its own scheduler and knobs)"
         else:
             settings[seg.label] = _describe_steps(seg.steps) if ab else \
                 _describe_steps(seg.steps).split(", ", 1)[-1]
