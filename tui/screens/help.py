@@ -22,7 +22,14 @@ PANELS = (
      "prefill bursts and decode stretches (|*****____|); chunked prefill a steady mixed batch."),
     ("Batch composition", "tokens of the largest step ending in each slice (a real step, not a "
      "mean), prefill under decode, against the token budget (╌). ▲ marks a step above the "
-     "budget: continuous batching runs a prompt longer than the budget alone, whole."),
+     "budget: continuous batching runs a prompt longer than the budget alone, whole. With the "
+     "autopilot on (b), ━ is the prefill allowance it gave that step (StepRecord "
+     "prefill_allowance) and 'allow' the newest step's."),
+    ("Autopilot step time", "shown while the autopilot is on: each slice's actual step time "
+     "(bars, mean wall_ms of the steps ending there) under its model's prediction for the same "
+     "steps (━, predicted_ms); the title says its status — steering (fitted, err = its tracked "
+     "mean relative error), learning (not fitted: 1/8–1/2 of the budget) or fallback (the "
+     "static budget while the error is over 50 %, until ≤ 30 %)."),
     ("Queue and KV cache", "running and waiting requests after the last step (held between "
      "steps; arrivals since the newest step count as waiting), preemptions (×), KV blocks in "
      "use. A readout older than 1 s says its age."),
