@@ -208,6 +208,7 @@ class LiveSession:
         self._pending: list[Any] | None = None  # records seen while a trace is being opened
         self._meta_extra = dict(meta_extra or {})
         self._meta_extra.setdefault("sample_hz", sample_hz)
+        self._meta_extra.setdefault("source", {"kind": "hosted"})  # `top --attach`: attached
         tl = self.timeline
 
         def listener(add: Callable[[Any], None], kind: str = "") -> Callable[[Any], None]:
