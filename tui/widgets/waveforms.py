@@ -219,10 +219,13 @@ class BatchPanel(ChartPanel):
                            float(tot.max()) if len(tot) else 0.0), 8)
         allow = self.fit(f.allowance, cols) if f.allowance is not None else np.full(cols, np.nan)
         auto = bool(np.isfinite(allow).any())
-        cls = type(self)
-        self.LEGEND = self.LEGEND_AUTO if auto else cls.LEGEND
-        self.UNIT = self.UNIT_AUTO if auto else cls.UNIT
-        self.SOURCE = "" if auto else cls.SOURCE
+        if auto != (getattr(self, "_plain", None) is not None):  # the title over to it / back
+            if auto:
+                self._plain = (self.UNIT, self.SOURCE, self.LEGEND)  # as set (the A/B screen's)
+                self.UNIT, self.SOURCE, self.LEGEND = self.UNIT_AUTO, "", self.LEGEND_AUTO
+            else:
+                self.UNIT, self.SOURCE, self.LEGEND = self._plain
+                self._plain = None
         c = Cells(h, cols, [])
         c.stacked([pre / top * h, dec / top * h], [theme.PREFILL, theme.DECODE])
         # the allowance sits on the prefill it allowed (the decodes are stacked above it);
