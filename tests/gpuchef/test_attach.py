@@ -351,3 +351,44 @@ def test_a_server_that_closes_streams_early_is_one_status_line_and_nothing_is_lo
     assert sorted(r.request_id for r in t.requests) == sorted(r.request_id for r in reqs)
     assert all("stream_cut" in r.error for r in t.requests)
     assert t.scrapes and t.complete
+
+
+def test_several_servers_one_numbers_column_each_and_v_switches_the_charts(tmp_path):
+    """Two vLLM servers (one under load, one idle) and a third that is down: a column each with
+    its own values, one status line for the one that is down, ``v`` charts the next server."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    down = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    with FakeServer(LOAD) as a, FakeServer(AFTER) as b:
+        app = build(["--attach", a.url, "--attach", b.url, "--attach", down, "--scrape-hz", "10",
+                     "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(190, 50)) as pilot:
+                scr = app.screen
+                assert await wait_for(pilot, lambda: all(len(x.deltas()) >= 1
+                                                         for x in s.servers[:2]))
+                await pilot.pause(1.2)
+                assert scr.shown[a.url]["running"] == _value(LOAD, "vllm:num_requests_running")
+                assert scr.shown[b.url]["running"] == _value(AFTER, "vllm:num_requests_running")
+                assert scr.shown[a.url]["kv_usage"] == pytest.approx(
+                    _value(LOAD, "vllm:kv_cache_usage_perc"))
+                assert scr.shown[down]["running"] is None
+                text = str(scr.numbers.render())
+                for u in (a.url, b.url, down):
+                    assert u.split("//")[1] in text
+                assert len(s.status_lines) == 1 and down in s.status_lines[0]
+                title = scr.scrape_panels[0].title_strip(190).text
+                assert a.url.split("//")[1] in title and "(1/3, v)" in title
+                await pilot.press("v")
+                await pilot.pause(0.2)
+                title = scr.scrape_panels[0].title_strip(190).text
+                assert b.url.split("//")[1] in title and "(2/3, v)" in title
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()

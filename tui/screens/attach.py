@@ -12,6 +12,7 @@ import time
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
@@ -66,6 +67,10 @@ def attach_header_text(s, elapsed_s: int) -> Text:
 
 
 class AttachScreen(Screen):
+    """``v`` cycles the server the charts draw (several ``--attach``); the numbers panel shows
+    every server, one column each."""
+
+    BINDINGS = [Binding("v", "next_server", "server")]
     DEFAULT_CSS = """
     AttachScreen { layout: vertical; background: #0b0e14; }
     #a-header { height: auto; background: #1b2130; }
@@ -93,6 +98,8 @@ class AttachScreen(Screen):
         self._no_steps = StepColumns()
         #: the numbers last shown, by server URL (read by tests)
         self.shown: dict[str, dict] = {}
+        #: index of the server the charts draw
+        self.charted = 0
 
     def compose(self) -> ComposeResult:
         yield Static("", id="a-header")
@@ -115,6 +122,9 @@ class AttachScreen(Screen):
                                                           "#a-latency")]
         self.gpu_panels = [self.query_one("#a-gpu"), self.query_one("#a-mem")]
         self.numbers = self.query_one(AttachNumbersPanel)
+        n = len(self.app.session.servers)
+        if n > 2:  # one 17-cell column per server beside the 14-cell labels
+            self.query_one("#a-side").styles.width = min(17 * n + 18, 120)
         self.call_after_refresh(self._first_tick)
 
     def _first_tick(self) -> None:
@@ -150,8 +160,10 @@ class AttachScreen(Screen):
         cols = self.scrape_panels[0].size.width - GUTTER_L - GUTTER_R
         if cols > 0:
             grid = TimeGrid.ending_at(now, s.start_ns, app.window_s, cols)
-            srv = s.servers[0]
+            srv = s.servers[self.charted % len(s.servers)]
             f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz)
+            if len(s.servers) > 1:  # the titles say whose charts these are
+                f.server = f"{srv.url.split('//', 1)[-1]} ({self.charted + 1}/{len(s.servers)}, v)"
             for p in self.scrape_panels:
                 p.set_frame(f)
             if self._gpu_on:
@@ -174,6 +186,14 @@ class AttachScreen(Screen):
         if header != self._header:
             self._header = header
             self.query_one("#a-header", Static).update(header)
+
+    def action_next_server(self) -> None:
+        n = len(self.app.session.servers)
+        if n < 2:
+            self.app.notify("one server attached: the charts draw it", timeout=3)
+            return
+        self.charted = (self.charted + 1) % n
+        self.tick(force=True)
 
     def _tick_gpu(self, s) -> None:
         on = bool(s.gpu_available)

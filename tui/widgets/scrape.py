@@ -55,6 +55,7 @@ class ScrapeFrame:
     series: dict[str, np.ndarray] = field(default_factory=dict)
     latest: ScrapeDelta | None = None
     markers: tuple = ()
+    server: str = ""  # named in the titles when several servers are attached
 
     def get(self, name: str) -> np.ndarray:
         return self.series.get(name, np.full(self.grid.cols, NAN))
@@ -131,6 +132,8 @@ class ScrapePanel(ChartPanel):
     def set_frame(self, frame) -> None:  # a ScrapeFrame here
         hz = getattr(frame, "hz", 0) or 0
         src = f"{self.SOURCE_OF} · {interval_label(hz)}" if hz else self.SOURCE_OF
+        if getattr(frame, "server", ""):
+            src = f"{frame.server} · {src}"
         if src != self.SOURCE:
             self.SOURCE = src
         super().set_frame(frame)
