@@ -407,11 +407,13 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                                stopped_ns=hold.get("t"))
 
         click.echo(f"\n{k}: {st.describe()}")
-        # achieved is held against what arrived over the same span (after the warm-up): a
+        # achieved is held against the arrival rate of the same requests (after the warm-up): a
         # replayed trace gets denser, so "6.97 achieved" beside "6.05 offered" read as a gain
         heads = ["offered req/s", *[f"{s.key} ms" for s in slos], "achieved/offered*",
                  "meets SLOs"]
-        click.echo("  " + "".join(f"{h:>15}" for h in heads) + "  why not / notes")
+        widths = [max(15, len(h) + 2) for h in heads]
+        click.echo("  " + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))
+                   + "  why not / notes")
 
         def show(p) -> None:
             vals = [f"{p.values[s.key]:.1f}" if math.isfinite(p.values[s.key]) else "n/a"
@@ -420,14 +422,14 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                    and math.isfinite(p.judged_offered) else
                    f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")
             why = "; ".join([*p.fails, *p.notes])
-            click.echo("  " + "".join(f"{x:>15}" for x in
-                                      [f"{p.rate:.3g}", *vals, ach, "yes" if p.met else "no"])
+            cells = [f"{p.rate:.3g}", *vals, ach, "yes" if p.met else "no"]
+            click.echo("  " + "".join(f"{x:>{w}}" for x, w in zip(cells, widths))
                        + (f"  {why}" if why else ""))
 
         res = capacity_search(measure, slos, *c["rates"], c["tol"], o["max_probes"], on_probe=show)
         results[k] = res
-        click.echo(f"  * req/s finished / arrived after the first {WARMUP_SHARE:.0%} of the "
-                   "arrivals (the saturation rule's span)")
+        click.echo(f"  * the finish rate / the arrival rate of the requests after the first "
+                   f"{WARMUP_SHARE:.0%} of the arrivals (saturation rule 1, docs/capacity.md)")
         click.echo(f"  Capacity {k}: {res.describe()}")
         out["settings"][k] = {"spec": st.spec, "scheduler": st.config.as_dict()}
         out["capacity"][k] = res.as_dict()

@@ -235,9 +235,9 @@ def offered_rate(arrivals_s: Sequence[float]) -> float:
 class Measured:
     """What one probe of ``gpuchef ab --capacity`` measured. ``metrics``: BenchMetrics (or a
     Mapping {SLO key: ms}); ``offered_rps``: :func:`offered_rate` of its workload;
-    ``achieved_rps``: requests finished per second over the judged span (after the warm-up,
-    up to the last arrival); ``judged_offered_rps``: requests arrived per second over that same
-    span, the figure achieved is held against (a replayed trace's arrivals get denser, so it
+    ``achieved_rps``: the finish rate of the judged requests (those after the warm-up,
+    its inner 80 %, :func:`judge_load`); ``judged_offered_rps``: the arrival rate of the same
+    requests, the figure achieved is held against (a replayed trace's arrivals get denser, so it
     can exceed ``offered_rps``); ``span_s``: its arrival span; ``failures``: the rules it broke
     besides the SLOs (saturation, with numbers); ``stopped_early``: why it was cut short
     (an SLO already broken beyond doubt), "" if it ran to the end; ``notes``: e.g. too short."""
@@ -252,38 +252,44 @@ class Measured:
     judged_offered_rps: float = math.nan
 
 
-def warmup_service_s(requests: Sequence[Any]) -> float:
-    """The median E2EL (s) of the requests that arrived in a probe's warm-up (the first
-    ``WARMUP_SHARE`` of its arrival span), before any queue could build: how far its finishes
-    trail its arrivals when it is not saturated. 0 when none of them finished."""
-    arr = [r.arrival_ns for r in requests]
-    if len(arr) < 2:
-        return 0.0
-    a0, a1 = min(arr), max(arr)
-    w0 = a0 + int(WARMUP_SHARE * (a1 - a0))
-    e = sorted((r.token_times_ns[-1] - r.arrival_ns) / 1e9 for r in requests
-               if r.arrival_ns < w0 and r.token_times_ns)
-    return e[len(e) // 2] if e else 0.0
+#: Rule 1 compares the spread of the judged requests' arrivals and of their finishes between
+#: these quantiles (inner 80 %), so that one long output at either edge does not set a rate.
+RATE_QUANTILES = (0.10, 0.90)
 
 
-def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
-               steps: Sequence[Any], median_e2el_ms: float = math.nan,
-               service_s: float = 0.0) -> tuple[float, float, list[str], list[str]]:
-    """(offered req/s over the judged span, achieved req/s over it, saturation rules broken,
-    notes) of one probe. ``arrivals_ns``: every request's arrival; ``finishes_ns``: the last
-    token time of each completed request; ``steps``: its StepRecords (``num_waiting``). The
-    judged span runs from ``WARMUP_SHARE`` into the arrival span to the last arrival.
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of sorted ``xs`` (numpy's default)."""
+    h = q * (len(xs) - 1)
+    i = int(math.floor(h))
+    return xs[i] + (h - i) * (xs[min(i + 1, len(xs) - 1)] - xs[i])
 
-    Rule 1 (achieved short of offered): fewer than (1 − ``SATURATION_TOLERANCE``) × n − 2√n
-    requests finished in the judged span shifted by ``service_s`` (the unloaded time a request
-    takes: the median E2EL of the warm-up's requests), against the n that arrived in the span
-    (2√n: two standard deviations of a Poisson count). Unshifted, a load that is not saturated
-    but whose arrivals get denser (a replayed trace) or whose requests take seconds each is
-    called saturated: on the H200 a probe with P50 TTFT 27 ms "achieved 5.6 of 8.5 req/s"
-    because its finishes trailed its arrivals by a 2–3 s E2EL. Rule 2 (queue growing): the mean
+
+def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
+               steps: Sequence[Any], median_e2el_ms: float = math.nan
+               ) -> tuple[float, float, list[str], list[str]]:
+    """(offered req/s over the judged span, achieved req/s of the same requests, saturation
+    rules broken, notes) of one probe. ``arrivals_ns``: every request's arrival;
+    ``finishes_ns``: each one's last token time, in the same order (None: it did not complete);
+    ``steps``: its StepRecords (``num_waiting``). The judged requests are those that arrived
+    after the first ``WARMUP_SHARE`` of the arrival span (an empty engine fills up first).
+
+    Rule 1 (achieved short of offered): the judged requests' finishes come at a rate below
+    (1 − ``SATURATION_TOLERANCE``) × the rate their arrivals came at, each rate taken as the
+    share of them between the ``RATE_QUANTILES`` over the time that share spans (a request not
+    completed finishes at +inf). Served, each finish is its arrival plus its own time in the
+    system, so the finishes span the arrivals' time plus how much that time in system grew
+    (a denser trace, slower steps: fractions of a second); saturated, they come at the engine's
+    service rate whatever arrives. Counting the finishes inside the arrival span instead — the
+    first two versions, once shifted by the warm-up's service time — called probes saturated
+    whose requests' E2EL grew through them (H200, 2026-12-01: P50 TTFT 62 ms, drained 3.8 s
+    after the last arrival, "achieved 5.81 of 8.48 req/s"). Rule 2 (queue growing): the mean
     ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
     quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
-    shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL."""
+    shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL. Raises
+    ValueError when the two lists differ in length."""
+    if len(finishes_ns) != len(arrivals_ns):
+        raise ValueError(f"judge_load: {len(arrivals_ns)} arrivals but {len(finishes_ns)} "
+                         "finishes (one per arrival, None when it did not complete)")
     fails: list[str] = []
     notes: list[str] = []
     if len(arrivals_ns) < 2:
@@ -293,17 +299,26 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int],
     if span <= 0:
         return math.nan, math.nan, fails, ["every request arrived at once"]
     w0 = a0 + int(WARMUP_SHARE * (a1 - a0))
-    dur = (a1 - w0) / 1e9
-    arrived = sum(1 for t in arrivals_ns if w0 <= t <= a1)
-    shift = int(max(0.0, service_s) * 1e9)
-    done = sum(1 for t in finishes_ns if w0 + shift <= t <= a1 + shift)
-    offered, achieved = arrived / dur, done / dur
-    # 2√n: two standard deviations of a Poisson count, so that a few requests' luck at the
-    # edges of a short probe is not called saturation
-    if done < (1.0 - SATURATION_TOLERANCE) * arrived - 2.0 * math.sqrt(arrived):
-        fails.append(f"saturated: achieved {achieved:.3g} req/s < {1 - SATURATION_TOLERANCE:.0%}"
-                     f" of offered {offered:.3g} req/s (after the first {WARMUP_SHARE:.0%} of "
-                     "the arrivals)")
+    judged = [(a, f) for a, f in zip(arrivals_ns, finishes_ns) if a >= w0]
+    offered = achieved = math.nan
+    if len(judged) >= 2:
+        lo, hi = RATE_QUANTILES
+        share = (hi - lo) * (len(judged) - 1)
+        arr = sorted(float(a) for a, _ in judged)
+        done = sorted(float(f) for _, f in judged if f is not None)
+        da = (_quantile(arr, hi) - _quantile(arr, lo)) / 1e9
+        offered = share / da if da > 0 else math.nan
+        if math.ceil(hi * (len(judged) - 1)) >= len(done):  # the hi quantile is a non-finish
+            achieved = 0.0
+        else:  # the not completed sort last (+inf): the quantiles fall among the finished
+            fin = done + [math.inf] * (len(judged) - len(done))
+            df = (_quantile(fin, hi) - _quantile(fin, lo)) / 1e9
+            achieved = share / df if df > 0 else math.nan
+        if math.isfinite(offered) and achieved < (1.0 - SATURATION_TOLERANCE) * offered:
+            fails.append(f"saturated: achieved {achieved:.3g} req/s < "
+                         f"{1 - SATURATION_TOLERANCE:.0%} of offered {offered:.3g} req/s (the "
+                         f"finishes vs the arrivals of the requests after the first "
+                         f"{WARMUP_SHARE:.0%})")
     q = (a1 - a0) / 4
     def waiting(lo: float, hi: float) -> float:
         v = [s.num_waiting for s in steps if lo <= s.t_start_ns < hi]
@@ -343,10 +358,9 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
         return Measured(m, off, math.nan, span, [], stopped,
                         [f"stopped at {at / 1e9:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s "
                          "of arrivals" if arr else "stopped"])
-    fin = [r.token_times_ns[-1] for r in mine
-           if r.finish_reason in ("length", "stop") and r.token_times_ns]
-    judged, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms,
-                                                warmup_service_s(mine))
+    fin = [r.token_times_ns[-1] if r.finish_reason in ("length", "stop") and r.token_times_ns
+           else None for r in mine]
+    judged, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms)
     return Measured(m, off, achieved, span, fails, "", notes, judged)
 
 
@@ -497,9 +511,9 @@ class Probe:
     """One measured rate. ``rate``: what the probe offered (req/s, :func:`offered_rate` of its
     workload; the rate asked for when unknown), ``met``: every SLO held and no other rule
     failed, ``values``: SLO key → measured ms, ``metrics``: what ``measure`` returned (its
-    ``metrics``), ``target``: the rate the search asked for, ``achieved``: req/s finished
-    over the judged span (after the warm-up), ``judged_offered``: req/s arrived over that
-    same span (what ``achieved`` is held against), ``span_s``: the arrival span, ``fails``: every rule broken (an SLO: "itl_p99 126 ms > 100
+    ``metrics``), ``target``: the rate the search asked for, ``achieved``: the finish
+    rate of the requests after the warm-up, ``judged_offered``: their arrival rate (what
+    ``achieved`` is held against, :func:`judge_load`), ``span_s``: the arrival span, ``fails``: every rule broken (an SLO: "itl_p99 126 ms > 100
     ms"; saturation; an early stop), ``stopped_early``: why it was cut short, ``notes``."""
 
     rate: float

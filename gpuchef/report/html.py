@@ -397,7 +397,7 @@ def capacity_table(probes: Sequence[Any], slos: Sequence[Any]) -> str:
                      *[_num(p.values[s.key], "{:.1f}") for s in slos],
                      "yes" if p.met else "no", "; ".join([*p.fails, *p.notes])])
     head = ["setting", "asked req/s", "offered req/s", "achieved req/s",
-            "arrived req/s (same span)", "completed",
+            "arrived req/s (same requests)", "completed",
             *[f"{s.key} (ms, ≤ {s.limit_ms:g})" for s in slos], "meets", "why not / notes"]
     return _table(head, rows, num_cols=range(1, 6 + len(slos)))
 
@@ -608,7 +608,7 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
             "(docs/capacity.md): offered = the probe's requests' count over their arrival "
             "span; achieved = requests finished per second while arrivals continued, after the "
-            "first quarter, beside what arrived per second over that same span; a probe fails an SLO, or as saturated (achieved below 90 % of "
+            "first quarter, beside the arrival rate of the same requests; a probe fails an SLO, or as saturated (achieved below 90 % of "
             "offered, or the waiting queue growing), or stops early once an SLO is broken "
             "beyond doubt.")))
     # A/B windows
