@@ -357,6 +357,7 @@ class AttachSession:
         self.timeline = Timeline(percentiles=self.percentiles)
         self.start_ns = self.timeline.origin_ns
         self._recorder: TraceRecorder | None = None
+        self._pending: list[Any] | None = None  # records seen while export_trace opens one
         self._lock = threading.Lock()
         try:
             self.servers: tuple[AttachedServer, ...] = tuple(
@@ -409,6 +410,8 @@ class AttachSession:
         r = self._recorder
         if r is not None:
             r.record(rec)
+        elif self._pending is not None:  # a trace is being opened: kept for it
+            self._pending.append(rec)
 
     def _add_request(self, rec: Any) -> None:
         self.timeline.add_request(rec)
@@ -528,6 +531,7 @@ class AttachSession:
             return f"trace {done} finished; now writing {new}"
         p = Path(path or f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
         rec = TraceRecorder(p, meta={**self._meta(), "backfilled_from_timeline": True})
+        self._pending = []
         snap = self.timeline.snapshot()
         backlog: list[tuple[int, Any]] = [(s.t_ns, s) for srv in self.servers
                                           for s in srv.samples()]
@@ -536,10 +540,14 @@ class AttachSession:
         backlog += [(q.arrival_ns, q) for q in snap.requests]
         backlog.sort(key=lambda x: x[0])
         n_scrapes = sum(1 for _, x in backlog if isinstance(x, ScrapeSample))
-        with self._lock:  # scrapes from now on go to the new file only
-            for _, x in backlog:
+        seen = {id(x) for _, x in backlog}
+        for _, x in backlog:
+            rec.record(x)
+        self._recorder = rec
+        pending, self._pending = self._pending, None
+        for x in pending:  # what arrived while the backlog was gathered, once each
+            if id(x) not in seen:
                 rec.record(x)
-            self._recorder = rec
         return (f"trace {p}: wrote {n_scrapes} scrapes and {len(snap.requests)} requests held "
                 "in memory; recording goes on there")
 

@@ -392,3 +392,29 @@ def test_several_servers_one_numbers_column_each_and_v_switches_the_charts(tmp_p
             asyncio.run(go())
         finally:
             s.close()
+
+
+def test_e_without_trace_writes_every_scrape_held_and_goes_on_recording(tmp_path):
+    with FakeServer(LOAD) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "20", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+        out = tmp_path / "e.jsonl"
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                assert await wait_for(pilot, lambda: len(s.servers[0].samples()) >= 5)
+                msg = await asyncio.to_thread(s.export_trace, str(out))
+                assert "recording goes on there" in msg and s.trace_path == str(out)
+                n = len(s.servers[0].samples())
+                assert await wait_for(pilot, lambda: len(s.servers[0].samples()) >= n + 5)
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+    t = read_trace(out)
+    held = s.servers[0].samples()
+    # every scrape the session made is in the file, once, in time order
+    assert [x.t_ns for x in t.scrapes] == [x.t_ns for x in held]
+    assert t.meta["backfilled_from_timeline"] and t.complete
