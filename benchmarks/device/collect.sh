@@ -9,4 +9,10 @@ while [ $(date +%s) -lt $end ] && ! all_done; do sleep 5; done
 cat $R/status.txt; ls $F
 for f in $R/*.log; do echo "== $(basename $f): $(tail -c 300 $f | tr '\n' ' ' | tail -c 300)"; done 2>/dev/null | tail -40
 nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
-[ -n "$OUT" ] && tar -czf $OUT/res.tgz -C /tmp res
+# traces (*.jsonl.gz) come back as files of their own (the return limit is 16 MiB a file, 8
+# files): the newest 7 that fit; the logs and JSON in res.tgz
+if [ -n "$OUT" ]; then
+  tar --exclude='*.jsonl.gz' -czf $OUT/res.tgz -C /tmp res
+  ls -t $R/*.jsonl.gz 2>/dev/null | while read f; do
+    [ $(stat -c %s "$f") -lt 16000000 ] && echo "$f"; done | head -7 | xargs -r cp -t $OUT
+fi

@@ -31,9 +31,9 @@ job ap01_warmup $T_WARM "$GPUCHEF bench $M $AZ --num-prompts 60 --trace-speed in
 # the autopilot's own cost per step (CPU-side; floor <= 50 us)
 job ap02_cost 120 "${PYTHON:-python3} benchmarks/bench_autopilot.py --steps 5000 --json $R/ap_cost.json"
 # the static sweep in pairs, then the autopilot against the middle of it
-job ap03_cap_512_1024 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=512 --b mode=chunked,max_num_batched_tokens=1024 --result-json $R/ap_cap_512_1024.json"
-job ap04_cap_2048_4096 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b mode=chunked,max_num_batched_tokens=4096 --result-json $R/ap_cap_2048_4096.json"
-job ap05_cap_2048_auto $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b $AUTO --result-json $R/ap_cap_2048_auto.json"
+job ap03_cap_512_1024 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=512 --b mode=chunked,max_num_batched_tokens=1024 --result-json $R/ap_cap_512_1024.json --trace $R/ap_cap_512_1024.jsonl; gzip -f $R/ap_cap_512_1024.jsonl"
+job ap04_cap_2048_4096 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b mode=chunked,max_num_batched_tokens=4096 --result-json $R/ap_cap_2048_4096.json --trace $R/ap_cap_2048_4096.jsonl; gzip -f $R/ap_cap_2048_4096.jsonl"
+job ap05_cap_2048_auto $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b $AUTO --result-json $R/ap_cap_2048_auto.json --trace $R/ap_cap_2048_auto.jsonl; gzip -f $R/ap_cap_2048_auto.jsonl"
 # the long-prompt lane: short prompts' TTFT with and without (analyse the traces with
 # benchmarks/results/2026-12-01-cpu-autopilot/lane_ttft.py after gzip), if time is left
 LANE="--max-num-batched-tokens 2048 --long-prefill-token-threshold 1024 --max-num-partial-prefills 4"
