@@ -418,3 +418,41 @@ def test_e_without_trace_writes_every_scrape_held_and_goes_on_recording(tmp_path
     # every scrape the session made is in the file, once, in time order
     assert [x.t_ns for x in t.scrapes] == [x.t_ns for x in held]
     assert t.meta["backfilled_from_timeline"] and t.complete
+
+
+def test_local_gpus_through_the_nvml_sampler_with_gpus_and_off_with_the_reason_without(tmp_path):
+    import numpy as np
+
+    from gpuchef.attach import AttachSession
+    from gpuchef.probes.nvml.fake import FakeNvml
+    from gpuchef.tui.app import GpuchefApp
+
+    fetch = lambda url, timeout: LOAD  # noqa: E731  (no HTTP: the scrapes read the text)
+    for gpus in ([0], None):
+        s = AttachSession(["http://127.0.0.1:9"], scrape_hz=10, gpus=gpus, sample_hz=20,
+                          nvml=FakeNvml(1, pcie_window_s=0), fetch=fetch)
+        app = GpuchefApp(s, window_s=10.0, screenshot_dir=str(tmp_path))
+        s.start()
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                scr = app.screen
+                gpu = scr.query_one("#a-gpu")
+                if gpus:
+                    assert await wait_for(pilot, lambda: len(s.timeline.snapshot().gpu_samples) > 5)
+                    await pilot.pause(0.5)
+                    assert s.gpu_available and gpu.off_reason == ""
+                    sm = gpu._frame.gpu["sm_active"]
+                    assert np.isfinite(sm).any()
+                    assert scr.query_one("#a-mem").display
+                else:
+                    await pilot.pause(0.3)
+                    assert not s.gpu_available and "no --gpus" in gpu.off_reason
+                    assert not scr.query_one("#a-mem").display
+                assert len(s.servers[0].deltas()) >= 1  # the scrapes go on either way
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
