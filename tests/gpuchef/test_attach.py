@@ -41,14 +41,31 @@ class FakeServer:
     """An aiohttp server on a free loopback port. ``text``: what /metrics answers now;
     ``status``: its HTTP status; ``routes``: extra handlers."""
 
-    def __init__(self, text: str = LOAD, status: int = 200, metrics: bool = True) -> None:
-        self.text, self.status, self.metrics = text, status, metrics
+    def __init__(self, text: str = LOAD, status: int = 200, metrics: bool = True,
+                 knobs: bool = False) -> None:
+        self.text, self.status, self.metrics, self.knobs = text, status, metrics, knobs
+        self.state = {"mode": "chunked", "max_num_batched_tokens": 512, "max_num_seqs": 64}
         self.scrapes = 0
         self.patches: list[dict] = []
 
     async def _metrics(self, request):
         self.scrapes += 1
         return web.Response(text=self.text, status=self.status)
+
+    async def _get_knobs(self, request):
+        return web.json_response(self.state)
+
+    async def _patch_knobs(self, request):
+        """Accepts budgets up to 1024 (a stand-in for the engine's own limit)."""
+        body = await request.json()
+        self.patches.append(body)
+        b = body.get("max_num_batched_tokens")
+        if b is not None and b > 1024:
+            return web.json_response({"error": {"message": f"max_num_batched_tokens={b} is "
+                                                           "above this engine's limit 1024"}},
+                                     status=400)
+        self.state.update(body)
+        return web.json_response({"accepted": body, "scheduler": self.state})
 
     async def _models(self, request):
         return web.json_response({"object": "list", "data": [
@@ -71,6 +88,9 @@ class FakeServer:
         if self.metrics:
             app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
+        if self.knobs:
+            app.router.add_get("/gpuchef/v1/scheduler", self._get_knobs)
+            app.router.add_patch("/gpuchef/v1/scheduler", self._patch_knobs)
         app.router.add_post("/v1/completions", self._cut)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -450,6 +470,36 @@ def test_local_gpus_through_the_nvml_sampler_with_gpus_and_off_with_the_reason_w
                     assert not s.gpu_available and "no --gpus" in gpu.off_reason
                     assert not scr.query_one("#a-mem").display
                 assert len(s.servers[0].deltas()) >= 1  # the scrapes go on either way
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+
+
+def test_knobs_live_through_the_knob_endpoint_and_a_refusal_is_the_servers_message(tmp_path):
+    with FakeServer(LOAD, knobs=True) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                await pilot.pause(0.3)
+                assert s.knobs_reason == "" and s.scheduler_config.max_num_batched_tokens == 512
+                await pilot.press("plus")  # budget ×2: 1024, accepted
+                await pilot.pause(0.2)
+                assert srv.patches[-1] == {"max_num_batched_tokens": 1024}
+                assert s.scheduler_config.max_num_batched_tokens == 1024
+                await pilot.press("plus")  # 2048: the server refuses, nothing changes
+                await pilot.pause(0.3)
+                assert srv.state["max_num_batched_tokens"] == 1024
+                assert any("above this engine's limit 1024" in str(n.message)
+                           for n in app._notifications)
+                await pilot.press("m")
+                await pilot.pause(0.2)
+                assert srv.state["mode"] == "continuous"
+                assert "mode continuous" in str(app.screen.query_one("#a-knobs").render())
                 await pilot.press("q")
 
         try:

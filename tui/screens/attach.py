@@ -98,6 +98,7 @@ class AttachScreen(Screen):
         self._no_steps = StepColumns()
         #: the numbers last shown, by server URL (read by tests)
         self.shown: dict[str, dict] = {}
+        self._knobs_shown: tuple | None = None
         #: index of the server the charts draw
         self.charted = 0
 
@@ -181,6 +182,10 @@ class AttachScreen(Screen):
             client = compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles).metrics \
                 if snap.requests else None
             self.numbers.show(attach_numbers_text(nums, client, s.percentiles, s.stats_window_s))
+            self._show_knobs()
+        cfg = (s.scheduler_config, s.knobs_reason)
+        if cfg != self._knobs_shown:  # a knob change shows at once, not at the next second
+            self._knobs_shown = cfg
             self._show_knobs()
         header = attach_header_text(s, int((now - s.start_ns) // 1_000_000_000))
         if header != self._header:
