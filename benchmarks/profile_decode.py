@@ -1,4 +1,6 @@
-"""Where a decode step's time goes: host vs graph replay vs logits, and GPU time per kernel kind.
+"""Where a decode step's time goes: host vs graph replay vs logits, and GPU time per kernel kind
+(and, with ``--mixed``, where a step carrying prefill tokens goes: issue 16's launch-bound
+question).
 
 For each decode batch (every request holding ``--kv-len`` tokens of KV, as in
 ``bench_engine_step.py``, whose helpers this reuses):
@@ -22,8 +24,17 @@ For each decode batch (every request holding ``--kv-len`` tokens of KV, as in
    the gaps between kernels inside the graph), and finally the ideal time per category at
    ``--mem-bw`` next to the measured one.
 
+3. ``--mixed D+P,...`` (issue 16): steps of D decodes (each at ``--kv-len``) plus one prefill
+   chunk of P fresh tokens, always eager (no graph covers them): the same phases, the forward's
+   kernels busy time against its span (busy/span well under 1 = the GPU waits on the host:
+   launch-bound, which graphs fix; near 1 = the kernels themselves), kernels per step, and the
+   ideal time max(bytes read / ``--mem-bw``, linear FLOPs / ``--peak-tflops``).
+
 Usage (H200): python benchmarks/profile_decode.py --model llama-3-8b --json OUT.json [--trace-dir DIR]
-        (CPU smoke test): python benchmarks/profile_decode.py --model tiny --device cpu --batches 1,2
+              python benchmarks/profile_decode.py --model llama-3-8b --batches 32 \
+                  --mixed 0+16,0+128,0+512,0+2048,16+112,64+448 --json OUT.json
+        (CPU smoke test): python benchmarks/profile_decode.py --model tiny --device cpu --batches 1,2 \
+                  --mixed 0+16,4+32
 On the CPU there are no graphs and no kernels: the "kernels" are the outermost aten ops under the
 labels, timed on the CPU, so the bookkeeping is exercised; the numbers mean nothing.
 """
@@ -173,6 +184,8 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
     runner = eng.runner
     gr = runner.graphs
     clock = Clock(runner.is_cuda)
+    if out.prefills:  # no graph covers a step with prefill tokens: it runs eagerly
+        gr = None
     reqs = out.decodes
     B = len(reqs)
     h0 = time.perf_counter()
@@ -192,6 +205,7 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
         else:
             batch = runner.prepare(out)
             meta = batch.meta
+            reqs = batch.sample_reqs
     h1 = time.perf_counter()
     with label("plan", labels):
         runner.attn.begin_step(meta)
@@ -498,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30, help="timed steps per batch")
     ap.add_argument("--prof-iters", type=int, default=5, help="profiled steps per batch and mode")
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
+    ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 matmul ceiling")
+    ap.add_argument("--mixed", default="",
+                    help="steps with prefill: D+P,... (D decodes at --kv-len + one P-token chunk)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-dir", default=None,
                     help="write one chrome trace per batch (one graph step + one eager step)")
@@ -517,10 +534,19 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{stage}: {done}/{total}")
 
     batches = [int(x) for x in a.batches.split(",") if x]
+    try:
+        mixed = [tuple(int(v) for v in x.split("+")) for x in a.mixed.split(",") if x]
+        if any(len(m) != 2 or m[0] < 0 or m[1] < 1 for m in mixed):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--mixed {a.mixed!r}: expected D+P pairs (decodes ≥ 0, prefill tokens ≥ 1), "
+                 "e.g. 0+128,16+112")
     bs = 16
-    blocks = max(batches) * cdiv(a.kv_len + 1, bs) + 64
+    blocks = max([*batches, *(d for d, _ in mixed), 1]) * cdiv(a.kv_len + 1, bs) + 64 \
+        + max((cdiv(p, bs) for _, p in mixed), default=0)
+    max_len = max([a.kv_len, *(p for _, p in mixed)]) + 1
     eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
-                                 attention_backend=a.attention_backend, max_model_len=a.kv_len + 1,
+                                 attention_backend=a.attention_backend, max_model_len=max_len,
                                  cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)),
                     progress=progress)
     mc = eng.model_config
@@ -630,6 +656,39 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  NOTE ({mode} profile): {note}")
         print_table(res, a.mem_bw)
 
+    mixed_results = []
+    for d, p in mixed:
+        def mixed_step(d=d, p=p) -> SchedulerOutput:
+            eng.kv.pool = BlockPool(eng.kv.num_blocks)
+            dec = [make_req(eng, i, a.kv_len, 1) for i in range(d)]
+            return SchedulerOutput(decodes=dec, prefills=[(make_req(eng, d, 0, p), p)])
+        say(f"mixed {d}+{p}: timing and profiling (eager)")
+        out = mixed_step()
+        wall = time_step(eng, out, a.iters)
+        phases = time_phases(eng, out, a.iters)
+        notes: list[str] = []
+        prof = summarize(profile_steps(eng, out, a.prof_iters, notes))
+        byt = category_bytes(mc, itemsize, d, a.kv_len)
+        lm = byt.get("lm_head", 0) // itemsize
+        lin = lin_bytes // itemsize - lm
+        flops = 2 * lin * (d + p) + 2 * lm * (d + 1)  # attention's FLOPs left out
+        ideal = max((lin_bytes + byt["attention"]) / a.mem_bw, flops / (a.peak_tflops * 1e12)) * 1e3
+        fb, fs = prof["forward_busy_us"], prof["forward_span_us"]
+        mixed_results.append(dict(decodes=d, prefill_tokens=p, kv_len=a.kv_len, wall_ms=wall,
+                                  ideal_ms=ideal, phases=phases, eager_profile=prof, notes=notes))
+        ph = phases
+        print(f"\n=== mixed step: {d} decodes (KV {a.kv_len}) + {p} prefill tokens, eager: wall "
+              f"{wall:.3f} ms, ideal {ideal:.3f} ms ({100 * ideal / wall:.1f}%) ===")
+        print(f"  phased: host inputs {ph['host_inputs_ms']:.3f} + plan {ph['host_plan_ms']:.3f} "
+              f"+ GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}, logits "
+              f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
+        print(f"  forward kernels: {prof['forward_kernels_per_step']:.0f}/step, busy "
+              f"{fb / 1e3:.3f} ms of a {fs / 1e3:.3f} ms span"
+              + (f" ({100 * fb / fs:.0f}% busy: {'launch-bound' if fb < 0.7 * fs else 'kernel-bound'})"
+                 if fs > 0 else ""))
+        for note in notes:
+            print(f"  NOTE: {note}")
+
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(header=head, args=vars(a), mem_bw=a.mem_bw,
@@ -638,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
                                       q_size=mc.q_size, kv_size=mc.kv_size, vocab=mc.vocab_size,
                                       itemsize=itemsize, weight_bytes=eng.loaded.weight_bytes,
                                       decode_weight_bytes=lin_bytes),
-                           device=str(eng.device), cuda=cuda, batches=results), f, indent=2)
+                           device=str(eng.device), cuda=cuda, batches=results,
+                           mixed=mixed_results), f, indent=2)
         say(f"wrote {a.json}")
     return 0
 
