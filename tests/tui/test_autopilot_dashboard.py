@@ -102,6 +102,8 @@ def test_toggle_by_key_field_and_palette_and_bad_targets_are_refused(engine):
             await pilot.press("b")
             assert await reaches(pilot, s, DEFAULT_AUTO_BUDGET)
             assert s.scheduler_config.auto_budget == DEFAULT_AUTO_BUDGET
+            assert engine.scheduler_config.auto_budget == DEFAULT_AUTO_BUDGET  # the engine's own
+            assert engine.scheduler.autopilot is not None
             ev = knob_events(s)
             assert [(e.old, e.new) for e in ev] == [("", DEFAULT_AUTO_BUDGET)]
             first = next(x for x in s.timeline.snapshot().steps if x.step == ev[0].step)
@@ -154,6 +156,7 @@ def test_toggle_by_key_field_and_palette_and_bad_targets_are_refused(engine):
             assert await reaches(pilot, s, "itl_p99:100ms,ttft_p99:3000ms")
             await palette(pilot, "auto off")
             assert await reaches(pilot, s, "")
+            assert engine.scheduler_config.auto_budget == ""
             assert [e.new for e in knob_events(s)] == [
                 DEFAULT_AUTO_BUDGET, "itl_p50:80ms", "itl_p99:100ms,ttft_p99:3000ms", "",
                 "itl_p99:100ms,ttft_p99:3000ms", ""]
