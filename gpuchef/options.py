@@ -129,20 +129,21 @@ _HTTP_BASE = (
 _HTTP_CLIENT = (
     click.option("--endpoint", default="/v1/completions", show_default=True,
                  type=click.Choice(["/v1/completions", "/v1/chat/completions"]),
-                 help="With --base-url: the API; chat needs --tokenizer (it sends text)."),
+                 help="With --base-url or --attach: the API; chat needs --tokenizer (it sends "
+                      "text)."),
     click.option("--max-concurrency", default=None, type=int,
-                 help="With --base-url: at most this many requests in flight (later arrivals "
-                      "wait in the client; probes bypass it)."),
+                 help="With --base-url or --attach: at most this many requests in flight "
+                      "(later arrivals wait in the client; probes bypass it)."),
     click.option("--ramp-up-strategy", default=None, type=click.Choice(["linear", "exponential"]),
-                 help="With --base-url, random dataset: ramp the request rate from "
+                 help="With --base-url or --attach, random dataset: ramp the request rate from "
                       "--ramp-up-start-rps to --ramp-up-end-rps over the requests."),
     click.option("--ramp-up-start-rps", default=None, type=int, help="Ramp-up start rate (req/s)."),
     click.option("--ramp-up-end-rps", default=None, type=int, help="Ramp-up end rate (req/s)."),
     click.option("--vocab-size", default=None, type=int,
-                 help="With --base-url: vocabulary size for token-id prompts (default: the "
-                      "tokenizer's, else the server's /v1/models when it says)."),
+                 help="With --base-url or --attach: vocabulary size for token-id prompts "
+                      "(default: the tokenizer's, else the server's /v1/models when it says)."),
     click.option("--request-timeout", default=600.0, show_default=True, type=float,
-                 help="With --base-url: seconds a request may take, end to end."),
+                 help="With --base-url or --attach: seconds a request may take, end to end."),
 )
 _HTTP_AUTH = (
     click.option("--api-key", default=None,

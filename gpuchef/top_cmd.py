@@ -308,7 +308,10 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
         if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
             o["request_rate"] = str(GPU_RANDOM_RATE)  # not inf: a live load, not all at once
         o.setdefault("result_json", None)
-        load = prepare_http_load(o, base_url=urls[0])
+        try:
+            load = prepare_http_load(o, base_url=urls[0])
+        except ConfigError as e:  # bench's words name its flag: here the URL is --attach's
+            raise ConfigError(str(e).replace("--base-url ", "--attach ")) from None
         err.print(f"[dim]{len(load.specs)} requests to {escape(load.cfg.api_url)} "
                   f"({escape(load.desc)})[/dim]")
     session = AttachSession(urls, scrape_hz=o["scrape_hz"], gpus=gpus,

@@ -276,7 +276,7 @@ def test_load_to_an_unreachable_server_is_refused_before_start(tmp_path):
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     sock.close()
-    with pytest.raises(ConfigError, match="cannot connect"):
+    with pytest.raises(ConfigError, match=f"--attach {url}: cannot connect"):
         build(["--attach", url, "--dataset", "random", "--num-prompts", "3"])
 
 
@@ -506,3 +506,12 @@ def test_knobs_live_through_the_knob_endpoint_and_a_refusal_is_the_servers_messa
             asyncio.run(go())
         finally:
             s.close()
+
+
+def test_headless_bad_attach_is_one_error_line_and_exit_2():
+    from serve_proc import run_cli
+
+    r = run_cli("top", "--attach", "http://127.0.0.1:1", "--serve", timeout=60)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: --serve does not apply with --attach")
