@@ -515,3 +515,31 @@ def test_headless_bad_attach_is_one_error_line_and_exit_2():
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: --serve does not apply with --attach")
+
+
+def test_sglang_server_queue_from_its_names_and_the_batch_panel_says_it_has_no_source(tmp_path):
+    text = (DATA / "sglang_metrics.txt").read_text()  # built from SGLang's documented names
+    with FakeServer(text) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                assert await wait_for(pilot, lambda: len(s.servers[0].deltas()) >= 1)
+                await pilot.pause(1.2)
+                scr = app.screen
+                assert s.servers[0].kind == "sglang"
+                want = (_value(text, "sglang:num_running_reqs"), _value(text, "sglang:num_queue_reqs"))
+                got = (scr.shown[srv.url]["running"], scr.shown[srv.url]["waiting"])
+                assert got == want
+                batch = scr.query_one("#a-batch")
+                line = batch._strips[0].text
+                assert "no source" in line and "no per-iteration token histogram" in line
+                queue = scr.query_one("#a-queue")._strips[0].text
+                assert "no source" not in queue
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
