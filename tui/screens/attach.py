@@ -73,7 +73,7 @@ class AttachScreen(Screen):
     BINDINGS = [Binding("v", "next_server", "server")]
     DEFAULT_CSS = """
     AttachScreen { layout: vertical; background: #0b0e14; }
-    #a-header { height: auto; background: #1b2130; }
+    #a-header { height: auto; background: #1b2130; text-wrap: nowrap; text-overflow: ellipsis; }
     #a-body { height: 1fr; }
     #a-waves { width: 1fr; }
     #a-side { width: 60; background: #11151c; border-left: vkey #2a3142; }
