@@ -543,3 +543,33 @@ def test_sglang_server_queue_from_its_names_and_the_batch_panel_says_it_has_no_s
             asyncio.run(go())
         finally:
             s.close()
+
+
+def test_two_servers_one_band_each_in_the_charts(tmp_path):
+    with FakeServer(LOAD) as a, FakeServer(AFTER) as b:
+        app = build(["--attach", a.url, "--attach", b.url, "--scrape-hz", "10",
+                     "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 60)) as pilot:
+                assert await wait_for(pilot, lambda: all(x.deltas() for x in s.servers))
+                await pilot.pause(0.5)
+                rows = [st.text for st in app.screen.query_one("#a-queue")._strips]
+                ia = next(i for i, r in enumerate(rows) if r.startswith(" 1: " + a.url[7:]))
+                ib = next(i for i, r in enumerate(rows) if r.startswith(" 2: " + b.url[7:]))
+                assert ia < ib
+                band_a, band_b = "\n".join(rows[ia:ib]), "\n".join(rows[ib:])
+                ra = int(_value(LOAD, "vllm:num_requests_running"))
+                rb = int(_value(AFTER, "vllm:num_requests_running"))
+                assert f"R {ra}" in band_a and f"R {rb}" in band_b and ra != rb
+                await pilot.press("v")  # the order rotates
+                await pilot.pause(0.3)
+                rows = [st.text for st in app.screen.query_one("#a-queue")._strips]
+                assert any(r.startswith(" 1: " + b.url[7:]) for r in rows)
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()

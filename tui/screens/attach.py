@@ -67,8 +67,8 @@ def attach_header_text(s, elapsed_s: int) -> Text:
 
 
 class AttachScreen(Screen):
-    """``v`` cycles the server the charts draw (several ``--attach``); the numbers panel shows
-    every server, one column each."""
+    """Several ``--attach``: each chart has one band per server (the first alone when they do
+    not fit) and ``v`` rotates their order; the numbers panel has one column per server."""
 
     BINDINGS = [Binding("v", "next_server", "server")]
     DEFAULT_CSS = """
@@ -161,12 +161,17 @@ class AttachScreen(Screen):
         cols = self.scrape_panels[0].size.width - GUTTER_L - GUTTER_R
         if cols > 0:
             grid = TimeGrid.ending_at(now, s.start_ns, app.window_s, cols)
-            srv = s.servers[self.charted % len(s.servers)]
-            f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz)
-            if len(s.servers) > 1:  # the titles say whose charts these are
-                f.server = f"{srv.url.split('//', 1)[-1]} ({self.charted + 1}/{len(s.servers)}, v)"
+            n = len(s.servers)
+            order = [s.servers[(self.charted + k) % n] for k in range(n)]  # v rotates it
+            frames = []
+            for k, srv in enumerate(order):
+                f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz)
+                f.url_label = srv.url.split("//", 1)[-1]
+                if n > 1:  # the titles say whose chart is on top (or alone, when short)
+                    f.server = f"{f.url_label} first ({self.charted + 1}/{n}, v)"
+                frames.append(f)
             for p in self.scrape_panels:
-                p.set_frame(f)
+                p.set_frames(frames)
             if self._gpu_on:
                 snap = s.timeline.snapshot(now)
                 self.gpus.extend(snap)

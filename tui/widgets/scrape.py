@@ -23,9 +23,9 @@ from textual.widgets import Static
 from gpuchef.probes.scrape import ScrapeDelta, bucket_quantile
 
 from .. import theme
-from ..chart import Cells, fmt_num, last_value, style, text_strip
+from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
 from ..plotdata import TimeGrid, nice_max
-from .waveforms import BG, ChartPanel, _gutter, _right
+from .waveforms import BG, MIN_COLS, ChartPanel, _gutter, _right
 
 NAN = float("nan")
 #: per-interval series a frame holds, and where each comes from in a ScrapeDelta
@@ -56,13 +56,19 @@ class ScrapeFrame:
     latest: ScrapeDelta | None = None
     markers: tuple = ()
     server: str = ""  # named in the titles when several servers are attached
+    url_label: str = ""  # host:port, the label of this server's band
 
     def get(self, name: str) -> np.ndarray:
         return self.series.get(name, np.full(self.grid.cols, NAN))
 
     def has(self, name: str) -> bool:
-        return bool(np.isfinite(self.get(name)).any()) or (
-            self.latest is not None and _value(self.latest, name) is not None)
+        """The server exports this series (a histogram with no observation yet counts)."""
+        if np.isfinite(self.get(name)).any():
+            return True
+        d = self.latest
+        if d is None:
+            return False
+        return name in d.gauges or name in d.rates or name in d.hist_count
 
 
 def _value(d: ScrapeDelta, name: str) -> float | None:
@@ -143,9 +149,37 @@ class ScrapePanel(ChartPanel):
     def off_text(self, f: ScrapeFrame) -> str:
         return f"{f.kind} server: no {', '.join(self.NEEDS)} series in its /metrics"
 
+    #: fewest rows a server's band takes (its label row + the chart) before the panel falls
+    #: back to the first server alone
+    MIN_BAND = 4
+    frames: tuple[ScrapeFrame, ...] = ()
+
+    def set_frames(self, frames: Sequence[ScrapeFrame]) -> None:
+        """Several servers: one band each (a label row, then the chart at its own scale), when
+        they fit at ``MIN_BAND`` rows; else the first alone."""
+        self.frames = tuple(frames)
+        self.set_frame(self.frames[0])
+
     def _rebuild(self) -> None:
         f = self._frame
         w, h = self.size.width, self.size.height
+        n = len(self.frames)
+        cols = w - GUTTER_L - GUTTER_R
+        if n > 1 and w > 0 and cols >= MIN_COLS and (h - 1) // n >= self.MIN_BAND:
+            rows = [self.title_strip(w)]
+            band = (h - 1) // n
+            for i, fr in enumerate(self.frames):
+                bh = band if i < n - 1 else h - 1 - band * (n - 1)
+                label = [(f" {i + 1}: {fr.url_label} ", style(theme.TITLE, "#1b2130", bold=True)),
+                         (f" {fr.kind}", style(theme.LABEL, BG))]
+                if self.NEEDS and not any(fr.has(x) for x in self.NEEDS):
+                    label.append((f"  ⊘ no source — {self.off_text(fr)}", style(theme.LABEL, BG)))
+                    rows += [text_strip(label, w, BG)] + [Strip.blank(w, style(bg=BG))] * (bh - 1)
+                    continue
+                rows.append(text_strip(label, w, BG))
+                rows += self.draw(fr, cols, bh - 1)
+            self._publish(rows, w, h)
+            return
         if f is not None and self.NEEDS and w > 0 and not any(f.has(n) for n in self.NEEDS):
             parts = [(" ▍", style(theme.AXIS, BG)), (self.TITLE, style(theme.TITLE, BG, bold=True)),
                      ("  ⊘ no source — ", style(theme.PREEMPTED, BG, bold=True)),
