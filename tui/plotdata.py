@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpuchef.engine_host.autopilot import ERROR_ENTER
-from gpuchef.engine_host.config import AUTO_BUDGET
+from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
@@ -225,6 +225,12 @@ class AutopilotStatus:
     def of(cls, s: StepRecord) -> "AutopilotStatus":
         return cls(s.auto_budget, s.autopilot_state, s.fit_error, s.prefill_allowance,
                    s.predicted_ms, s.wall_ms, s.max_num_batched_tokens)
+
+    @property
+    def itl_target_ms(self) -> float:
+        """The ITL target in force (ms; NaN when off), from ``auto_budget``."""
+        spec = parse_auto_budget(self.auto_budget) if self.auto_budget else None
+        return spec.itl_ms if spec else NAN
 
     @property
     def error_text(self) -> str:

@@ -247,3 +247,25 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
         asyncio.run(go())
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("state, fit_error, says", [
+    ("steering", 0.07, ["steering itl_p99:50ms: fitted, err 7 %"]),
+    ("fallback", 0.62, ["fallback: static budget 2048", "err 62 %", "≤ 30%"]),
+    ("learning", -1.0, ["learning: not fitted", "err –", "budget 2048"]),
+    ("", -1.0, ["off: the static budget"]),
+])
+def test_status_line_names_the_state_the_budget_and_the_error(state, fit_error, says):
+    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.tui.plotdata import AutopilotStatus
+
+    rec = StepRecord(1, 0, 10**6, 1.0, "chunked", 2048, 256, 0, 1, 1, 64, 2, 0, 3, 0, 0, 5, 100,
+                     auto_budget="itl_p99:50ms" if state else "", autopilot_state=state,
+                     fit_error=fit_error, prefill_allowance=64 if state else -1)
+    st = AutopilotStatus.of(rec)
+    for s in says:
+        assert s in st.line(), (s, st.line())
+    if state:
+        assert st.itl_target_ms == 50.0
+    else:
+        assert math.isnan(st.itl_target_ms)  # off: no target line

@@ -69,7 +69,7 @@ class MainScreen(Screen):
     StepPanel { height: 1fr; min-height: 6; }
     BatchPanel { height: 1fr; min-height: 6; }
     QueueKvPanel { height: 1fr; min-height: 7; }
-    StepTimePanel { height: 5; }
+    StepTimePanel { height: 7; }
     TimeAxis { height: 3; }
     NumbersPanel, ControlsPanel { border-top: solid #3a4356; border-title-color: #d8dee9; }
     #hints { height: 1; display: none; background: #1b2130; }

@@ -256,12 +256,12 @@ class BatchPanel(ChartPanel):
 class StepTimePanel(ChartPanel):
     """The autopilot's step-time model against the engine: each slice's actual step time
     (``StepRecord.wall_ms``, mean of the steps ending there, bars) under the model's prediction
-    for the same steps (``predicted_ms``, ━), and in the title the controller's status from the
-    newest step (``autopilot_state``, ``fit_error``: the model's tracked mean relative error,
-    the number its fallback rule uses)."""
+    for the same steps (``predicted_ms``, ━) and its ITL target (╌), and in the title the
+    controller's status from the newest step (``autopilot_state``, ``fit_error``: the model's
+    tracked mean relative error, the number its fallback rule uses)."""
 
     TITLE = "Autopilot step time"
-    UNIT = "ms, actual (bars) vs predicted (━)"
+    UNIT = "ms: actual (bars), predicted ━, ITL target ╌"
     SOURCE = "StepRecord wall_ms, predicted_ms"
 
     def title_parts(self) -> list[tuple[str, Style]]:
@@ -284,23 +284,32 @@ class StepTimePanel(ChartPanel):
         act = self.fit(f.step_ms, cols) if f.step_ms is not None else np.full(cols, np.nan)
         pred = (self.fit(f.predicted_ms, cols) if f.predicted_ms is not None
                 else np.full(cols, np.nan))
-        vals = np.concatenate([act[np.isfinite(act)], pred[np.isfinite(pred)]])
-        top = nice_max(float(vals.max()) if len(vals) else 0.0, 1)
+        hp = np.isfinite(pred)
+        # the scale is the predicted steps' (a step before the model, e.g. a whole prompt in
+        # continuous mode, is drawn clipped rather than flattening the comparison)
+        vals = np.concatenate([act[np.isfinite(act) & hp] if hp.any() else act[np.isfinite(act)],
+                               pred[hp]])
+        vmax = float(vals.max()) if len(vals) else 0.0
+        ap = f.autopilot
+        target = ap.itl_target_ms if ap else float("nan")
+        if target == target and target <= 3 * vmax:  # in scale unless it would squash the data
+            vmax = max(vmax, target)
+        top = nice_max(vmax, 1)
         c = Cells(h, cols, [])
         c.stacked([np.nan_to_num(act) / top * h], [theme.STEP_ACTUAL])
         c.hline(pred / top * h, theme.ALLOWANCE, char="━", over=True)
-        if not np.isfinite(pred).any():
+        if target == target and target <= top:
+            c.hline(np.full(cols, target / top * h), theme.BUDGET)
+        if not hp.any():
             msg = "no prediction yet (the model predicts from its 24th step)"[:cols]
             c.chars[0, :len(msg)] = list(msg)
             c.fg[0, :len(msg)] = c.colour(theme.AXIS)
         c.markers(self.marker_cols(f, cols))
-        ap = f.autopilot
         a = ap.wall_ms if ap else float("nan")
         pr = ap.predicted_ms if ap and ap.predicted_ms >= 0 else float("nan")
+        # the newest step's (the fit error is in the title)
         right = _right(h, [("pred", theme.ALLOWANCE), (fmt_num(pr, "ms"), theme.ALLOWANCE),
-                           ("actual", theme.STEP_ACTUAL), (fmt_num(a, "ms"), theme.STEP_ACTUAL),
-                           ("fit err", theme.LABEL),
-                           (ap.error_text if ap else "–", theme.TITLE)])
+                           ("actual", theme.STEP_ACTUAL), (fmt_num(a, "ms"), theme.STEP_ACTUAL)])
         return c.strips(_gutter(h, fmt_num(top), "0", {h // 2: fmt_num(top / 2)} if h >= 5
                                 else None), right, BG)
 
