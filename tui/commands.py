@@ -8,7 +8,8 @@ Typed forms (short or vLLM knob names; values as in the controls panel):
   targets, ``--auto-budget``'s form)
 * ``rate 3`` (req/s, or × for a trace)
 * ``window 60`` (seconds of waveform)
-* ``ab mode=chunked vs mode=continuous``, ``ab budget=2048 vs budget=512 window=20``
+* ``ab mode=chunked vs mode=continuous``, ``ab budget=2048 vs budget=512 window=20``,
+  ``ab budget=1024 vs auto=itl_p99:50ms,ttft_p99:2s`` (the autopilot's targets keep their comma)
 
 A value the engine would refuse shows its error in the palette; choosing it shows the message and
 changes nothing.
@@ -24,7 +25,7 @@ from typing import Any
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, parse_auto_budget,
-                                        parse_knob, parse_mode)
+                                        parse_knob, parse_mode, parse_value)
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 
@@ -34,6 +35,8 @@ SHORT_TO_KNOB = {
     "seqs": "max_num_seqs",
     "partial": "max_num_partial_prefills",
     "mode": "mode",
+    "auto": AUTO_BUDGET,
+    AUTO_BUDGET: AUTO_BUDGET,
     **{k: k for k in KNOBS},
 }
 
@@ -46,18 +49,26 @@ def parse_setting(text: str) -> dict[str, Any]:
     """``"mode=continuous, budget=512"`` → ``{"mode": "continuous", "max_num_batched_tokens":
     512}``. Raises ConfigError naming a bad pair, knob or value."""
     out: dict[str, Any] = {}
-    for pair in re.split(r"[,\s]+", text.strip()):
-        if not pair:
+    pairs: list[str] = []
+    for piece in re.split(r"[,\s]+", text.strip()):
+        if not piece:
             continue
+        # "auto=itl_p99:50ms,ttft_p99:2s": a target after the autopilot's pair is part of it
+        if ("=" not in piece and ":" in piece and pairs
+                and knob_name(pairs[-1].partition("=")[0]) == AUTO_BUDGET):
+            pairs[-1] += "," + piece
+        else:
+            pairs.append(piece)
+    for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep:
             raise ConfigError(f"A/B setting {pair!r} is not KNOB=VALUE (e.g. budget=512, "
                               f"mode=continuous)")
         name = knob_name(k)
         if name is None:
-            raise ConfigError(f"unknown knob {k!r}: use mode, budget, chunk, seqs, partial or "
-                              f"{', '.join(KNOBS)}")
-        out[name] = parse_mode(v) if name == "mode" else parse_knob(name, v)
+            raise ConfigError(f"unknown knob {k!r}: use mode, budget, chunk, seqs, partial, auto "
+                              f"or {', '.join(KNOBS)}")
+        out[name] = parse_value(name, v)
     if not out:
         raise ConfigError("an A/B setting names no knob (e.g. mode=continuous)")
     return out

@@ -269,3 +269,19 @@ def test_status_line_names_the_state_the_budget_and_the_error(state, fit_error, 
         assert st.itl_target_ms == 50.0
     else:
         assert math.isnan(st.itl_target_ms)  # off: no target line
+
+
+def test_palette_ab_takes_the_autopilot_with_its_comma():
+    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.tui.commands import parse_ab
+
+    a, b, w = parse_ab("budget=1024 vs auto=itl_p99:50ms,ttft_p99:2s, budget=2048 window=5")
+    assert a == {"max_num_batched_tokens": 1024}
+    assert b == {AUTO_BUDGET: parse_value(AUTO_BUDGET, "itl_p99:50ms,ttft_p99:2s"),
+                 "max_num_batched_tokens": 2048} and w == 5
+    a, b, _ = parse_ab("auto_budget=itl_p50:80ms vs auto=off")
+    assert a == {AUTO_BUDGET: "itl_p50:80ms"} and b == {AUTO_BUDGET: ""}
+    for bad, msg in (("auto=itl_p99:0ms vs budget=512", "out of range"),
+                     ("auto=itl_p99:100ms,ttft_p99:50ms vs budget=512", "below one step")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_ab(bad)
