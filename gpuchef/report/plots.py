@@ -300,13 +300,18 @@ def waveforms_figure(view: TraceView, span_s: float | None = None,
                 label="largest step")
         ax.plot(mids, bud, drawstyle="steps-mid", color="#B03A2E", lw=1.0, ls="--",
                 label="budget (max_num_batched_tokens)")
+        ap = autopilot_series(view, span_s)  # the same bins (span, step start)
+        if ap is not None:
+            ax.plot(mids, ap["allowance"], drawstyle="steps-mid", color=ALLOWANCE, lw=0.9,
+                    label="prefill allowance (autopilot, mean)")
         top = token_ylim or np.nanmax(np.concatenate([mx, bud])) * 1.5
         ax.set_yscale("log")
         ax.set_ylim(0.5, top if math.isfinite(top) and top > 1 else 10)
         ax.legend(**_LEGEND)
     ax.set_ylabel("tokens (log)")
     ax.set_title("Tokens per step: prefill and decode (mean per bin, stacked), largest step, "
-                 "token budget")
+                 "token budget" + (", the autopilot's prefill allowance"
+                                   if n and autopilot_absent(view) is None else ""))
 
     ax = ax_of["Queue"]
     if n:

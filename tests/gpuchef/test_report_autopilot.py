@@ -99,6 +99,10 @@ def test_series_and_figure_are_the_records(traces):
     _same(lines["actual step time (wall_ms)"], want["wall"])
     _same(lines["predicted (predicted_ms)"], want["pred"])
     _same(lines["fit error (the model's tracked mean relative error)"], want["err"])
+    # and the waveforms' tokens-per-step panel carries the same allowance
+    wf, _ = plots.waveforms_figure(v)
+    tok = {ln.get_label(): ln.get_ydata() for a in wf.axes for ln in a.get_lines()}
+    _same(tok["prefill allowance (autopilot, mean)"], want["allow"])
 
 
 def test_html_has_the_autopilot_figure_only_where_it_ran(traces, tmp_path):
@@ -119,6 +123,8 @@ def test_a_trace_without_autopilot_steps_has_none_and_says_why(traces):
     v = _view(traces["off"])
     assert "off throughout" in plots.autopilot_absent(v)
     assert plots.autopilot_series(v) is None and plots.autopilot(v) is None
+    wf, _ = plots.waveforms_figure(v)
+    assert not any("allowance" in ln.get_label() for a in wf.axes for ln in a.get_lines())
 
 
 def test_autopilot_on_in_continuous_mode_is_said_idle(tmp_path):
