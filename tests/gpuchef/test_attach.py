@@ -573,3 +573,26 @@ def test_two_servers_one_band_each_in_the_charts(tmp_path):
             asyncio.run(go())
         finally:
             s.close()
+
+
+def test_narrow_terminal_hides_the_side_panel_and_n_shows_it(tmp_path):
+    with FakeServer(LOAD) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(80, 24)) as pilot:
+                await pilot.pause(0.5)
+                scr = app.screen
+                side, waves = scr.query_one("#a-side"), scr.query_one("#a-waves")
+                assert not side.display or side.size.width == 0
+                assert waves.size.width == 80
+                await pilot.press("n")
+                await pilot.pause(0.3)
+                assert side.size.width == 80 and waves.size.width == 0
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()

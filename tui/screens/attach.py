@@ -71,6 +71,8 @@ class AttachScreen(Screen):
     not fit) and ``v`` rotates their order; the numbers panel has one column per server."""
 
     BINDINGS = [Binding("v", "next_server", "server")]
+    #: below 120 columns the side panel is hidden and ``n`` shows it in place of the charts
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     DEFAULT_CSS = """
     AttachScreen { layout: vertical; background: #0b0e14; }
     #a-header { height: auto; background: #1b2130; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -86,6 +88,10 @@ class AttachScreen(Screen):
     TokenRatePanel { height: 1fr; min-height: 6; }
     BatchEstimatePanel { height: 1fr; min-height: 6; }
     ServerLatencyPanel { height: 1fr; min-height: 6; }
+    AttachScreen.-narrow #a-side { display: none; }
+    AttachScreen.-narrow.-side-on #a-side { display: block; width: 1fr; border-left: none; }
+    AttachScreen.-narrow.-side-on #a-waves { display: none; }
+    AttachScreen.-wide.-side-on #a-side { display: none; }
     """
 
     def __init__(self, **kw) -> None:
@@ -196,6 +202,11 @@ class AttachScreen(Screen):
         if header != self._header:
             self._header = header
             self.query_one("#a-header", Static).update(header)
+
+    def toggle_side(self) -> None:
+        """``n``: the numbers/knobs panel off on a wide terminal; on a narrow one, where it is
+        hidden, shown full width in place of the charts."""
+        self.set_class(not self.has_class("-side-on"), "-side-on")
 
     def action_next_server(self) -> None:
         n = len(self.app.session.servers)
