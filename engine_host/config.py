@@ -22,13 +22,17 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class KnobSpec:
-    """One live knob: its type and allowed closed range ``[lo, hi]``."""
+    """One live knob: its type and allowed closed range ``[lo, hi]``, and its names: ``name``
+    (vLLM's ``SchedulerConfig`` field), ``flag`` (vLLM's flag spelling), ``short`` (the word typed
+    in the palette and A/B specs) and ``label`` (what the dashboard, header and report show)."""
 
     name: str
     lo: int
     hi: int
     help: str
     flag: str  # vLLM's flag spelling
+    short: str
+    label: str
 
 
 # Upper bounds are sanity limits (a knob typed with an extra zero is refused, not obeyed).
@@ -36,18 +40,19 @@ KNOBS: dict[str, KnobSpec] = {
     k.name: k
     for k in (
         KnobSpec("max_num_batched_tokens", 1, 1 << 20, "token budget per step (tokens)",
-                 "--max-num-batched-tokens"),
-        KnobSpec("max_num_seqs", 1, 4096, "cap on running requests", "--max-num-seqs"),
+                 "--max-num-batched-tokens", "budget", "budget"),
+        KnobSpec("max_num_seqs", 1, 4096, "cap on running requests", "--max-num-seqs",
+                 "seqs", "max seqs"),
         KnobSpec("long_prefill_token_threshold", 0, 1 << 20,
                  "chunk size: cap on one request's prefill tokens per step (0 = the budget)",
-                 "--long-prefill-token-threshold"),
+                 "--long-prefill-token-threshold", "chunk", "chunk"),
         KnobSpec("max_num_partial_prefills", 1, 4096,
                  "prompts that may be left mid-prefill at once (chunked mode)",
-                 "--max-num-partial-prefills"),
+                 "--max-num-partial-prefills", "partial", "partial"),
         KnobSpec("max_long_partial_prefills", 1, 4096,
                  "of the partial prefills, how many may be long prompts (over "
                  "long_prefill_token_threshold), so short ones pass them (chunked mode)",
-                 "--max-long-partial-prefills"),
+                 "--max-long-partial-prefills", "long_partial", "long partial"),
     )
 }
 
@@ -162,8 +167,7 @@ def parse_knob(name: str, value: Any) -> int:
     """
     spec = KNOBS.get(name)
     if spec is None:
-        raise ConfigError(f"unknown knob {name!r}; knobs are: {', '.join(KNOBS)}, mode, "
-                          f"{AUTO_BUDGET}")
+        raise ConfigError(f"unknown knob {name!r}; knobs are: {field_names()}")
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}")
     if isinstance(value, str):
@@ -182,6 +186,114 @@ def parse_knob(name: str, value: Any) -> int:
     if not spec.lo <= value <= spec.hi:
         raise ConfigError(f"{name}={value} is out of range: allowed [{spec.lo}, {spec.hi}]")
     return value
+
+
+# ---- names: one table (KNOBS + SETTINGS) for flags, palette, A/B specs, labels, messages ----------
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """A live setting of SchedulerConfig that is not an integer knob (``mode``, ``auto_budget``):
+    its names as in KnobSpec, plus ``aliases`` (other words typed for it)."""
+
+    name: str
+    help: str
+    flag: str
+    short: str
+    label: str
+    aliases: tuple[str, ...] = ()
+
+
+#: ``mode`` and ``auto_budget``: KNOBS's sibling table (their values are parsed by parse_value).
+SETTINGS: dict[str, SettingSpec] = {
+    s.name: s
+    for s in (
+        SettingSpec("mode", "continuous (prefill-first, whole prompts) or chunked (decode-first, "
+                    "token budget)", "--mode", "mode", "mode"),
+        SettingSpec(AUTO_BUDGET, "the autopilot's targets, e.g. itl_p99:50ms,ttft_p99:2s, or off",
+                    "--auto-budget", "auto", "autopilot", aliases=("autopilot",)),
+    )
+}
+
+
+def _spellings(spec: KnobSpec | SettingSpec) -> tuple[str, ...]:
+    """Every word accepted for ``spec`` (normalised as setting_name normalises)."""
+    return (spec.name, spec.short, spec.flag.lstrip("-").replace("-", "_"),
+            *getattr(spec, "aliases", ()))
+
+
+_BY_WORD: dict[str, str] = {w: spec.name for spec in (*KNOBS.values(), *SETTINGS.values())
+                            for w in _spellings(spec)}
+
+
+def setting_name(word: str) -> str | None:
+    """The SchedulerConfig field (``max_num_batched_tokens``, ``mode``, ``auto_budget``) that
+    ``word`` names, or None. Accepted: the field name, vLLM's flag (``--max-num-batched-tokens``,
+    dashes or not), the short name (``budget``, ``long-partial``) and aliases (``autopilot``);
+    case and ``-``/``_`` do not matter."""
+    return _BY_WORD.get(str(word).strip().lstrip("-").lower().replace("-", "_"))
+
+
+def setting_label(name: str) -> str:
+    """The display label of a setting (``max seqs``, ``autopilot``); ``name`` itself if unknown."""
+    spec = KNOBS.get(name) or SETTINGS.get(name)
+    return spec.label if spec else name
+
+
+def setting_short(name: str) -> str:
+    """The short name typed for a setting (``seqs``, ``auto``); ``name`` itself if unknown."""
+    spec = KNOBS.get(name) or SETTINGS.get(name)
+    return spec.short if spec else name
+
+
+def field_names() -> str:
+    """The SchedulerConfig fields that may change, for messages: ``max_num_batched_tokens, …,
+    mode, auto_budget``."""
+    return ", ".join([*KNOBS, *SETTINGS])
+
+
+def setting_names() -> str:
+    """Every setting with its short names, for messages: ``mode, max_num_batched_tokens
+    (budget), …, auto_budget (auto, autopilot)``."""
+    def one(spec: KnobSpec | SettingSpec) -> str:
+        short = [w for w in (spec.short, *getattr(spec, "aliases", ())) if w != spec.name]
+        return f"{spec.name} ({', '.join(short)})" if short else spec.name
+
+    return ", ".join(one(s) for s in (SETTINGS["mode"], *KNOBS.values(), SETTINGS[AUTO_BUDGET]))
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """Parse ``KNOB=VALUE[, KNOB=VALUE ...]`` (pairs split by commas or spaces; any spelling
+    setting_name accepts; a bare ``continuous`` or ``chunked`` means ``mode=…``). The autopilot's
+    ``auto=itl_p99:50ms,ttft_p99:2s`` takes the ``TARGET:DURATION`` parts that follow it.
+
+    Returns ``{field name: parsed value}`` in the order given (values as parse_value returns
+    them); "" → ``{}``. Raises ConfigError naming the bad pair, the unknown knob (with the known
+    ones), a knob given twice, or parse_value's error for a bad value.
+    """
+    pairs: list[str] = []
+    for piece in re.split(r"[,\s]+", re.sub(r"\s*=\s*", "=", str(text).strip())):
+        if not piece:
+            continue
+        if (pairs and "=" not in piece and ":" in piece
+                and setting_name(pairs[-1].partition("=")[0]) == AUTO_BUDGET):
+            pairs[-1] += "," + piece  # auto=itl_p99:50ms,ttft_p99:2s is one setting
+        else:
+            pairs.append(piece)
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, val = pair.partition("=")
+        if not sep:
+            if key.lower() not in MODES:
+                raise ConfigError(f"{pair!r} is not KNOB=VALUE; use e.g. budget=512,mode=continuous "
+                                  f"(knobs: {setting_names()})")
+            key, val = "mode", key
+        name = setting_name(key)
+        if name is None:
+            raise ConfigError(f"unknown knob {key!r}; knobs are: {setting_names()}")
+        if name in out:
+            raise ConfigError(f"{name} is given twice")
+        out[name] = parse_value(name, val)
+    return out
 
 
 @dataclass(frozen=True)
@@ -216,7 +328,7 @@ class SchedulerConfig:
     def with_changes(self, **changes: Any) -> "SchedulerConfig":
         """A copy with ``changes`` applied and validated (ConfigError on a bad one; self unchanged)."""
         for k in changes:
-            if k not in ("mode", AUTO_BUDGET) and k not in KNOBS:
+            if k not in SETTINGS and k not in KNOBS:
                 parse_knob(k, 0)  # raises with the list of knobs
         return replace(self, **changes)
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, parse_value
+from .engine_host.config import ConfigError, SchedulerConfig, parse_settings
 from .engine_host.records import EngineEvent
 from .probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
                         WindowResult, mark_name, metric_specs, pool, window_results)
@@ -73,71 +73,18 @@ class Setting:
         return {f.name: getattr(self.config, f.name) for f in fields(self.config)}
 
 
-def _aliases() -> dict[str, str]:
-    """Knob name → vLLM knob name: the dashboard palette's short names (``budget``, ``chunk``,
-    ``seqs``, ``partial``), ``mode`` and every knob of ``engine_host.config.KNOBS``."""
-    from .tui.commands import SHORT_TO_KNOB  # textual: imported only when a spec is parsed
-
-    return SHORT_TO_KNOB
-
-
-def knob_alias(word: str) -> str | None:
-    """The vLLM-spelled knob (or ``mode``) that ``word`` names, or None."""
-    return _aliases().get(word.strip().lstrip("-").replace("-", "_").lower())
-
-
-def knob_names() -> str:
-    """The accepted knob names for messages: ``mode, max_num_batched_tokens (budget), …``."""
-    short: dict[str, list[str]] = {}
-    for k, v in _aliases().items():
-        if k != v:
-            short.setdefault(v, []).append(k)
-    return ", ".join(["mode", *(f"{k} ({', '.join(short[k])})" if k in short else k
-                                for k in KNOBS)])
-
-
 def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
                   flag: str | None = None) -> Setting:
-    """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` (knobs: ``mode`` and ``engine_host.config.KNOBS``;
-    vLLM's dashed spelling ``max-num-batched-tokens`` and the dashboard palette's short names
-    ``budget``, ``chunk``, ``seqs``, ``partial`` work too; a bare ``continuous`` or
-    ``chunked`` means ``mode=…``; "" means the base settings) over ``base``.
-    ``auto_budget=itl_p99:50ms,ttft_p99:2s`` (the autopilot's targets; ``off`` turns it off)
-    takes the ``TARGET:DURATION`` parts that follow it.
+    """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` over ``base`` with ``engine_host.config``'s grammar
+    (:func:`~gpuchef.engine_host.config.parse_settings`: vLLM's names and flags, the palette's
+    short names, a bare ``continuous``/``chunked``, ``auto_budget=itl_p99:50ms,ttft_p99:2s``);
+    "" means the base settings.
 
     Raises ConfigError naming the flag, the value and the allowed range or names.
     """
     flag = flag or f"--{label.lower()}"
-    changes: dict[str, Any] = {}
-    parts: list[str] = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if parts and "=" not in part and ":" in part and parts[-1].lower().startswith(
-                ("auto_budget=", "auto-budget=")):
-            parts[-1] += "," + part  # auto_budget=itl_p99:50ms,ttft_p99:2s is one setting
-        elif part:
-            parts.append(part)
-    for part in parts:
-        key, sep, val = part.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_").lower()
-        if not sep:
-            if key in ("continuous", "chunked"):
-                key, val = "mode", key
-            else:
-                raise ConfigError(
-                    f"{flag} {spec!r}: {part!r} is not KNOB=VALUE; use e.g. "
-                    f"mode=chunked,max_num_batched_tokens=2048 (knobs: {knob_names()})")
-        name = AUTO_BUDGET if key == AUTO_BUDGET else knob_alias(key)
-        if name is None:
-            raise ConfigError(f"{flag} {spec!r}: unknown knob {key!r}; knobs are: {knob_names()}")
-        key = name
-        if key in changes:
-            raise ConfigError(f"{flag} {spec!r}: {key} is given twice")
-        try:
-            changes[key] = parse_value(key, val)
-        except ConfigError as e:
-            raise ConfigError(f"{flag} {spec!r}: {e}") from None
     try:
+        changes = parse_settings(spec)
         cfg = base.with_changes(**changes)
     except ConfigError as e:
         raise ConfigError(f"{flag} {spec!r}: {e}") from None

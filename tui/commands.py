@@ -1,9 +1,10 @@
 """The command palette (ctrl+p): every dashboard action, plus settings typed as text.
 
-Typed forms (short or vLLM knob names; values as in the controls panel):
+Typed forms (any spelling ``engine_host.config.setting_name`` takes: short names, vLLM knob names
+or flags; values as in the controls panel):
 
 * ``budget 512`` / ``max_num_batched_tokens 512``, ``chunk 256``, ``seqs 64``, ``partial 2``,
-  ``mode continuous``
+  ``long-partial 1``, ``mode continuous``
 * ``auto itl_p99:50ms,ttft_p99:2s`` / ``autopilot itl_p99:50ms`` / ``auto off`` (the autopilot's
   targets, ``--auto-budget``'s form)
 * ``rate 3`` (req/s, or × for a trace)
@@ -25,50 +26,15 @@ from typing import Any
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, parse_auto_budget,
-                                        parse_knob, parse_mode, parse_value)
+                                        parse_knob, parse_mode, parse_settings, setting_name)
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 
-SHORT_TO_KNOB = {
-    "budget": "max_num_batched_tokens",
-    "chunk": "long_prefill_token_threshold",
-    "seqs": "max_num_seqs",
-    "partial": "max_num_partial_prefills",
-    "mode": "mode",
-    "auto": AUTO_BUDGET,
-    AUTO_BUDGET: AUTO_BUDGET,
-    **{k: k for k in KNOBS},
-}
-
-
-def knob_name(word: str) -> str | None:
-    return SHORT_TO_KNOB.get(word.strip().lower().replace("-", "_"))
-
-
 def parse_setting(text: str) -> dict[str, Any]:
     """``"mode=continuous, budget=512"`` → ``{"mode": "continuous", "max_num_batched_tokens":
-    512}``. Raises ConfigError naming a bad pair, knob or value."""
-    out: dict[str, Any] = {}
-    pairs: list[str] = []
-    for piece in re.split(r"[,\s]+", text.strip()):
-        if not piece:
-            continue
-        # "auto=itl_p99:50ms,ttft_p99:2s": a target after the autopilot's pair is part of it
-        if ("=" not in piece and ":" in piece and pairs
-                and knob_name(pairs[-1].partition("=")[0]) == AUTO_BUDGET):
-            pairs[-1] += "," + piece
-        else:
-            pairs.append(piece)
-    for pair in pairs:
-        k, sep, v = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"A/B setting {pair!r} is not KNOB=VALUE (e.g. budget=512, "
-                              f"mode=continuous)")
-        name = knob_name(k)
-        if name is None:
-            raise ConfigError(f"unknown knob {k!r}: use mode, budget, chunk, seqs, partial, auto "
-                              f"or {', '.join(KNOBS)}")
-        out[name] = parse_value(name, v)
+    512}`` (engine_host.config.parse_settings, the one grammar). Raises ConfigError naming a bad
+    pair, knob or value, or a setting that names no knob."""
+    out = parse_settings(text)
     if not out:
         raise ConfigError("an A/B setting names no knob (e.g. mode=continuous)")
     return out
@@ -134,10 +100,8 @@ class DashboardCommands(Provider):
             ("Save SVG screenshot", app.action_screenshot, ""),
             ("Help: keys and panels", app.action_help, ""),
         ]
-        for short, name in (("budget", "max_num_batched_tokens"),
-                            ("chunk", "long_prefill_token_threshold"), ("seqs", "max_num_seqs"),
-                            ("partial", "max_num_partial_prefills")):
-            spec = KNOBS[name]
+        for name, spec in KNOBS.items():
+            short = spec.short
             acts.append((f"Set {name} ({short}) — type '{short} N'",
                          partial(app.notify, f"type '{short} N' in the palette, e.g. "
                                  f"'{short} {getattr(cfg, name)}'; allowed [{spec.lo}, {spec.hi}]"),
@@ -194,7 +158,8 @@ class DashboardCommands(Provider):
             return Hit(TYPED_EXCLUSIVE, f"Start A/B: {describe_setting(a)} vs "
                        f"{describe_setting(b)}, windows of {w:g} s",
                        partial(app.start_ab, a, b, w), text=f"ab {rest}")
-        if head in ("auto", "autopilot", AUTO_BUDGET):
+        name = setting_name(head)
+        if name == AUTO_BUDGET:
             try:
                 spec = parse_auto_budget(rest)
             except ConfigError as e:
@@ -217,7 +182,6 @@ class DashboardCommands(Provider):
                            severity="error", title="refused"), text=f"window {rest}")
             return Hit(TYPED_EXCLUSIVE, f"Waveform window {w:g} s",
                        partial(app.action_set_window, w), text=f"window {rest}")
-        name = knob_name(head)
         if name is None:
             return None
         try:
@@ -234,4 +198,4 @@ def _squash(text: str) -> str:
     return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
-__all__ = ["DashboardCommands", "parse_ab", "parse_setting", "knob_name"]
+__all__ = ["DashboardCommands", "parse_ab", "parse_setting"]

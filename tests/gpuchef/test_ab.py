@@ -193,7 +193,7 @@ def test_side_by_side_matches_rows_by_label():
 
 
 def test_palette_short_names_work_in_specs():
-    from gpuchef.tui.commands import SHORT_TO_KNOB
+    from gpuchef.engine_host.config import KNOBS, SETTINGS
 
     base = SchedulerConfig(mode="chunked", max_num_batched_tokens=2048)
     s = parse_setting("budget=512,chunk=64,seqs=8,partial=2", base, "A")
@@ -201,9 +201,10 @@ def test_palette_short_names_work_in_specs():
                          "max_num_seqs": 8, "max_num_partial_prefills": 2}
     assert s.config.max_num_batched_tokens == 512
     assert s.describe().startswith("max_num_batched_tokens=512, ")
-    for word, name in SHORT_TO_KNOB.items():  # every name the palette takes
-        val = "continuous" if name == "mode" else "3"
-        assert list(parse_setting(f"{word}={val}", base, "B").changes) == [name]
+    for name, spec in {**KNOBS, **SETTINGS}.items():  # every name the palette takes
+        val = {"mode": "continuous", "auto_budget": "itl_p99:50ms"}.get(name, "3")
+        for word in (spec.short, name):
+            assert list(parse_setting(f"{word}={val}", base, "B").changes) == [name]
     with pytest.raises(ConfigError, match="max_num_batched_tokens is given twice"):
         parse_setting("budget=512,max_num_batched_tokens=256", base, "A")
 
