@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpuchef.engine_host.autopilot import ERROR_ENTER
-from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget
+from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
@@ -28,15 +28,6 @@ from gpuchef.probes.timeline import TimelineSnapshot
 
 NAN = float("nan")
 
-#: Short names of the knobs, for event labels and the header.
-KNOB_SHORT = {
-    "max_num_batched_tokens": "budget",
-    "long_prefill_token_threshold": "chunk",
-    "max_num_seqs": "seqs",
-    "max_num_partial_prefills": "partial",
-    "mode": "mode",
-    AUTO_BUDGET: "autopilot",
-}
 
 GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN policy
 # GpuColumns also keeps device memory used, % of total (from mem_used_bytes / mem_total_bytes)
@@ -604,8 +595,7 @@ def event_label(ev: EngineEvent) -> tuple[str, str] | None:
     if ev.kind == "mode":
         return f"mode→{ev.new}", "mode"
     if ev.kind == "knob":
-        short = KNOB_SHORT.get(ev.name, ev.name)
-        return f"{short} {_fmt_knob(ev.name, ev.old)}→{_fmt_knob(ev.name, ev.new)}", "knob"
+        return f"{setting_label(ev.name)} {_fmt_knob(ev.name, ev.old)}→{_fmt_knob(ev.name, ev.new)}", "knob"
     if ev.kind in ("pause", "resume"):
         what = "load" if ev.name == "load" else "engine"
         return f"{what} {'paused' if ev.kind == 'pause' else 'resumed'}", "load"

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpuchef.engine_host.config import setting_label
 from gpuchef.probes.timeline import Timeline
 
 from .model import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
@@ -200,7 +201,7 @@ def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.
                    zorder=1)
         if not view.ab:
             items.append((tf(e.t_ns), f"→ {e.new}" if e.kind == "mode"
-                          else f"{_short(e.name)} {e.old}→{e.new}", "#555555"))
+                          else f"{setting_label(e.name)} {e.old}→{e.new}", "#555555"))
     for e in marks:
         ax.axvline(tf(e.t_ns), color="#555555", lw=0.7, ls=":", zorder=1)
         items.append((tf(e.t_ns), str(e.name), "#555555"))
@@ -226,12 +227,6 @@ def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.
                     va="bottom", ha="right", fontsize=LABEL_FONT, color="#777777")
         used = LABEL_ROWS + 1
     return used
-
-
-def _short(knob: str) -> str:
-    return {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs",
-            "long_prefill_token_threshold": "chunk", "max_num_partial_prefills": "partial"}.get(
-        knob, knob)
 
 
 # ---- waveforms -------------------------------------------------------------------------------------

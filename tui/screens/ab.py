@@ -13,10 +13,12 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from gpuchef.engine_host.config import setting_short
+
 from .. import theme
 from ..ab import ABResult, ABWindow
 from ..chart import GUTTER_L, GUTTER_R
-from ..plotdata import KNOB_SHORT, TimeGrid, build_frame
+from ..plotdata import TimeGrid, build_frame
 from ..widgets.header import SessionHeader
 from ..widgets.waveforms import BatchPanel, GpuPanel, StepPanel, TimeAxis
 from .main import header_state
@@ -25,7 +27,8 @@ REFRESH_S = 0.5
 
 
 def describe_setting(d: dict) -> str:
-    return ", ".join(f"{KNOB_SHORT.get(k, k)}={'off' if k == 'long_prefill_token_threshold' and v == 0 else v}"
+    """An A/B setting as typed: ``budget=512, chunk=off``."""
+    return ", ".join(f"{setting_short(k)}={'off' if k == 'long_prefill_token_threshold' and v == 0 else v}"
                      for k, v in d.items()) or "as before"
 
 

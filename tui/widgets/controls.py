@@ -15,18 +15,15 @@ from textual.containers import Horizontal, Vertical
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Select, Switch
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, ConfigError, SchedulerConfig,
-                                        parse_auto_budget, parse_knob)
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError,
+                                        SchedulerConfig, parse_auto_budget, parse_knob)
 
 from ..messages import KnobRequest, LoadToggle, RateRequest
 from ..model import LoadState, parse_rate
 
-LABELS = {
-    "max_num_batched_tokens": "budget",
-    "long_prefill_token_threshold": "chunk",
-    "max_num_seqs": "max seqs",
-    "max_num_partial_prefills": "partial",
-}
+#: The knobs the panel shows, in its order (labels: engine_host.config.KNOBS)
+SHOWN = ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",
+         "max_num_partial_prefills")
 
 
 class KnobValidator(Validator):
@@ -99,14 +96,13 @@ class ControlsPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield Label("mode")
+            yield Label(SETTINGS["mode"].label)
             yield Select([(m, m) for m in MODES], allow_blank=False, value=self._mode, id="mode",
                          compact=True)
-        for name in ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",
-                     "max_num_partial_prefills"):
+        for name in SHOWN:
             spec = KNOBS[name]
             with Horizontal():
-                yield Label(LABELS[name])
+                yield Label(spec.label)
                 # type="text": Textual's integer/number types drop what they cannot parse as it
                 # is typed ("1e3" became 13), so the refusal could not name what was typed
                 yield Input(type="text", id=f"knob-{name}", validators=[KnobValidator(name)],
@@ -116,7 +112,7 @@ class ControlsPanel(Vertical):
                 yield Label(f"[{spec.lo}, {spec.hi:,}]" if name != "long_prefill_token_threshold"
                             else "0 = budget", classes="hint")
         with Horizontal():
-            yield Label("autopilot")
+            yield Label(SETTINGS[AUTO_BUDGET].label)
             yield Input(type="text", id="auto-budget", validators=[AutoBudgetValidator()],
                         validate_on=["changed", "submitted"], compact=True, placeholder="off",
                         tooltip="--auto-budget: itl_p99:50ms[,ttft_p99:2s] picks each step's "
@@ -169,7 +165,7 @@ class ControlsPanel(Vertical):
         since the last sync (so a change the user just made is not undone before the app has
         seen it) and it is not being edited; ``force`` rewrites every field (after a refusal)."""
         focused = None if force else self.screen.focused
-        shown = {"mode": cfg.mode, **{n: str(getattr(cfg, n)) for n in LABELS},
+        shown = {"mode": cfg.mode, **{n: str(getattr(cfg, n)) for n in SHOWN},
                  "rate": f"{load.rate:g}", "load": not load.paused,
                  AUTO_BUDGET: cfg.auto_budget or "off"}
         last = {} if force else getattr(self, "_shown", {})
@@ -179,7 +175,7 @@ class ControlsPanel(Vertical):
         if "mode" in changed and focused is not sel and sel.value != cfg.mode:
             with self.prevent(Select.Changed):
                 sel.value = cfg.mode
-        for name in LABELS:
+        for name in SHOWN:
             inp = self.query_one(f"#knob-{name}", Input)
             if name in changed and focused is not inp and inp.value != shown[name]:
                 inp.value = shown[name]

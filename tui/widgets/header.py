@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.config import KNOBS, SchedulerConfig
 
 from .. import theme
 from ..model import ABState, LoadState, SessionInfo
@@ -60,9 +60,10 @@ def header_text(st: HeaderState) -> Text:
     t.append("   mode ", style=theme.LABEL)
     t.append(f" {c.mode} ", style=f"bold #11151c on {theme.MODE_COLOURS.get(c.mode, theme.TITLE)}")
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
-    for name, val in (("budget", c.max_num_batched_tokens), ("chunk", chunk),
-                      ("seqs", c.max_num_seqs), ("partial", c.max_num_partial_prefills)):
-        t.append(f"  {name} ", style=theme.LABEL)
+    for name, val in (("max_num_batched_tokens", c.max_num_batched_tokens),
+                      ("long_prefill_token_threshold", chunk), ("max_num_seqs", c.max_num_seqs),
+                      ("max_num_partial_prefills", c.max_num_partial_prefills)):
+        t.append(f"  {KNOBS[name].label} ", style=theme.LABEL)
         t.append(str(val), style=f"bold {theme.TITLE}")
     t.append("\n")
     t.append(" load ", style=theme.LABEL)
