@@ -23,38 +23,95 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+@dataclass(frozen=True)
+class MetricName:
+    """One Prometheus family as a server exports it: ``name`` (the family name
+    ``prometheus_client`` parses back: a counter's without ``_total``), ``kind`` (gauge, counter,
+    hist) and vLLM's ``help`` text."""
+
+    name: str
+    kind: str
+    help: str
+
+
+#: vLLM V1's metric families (vllm/v1/metrics/loggers.py, 0.24), the one table of their names:
+#: `gpuchef serve` exports them (gpuchef/serve/metrics.py) and the scraper reads them (SERIES).
+VLLM_METRICS: dict[str, MetricName] = {
+    "running": MetricName("vllm:num_requests_running", "gauge",
+                          "Number of requests in model execution batches."),
+    "waiting": MetricName("vllm:num_requests_waiting", "gauge",
+                          "Number of requests waiting to be processed."),
+    "kv_usage": MetricName("vllm:kv_cache_usage_perc", "gauge",
+                           "KV-cache usage. 1 means 100 percent usage."),
+    "preemptions": MetricName("vllm:num_preemptions", "counter",
+                              "Cumulative number of preemption from the engine."),
+    "prompt_tokens": MetricName("vllm:prompt_tokens", "counter",
+                                "Number of prefill tokens processed."),
+    "generation_tokens": MetricName("vllm:generation_tokens", "counter",
+                                    "Number of generation tokens processed."),
+    "requests_finished": MetricName("vllm:request_success", "counter",
+                                    "Count of successfully processed requests."),
+    "ttft": MetricName("vllm:time_to_first_token_seconds", "hist",
+                       "Histogram of time to first token in seconds."),
+    "itl": MetricName("vllm:inter_token_latency_seconds", "hist",
+                      "Histogram of inter-token latency in seconds."),
+    "e2e": MetricName("vllm:e2e_request_latency_seconds", "hist",
+                      "Histogram of e2e request latency in seconds."),
+    "queue_time": MetricName("vllm:request_queue_time_seconds", "hist",
+                             "Histogram of time spent in WAITING phase for request."),
+    "prefill_time": MetricName("vllm:request_prefill_time_seconds", "hist",
+                               "Histogram of time spent in PREFILL phase for request."),
+    "decode_time": MetricName("vllm:request_decode_time_seconds", "hist",
+                              "Histogram of time spent in DECODE phase for request."),
+    "iteration_tokens": MetricName("vllm:iteration_tokens_total", "hist",
+                                   "Histogram of number of tokens per engine_step."),
+}
+
+#: gpuchef serve's own step series that the scraper reads back (exported by
+#: gpuchef/serve/metrics.py under these names, by step kind).
+GPUCHEF_METRICS: dict[str, MetricName] = {
+    "step_duration": MetricName("gpuchef:step_duration_seconds", "hist",
+                                "Engine step wall time (schedule + forward + sample), by step "
+                                "kind."),
+    "step_prefill_tokens": MetricName("gpuchef:step_prefill_tokens", "hist",
+                                      "Prefill tokens per engine step, by step kind."),
+    "step_decode_rows": MetricName("gpuchef:step_decode_rows", "hist",
+                                   "Decode rows (= decode tokens) per engine step, by step kind."),
+}
+
+
+def _v(key: str) -> str:
+    return VLLM_METRICS[key].name
+
+
 #: quantity → (kind, names in order of preference). Kinds: gauge, counter, hist.
 SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "running": ("gauge", ("vllm:num_requests_running", "sglang:num_running_reqs",
-                          "sglang_num_running_reqs")),
-    "waiting": ("gauge", ("vllm:num_requests_waiting", "sglang:num_queue_reqs",
-                          "sglang_num_queue_reqs")),
-    # vLLM: 0–1; SGLang's token_usage: 0–1 as well
-    "kv_usage": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+    "running": ("gauge", (_v("running"), "sglang:num_running_reqs", "sglang_num_running_reqs")),
+    "waiting": ("gauge", (_v("waiting"), "sglang:num_queue_reqs", "sglang_num_queue_reqs")),
+    # vLLM: 0–1 (V0: gpu_cache_usage_perc); SGLang's token_usage: 0–1 as well
+    "kv_usage": ("gauge", (_v("kv_usage"), "vllm:gpu_cache_usage_perc",
                            "sglang:token_usage", "sglang_token_usage")),
-    "preemptions": ("counter", ("vllm:num_preemptions", "sglang:num_retracted_reqs",
+    "preemptions": ("counter", (_v("preemptions"), "sglang:num_retracted_reqs",
                                 "sglang_num_retracted_reqs")),
-    "prompt_tokens": ("counter", ("vllm:prompt_tokens", "sglang:prompt_tokens",
+    "prompt_tokens": ("counter", (_v("prompt_tokens"), "sglang:prompt_tokens",
                                   "sglang_prompt_tokens")),
-    "generation_tokens": ("counter", ("vllm:generation_tokens", "sglang:generation_tokens",
+    "generation_tokens": ("counter", (_v("generation_tokens"), "sglang:generation_tokens",
                                       "sglang_generation_tokens")),
-    "requests_finished": ("counter", ("vllm:request_success", "sglang:num_requests",
+    "requests_finished": ("counter", (_v("requests_finished"), "sglang:num_requests",
                                       "sglang_num_requests")),
-    "ttft": ("hist", ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds",
+    "ttft": ("hist", (_v("ttft"), "sglang:time_to_first_token_seconds",
                       "sglang_time_to_first_token_seconds")),
-    "itl": ("hist", ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds",
+    "itl": ("hist", (_v("itl"), "sglang:inter_token_latency_seconds",
                      "sglang_inter_token_latency_seconds",
                      # older servers have only the per-request mean
                      "vllm:time_per_output_token_seconds", "sglang:time_per_output_token_seconds",
                      "sglang_time_per_output_token_seconds")),
-    "e2e": ("hist", ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds",
+    "e2e": ("hist", (_v("e2e"), "sglang:e2e_request_latency_seconds",
                      "sglang_e2e_request_latency_seconds")),
-    "queue_time": ("hist", ("vllm:request_queue_time_seconds",)),
-    "iteration_tokens": ("hist", ("vllm:iteration_tokens_total",)),
+    "queue_time": ("hist", (_v("queue_time"),)),
+    "iteration_tokens": ("hist", (_v("iteration_tokens"),)),
     # gpuchef serve only
-    "step_prefill_tokens": ("hist", ("gpuchef:step_prefill_tokens",)),
-    "step_decode_rows": ("hist", ("gpuchef:step_decode_rows",)),
-    "step_duration": ("hist", ("gpuchef:step_duration_seconds",)),
+    **{k: (m.kind, (m.name,)) for k, m in GPUCHEF_METRICS.items()},
     "max_num_batched_tokens": ("gauge", ("gpuchef:max_num_batched_tokens",)),
 }
 

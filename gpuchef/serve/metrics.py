@@ -27,6 +27,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.config import KNOBS, MODES
 from ..engine_host.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
+from ..probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
 
 # vLLM V1's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -236,46 +237,32 @@ class ServeMetrics:
                 f.add_metric(values + ([key] if label else []), hh.buckets(), hh.sum)
             return f
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                    self.running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                    self.waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+        V, G = VLLM_METRICS, GPUCHEF_METRICS
+        yield gauge(V["running"].name, V["running"].help, self.running)
+        yield gauge(V["waiting"].name, V["waiting"].help, self.waiting)
+        yield gauge(V["kv_usage"].name, V["kv_usage"].help,
                     self.kv_used / self.kv_total if self.kv_total else 0.0)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
-                      self.preemptions)
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                      self.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+        yield counter(V["preemptions"].name, V["preemptions"].help, self.preemptions)
+        yield counter(V["prompt_tokens"].name, V["prompt_tokens"].help, self.prompt_tokens)
+        yield counter(V["generation_tokens"].name, V["generation_tokens"].help,
                       self.generation_tokens)
-        c = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+        c = CounterMetricFamily(V["requests_finished"].name, V["requests_finished"].help,
                                 labels=names + ["finished_reason"])
         for reason, n in self.success.items():
             c.add_metric(values + [reason], n)
         yield c
-        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                   self.ttft)
-        yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                   self.itl)
-        yield hist("vllm:e2e_request_latency_seconds",
-                   "Histogram of e2e request latency in seconds.", self.e2e)
-        yield hist("vllm:request_queue_time_seconds",
-                   "Histogram of time spent in WAITING phase for request.", self.queue)
-        yield hist("vllm:request_prefill_time_seconds",
-                   "Histogram of time spent in PREFILL phase for request.", self.prefill_time)
-        yield hist("vllm:request_decode_time_seconds",
-                   "Histogram of time spent in DECODE phase for request.", self.decode_time)
-        yield hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                   self.iteration_tokens)
+        for key, h in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e),
+                       ("queue_time", self.queue), ("prefill_time", self.prefill_time),
+                       ("decode_time", self.decode_time),
+                       ("iteration_tokens", self.iteration_tokens)):
+            yield hist(V[key].name, V[key].help, h)
         # gpuchef's own
         yield counter("gpuchef:request_errors", "Requests refused by the engine (bad prompt, too "
                       "long for the KV cache).", self.errors)
-        yield hist("gpuchef:step_duration_seconds", "Engine step wall time (schedule + forward + "
-                   "sample), by step kind.", self.step_seconds, "step_kind")
-        yield hist("gpuchef:step_prefill_tokens", "Prefill tokens per engine step, by step kind.",
-                   self.step_prefill, "step_kind")
-        yield hist("gpuchef:step_decode_rows", "Decode rows (= decode tokens) per engine step, by "
-                   "step kind.", self.step_decode, "step_kind")
+        for key, h in (("step_duration", self.step_seconds), ("step_prefill_tokens",
+                                                              self.step_prefill),
+                       ("step_decode_rows", self.step_decode)):
+            yield hist(G[key].name, G[key].help, h, "step_kind")
         m = GaugeMetricFamily("gpuchef:scheduler_mode", "The scheduler mode in force (1 for the "
                               "mode named).", labels=names + ["mode"])
         for mode in MODES:

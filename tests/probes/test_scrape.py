@@ -132,3 +132,28 @@ def test_real_vllm_024_metrics_captured_on_the_h200():
     assert load.values["running"] > 0 and 0 < load.values["kv_usage"] < 1
     d = delta(load, after)
     assert d.rates["generation_tokens"] > 0 and d.hist_count["iteration_tokens"] > 0
+
+
+def test_one_table_of_vllm_names_matches_real_vllm_and_gpuchef_serve():
+    """VLLM_METRICS is the one table of vLLM's family names: every entry is a family of the real
+    vLLM 0.24 /metrics text captured on the H200 (so a typo fails here), and gpuchef serve
+    exports each under that name with vLLM's help text (read back with prometheus_client's own
+    parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuchef.probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
+
+    real = sorted(DATA.glob("vllm_0.24_metrics_*.txt"))
+    assert real
+    vllm = {f.name: f for f in text_string_to_metric_families(real[-1].read_text())}
+    ours = {f.name: f for f in text_string_to_metric_families(
+        ServeMetrics("tiny", kv_blocks_total=10).render().decode())}
+    kinds = {"gauge": "gauge", "counter": "counter", "hist": "histogram"}
+    for key, m in VLLM_METRICS.items():
+        assert m.name in vllm, (key, m.name)
+        assert vllm[m.name].type == kinds[m.kind], (key, vllm[m.name].type)
+        assert vllm[m.name].documentation == m.help, (key, vllm[m.name].documentation)
+        assert m.name in ours and ours[m.name].type == kinds[m.kind], key
+        assert ours[m.name].documentation == m.help, key
+    for key, m in GPUCHEF_METRICS.items():
+        assert m.name in ours and ours[m.name].type == kinds[m.kind], key
