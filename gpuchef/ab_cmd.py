@@ -14,20 +14,28 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
-                      scheduler_options, scheduling_desc, workload_config, workload_options,
-                      write_json)
+                      http_load_options, scheduler_options, scheduling_desc, workload_config,
+                      workload_options, write_json)
 
 
 @click.command("ab")
 @engine_options
 @scheduler_options
 @workload_options
+@http_load_options
+@click.option("--ab-load", type=click.Choice(["mirrored", "sequential"]), default=None,
+              help="Two servers (--a url=URL1 --b url=URL2): mirrored (default) sends every "
+                   "request to both at the same arrival time (fair only when they do not share "
+                   "a GPU); sequential sends the whole load to A, then B, repetitions "
+                   "alternating. docs/http-load.md.")
 @click.option("--a", "spec_a", default="mode=continuous", show_default=True,
               help="Setting A: KNOB=VALUE pairs over the base settings (the scheduler flags), "
                    "e.g. mode=continuous or mode=chunked,max_num_batched_tokens=512. Knobs: "
                    "mode, max_num_batched_tokens (budget), max_num_seqs (seqs), "
                    "long_prefill_token_threshold (chunk), max_num_partial_prefills (partial): "
-                   "the short names are the dashboard palette's.")
+                   "the short names are the dashboard palette's. Over HTTP: url=URL names "
+                   "the server of this side (two servers), knobs after it PATCHed through its "
+                   "gpuchef knob endpoint; with --base-url URL the knobs alone.")
 @click.option("--b", "spec_b", default="mode=chunked", show_default=True,
               help="Setting B, as --a.")
 @click.option("--repetitions", default=1, show_default=True, type=int,
@@ -90,9 +98,26 @@ def ab(**o) -> None:
       gpuchef ab --device cpu --model tiny --duration 20 --input-len 256
           --output-len 32 --capacity --slo itl_p99:200ms,ttft_p99:2s
           --rate-lo 1 --rate-hi 32 --tolerance 20%
+
+    Against servers gpuchef does not host (docs/http-load.md, "A/B over HTTP"): two knob
+    settings of one `gpuchef serve`, PATCHed before each run; or two servers on the same
+    arrivals:
+
+    \b
+      gpuchef ab --base-url http://127.0.0.1:8000 --a budget=512 --b budget=2048
+          --num-prompts 50 --request-rate 4 --repetitions 2
+      gpuchef ab --a url=http://node1:8000 --b url=http://node2:8000 --dataset azure-conv
+          --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
     err = Console(stderr=True, soft_wrap=True)
     try:
+        from .client.ab_http import ab_http, is_http
+        if is_http(o):  # servers gpuchef does not host: no engine here
+            return ab_http(o, err)
+        from .client.bench_http import check_http_flags
+        check_http_flags(o)
+        if o["ab_load"]:
+            raise ConfigError("--ab-load is for two servers: give --a url=URL1 --b url=URL2")
         _ab(o, err)
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)

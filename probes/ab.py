@@ -22,8 +22,9 @@ goodput) are over a window's requests.
 
 **Throughput** (the one definition): the work done while the setting was in force, per second of
 the window's span — requests *finished* in the span, output tokens *produced* in it (token
-times), tokens *computed* by its steps (prefill + decode); goodput likewise: the requests
-finished in the span that met every goodput SLO (``summarize``'s test), so goodput ≤ request
+times), tokens *computed* by its steps (prefill + decode; with no steps recorded, a server seen
+from its client, ``summarize``'s input + output tokens of the window's requests); goodput
+likewise: the requests finished in the span that met every goodput SLO (``summarize``'s test), so goodput ≤ request
 throughput. Under an open-loop load the requests
 that arrived in a window only measure the arrival process; what a setting achieved is what it
 finished while in force.
@@ -241,7 +242,8 @@ def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 
             for k in ("finished", "output_tokens", "step_tokens")}
     m.request_throughput = work["finished"] / dur
     m.output_throughput = work["output_tokens"] / dur
-    m.total_token_throughput = work["step_tokens"] / dur
+    if steps:  # without steps (a server seen from its client): vLLM's (input + output) / duration
+        m.total_token_throughput = work["step_tokens"] / dur
     if goodput and all(w.work and "good_finished" in w.work for w in windows):
         m.request_goodput = sum(w.work["good_finished"] for w in windows) / dur
     if steps:

@@ -595,13 +595,16 @@ async def run_http_load_async(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
                               body: Callable[[RequestSpec], bytes], *,
                               ramp: tuple[str, int, int] | None = None,
                               start_delay_s: float = 0.0,
+                              t0_ns: int | None = None,
                               on_done: Callable[[], None] | None = None,
                               on_result: Callable[[ClientResult], None] | None = None
                               ) -> HttpLoadRun:
     """Send ``specs`` (sorted by ``arrival_s``) at ``t0 + arrival_s`` each, ``body(spec)`` as the
     request body (built just before the request's due time, in the slack before it), all over
     one pooled ``aiohttp`` session; wait for every response. ``ramp``: (strategy, start, end) to
-    log ``rps_change_events`` as vLLM does. ``on_done()`` is called as each request finishes
+    log ``rps_change_events`` as vLLM does. ``t0_ns``: arrival 0's monotonic time, given (two
+    loads sent on one clock: `ab`'s mirrored servers), else read after the warm-up plus
+    ``start_delay_s``. ``on_done()`` is called as each request finishes
     (a progress bar); ``on_result(result)`` with each ClientResult as it finishes (`top
     --attach` shows them live). Returns an HttpLoadRun; raises nothing per request.
     Proxy variables (HTTP_PROXY, ...) are not read: the load goes straight to ``base_url``."""
@@ -626,7 +629,7 @@ async def run_http_load_async(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
         tokens += spec.prompt_len
     async with _session(cfg) as session:
         await _warm_up(session, cfg)
-        t0 = time.monotonic_ns() + int(start_delay_s * 1e9)
+        t0 = t0_ns if t0_ns is not None else time.monotonic_ns() + int(start_delay_s * 1e9)
         for i, spec in enumerate(specs):
             data = ready[i] if i < len(ready) else body(spec)
             due = t0 + int(round(spec.arrival_s * 1e9))

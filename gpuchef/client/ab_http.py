@@ -1,0 +1,486 @@
+"""`gpuchef ab` over HTTP: two settings of one server, or two servers, on the same arrivals.
+
+* ``gpuchef ab --base-url URL --a SPEC --b SPEC``: one server with gpuchef's knob endpoint
+  (``GET``/``PATCH /gpuchef/v1/scheduler``, `gpuchef serve`); each setting is PATCHed before its
+  run; the whole load is sent once per setting per repetition, A B, then B A, … (``ab.run_orders``,
+  as the hosted ``ab`` without ``--interleave``).
+* ``gpuchef ab --a url=URL1 --b url=URL2``: two servers. ``--ab-load mirrored`` (default): every
+  request is sent to both at the same arrival time (one clock, two connection pools);
+  ``sequential``: the whole load to A, then to B, repetitions alternating. Knob specs may follow
+  ``url=`` (``url=URL1,max_num_batched_tokens=512``) when that server has the knob endpoint.
+
+The load is `bench --base-url`'s (``bench_http.prepare_http_load``, the same flags), sent by
+``http_load.run_http_load``; each request as the client saw it becomes a ``RequestRecord``
+(``http_load.to_request_records``). The windows, their figures, the pooled results, B − A and the
+verdict are ``probes.ab``'s: sequential runs through ``probes.ab.analyse`` of their
+``ab:1:<A|B>:<n>`` marks (the records the trace receives, so ``gpuchef report`` of the trace
+gives the same table), mirrored runs — whose A and B windows overlap in time — through
+``probes.ab.window_results`` of each server's own requests, then ``probes.ab.compare``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig
+
+AB_LOADS = ("mirrored", "sequential")
+#: Shared clock start of a mirrored run: this long after both sessions are opened (s), so that
+#: both warm-ups are done before arrival 0.
+MIRROR_START_S = 0.25
+#: Rows of ``probes.ab.metric_specs`` about engine steps: the client does not see a server's steps.
+STEP_ROWS = ("steps_per_s", "mean_tokens_per_step", "num_preemptions", "busy_fraction_pct")
+#: Hosted-only `ab` options: refused over HTTP, with the reason.
+HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings between steps; "
+                             "over HTTP each run is a whole load (drop --interleave)",
+               "capacity": "--capacity searches the hosted engine's rate; it is not offered "
+                           "over HTTP yet (drop --capacity)"}
+
+
+@dataclass
+class Arm:
+    """One side: ``label`` "A"/"B", ``url`` the server's base URL, ``spec`` the knob part of
+    the spec ("" = none), ``setting`` (``gpuchef.ab.Setting`` over the server's knob state,
+    None when no knob is named), ``server`` the ``attach.AttachedServer`` for its knob endpoint."""
+
+    label: str
+    url: str
+    spec: str
+    setting: Any = None
+    server: Any = None
+    initial: SchedulerConfig | None = None
+
+    def describe(self) -> str:
+        return self.setting.describe() if self.setting is not None else "the server's own settings"
+
+
+def split_url(spec: str, flag: str) -> tuple[str | None, str]:
+    """``url=URL[,KNOB=VALUE...]`` → (URL, the knob part); a spec without ``url=`` → (None, spec).
+    Raises ConfigError for ``url=`` given twice or empty."""
+    urls, rest = [], []
+    for part in str(spec).split(","):
+        key, sep, val = part.strip().partition("=")
+        if sep and key.strip().lower() == "url":
+            urls.append(val.strip())
+        else:
+            rest.append(part)
+    if len(urls) > 1:
+        raise ConfigError(f"{flag} {spec!r}: url= is given twice (one server per side)")
+    if urls and not urls[0]:
+        raise ConfigError(f"{flag} {spec!r}: url= needs a URL, e.g. url=http://127.0.0.1:8000")
+    return (urls[0] if urls else None), ",".join(rest).strip(", ")
+
+
+def is_http(o: dict[str, Any]) -> bool:
+    """Whether `ab`'s options ask for the HTTP branch (``--base-url``, or url= in a spec)."""
+    return bool(o.get("base_url")) or any(split_url(o[k], "")[0] for k in ("spec_a", "spec_b"))
+
+
+def parse_arms(o: dict[str, Any]) -> tuple[dict[str, Arm], str]:
+    """The two sides and the A/B load (``mirrored``/``sequential``) from ``--base-url``,
+    ``--a``/``--b`` and ``--ab-load``. Raises ConfigError: url= with --base-url, url= on one
+    side only, a URL given twice, mirrored on one server, a bad URL."""
+    from .http_load import normalize_base_url
+
+    ua, ka = split_url(o["spec_a"], "--a")
+    ub, kb = split_url(o["spec_b"], "--b")
+    base = o.get("base_url")
+    load = o.get("ab_load")
+    if base and (ua or ub):
+        raise ConfigError(f"--base-url {base} and url= in --{'a' if ua else 'b'}: give one — "
+                          "--base-url URL compares two knob settings of one server; "
+                          "--a url=URL1 --b url=URL2 compares two servers")
+    if bool(ua) != bool(ub):
+        has, lacks = ("a", "b") if ua else ("b", "a")
+        raise ConfigError(f"--{has} names url={ua or ub} but --{lacks} names no url=: give url= "
+                          f"on both sides (two servers), or --base-url URL and knob specs "
+                          "(one server)")
+
+    def norm(u: str, flag: str) -> str:
+        try:
+            return normalize_base_url(u)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("--base-url", flag)) from None
+
+    if base:
+        url = norm(base, "--base-url")
+        if load == "mirrored":
+            raise ConfigError("--ab-load mirrored sends each request to two servers: with "
+                              "--base-url (one server) the runs are sequential (drop --ab-load, "
+                              "or give --a url=URL1 --b url=URL2)")
+        return {"A": Arm("A", url, ka), "B": Arm("B", url, kb)}, "sequential"
+    a, b = norm(ua, "--a url="), norm(ub, "--b url=")
+    if a == b:
+        raise ConfigError(f"--a and --b both name {a}: two servers need two URLs; to compare two "
+                          f"settings of one server use --base-url {a} with knob specs")
+    return {"A": Arm("A", a, ka), "B": Arm("B", b, kb)}, load or "mirrored"
+
+
+def check_options(o: dict[str, Any]) -> None:
+    """Refuse hosted-only options with the HTTP branch (engine flags, --interleave,
+    --capacity, --sample-hz), each by name. Raises ConfigError."""
+    from .bench_http import _given, check_http_flags
+
+    for k, why in HOSTED_ONLY.items():
+        if o.get(k):
+            raise ConfigError(why)
+    for k in ("window_s", "slo_spec", "rate_lo", "rate_hi", "tolerance", "max_probes"):
+        if _given(k):
+            flag = {"window_s": "--window", "slo_spec": "--slo"}.get(k, "--" + k.replace("_", "-"))
+            raise ConfigError(f"{flag} does not apply over HTTP (it is for the hosted engine's "
+                              "A/B)")
+    # --trace is ours here (the client's requests); the rest of bench's rule holds
+    urls = ", ".join(dict.fromkeys(
+        u for u in (o.get("base_url"), split_url(o["spec_a"], "")[0],
+                    split_url(o["spec_b"], "")[0]) if u))
+    check_http_flags({**{k: v for k, v in o.items() if k != "trace_path"},
+                      "base_url": urls})
+
+
+def knob_state(arm: Arm, api_key: str | None) -> None:
+    """Read ``arm``'s server's knob endpoint when its spec names knobs and parse the spec over
+    that state (``gpuchef.ab.parse_setting``). Raises ConfigError naming the URL and what is
+    missing, or the spec's fault."""
+    from ..ab import parse_setting
+    from ..attach import AttachedServer
+
+    if not arm.spec:
+        return
+    srv = AttachedServer(arm.url, 4.0, api_key=api_key)
+    state = srv.read_knobs()
+    if state is None:
+        raise ConfigError(f"--{arm.label.lower()} {arm.spec!r} sets knobs, but {arm.url} cannot "
+                          f"take them: {srv.knobs_reason}")
+    arm.server, arm.initial = srv, state
+    arm.setting = parse_setting(arm.spec, state, arm.label)
+
+
+def patch_body(cfg: SchedulerConfig) -> dict[str, Any]:
+    """Every knob the endpoint takes (mode, ``KNOBS``, ``auto_budget``) from ``cfg``: the whole
+    setting, so that B's change does not linger into A's next run."""
+    return {"mode": cfg.mode, **{k: getattr(cfg, k) for k in KNOBS if hasattr(cfg, k)},
+            AUTO_BUDGET: getattr(cfg, AUTO_BUDGET, "")}
+
+
+def apply(arm: Arm) -> None:
+    """PATCH ``arm``'s setting (no-op without knobs). Raises ConfigError with the server's
+    words."""
+    if arm.setting is None:
+        return
+    try:
+        arm.server.patch_knobs(patch_body(arm.setting.config))
+    except ConfigError as e:
+        raise ConfigError(f"setting {arm.label} ({arm.describe()}) on {arm.url}: {e}") from None
+
+
+@dataclass
+class HttpRun:
+    """One whole load sent to one side: ``label``, ``rep``, ``run`` (``http_load.HttpLoadRun``),
+    ``records`` (its RequestRecords), ``t0_ns`` its window start (arrival 0, or an earlier
+    POST)."""
+
+    label: str
+    rep: int
+    run: Any
+    records: list = field(default_factory=list)
+    t0_ns: int = 0
+
+
+def _as_run(label: str, rep: int, run: Any, prefix: str = "") -> HttpRun:
+    from dataclasses import replace
+
+    from .http_load import to_request_records
+
+    recs = to_request_records(run.results)
+    if prefix:  # mirrored: one trace holds both servers' copies of each request
+        recs = [replace(r, request_id=f"{prefix}{r.request_id}") for r in recs]
+    t0 = min([run.t0_ns, *(r.arrival_ns for r in recs)])
+    return HttpRun(label, rep, run, recs, t0)
+
+
+def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None
+                   ) -> list[HttpRun]:
+    """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first."""
+    from ..ab import run_orders
+    from .http_load import run_http_load
+
+    out = []
+    for rep, order in enumerate(run_orders(reps), start=1):
+        for label in order:
+            apply(arms[label])
+            pl = loads[label]
+            r = _as_run(label, rep, run_http_load(pl.specs, pl.cfg, pl.body, ramp=pl.ramp))
+            out.append(r)
+            if on_run is not None:
+                on_run(len(out), 2 * reps, r)
+    return out
+
+
+def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None
+                 ) -> list[HttpRun]:
+    """Per repetition, the load sent to both servers on one clock: request *i* to A and to B at
+    the same ``t0 + arrival_s``."""
+    from .http_load import run_http_load_async
+
+    out = []
+    for rep in range(1, reps + 1):
+        for label in ("A", "B"):
+            apply(arms[label])
+
+        async def both():
+            t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
+            return await asyncio.gather(*(run_http_load_async(
+                loads[k].specs, loads[k].cfg, loads[k].body, ramp=loads[k].ramp, t0_ns=t0)
+                for k in ("A", "B")))
+
+        gc.collect()
+        gc.freeze()
+        try:
+            ra, rb = asyncio.run(both())
+        finally:
+            gc.unfreeze()
+        for label, run in (("A", ra), ("B", rb)):
+            out.append(_as_run(label, rep, run, prefix=f"{label}/"))
+            if on_run is not None:
+                on_run(len(out), 2 * reps, out[-1])
+    return out
+
+
+def marks(runs: list[HttpRun]) -> list[Any]:
+    """The ``ab:1:<A|B>:<n>`` mark of each sequential run at its window start and
+    ``ab:1:end`` after the last (``probes.ab.mark_name``)."""
+    from ..engine_host.records import EngineEvent
+    from ..probes.ab import mark_name
+
+    ev = [EngineEvent("mark", 0, r.t0_ns, mark_name(1, r.label, r.rep)) for r in runs]
+    end = max((t for r in runs for q in r.records for t in q.token_times_ns[-1:]),
+              default=max(r.t0_ns for r in runs))
+    end = max(end, max(r.run.t0_ns + int(r.run.duration_s * 1e9) for r in runs)) + 1
+    ev.append(EngineEvent("mark", 0, end, mark_name(1, "end")))
+    return ev
+
+
+def comparison(runs: list[HttpRun], load: str, pcts, goodput):
+    """(each run's ``probes.ab.WindowResult``, the ``probes.ab.Comparison`` or None, why not).
+    Sequential: ``analyse`` of the marks; mirrored: ``window_results`` per server."""
+    from ..probes import ab as abdef
+
+    reqs = [q for r in runs for q in r.records]
+    if load == "sequential":
+        _, _, _, results, cmp = abdef.analyse(marks(runs), reqs, [], run=1, percentiles=pcts,
+                                              goodput=goodput or None,
+                                              min_pairs=abdef.MIN_REPETITIONS, whole_loads=True)
+    else:
+        results = []
+        for k in abdef.LABELS:
+            mine = [r for r in runs if r.label == k]
+            wins = [abdef.Window(1, k, r.rep, r.t0_ns,
+                                 max(r.run.t0_ns + int(r.run.duration_s * 1e9),
+                                     max((t for q in r.records for t in q.token_times_ns[-1:]),
+                                         default=r.t0_ns)) + 1, 0) for r in mine]
+            results += abdef.window_results(wins, [q for r in mine for q in r.records], [],
+                                            percentiles=pcts, goodput=goodput or None,
+                                            whole_loads=True)
+        try:
+            cmp = abdef.compare(results, pcts, goodput or None, abdef.MIN_REPETITIONS)
+        except ValueError:
+            cmp = None
+    why = ""
+    if cmp is None:
+        bad = [k for k in abdef.LABELS if not any(r.label == k and r.counted for r in results)]
+        why = (f"no comparison: setting {' and '.join(bad)} has no counted run "
+               f"({'; '.join(r.name + ': ' + r.why for r in results if not r.counted) or 'none'})")
+    else:
+        cmp.rows = [x for x in cmp.rows if x.key not in STEP_ROWS]
+    return results, cmp, why
+
+
+def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int,
+               pcts) -> dict[str, Any]:
+    """The trace's meta: ``source`` as `top --attach` writes it (``kind`` attached, the URLs),
+    ``ab`` as hosted `ab` writes it (settings, ``interleave`` false, repetitions) plus the
+    ``load`` and each side's ``url``."""
+    urls = list(dict.fromkeys(a.url for a in arms.values()))
+    pa = loads["A"]
+    return {
+        "command": "ab",
+        "model": {"name": pa.cfg.model, "random_weights": None, "source": arms["A"].url},
+        "device": "remote",
+        "source": {"kind": "attached", "urls": urls},
+        "percentiles": list(pcts),
+        "load": {"desc": pa.desc, "endpoint": pa.cfg.endpoint, "model": pa.cfg.model,
+                 "num_requests": len(pa.specs)},
+        "ab": {"run": 1, "interleave": False, "repetitions": reps, "load": load,
+               "settings": {k: {"spec": a.spec, "describe": f"{a.url}: {a.describe()}"
+                                if len(urls) > 1 else a.describe(), "url": a.url,
+                                "changes": a.setting.changes if a.setting else {},
+                                "scheduler": a.setting.config.as_dict() if a.setting else None}
+                            for k, a in arms.items()}},
+    }
+
+
+def ab_http(o: dict[str, Any], err) -> None:
+    """Run `gpuchef ab` against servers (the module docstring): options ``o`` as `ab` parsed
+    them, ``err`` a rich Console on stderr. Prints both results blocks side by side, B − A and
+    the verdict (stdout), one line per kind of failed request per side (stderr); writes
+    ``--result-json`` and ``--trace``. Raises ConfigError for bad input, before any request is
+    sent (a refused PATCH later); exits 1 when no request succeeded on a side."""
+    import sys
+
+    import click
+    from rich.markup import escape
+
+    from ..ab import check_repetitions, format_deltas, run_orders, side_by_side
+    from ..options import check_output_files, check_output_path, write_json
+    from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
+    from ..probes.recorder import TraceRecorder
+    from .bench_http import _given, prepare_http_load, result_json, strip_engine_section
+    from .http_load import (error_counts, error_lines, lateness_stats, peak_stats,
+                            result_arrays, HttpLoadRun)
+
+    check_options(o)
+    arms, load = parse_arms(o)
+    check_output_files(o)
+    check_output_path(o["trace_path"], "--trace", make_parents=True)
+    goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
+    pcts = parse_percentiles(o["metric_percentiles"])
+    reps = check_repetitions(o["repetitions"])
+    model = o["model"] if _given("model") else ""
+    loads = {}
+    for k, arm in arms.items():
+        try:
+            loads[k] = prepare_http_load(o, base_url=arm.url, model=model)
+        except ConfigError as e:
+            raise ConfigError(f"{'--base-url' if o.get('base_url') else '--' + k.lower() + ' url='}"
+                              f" {str(e).removeprefix('--base-url ')}") from None
+    # the same arrivals and lengths: A's requests, each side's model name and vocabulary
+    va, vb = loads["A"].wcfg.vocab_size, loads["B"].wcfg.vocab_size
+    if va != vb:
+        o2 = {**o, "vocab_size": min(va, vb)}
+        loads = {k: prepare_http_load(o2, base_url=a.url, model=model) for k, a in arms.items()}
+    for k, arm in arms.items():
+        knob_state(arm, o.get("api_key"))
+    if arms["A"].setting is not None and arms["B"].setting is not None and \
+            arms["A"].url == arms["B"].url and arms["A"].setting.config == arms["B"].setting.config:
+        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
+                  "show the run-to-run noise")
+    pa = loads["A"]
+    n = len(pa.specs)
+    lines = [f"Model: {pa.cfg.model} (the server's)",
+             f"Load: {pa.desc}; {n} requests, seed {pa.wcfg.seed}; prompts as "
+             f"{'text' if pa.tok is not None else 'token ids'}",
+             f"A: {arms['A'].url} — {arms['A'].describe()}",
+             f"B: {arms['B'].url} — {arms['B'].describe()}"]
+    if load == "mirrored":
+        lines.append(f"A/B load: mirrored — every request sent to both servers at the same "
+                     f"arrival time, {reps} repetition{'s' if reps > 1 else ''}; fair only when "
+                     "the servers do not share a GPU (or CPU cores)")
+    else:
+        order = " | ".join(" ".join(p) for p in run_orders(reps))
+        lines.append(f"A/B load: sequential — the whole load to one setting at a time, {reps} "
+                     f"repetition{'s' if reps > 1 else ''} of each, order {order}")
+    err.print(f"[dim]{n} requests per run to {escape(arms['A'].url)}"
+              f"{'' if arms['A'].url == arms['B'].url else ' and ' + escape(arms['B'].url)} "
+              f"({load})[/dim]")
+
+    def on_run(i: int, total: int, r: HttpRun) -> None:
+        bad = sum(1 for x in r.run.results if not x.success)
+        err.print(f"[dim]run {i}/{total}: {r.label} ({escape(arms[r.label].describe())}) "
+                  f"repetition {r.rep}: {len(r.records)} requests in {r.run.duration_s:.1f} s"
+                  f"{f', {bad} failed' if bad else ''}[/dim]", highlight=False)
+
+    try:
+        runs = (run_mirrored if load == "mirrored" else run_sequential)(arms, loads, reps, on_run)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/] the A/B was stopped; no results")
+        sys.exit(130)
+    finally:
+        for arm in arms.values():  # the server as it was found
+            if arm.initial is not None and arm.server is not None:
+                try:
+                    arm.server.patch_knobs(patch_body(arm.initial))
+                except ConfigError as e:
+                    err.print(f"[yellow]note:[/] {escape(arm.url)}'s knobs not restored: "
+                              f"{escape(str(e))}")
+    results, cmp, why = comparison(runs, load, pcts, goodput)
+    if o["trace_path"]:
+        rec = TraceRecorder(o["trace_path"], meta=trace_meta(arms, loads, load, reps, pcts))
+        if load == "sequential":
+            for ev in marks(runs):
+                rec.record(ev)
+        for r in runs:
+            for q in r.records:
+                rec.record(q)
+        rec.close()
+        err.print(f"[dim]trace: {escape(o['trace_path'])}"
+                  f"{' (mirrored: request ids A/… and B/…; no A/B windows)' if load == 'mirrored' else ''}"
+                  "[/dim]")
+
+    side: dict[str, Any] = {}
+    for k in ("A", "B"):
+        mine = [r for r in runs if r.label == k]
+        allres = [x for r in mine for x in r.run.results]
+        late = lateness_stats(allres)
+        peak_tok, peak_conc = peak_stats([x for x in allres if not x.is_probe])
+        m = cmp.pooled[k] if cmp is not None else None
+        side[k] = dict(results=allres, late=late, peak=(peak_tok, peak_conc), metrics=m,
+                       runs=mine)
+    click.echo("\n".join(lines))
+    if cmp is not None:
+        blocks = {}
+        for k in ("A", "B"):
+            s, arm = side[k], arms[k]
+            extra = {"Runs pooled:": str(cmp.count(k)),
+                     "Client lateness p99 (ms):": f"{s['late']['p99']:.2f}"}
+            if arm.setting is not None:
+                extra["max_num_batched_tokens:"] = str(arm.setting.config.max_num_batched_tokens)
+                extra["Mode:"] = arm.setting.config.mode
+            blocks[k] = strip_engine_section(format_results_block(s["metrics"], extra=extra))
+        click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))
+        click.echo(format_deltas(cmp, "repetition"))
+    else:
+        click.echo(why)
+    for k in ("A", "B"):
+        for line in error_lines(side[k]["results"]):
+            err.print(f"[yellow]failed ({k}, {escape(arms[k].url)}):[/] {escape(line)}")
+    if o["result_json"]:
+        out: dict[str, Any] = {
+            "command": "ab", "ab_load": load, "repetitions": reps,
+            "servers": {k: a.url for k, a in arms.items()},
+            "settings": {k: {"spec": a.spec, "url": a.url,
+                             "changes": a.setting.changes if a.setting else {},
+                             "scheduler": a.setting.config.as_dict() if a.setting else None}
+                         for k, a in arms.items()},
+            "results": {}, "runs": [], "comparison": None, "no_comparison_why": why or None,
+        }
+        for k in ("A", "B"):
+            s = side[k]
+            if s["metrics"] is None:
+                continue
+            t0 = min(r.run.t0_ns for r in s["runs"])
+            hr = HttpLoadRun(s["results"], t0, s["metrics"].duration_s,
+                             [e for r in s["runs"] for e in r.run.rps_change_events])
+            out["results"][k] = result_json(
+                s["metrics"], hr, loads[k].cfg, loads[k].wcfg, o, loads[k].tok is not None,
+                loads[k].ramp, s["late"], *s["peak"], error_counts(s["results"]),
+                result_arrays(s["results"]))
+        for w in results:
+            out["runs"].append({"label": w.label, "rep": w.rep, "duration_s": w.duration_s,
+                                "counted": w.counted, "not_counted_why": w.why or None,
+                                "metrics": w.metrics.to_dict() if w.metrics else None,
+                                "error_counts": error_counts(next(
+                                    (r.run.results for r in runs
+                                     if r.label == w.label and r.rep == w.rep), []))})
+        if cmp is not None:
+            out["comparison"] = {"min_pairs": cmp.min_pairs,
+                                 "deltas": [r.as_dict() for r in cmp.rows]}
+        write_json(o["result_json"], out, "--result-json")
+    for k in ("A", "B"):
+        if not any(x.success for x in side[k]["results"]):
+            err.print(f"[bold red]error:[/] no request to {escape(arms[k].url)} ({k}) succeeded "
+                      "(see the lines above)")
+            sys.exit(1)

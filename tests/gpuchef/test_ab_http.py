@@ -1,0 +1,219 @@
+"""`gpuchef ab` over HTTP (gpuchef/client/ab_http.py): two knob settings of one `gpuchef serve`
+(PATCHed before each run), and two servers on the same arrivals (mirrored or sequential).
+
+Two `gpuchef serve --model tiny` subprocesses on loopback, started once for the module: A with
+``max_num_batched_tokens`` 16, B with 2048, both chunked. With 256-token prompts a 16-token budget
+needs 16 steps per prefill where 2048 needs one, so A's TTFT is the larger: the sign of B − A is
+known. Independent references: server A's own trace (the budget of every step it ran inside each
+client run's window: the PATCH was in force), the knob endpoint's state after the run (restored),
+and the report of the client trace (``gpuchef report``'s A/B of the same records). The error paths
+run against the fake aiohttp server of test_http_load.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+from serve_proc import ServeProc
+from test_http_load import FakeServer
+
+from gpuchef.cli import _register, cli
+from gpuchef.probes import ab as abdef
+from gpuchef.probes.recorder import read_trace
+
+_register()
+
+LOAD = ["--num-prompts", "6", "--input-len", "256", "--output-len", "4", "--request-rate", "4"]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    d = tmp_path_factory.mktemp("abhttp")
+    with ServeProc("--mode", "chunked", "--max-num-batched-tokens", "16",
+                   "--trace", str(d / "a.jsonl")) as a, \
+            ServeProc("--mode", "chunked", "--max-num-batched-tokens", "2048") as b:
+        a.trace = d / "a.jsonl"
+        yield a, b
+
+
+def ab(*args: str):
+    return CliRunner().invoke(cli, ["ab", *args], catch_exceptions=False)
+
+
+def knobs(url: str) -> dict:
+    with urllib.request.urlopen(url + "/gpuchef/v1/scheduler", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def row(d: dict, key: str) -> dict:
+    return next(r for r in d["comparison"]["deltas"] if r["key"] == key)
+
+
+def test_knob_settings_of_one_server_are_patched_before_each_run(servers, tmp_path):
+    a, _ = servers
+    rj, tr = tmp_path / "r.json", tmp_path / "t.jsonl"
+    r = ab("--base-url", a.url, "--a", "budget=16", "--b", "max_num_batched_tokens=2048",
+           *LOAD, "--repetitions", "2", "--result-json", str(rj), "--trace", str(tr))
+    assert r.exit_code == 0, r.output
+    assert "A/B load: sequential" in r.output and "order A B | B A" in r.output
+    assert "B − A" in r.output and "Mean TTFT (ms)" in r.output
+    d = json.loads(rj.read_text())
+    assert d["ab_load"] == "sequential" and d["servers"] == {"A": a.url, "B": a.url}
+    ttft = row(d, "mean_ttft_ms")
+    # every repetition: the 16-token budget's prefill takes 16 steps, B's one
+    assert all(y < x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
+    assert ttft["verdict"] == "B better"
+    for k in ("A", "B"):  # vLLM's results block, pooled over the repetitions
+        res = d["results"][k]
+        assert res["completed"] == 12 and res["failed"] == 0 and len(res["ttfts"]) == 12
+        assert res["total_input_tokens"] == 12 * 256
+        assert res["total_token_throughput"] > res["output_throughput"] > 0
+    # the server put back as found
+    assert knobs(a.url)["max_num_batched_tokens"] == 16
+    # the server's own steps: each client run's window ran under its setting's budget
+    ct = read_trace(tr)
+    assert ct.meta["source"] == {"kind": "attached", "urls": [a.url]}
+    _, wins, ended = abdef.windows(ct.events, 1)
+    assert ended and [w.name for w in wins] == ["A1", "B1", "B2", "A2"]
+    time.sleep(1.0)  # the server's trace flushes every 0.5 s
+    steps = read_trace(a.trace).steps
+    want = {"A": 16, "B": 2048}
+    for w in wins:
+        inside = [s for s in steps if w.t0_ns <= s.t_start_ns < w.t1_ns]
+        assert inside and {s.max_num_batched_tokens for s in inside} == {want[w.label]}, w
+    # gpuchef report of the client trace: the same comparison (probes.ab, one owner)
+    from gpuchef.report.model import ab_results, view_trace
+
+    view = view_trace(ct)
+    cmp = ab_results(view, (50.0, 99.0), None)[1]
+    got = {x.key: (x.a, x.b) for x in cmp.rows}
+    assert got["mean_ttft_ms"] == pytest.approx((ttft["a"], ttft["b"]))
+    assert got["p99_e2el_ms"] == pytest.approx((row(d, "p99_e2el_ms")["a"],
+                                                row(d, "p99_e2el_ms")["b"]))
+
+
+def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_path):
+    a, b = servers
+    rj, tr = tmp_path / "r.json", tmp_path / "t.jsonl"
+    r = ab("--a", f"url={a.url}", "--b", f"url={b.url}/v1", *LOAD, "--repetitions", "2",
+           "--result-json", str(rj), "--trace", str(tr))
+    assert r.exit_code == 0, r.output
+    assert "A/B load: mirrored" in r.output and "do not share a GPU" in r.output
+    d = json.loads(rj.read_text())
+    assert d["ab_load"] == "mirrored" and d["servers"] == {"A": a.url, "B": b.url}
+    ttft = row(d, "mean_ttft_ms")
+    assert all(y < x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
+    assert d["results"]["A"]["completed"] == d["results"]["B"]["completed"] == 12
+    ct = read_trace(tr)
+    assert ct.meta["source"]["urls"] == [a.url, b.url] and ct.meta["ab"]["load"] == "mirrored"
+    by = {q.request_id: q for q in ct.requests}
+    assert len(by) == 12  # 6 ids per server; the second repetition reuses them (kept last)
+    for i in range(6):  # sent on one clock: the POSTs of a pair within a few ms
+        qa, qb = by[f"A/req-{i}"], by[f"B/req-{i}"]
+        assert abs(qa.arrival_ns - qb.arrival_ns) < 30e6, (i, qa.arrival_ns - qb.arrival_ns)
+    from gpuchef.report.model import view_trace  # readable by report: one attached stretch
+    assert view_trace(ct).segments
+
+
+def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
+    a, b = servers
+    rj = tmp_path / "r.json"
+    # A's server set to B's budget and B's to A's: the sign flips
+    r = ab("--ab-load", "sequential", "--a", f"url={a.url},max_num_batched_tokens=2048",
+           "--b", f"url={b.url},budget=16", *LOAD, "--repetitions", "2", "--result-json", str(rj))
+    assert r.exit_code == 0, r.output
+    assert "A/B load: sequential" in r.output
+    d = json.loads(rj.read_text())
+    ttft = row(d, "mean_ttft_ms")
+    assert all(y > x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
+    assert ttft["verdict"] == "B worse"
+    assert knobs(a.url)["max_num_batched_tokens"] == 16
+    assert knobs(b.url)["max_num_batched_tokens"] == 2048
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fakes():
+    s1, s2 = FakeServer(ttft_s=0.01, itl_s=0.005).start(), FakeServer(ttft_s=0.01).start()
+    yield s1, s2
+    s1.stop()
+    s2.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+FAST = ["--num-prompts", "4", "--input-len", "8", "--output-len", "3", "--request-rate", "50",
+        "--vocab-size", "100"]
+
+
+def one_error(r, *words):
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    for w in words:
+        assert w in r.output, (w, r.output)
+
+
+def test_unreachable_url_is_one_error_naming_it(fakes):
+    url = f"http://127.0.0.1:{free_port()}"
+    one_error(ab("--a", f"url={fakes[0].url}", "--b", f"url={url}", *FAST),
+              url, "cannot connect", "--b url=")
+
+
+def test_a_url_given_twice(fakes):
+    u = fakes[0].url
+    one_error(ab("--a", f"url={u}", "--b", f"url={u}/", *FAST), "both name", u, "--base-url")
+    one_error(ab("--a", f"url={u},url={fakes[1].url}", "--b", f"url={u}", *FAST),
+              "url= is given twice")
+
+
+def test_url_on_one_side_only_and_with_base_url(fakes):
+    u = fakes[0].url
+    one_error(ab("--a", f"url={u}", "--b", "budget=16", *FAST), "--a names url=",
+              "--b names no url=")
+    one_error(ab("--base-url", u, "--a", f"url={fakes[1].url}", *FAST), "--base-url", "give one")
+    one_error(ab("--base-url", u, "--ab-load", "mirrored", *FAST), "--ab-load mirrored")
+    one_error(ab("--base-url", u, "--interleave", *FAST), "--interleave")
+    one_error(ab("--base-url", u, "--mode", "chunked", *FAST), "--mode", "does not apply")
+
+
+def test_knob_specs_on_a_server_without_the_knob_endpoint(fakes):
+    u = fakes[0].url
+    one_error(ab("--base-url", u, "--a", "budget=16", "--b", "budget=2048", *FAST),
+              u, "has no gpuchef knob endpoint", "HTTP 404", "--a 'budget=16'")
+    assert fakes[0].n_requests == 0  # refused before any request was sent
+
+
+def test_a_server_that_errors_mid_run_is_counted_and_the_comparison_goes_on(fakes, tmp_path):
+    s1, s2 = fakes
+    s2.plan["req-2"] = "500"
+    rj = tmp_path / "r.json"
+    r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST, "--repetitions", "2",
+           "--result-json", str(rj))
+    assert r.exit_code == 0, r.output
+    assert "failed (B" in r.output and "2 requests: HTTP 500" in r.output
+    d = json.loads(rj.read_text())
+    assert d["results"]["B"]["failed"] == 2 and d["results"]["A"]["failed"] == 0
+    assert d["results"]["B"]["error_counts"] == {"HTTP 500": 2}
+    assert [x["error_counts"] for x in d["runs"] if x["label"] == "B"] == [{"HTTP 500": 1}] * 2
+    assert d["comparison"] is not None and row(d, "mean_ttft_ms")["b"] is not None
+
+
+def test_a_server_whose_every_request_fails_exits_1_after_the_table(fakes):
+    s1, s2 = fakes
+    s2.plan.update({f"req-{i}": "500" for i in range(4)})
+    r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST)
+    assert r.exit_code == 1, r.output
+    assert "4 requests: HTTP 500" in r.output and f"no request to {s2.url} (B) succeeded" \
+        in r.output and "Traceback" not in r.output
