@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import click
 
-from .engine_host.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from .engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, CacheConfig, ConfigError,
+                                 EngineConfig, SchedulerConfig)
 
 
 def _opts(*decorators: Callable) -> Callable:
@@ -61,24 +62,15 @@ engine_options = _opts(
 )
 
 scheduler_options = _opts(
-    click.option("--mode", default="chunked", show_default=True,
-                 type=click.Choice(["continuous", "chunked"]),
+    click.option(SETTINGS["mode"].flag, default=SchedulerConfig().mode, show_default=True,
+                 type=click.Choice(list(MODES)),
                  help="continuous: prefill-first, whole prompts, no decodes in a step that "
                       "prefills (vLLM V0 default). chunked: stall-free, every decode first, then "
                       "prefill chunks within the token budget (Sarathi-Serve, vLLM V1)."),
-    click.option("--max-num-batched-tokens", default=2048, show_default=True, type=int,
-                 help="Token budget per step."),
-    click.option("--max-num-seqs", default=256, show_default=True, type=int,
-                 help="Cap on running requests."),
-    click.option("--long-prefill-token-threshold", default=0, show_default=True, type=int,
-                 help="Chunk size: cap on one request's prefill tokens per step (0 = the budget)."),
-    click.option("--max-num-partial-prefills", default=1, show_default=True, type=int,
-                 help="Prompts that may be left mid-prefill at once (chunked mode)."),
-    click.option("--max-long-partial-prefills", default=1, show_default=True, type=int,
-                 help="Of those, how many may be long prompts (over "
-                      "--long-prefill-token-threshold), so that short prompts pass them "
-                      "(vLLM V0; at most --max-num-partial-prefills)."),
-    click.option("--auto-budget", "auto_budget", default=None, metavar="TARGETS",
+    *(click.option(spec.flag, default=getattr(SchedulerConfig(), name), show_default=True,
+                   type=int, help=f"{spec.help[:1].upper()}{spec.help[1:]}.")
+      for name, spec in KNOBS.items()),
+    click.option(SETTINGS[AUTO_BUDGET].flag, AUTO_BUDGET, default=None, metavar="TARGETS",
                  help="The autopilot (chunked mode): pick each step's prefill tokens within "
                       "--max-num-batched-tokens to keep the step time under an ITL target, "
                       "more when a TTFT target is at risk, e.g. itl_p99:50ms,ttft_p99:2s "
@@ -168,12 +160,8 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
                           kv_cache_memory_gb=o["kv_cache_memory_gb"],
                           gpu_memory_utilization=o["gpu_memory_utilization"]),
         scheduler=SchedulerConfig(
-            mode=o["mode"], max_num_batched_tokens=o["max_num_batched_tokens"],
-            max_num_seqs=o["max_num_seqs"],
-            long_prefill_token_threshold=o["long_prefill_token_threshold"],
-            max_num_partial_prefills=o["max_num_partial_prefills"],
-            max_long_partial_prefills=o.get("max_long_partial_prefills", 1),
-            auto_budget=o.get("auto_budget") or ""),
+            mode=o["mode"], **{k: o[k] for k in KNOBS if o.get(k) is not None},
+            auto_budget=o.get(AUTO_BUDGET) or ""),
         engine=o.get("engine", "native"),
         tensor_parallel_size=o.get("tensor_parallel_size", 1),
     )

@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine_host.config import AUTO_BUDGET, KNOBS, MODES, ConfigError, parse_value
+from ..engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError, field_names,
+                                  parse_value)
 from ..engine_host.records import RequestRecord, StepOutput
 from ..engine_host.request import SamplingParams
 from . import protocol as P
@@ -331,9 +332,8 @@ class FrontDoor:
             raise P.bad("the body must be a JSON object of knobs to change, e.g. "
                         "{\"max_num_batched_tokens\": 512, \"mode\": \"chunked\"}")
         for k, v in body.items():
-            if k not in ("mode", AUTO_BUDGET) and k not in KNOBS:
-                raise P.bad(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode, "
-                            f"{AUTO_BUDGET}", k)
+            if k not in SETTINGS and k not in KNOBS:
+                raise P.bad(f"unknown knob {k!r}; knobs are: {field_names()}", k)
             if k in KNOBS and not P._is_int(v):  # JSON has integers: "512" is a typing slip
                 raise P.bad(f"'{k}' must be a JSON integer, got {v!r}", k)
             if k == "mode" and not isinstance(v, str):

@@ -17,6 +17,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from gpuchef.engine_host.config import setting_label as _label
+
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R
 from ..plotdata import GpuColumns, StepColumns, TimeGrid, build_frame
@@ -48,7 +50,8 @@ def attach_header_text(s, elapsed_s: int) -> Text:
     if not reason:
         c = s.scheduler_config
         t.append("   knobs live: ", style=theme.LABEL)
-        t.append(f"{c.mode} budget {c.max_num_batched_tokens} seqs {c.max_num_seqs}",
+        t.append(f"{c.mode} {_label('max_num_batched_tokens')} {c.max_num_batched_tokens} "
+                 f"{_label('max_num_seqs')} {c.max_num_seqs}",
                  style=f"bold {theme.TITLE}")
     else:
         t.append("   knobs read-only", style=theme.WAITING)
@@ -152,8 +155,10 @@ class AttachScreen(Screen):
             c = s.scheduler_config
             t.append(f"  live (PATCH /gpuchef/v1/scheduler on {s.servers[0].url})\n",
                      style=theme.LABEL)
-            t.append(f" mode {c.mode}  budget {c.max_num_batched_tokens}  seqs {c.max_num_seqs}"
-                     f"  chunk {c.long_prefill_token_threshold or 'off'}",
+            t.append(f" mode {c.mode}  {_label('max_num_batched_tokens')} "
+                     f"{c.max_num_batched_tokens}  {_label('max_num_seqs')} {c.max_num_seqs}  "
+                     f"{_label('long_prefill_token_threshold')} "
+                     f"{c.long_prefill_token_threshold or 'off'}",
                      style=f"bold {theme.TITLE}")
             t.append("\n m mode  +/- budget  [/] chunk", style=theme.AXIS)
         self.query_one("#a-knobs", Static).update(t)
