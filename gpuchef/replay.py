@@ -24,39 +24,13 @@ from typing import Any, Callable
 from gpuchef.engine_host.config import ConfigError, SchedulerConfig
 from gpuchef.probes.recorder import Trace, read_trace
 from gpuchef.probes.timeline import Timeline
-from gpuchef.tui.model import ABState, LoadState, SessionInfo
+from gpuchef.tui.model import READ_ONLY, ABState, LoadState, SessionInfo
 
 SPEED_MIN, SPEED_MAX = 0.25, 16.0
-READ_ONLY = "replay is read-only: a saved trace cannot be steered"
 
 
 def _read_only(what: str) -> ConfigError:
     return ConfigError(f"{READ_ONLY} ({what})")
-
-
-def fmt_t(seconds: float) -> str:
-    """Seconds → "mm:ss.s" (or "h:mm:ss.s" past an hour)."""
-    s = max(0.0, seconds)
-    h, r = divmod(s, 3600)
-    m, sec = divmod(r, 60)
-    if h >= 1:
-        return f"{int(h)}:{int(m):02d}:{sec:04.1f}"
-    return f"{int(m):02d}:{sec:04.1f}"
-
-
-def parse_time(text: str) -> float:
-    """"83", "83.5", "1:23", "1:23.5" or "0:01:23" → seconds. Raises ConfigError."""
-    s = str(text).strip().rstrip("s").strip()
-    try:
-        parts = [float(p) for p in s.split(":")]
-    except ValueError:
-        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)") from None
-    if not parts or len(parts) > 3 or any(not math.isfinite(p) or p < 0 for p in parts):
-        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)")
-    v = 0.0
-    for p in parts:
-        v = v * 60 + p
-    return v
 
 
 class ReplayLoad:

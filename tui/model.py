@@ -19,6 +19,34 @@ from gpuchef.probes.timeline import Timeline
 
 #: Highest rate a live control accepts: req/s for random arrivals, × for a trace.
 MAX_RATE = 10_000.0
+#: The refusal of every steering key on a replayed trace (``gpuchef replay``).
+READ_ONLY = "replay is read-only: a saved trace cannot be steered"
+
+
+def fmt_t(seconds: float) -> str:
+    """Seconds → "mm:ss.s" (or "h:mm:ss.s" past an hour): replay's positions."""
+    s = max(0.0, seconds)
+    h, r = divmod(s, 3600)
+    m, sec = divmod(r, 60)
+    if h >= 1:
+        return f"{int(h)}:{int(m):02d}:{sec:04.1f}"
+    return f"{int(m):02d}:{sec:04.1f}"
+
+
+def parse_time(text: str) -> float:
+    """"83", "83.5", "1:23", "1:23.5" or "0:01:23" → seconds (replay's go-to). Raises
+    ConfigError naming the text."""
+    s = str(text).strip().rstrip("s").strip()
+    try:
+        parts = [float(p) for p in s.split(":")]
+    except ValueError:
+        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)") from None
+    if not parts or len(parts) > 3 or any(not math.isfinite(p) or p < 0 for p in parts):
+        raise ConfigError(f"time {text!r} is not seconds or mm:ss(.s)")
+    v = 0.0
+    for p in parts:
+        v = v * 60 + p
+    return v
 
 
 def parse_rate(value: Any, unit: str) -> float:
@@ -215,3 +243,33 @@ class AttachedSession(Session, Protocol):
 
     @property
     def knobs_reason(self) -> str: ...
+
+
+class ReplayControl(Session, Protocol):
+    """A saved trace played back as a session (``gpuchef/replay.py``'s ReplaySession): the
+    timeline holds what was recorded up to ``position_ns``; every steering call raises
+    ConfigError (``READ_ONLY``). ``path``: the trace; ``start_ns``/``end_ns``: its span
+    (monotonic ns of the recording); ``playing``, ``speed`` (× real time). ``seek``/``seek_s``/
+    ``step`` move the position (ns; seconds from the start; seconds relative) and return the
+    new ``position_ns``; ``toggle`` plays or pauses and returns ``playing``; ``set_speed``
+    validates (ConfigError) and returns the speed; ``last_step(t_ns)``: the last StepRecord
+    ending by ``t_ns`` (default: the position), or None."""
+
+    path: Any
+    end_ns: int
+    playing: bool
+    speed: float
+
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def position_ns(self) -> int: ...
+    @property
+    def position_s(self) -> float: ...
+
+    def seek(self, t_ns: int) -> int: ...
+    def seek_s(self, seconds: float) -> int: ...
+    def step(self, seconds: float) -> int: ...
+    def toggle(self) -> bool: ...
+    def set_speed(self, x: Any) -> float: ...
+    def last_step(self, t_ns: int | None = None) -> Any: ...

@@ -111,7 +111,7 @@ def test_report_of_an_attached_trace_groups_the_clients_requests_and_labels_deri
 
 
 def test_replay_of_an_attached_trace_shows_the_servers_values_at_the_position(tmp_path):
-    from gpuchef.replay_app import ReplayAttachScreen
+    from gpuchef.tui.replay import ReplayAttachScreen
     from gpuchef.replay_cmd import build_app
 
     p = tmp_path / "a.jsonl"

@@ -12,8 +12,9 @@ from tui_fakes import T0, palette, simulate
 from gpuchef.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.timeline import Timeline
-from gpuchef.replay import READ_ONLY, ReplaySession, fmt_t, parse_time
-from gpuchef.replay_app import ReplayApp, ReplayBar, ReplayHelpScreen
+from gpuchef.replay import ReplaySession
+from gpuchef.tui.model import READ_ONLY, fmt_t, parse_time
+from gpuchef.tui.replay import ReplayApp, ReplayBar, ReplayHelpScreen
 from gpuchef.replay_cmd import build_app
 from gpuchef.tui.widgets.header import SessionHeader
 from gpuchef.tui.widgets.numbers import NumbersPanel

@@ -1,4 +1,5 @@
-"""`gpuchef replay`'s app: the live dashboard's screens over a :class:`ReplaySession`.
+"""`gpuchef replay`'s app: the live dashboard's screens over a saved trace played back
+(:class:`tui.model.ReplayControl`, built by ``gpuchef/replay.py``).
 
 Composition, not a fork: :class:`ReplayApp` is ``GpuchefApp`` with playback keys added and every
 steering action refused ("replay is read-only"); :class:`ReplayScreen` is the main screen with a
@@ -24,16 +25,16 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.tui import theme
-from gpuchef.tui.app import GpuchefApp
-from gpuchef.tui.keys import KEYS
-from gpuchef.tui.plotdata import GpuColumns, StepColumns
-from gpuchef.tui.screens.help import PANELS, HelpScreen
-from gpuchef.tui.screens.attach import AttachScreen
-from gpuchef.tui.screens.main import MainScreen
-from gpuchef.tui.widgets.controls import ControlsPanel
+from . import theme
+from .app import GpuchefApp
+from .keys import KEYS
+from .model import READ_ONLY, ReplayControl, fmt_t, parse_time
+from .plotdata import GpuColumns, StepColumns
+from .screens.help import PANELS, HelpScreen
+from .screens.attach import AttachScreen
+from .screens.main import MainScreen
+from .widgets.controls import ControlsPanel
 
-from .replay import READ_ONLY, ReplaySession, fmt_t, parse_time
 
 SEEK_S, BIG_SEEK_S = 5.0, 30.0
 SEED_MARGIN_S = 5.0  # seconds of columns kept before the window after a seek
@@ -63,7 +64,7 @@ REPLAY_KEYS: tuple[ReplayKey, ...] = (
 VIEW_ACTIONS = ("set_window", "cycle_window", "toggle_side", "screenshot", "help", "quit")
 
 
-def status_text(s: ReplaySession) -> Text:
+def status_text(s: ReplayControl) -> Text:
     """"REPLAY file · t = mm:ss.s / total · speed ×N · playing" and the last step's numbers."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(" REPLAY ", style=f"bold #11151c on {theme.WAITING}")
@@ -92,7 +93,7 @@ class ReplayBar(Static):
         super().__init__("", **kw)
         self.plain = ""
 
-    def show(self, s: ReplaySession) -> None:
+    def show(self, s: ReplayControl) -> None:
         text = status_text(s)
         if text.plain != self.plain:
             self.plain = text.plain
@@ -122,7 +123,7 @@ class ReplayScreen(MainScreen):
     def seed(self) -> None:
         """Fresh column caches holding the window before the position (plus a margin), so a
         seek in a long trace converts only what the panels can show."""
-        s: ReplaySession = self.app.session
+        s: ReplayControl = self.app.session
         now = s.clock()
         t0 = now - int((self.app.window_s + SEED_MARGIN_S) * 1e9)
         steps = s.timeline.snapshot(now).steps
@@ -269,7 +270,7 @@ class ReplayCommands(Provider):
 
 
 class ReplayApp(GpuchefApp):
-    """The dashboard over a :class:`ReplaySession` (same arguments as ``GpuchefApp``)."""
+    """The dashboard over a :class:`ReplayControl` (same arguments as ``GpuchefApp``)."""
 
     TITLE = "gpuchef replay"
     COMMANDS = GpuchefApp.COMMANDS | {ReplayCommands}
@@ -279,9 +280,9 @@ class ReplayApp(GpuchefApp):
         Binding(k.keys, k.action, k.help[:24], show=False, key_display=k.shown) for k in KEYS
         if k.short and k.action.split("(")[0] not in VIEW_ACTIONS and k.keys != "p"]
 
-    session: ReplaySession
+    session: ReplayControl
 
-    def __init__(self, session: ReplaySession, *, warnings: list[str] | tuple[str, ...] = (),
+    def __init__(self, session: ReplayControl, *, warnings: list[str] | tuple[str, ...] = (),
                  **kw) -> None:
         super().__init__(session, **kw)
         self.warnings = list(warnings)  # what reading the trace found (shown once mounted)
