@@ -24,10 +24,9 @@ goodput) are over a window's requests.
 the window's span — requests *finished* in the span, output tokens *produced* in it (token
 times), tokens *computed* by its steps (prefill + decode; with no steps recorded, a server seen
 from its client, ``summarize``'s input + output tokens of the window's requests); goodput
-likewise: the requests finished in the span that met every goodput SLO (``summarize``'s test), so goodput ≤ request
-throughput. Under an open-loop load the requests
-that arrived in a window only measure the arrival process; what a setting achieved is what it
-finished while in force.
+likewise: the requests finished in the span that met every goodput SLO (``summarize``'s test),
+so goodput ≤ request throughput. Under an open-loop load the requests that arrived in a window
+only measure the arrival process; what a setting achieved is what it finished while in force.
 
 **Pooled and per-window.** A setting's pooled figures are :func:`pool` over its counted windows
 (their requests and steps as one set, spans summed); a window's own figures are the same
