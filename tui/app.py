@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -43,10 +44,9 @@ class GpuchefApp(App):
     AUTO_FOCUS = None  # keys drive the dashboard until the user tabs into a field
     COMMANDS = App.COMMANDS | {DashboardCommands}
     BINDINGS = bindings()
-    CSS = """
-    Screen { background: #0b0e14; }
-    Toast { max-width: 80; }
-    """
+    # the screens' layout (widgets keep their DEFAULT_CSS); absolute, because Textual reads a
+    # relative CSS_PATH beside the module of the subclass (ReplayApp's, a test's)
+    CSS_PATH = Path(__file__).with_name("gpuchef.tcss")
 
     def __init__(self, session: Session, *, window_s: float = 60.0, fps: float = 10.0,
                  ab_window_s: float = 10.0, screenshot_dir: str = ".",

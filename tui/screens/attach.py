@@ -76,26 +76,6 @@ class AttachScreen(Screen):
     BINDINGS = [Binding("v", "next_server", "server")]
     #: below 120 columns the side panel is hidden and ``n`` shows it in place of the charts
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    DEFAULT_CSS = """
-    AttachScreen { layout: vertical; background: #0b0e14; }
-    #a-header { height: auto; background: #1b2130; text-wrap: nowrap; text-overflow: ellipsis; }
-    #a-body { height: 1fr; }
-    #a-waves { width: 1fr; }
-    #a-side { width: 60; background: #11151c; border-left: vkey #2a3142; }
-    #a-steps { height: 1; background: #11151c; color: #9aa5b8; }
-    #a-knobs { height: auto; border-top: solid #3a4356; padding: 0 1; color: #9aa5b8; }
-    GpuPanel { height: 8; }
-    MemPowerPanel { height: 6; }
-    GpuPanel.off { height: 2; }
-    ScrapeQueuePanel { height: 1fr; min-height: 7; }
-    TokenRatePanel { height: 1fr; min-height: 6; }
-    BatchEstimatePanel { height: 1fr; min-height: 6; }
-    ServerLatencyPanel { height: 1fr; min-height: 6; }
-    AttachScreen.-narrow #a-side { display: none; }
-    AttachScreen.-narrow.-side-on #a-side { display: block; width: 1fr; border-left: none; }
-    AttachScreen.-narrow.-side-on #a-waves { display: none; }
-    AttachScreen.-wide.-side-on #a-side { display: none; }
-    """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)

@@ -47,11 +47,6 @@ class HelpScreen(ModalScreen):
     # that ↑↓, PgUp/PgDn, Home/End scroll it without a Tab first
     AUTO_FOCUS = "VerticalScroll"
     BINDINGS = [("escape,question_mark,q", "app.pop_screen", "close")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 124; height: 90%; background: #11151c;
-                                  border: round #b56cff; padding: 0 2; }
-    """
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():

@@ -54,44 +54,11 @@ def too_small_text(w: int, h: int) -> str:
 class MainScreen(Screen):
     """Below 120 columns (``-narrow``) the side panel is hidden and ``n`` shows it full width
     instead of the charts; below 40 rows (``-short``, where the charts no longer fit) the
-    charts shrink and scroll. A hint line says so. At 120×40 and up nothing of this shows."""
+    charts shrink and scroll. A hint line says so. At 120×40 and up nothing of this shows. Its
+    layout rules: tui/gpuchef.tcss."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]  # the charts need ~39 rows
-    DEFAULT_CSS = """
-    MainScreen { layout: vertical; background: #0b0e14; }
-    #body { height: 1fr; }
-    #waves { width: 1fr; }
-    #side { width: 47; background: #11151c; border-left: vkey #2a3142; }
-    GpuPanel { height: 8; }
-    MemPowerPanel { height: 6; }
-    GpuPanel.off { height: 2; }
-    StepPanel { height: 1fr; min-height: 6; }
-    BatchPanel { height: 1fr; min-height: 6; }
-    QueueKvPanel { height: 1fr; min-height: 7; }
-    StepTimePanel { height: 7; }
-    TimeAxis { height: 3; }
-    NumbersPanel, ControlsPanel { border-top: solid #3a4356; border-title-color: #d8dee9; }
-    #hints { height: 1; display: none; background: #1b2130; }
-    #hints Static { width: auto; display: none; color: #e0af68; padding: 0 1; }
-    MainScreen.-narrow #hints, MainScreen.-short #hints { display: block; }
-    MainScreen.-narrow #hint-side, MainScreen.-short #hint-scroll { display: block; }
-    MainScreen.-narrow.-side-on #hint-scroll { display: none; }
-    MainScreen.-narrow #side { display: none; }
-    MainScreen.-narrow.-side-on #side { display: block; width: 1fr; border-left: none; }
-    MainScreen.-narrow.-side-on #waves { display: none; }
-    MainScreen.-wide.-side-on #side { display: none; }
-    MainScreen.-short #waves { overflow-y: auto; scrollbar-size-vertical: 1; }
-    MainScreen.-short GpuPanel { height: 5; }
-    MainScreen.-short GpuPanel.off { height: 2; }
-    MainScreen.-short MemPowerPanel { height: 4; }
-    MainScreen.-short StepPanel, MainScreen.-short BatchPanel { height: 6; }
-    MainScreen.-short QueueKvPanel { height: 7; }
-    #too-small { display: none; color: #e0af68; padding: 0 1; }
-    MainScreen.-tiny #too-small { display: block; height: 1fr; }
-    MainScreen.-tiny SessionHeader, MainScreen.-tiny #body, MainScreen.-tiny #hints,
-    MainScreen.-tiny Footer { display: none; }
-    """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
