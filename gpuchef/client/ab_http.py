@@ -77,7 +77,11 @@ def split_url(spec: str, flag: str) -> tuple[str | None, str]:
 
 def is_http(o: dict[str, Any]) -> bool:
     """Whether `ab`'s options ask for the HTTP branch (``--base-url``, or url= in a spec)."""
-    return bool(o.get("base_url")) or any(split_url(o[k], "")[0] for k in ("spec_a", "spec_b"))
+    try:
+        return bool(o.get("base_url")) or any(split_url(o[k], "")[0]
+                                              for k in ("spec_a", "spec_b"))
+    except ConfigError:  # url= given twice: parse_arms says so, naming the flag
+        return True
 
 
 def parse_arms(o: dict[str, Any]) -> tuple[dict[str, Arm], str]:
@@ -134,9 +138,8 @@ def check_options(o: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} does not apply over HTTP (it is for the hosted engine's "
                               "A/B)")
     # --trace is ours here (the client's requests); the rest of bench's rule holds
-    urls = ", ".join(dict.fromkeys(
-        u for u in (o.get("base_url"), split_url(o["spec_a"], "")[0],
-                    split_url(o["spec_b"], "")[0]) if u))
+    ua, ub = split_url(o["spec_a"], "--a")[0], split_url(o["spec_b"], "--b")[0]
+    urls = ", ".join(dict.fromkeys(u for u in (o.get("base_url"), ua, ub) if u))
     check_http_flags({**{k: v for k, v in o.items() if k != "trace_path"},
                       "base_url": urls})
 

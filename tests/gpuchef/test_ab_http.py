@@ -184,7 +184,7 @@ def test_a_url_given_twice(fakes):
     u = fakes[0].url
     one_error(ab("--a", f"url={u}", "--b", f"url={u}/", *FAST), "both name", u, "--base-url")
     one_error(ab("--a", f"url={u},url={fakes[1].url}", "--b", f"url={u}", *FAST),
-              "url= is given twice")
+              "--a 'url=", "url= is given twice")
 
 
 def test_url_on_one_side_only_and_with_base_url(fakes):
