@@ -418,6 +418,8 @@ def ab_http(o: dict[str, Any], err) -> None:
                   f"{f', {bad} failed' if bad else ''}[/dim]", highlight=False)
 
     try:
+        for arm in arms.values():  # a value the server refuses: refused before any request
+            apply(arm)
         runs = (run_mirrored if load == "mirrored" else run_sequential)(arms, loads, reps, on_run)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/] the A/B was stopped; no results")

@@ -226,3 +226,51 @@ def test_a_server_whose_every_request_fails_exits_1_after_the_table(fakes):
     assert r.exit_code == 1, r.output
     assert "4 requests: HTTP 500" in r.output and f"no request to {s2.url} (B) succeeded" \
         in r.output and "Traceback" not in r.output
+
+
+class KnobFake(FakeServer):
+    """FakeServer with a knob endpoint that refuses a budget of 16 (as a server with a limit of
+    its own would), in its own words; ``patches``: the bodies it got."""
+
+    STATE = {"mode": "chunked", "max_num_batched_tokens": 2048, "max_num_seqs": 256,
+             "long_prefill_token_threshold": 0, "max_num_partial_prefills": 1,
+             "max_long_partial_prefills": 1, "auto_budget": ""}
+
+    async def _start(self):
+        from aiohttp import web
+
+        self.patches = []
+
+        async def get(request):
+            return web.json_response(self.STATE)
+
+        async def patch(request):
+            body = await request.json()
+            self.patches.append(body)
+            if body.get("max_num_batched_tokens") == 16:
+                return web.json_response({"error": {"message": "max_num_batched_tokens 16 is "
+                                                    "below this engine's floor of 32"}}, status=400)
+            return web.json_response({"accepted": body, "scheduler": {**self.STATE, **body}})
+
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models_handler)
+        app.router.add_post("/v1/completions", self.handler)
+        app.router.add_get("/gpuchef/v1/scheduler", get)
+        app.router.add_patch("/gpuchef/v1/scheduler", patch)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def test_a_setting_the_server_refuses_is_one_error_before_any_request():
+    s = KnobFake().start()
+    try:
+        one_error(ab("--base-url", s.url, "--a", "budget=16", "--b", "budget=1024", *FAST),
+                  "setting A (max_num_batched_tokens=16)", s.url, "below this engine's floor")
+        assert s.n_requests == 0
+        # the server was put back as found: the last PATCH is its initial state
+        assert s.patches[-1]["max_num_batched_tokens"] == 2048
+    finally:
+        s.stop()
