@@ -136,7 +136,7 @@ class ReplayScreen(MainScreen):
     def jumped(self) -> None:
         """After a seek or a window change: new columns and a redraw now."""
         self.seed()
-        if getattr(self, "ready", False):
+        if self.ready:
             self.tick(force=True)
 
 
@@ -159,7 +159,7 @@ class ReplayAttachScreen(AttachScreen):
         """After a seek: redraw now (the frames are built from the intervals up to the
         position each tick; only the GPU columns, which are rebuilt)."""
         self.gpus = GpuColumns()
-        if getattr(self, "ready", False):
+        if self.ready:
             self.tick(force=True)
 
 

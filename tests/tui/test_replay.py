@@ -301,7 +301,7 @@ def test_the_h200_slice_replays_with_gpu_panels():
         async with app.run_test(size=(150, 44)) as pilot:
             await pilot.pause(0.2)
             scr = app.screen
-            assert s.gpu_available and not scr.panels[0].off_reason
+            assert s.gpu_available and not scr.gpu_panel.off_reason
             t = s.position_ns
             assert len(scr.gpus.t) == sum(g.t_ns <= t for g in s.trace.gpu_samples) > 0
             assert "flashinfer" in header(app) and "NVIDIA H200" in s.gpu_status

@@ -56,6 +56,7 @@ class ABScreen(Screen):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
+        self.ready = False  # set once the first tick has drawn every panel
         self._last = 0.0
         self._drawn: dict[str, tuple] = {}
 
@@ -88,11 +89,11 @@ class ABScreen(Screen):
         self.ready = True
 
     def on_resize(self) -> None:
-        if getattr(self, "ready", False):
+        if self.ready:
             self.call_after_refresh(self.tick, True)
 
     def on_screen_resume(self) -> None:
-        if getattr(self, "ready", False):
+        if self.ready:
             self.tick(force=True)
 
     def tick(self, force: bool = False) -> None:

@@ -79,6 +79,7 @@ class AttachScreen(Screen):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
+        self.ready = False  # set once the first tick has drawn every panel
         self._last_numbers = 0.0
         self._gpu_on: bool | None = None
         self._gpu_key: tuple | None = None

@@ -74,6 +74,7 @@ class MainScreen(Screen):
         self.gpus = GpuColumns()
         self.reqs = RequestColumns()
         self._seen_step = (-1, 0)  # (newest step id seen, requests submitted when it was seen)
+        self.ready = False  # set once the first tick has drawn every panel
 
     def compose(self) -> ComposeResult:
         yield SessionHeader(id="header")
@@ -97,15 +98,20 @@ class MainScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.panels = [self.query_one(x) for x in ("#gpu", "#mem", "#step", "#batch", "#queue",
-                                                   "#axis")]
+        self.gpu_panel = self.query_one("#gpu", GpuPanel)
+        self.mem_panel = self.query_one("#mem", MemPowerPanel)
+        self.step_panel = self.query_one("#step", StepPanel)
+        self.batch_panel = self.query_one("#batch", BatchPanel)
+        self.queue_panel = self.query_one("#queue", QueueKvPanel)
+        self.axis = self.query_one("#axis", TimeAxis)
         self.per_gpu = self.query_one(PerGpuPanel)
         self.per_gpu.display = False
-        self.panels.append(self.per_gpu)
         # the autopilot's step-time panel: shown while it is on or its steps are in the window
         self.step_time = self.query_one(StepTimePanel)
         self.step_time.display = bool(self.app.session.scheduler_config.auto_budget)
-        self.panels.append(self.step_time)
+        #: every chart, in the order they are drawn
+        self.panels = [self.gpu_panel, self.mem_panel, self.step_panel, self.batch_panel,
+                       self.queue_panel, self.axis, self.per_gpu, self.step_time]
         self.header = self.query_one(SessionHeader)
         self.numbers = self.query_one(NumbersPanel)
         self.controls = self.query_one(ControlsPanel)
@@ -134,7 +140,7 @@ class MainScreen(Screen):
 
     def resync_controls(self) -> None:
         """Put what is in force back into the controls (after a refused value)."""
-        if getattr(self, "ready", False):
+        if self.ready:
             self.controls.sync(self.app.session.scheduler_config, self.app.session.load.state(),
                                force=True)
 
@@ -150,7 +156,7 @@ class MainScreen(Screen):
         app = self.app
         s = app.session
         wall = time.monotonic()
-        cols = self.panels[2].size.width - GUTTER_L - GUTTER_R
+        cols = self.step_panel.size.width - GUTTER_L - GUTTER_R
         cfg, load = s.scheduler_config, s.load.state()
         changed = cfg != self._cfg or load != self._load
         frame_s = min(MAX_FRAME_S, max(1.0 / app.fps, app.window_s / max(cols, 1)))
@@ -201,10 +207,10 @@ class MainScreen(Screen):
 
     def _tick_gpu(self, s) -> None:
         on = bool(s.gpu_available)
-        if on == self._gpu_on and (on or self.panels[0].off_reason == _off_text(s.gpu_status)):
+        if on == self._gpu_on and (on or self.gpu_panel.off_reason == _off_text(s.gpu_status)):
             return
         self._gpu_on = on
-        gpu, mem = self.panels[0], self.panels[1]
+        gpu, mem = self.gpu_panel, self.mem_panel
         gpu.set_class(not on, "off")
         gpu.set_off("" if on else _off_text(s.gpu_status))
         mem.display = on  # one line says why for both GPU panels
@@ -221,8 +227,8 @@ class MainScreen(Screen):
         self.per_gpu.display = bool(n)
         if n:
             self.per_gpu.styles.height = self.per_gpu.rows_needed(n)
-        self.panels[0].display = not n
-        self.panels[1].display = not n and bool(self._gpu_on)
+        self.gpu_panel.display = not n
+        self.mem_panel.display = not n and bool(self._gpu_on)
 
 
 def _off_text(status: str) -> str:

@@ -93,6 +93,7 @@ class ControlsPanel(Vertical):
         self.border_title = "Controls · Enter applies, Esc leaves"
         self._rate_unit = "req/s"
         self._mode = mode  # the Select starts at the mode in force: its first Changed is a no-op
+        self._shown: dict = {}  # the values last written into the fields
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -168,7 +169,7 @@ class ControlsPanel(Vertical):
         shown = {"mode": cfg.mode, **{n: str(getattr(cfg, n)) for n in SHOWN},
                  "rate": f"{load.rate:g}", "load": not load.paused,
                  AUTO_BUDGET: cfg.auto_budget or "off"}
-        last = {} if force else getattr(self, "_shown", {})
+        last = {} if force else self._shown
         self._shown = shown
         changed = {k for k, v in shown.items() if last.get(k) != v}
         sel = self.query_one("#mode", Select)

@@ -212,12 +212,13 @@ class NumbersPanel(Static):
         super().__init__("", **kw)
         self.percentiles = percentiles
         self.border_title = "Numbers"
+        self._shown = None  # the table last shown (no repaint when nothing moved)
 
     def show(self, n: Numbers) -> None:
         title = f"Numbers · last {n.window_s:g} s"
         if title != self.border_title:
             self.border_title = title
         text = numbers_text(n, self.percentiles)
-        if text != getattr(self, "_shown", None):  # nothing moved: no repaint
+        if text != self._shown:  # nothing moved: no repaint
             self._shown = text
             self.update(text, layout=False)

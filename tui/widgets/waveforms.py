@@ -76,6 +76,7 @@ class ChartPanel(Widget):
         self._frame: WaveFrame | None = None
         self._strips: list[Strip] = []
         self._built_for: tuple[int, int] = (0, 0)
+        self._title_key: tuple | None = None  # what the title row was last built from
 
     # -- data ----------------------------------------------------------------------------------
     def set_frame(self, frame: WaveFrame) -> None:
@@ -140,7 +141,7 @@ class ChartPanel(Widget):
 
     def title_strip(self, width: int) -> Strip:
         key = (width, self.UNIT, self.SOURCE, self.LEGEND)  # titles change only with these
-        if getattr(self, "_title_key", None) != key:
+        if self._title_key != key:
             self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
         return self._title
 
@@ -201,6 +202,8 @@ class BatchPanel(ChartPanel):
     #: title and legend while the window holds autopilot steps: their prefill allowance is
     #: drawn too (the unit shorter, the source left out, so that the legend fits)
     UNIT_AUTO = "tokens per step"
+    #: the title parts set before the autopilot legend took over (None: not taken over)
+    _plain: tuple | None = None
     LEGEND_AUTO = LEGEND + (("━ autopilot allowance", theme.ALLOWANCE),)
     OVER_NOTES = ("▲ above the budget line: a prompt longer than the budget runs alone, whole",
                   "▲ above budget: a long prompt runs alone", "▲ > budget")
@@ -219,7 +222,7 @@ class BatchPanel(ChartPanel):
                            float(tot.max()) if len(tot) else 0.0), 8)
         allow = self.fit(f.allowance, cols) if f.allowance is not None else np.full(cols, np.nan)
         auto = bool(np.isfinite(allow).any())
-        if auto != (getattr(self, "_plain", None) is not None):  # the title over to it / back
+        if auto != (self._plain is not None):  # the title over to it / back
             if auto:
                 self._plain = (self.UNIT, self.SOURCE, self.LEGEND)  # as set (the A/B screen's)
                 self.UNIT, self.SOURCE, self.LEGEND = self.UNIT_AUTO, "", self.LEGEND_AUTO
@@ -276,7 +279,7 @@ class StepTimePanel(ChartPanel):
     def title_strip(self, width: int) -> Strip:
         ap = self._frame.autopilot if self._frame is not None else None
         key = (width, ap.line() if ap else "")
-        if getattr(self, "_title_key", None) != key:
+        if self._title_key != key:
             self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
         return self._title
 
@@ -579,7 +582,7 @@ class PerGpuPanel(ChartPanel):
 
     def title_strip(self, width: int) -> Strip:
         key = (width, self.UNIT, self.SOURCE)
-        if getattr(self, "_title_key", None) != key:
+        if self._title_key != key:
             heads = self.HEADS  # column heads over the numbers; the source goes first if short
             parts = self.title_parts()
             used = sum(len(t) for t, _ in parts)
