@@ -126,7 +126,7 @@ def ab(**o) -> None:
 
 def _check(o: dict) -> dict[str, Any]:
     """Everything that can be refused before the model loads."""
-    from .ab import check_repetitions, check_window, parse_setting
+    from .ab_runs import check_repetitions, check_window, parse_setting
     from .capacity import check_rates, parse_slos, parse_tolerance
     from .probes.metrics import parse_goodput, parse_percentiles
 
@@ -221,7 +221,7 @@ def _header(engine, wcfg, settings, specs_n: int, load: str | None = None) -> li
 
 
 def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
-    from .ab import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
+    from .ab_runs import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
                      run_sequential, side_by_side)
     from .probes.metrics import format_results_block
 
@@ -362,7 +362,7 @@ def _is_probe(spec) -> bool:
 
 
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
-    from .ab import _assert_idle, _mark
+    from .ab_runs import _assert_idle, _mark
     from .capacity import WARMUP_SHARE, EarlyStop, Measured, capacity_ratio, capacity_search, \
         judge_probe, probe_mark, slo_percentiles, stop_mark
     from .engine_host.workload import generate

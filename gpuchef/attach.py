@@ -1,6 +1,6 @@
 """`gpuchef top --attach URL`: the dashboard's session on servers gpuchef does not host.
 
-Composition root of an attached session, behind ``tui.model.AttachedSession``: one
+Composition root of an attached session, behind ``tui.session.AttachedSession``: one
 :class:`AttachedServer` per URL (a ``probes.scrape.Scraper`` of its ``/metrics`` and the
 intervals between scrapes), the NVML sampler when ``--gpus`` is given (the server on this host),
 the HTTP load of `bench --base-url` when asked (:class:`HttpLoadControl`: its requests go to the
@@ -33,7 +33,7 @@ from .probes.nvml import NvmlSampler
 from .probes.recorder import TraceRecorder
 from .probes.scrape import ScrapeDelta, ScrapeSample, Scraper, delta
 from .probes.timeline import Timeline
-from .tui.model import ABState, LoadState, SessionInfo
+from .tui.session import ABState, LoadState, SessionInfo
 
 KNOB_PATH = "/gpuchef/v1/scheduler"
 KNOB_TIMEOUT_S = 2.0
@@ -91,7 +91,7 @@ def _config_from(state: Any) -> SchedulerConfig:
 
 
 class AttachedServer:
-    """One attached server: its scraper and what it saw (``tui.model.ScrapedServer``).
+    """One attached server: its scraper and what it saw (``tui.session.ScrapedServer``).
 
     ``url``: the base URL; ``hz``: scrapes/s; ``api_key``: Bearer token for /metrics and the
     knob endpoint. ``on_sample(sample)`` is called with each scrape after it is kept (the
@@ -331,7 +331,7 @@ class NoAB:
 
 
 class AttachSession:
-    """`top --attach`'s session (``tui.model.AttachedSession``).
+    """`top --attach`'s session (``tui.session.AttachedSession``).
 
     ``urls``: the servers (base URLs or their /metrics). ``scrape_hz``: scrapes/s each.
     ``gpus``/``sample_hz``: local GPUs to sample (None: none; ``nvml``: a stand-in module for

@@ -25,13 +25,13 @@ from .engine_host.records import RequestRecord, StepRecord
 from .engine_host.workload import WorkloadConfig
 from .load import LiveLoad
 from .probes.ab import mark_name
-from .probes.host import HostSampler
+from .probes.sampler import HostSampler
 from .probes.metrics import DEFAULT_PERCENTILES
 from .probes.nvml import NvmlSampler
 from .probes.recorder import TraceRecorder
 from .probes.timeline import Timeline
 from .session import trace_meta
-from .tui.model import ABState, SessionInfo
+from .tui.session import ABState, SessionInfo
 
 AB_WINDOW_RANGE = (0.5, 3600.0)
 
@@ -166,7 +166,7 @@ def next_part_path(path: Path) -> Path:
 
 
 class LiveSession:
-    """Everything `gpuchef top` runs, behind the interface ``tui.model.Session`` describes.
+    """Everything `gpuchef top` runs, behind the interface ``tui.session.Session`` describes.
 
     ``engine``: a built LLMEngine. ``wcfg``: the load. ``sample_hz``/``gpus``: NVML sampler
     settings (``nvml``: a stand-in module for tests). ``trace_path``: write the session trace

@@ -22,7 +22,7 @@ from .engine_host.config import ConfigError
 from .engine_host.request import SamplingParams
 from .engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, WorkloadConfig,
                                    generate)
-from .tui.model import LoadState, parse_rate
+from .tui.session import LoadState, parse_rate
 
 #: Load time generated per chunk of an endless random stream (request units).
 RANDOM_CHUNK = 2000

@@ -307,7 +307,7 @@ def check_sampling(sample_hz: float, gpus: str | None, *, allow_off: bool = True
     """``(sample_hz, gpu indices or None)`` from ``--sample-hz`` and ``--gpus``, checked with the
     functions `gpuchef top` uses. ``allow_off``: 0 turns the NVML sampler off (bench, ab).
     Raises ConfigError naming the value and what is allowed."""
-    from .probes.host import check_sample_hz
+    from .probes.sampler import check_sample_hz
     from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
 
     if not (allow_off and sample_hz == 0):

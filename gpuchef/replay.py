@@ -1,6 +1,6 @@
 """A saved trace as a read-only dashboard session: the playback clock is the dashboard's "now".
 
-:class:`ReplaySession` offers what ``tui.model.Session`` asks of a live session (``info``,
+:class:`ReplaySession` offers what ``tui.session.Session`` asks of a live session (``info``,
 ``timeline``, ``clock``, ``load``, ``ab``, ``scheduler_config``, …) over a trace read with
 ``probes.recorder.read_trace``. Every record goes into one :class:`Timeline` whose rings hold the
 whole trace; the screens take snapshots at ``clock()`` = the playback position, and a snapshot
@@ -24,7 +24,7 @@ from typing import Any, Callable
 from gpuchef.engine_host.config import ConfigError, SchedulerConfig
 from gpuchef.probes.recorder import Trace, read_trace
 from gpuchef.probes.timeline import Timeline
-from gpuchef.tui.model import READ_ONLY, ABState, LoadState, SessionInfo
+from gpuchef.tui.session import READ_ONLY, ABState, LoadState, SessionInfo
 
 SPEED_MIN, SPEED_MAX = 0.25, 16.0
 
@@ -93,7 +93,7 @@ def _span(tr: Trace) -> tuple[int, int]:
 
 
 class ReplayScrapedServer:
-    """One server of an attached trace (`top --attach --trace`) as ``tui.model.ScrapedServer``
+    """One server of an attached trace (`top --attach --trace`) as ``tui.session.ScrapedServer``
     at the playback position: its scrapes and their intervals stamped at or before it."""
 
     def __init__(self, session: "ReplaySession", url: str, samples: list) -> None:

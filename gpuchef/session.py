@@ -177,7 +177,7 @@ class Samplers:
 
     def __init__(self, gpus: list[int] | None, sample_hz: float,
                  sink: Callable[[Any], None] | None = None, *, nvml: Any = None) -> None:
-        from .probes.host import HostSampler
+        from .probes.sampler import HostSampler
         from .probes.nvml import NvmlSampler
 
         # nvml: a stand-in for the pynvml module (tests); None = pynvml

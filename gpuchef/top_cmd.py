@@ -180,7 +180,7 @@ def _build(ctx: click.Context, o: dict, err: Console):
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import parse_gpus
 
-    from .probes.host import check_sample_hz
+    from .probes.sampler import check_sample_hz
     from .probes.nvml import SAMPLE_HZ_RANGE
 
     window_s = parse_window(o["window"])
@@ -278,7 +278,7 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
 def _build_attach(ctx: click.Context, o: dict, err: Console):
     """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py)."""
     from .attach import AttachSession, base_of
-    from .probes.host import check_sample_hz
+    from .probes.sampler import check_sample_hz
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
     from .tui.app import GpuchefApp

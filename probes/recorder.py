@@ -49,7 +49,7 @@ from typing import Any
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
-from .host import HostSample
+from .sampler import HostSample
 from .nvml import GpuSample
 from .scrape import ScrapeSample, sample_from_json, sample_to_json
 

@@ -39,7 +39,7 @@ import numpy as np
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
-from .host import HostSample
+from .sampler import HostSample
 from .metrics import DEFAULT_PERCENTILES, GPU_FIELDS, BenchMetrics, gpu_means, summarize
 from .nvml import GpuSample
 

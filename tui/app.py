@@ -20,11 +20,11 @@ from textual.app import App
 
 from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, parse_value
 
-from .ab import ABAnalyser
+from .ab_live import ABAnalyser
 from .commands import DashboardCommands
 from .keys import bindings
 from .messages import KnobRequest, LoadToggle, RateRequest, TraceExported
-from .model import Session
+from .session import Session
 from .screens.ab import ABScreen
 from .screens.help import HelpScreen
 from .screens.main import MainScreen

@@ -1,5 +1,5 @@
 """`gpuchef replay`'s app: the live dashboard's screens over a saved trace played back
-(:class:`tui.model.ReplayControl`, built by ``gpuchef/replay.py``).
+(:class:`tui.session.ReplayControl`, built by ``gpuchef/replay.py``).
 
 Composition, not a fork: :class:`ReplayApp` is ``GpuchefApp`` with playback keys added and every
 steering action refused ("replay is read-only"); :class:`ReplayScreen` is the main screen with a
@@ -28,7 +28,7 @@ from gpuchef.engine_host.config import ConfigError
 from . import theme
 from .app import GpuchefApp
 from .keys import KEYS
-from .model import READ_ONLY, ReplayControl, fmt_t, parse_time
+from .session import READ_ONLY, ReplayControl, fmt_t, parse_time
 from .plotdata import GpuColumns, StepColumns
 from .screens.help import PANELS, HelpScreen
 from .screens.attach import AttachScreen

@@ -44,7 +44,7 @@ HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings
 @dataclass
 class Arm:
     """One side: ``label`` "A"/"B", ``url`` the server's base URL, ``spec`` the knob part of
-    the spec ("" = none), ``setting`` (``gpuchef.ab.Setting`` over the server's knob state,
+    the spec ("" = none), ``setting`` (``gpuchef.ab_runs.Setting`` over the server's knob state,
     None when no knob is named), ``server`` the ``attach.AttachedServer`` for its knob endpoint."""
 
     label: str
@@ -146,9 +146,9 @@ def check_options(o: dict[str, Any]) -> None:
 
 def knob_state(arm: Arm, api_key: str | None) -> None:
     """Read ``arm``'s server's knob endpoint when its spec names knobs and parse the spec over
-    that state (``gpuchef.ab.parse_setting``). Raises ConfigError naming the URL and what is
+    that state (``gpuchef.ab_runs.parse_setting``). Raises ConfigError naming the URL and what is
     missing, or the spec's fault."""
-    from ..ab import parse_setting
+    from ..ab_runs import parse_setting
     from ..attach import AttachedServer
 
     if not arm.spec:
@@ -208,7 +208,7 @@ def _as_run(label: str, rep: int, run: Any, prefix: str = "") -> HttpRun:
 def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None
                    ) -> list[HttpRun]:
     """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first."""
-    from ..ab import run_orders
+    from ..ab_runs import run_orders
     from .http_load import run_http_load
 
     out = []
@@ -369,7 +369,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     import click
     from rich.markup import escape
 
-    from ..ab import check_repetitions, format_deltas, run_orders, side_by_side
+    from ..ab_runs import check_repetitions, format_deltas, run_orders, side_by_side
     from ..options import check_output_files, check_output_path, write_json
     from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
     from ..probes.recorder import TraceRecorder

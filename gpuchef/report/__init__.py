@@ -3,6 +3,6 @@ or CSV. ``model.build`` reads the traces and computes the groups compared (A/B s
 modes); ``html.render``, ``perfetto.write`` and ``csvs.write`` turn them into files. matplotlib
 (the ``report`` extra) is needed only for the HTML report."""
 
-from .model import Group, ReportData, Segment, TraceView, build
+from .data import Group, ReportData, Segment, TraceView, build
 
 __all__ = ["Group", "ReportData", "Segment", "TraceView", "build"]

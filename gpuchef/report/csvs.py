@@ -13,7 +13,7 @@ from gpuchef.engine_host.records import StepRecord
 
 from gpuchef.probes.nvml import GpuSample
 
-from .model import ReportData, TraceView, segment_finder
+from .data import ReportData, TraceView, segment_finder
 
 STEP_FIELDS = [f.name for f in fields(StepRecord)]
 STEP_HEADER = ["trace", "group", "window", "t_start_s", "t_end_s", "wall_ms", "num_tokens",

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
-from .model import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
+from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
                     part_start_rate, per_gpu_means)
 
 #: Section ids, in page order (tests and the table of contents use them).

@@ -28,7 +28,7 @@ import heapq
 import json
 from typing import Any, Sequence
 
-from .model import ReportData, TraceView, gpu_indices, gpu_names
+from .data import ReportData, TraceView, gpu_indices, gpu_names
 
 PID_STRIDE = 100  # pids of trace k: k*100 + 1 (engine), + 2 (requests), + 10 + gpu (GPUs)
 TID_STEPS, TID_OVERLAP, TID_SETTINGS, TID_COUNTERS = 1, 2, 3, 4

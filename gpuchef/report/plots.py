@@ -1,7 +1,7 @@
 """The report's figures, drawn with matplotlib (``Figure`` objects: no pyplot, no GUI backend)
 and returned as inline SVG text for the HTML page.
 
-Each function takes the :class:`~gpuchef.report.model.ReportData` (or one of its views) and
+Each function takes the :class:`~gpuchef.report.data.ReportData` (or one of its views) and
 returns an SVG string (``<svg …>…</svg>``: no XML prolog, no RDF metadata, ids salted per
 figure so that several SVGs can live in one HTML document). Dense artists (thousands of step
 bars or points) are kept few by binning and quantile-sampling, so the page stays small.
@@ -19,7 +19,7 @@ import numpy as np
 from gpuchef.engine_host.config import setting_label
 from gpuchef.probes.timeline import Timeline
 
-from .model import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
+from .data import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
 
 _LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
 PREFILL = "#E9A23B"

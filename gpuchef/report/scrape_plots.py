@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from gpuchef.probes.scrape import ScrapeDelta, ScrapeSample, delta
 
 from . import plots
-from .model import TraceView
+from .data import TraceView
 
 
 def trace_deltas(scrapes: Sequence[ScrapeSample]) -> dict[str, list[ScrapeDelta]]:

@@ -67,7 +67,7 @@ from typing import Any
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent
 
-from ..host import PeriodicSampler, check_sample_hz
+from ..sampler import PeriodicSampler, check_sample_hz
 from .library import NA, NvmlUnavailable, describe_nvml_error, nvml_library
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t; REFERENCE §5). pynvml's constants are used when the

@@ -11,7 +11,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.ab import (Setting, compare, parse_setting, run_interleaved, run_orders,
+from gpuchef.ab_runs import (Setting, compare, parse_setting, run_interleaved, run_orders,
                         run_sequential, side_by_side, windows_from_marks)
 from gpuchef.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig

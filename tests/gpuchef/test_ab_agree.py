@@ -1,5 +1,5 @@
 """One A/B trace, three surfaces: `gpuchef ab` (its result JSON), `gpuchef report` (the trace)
-and the dashboard's live A/B screen (tui.ab.ABAnalyser over a timeline filled from the trace)
+and the dashboard's live A/B screen (tui.ab_live.ABAnalyser over a timeline filled from the trace)
 give the same windows and the same numbers. Before probes/ab.py they disagreed on the same
 trace (ab: "spread over 2 windows", 1.05/1.17 req/s; report: "A · 4 windows / B · 3 windows",
 1.28/1.40 req/s)."""
@@ -45,8 +45,8 @@ def ab_run(tmp_path_factory):
 def _live(trace):
     from gpuchef.probes.recorder import read_trace
     from gpuchef.probes.timeline import Timeline
-    from gpuchef.tui.ab import ABAnalyser
-    from gpuchef.tui.model import ABState
+    from gpuchef.tui.ab_live import ABAnalyser
+    from gpuchef.tui.session import ABState
 
     tr = read_trace(trace)
     tl = Timeline(max_steps=len(tr.steps) + 1, max_requests=len(tr.requests) + 1,
@@ -66,7 +66,7 @@ def _live(trace):
 
 
 def test_ab_report_and_live_screen_agree_on_one_trace(ab_run):
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
 
     trace, res, text = ab_run
     counted = [x for x in res["runs"] if x["counted"]]

@@ -96,7 +96,7 @@ def test_knob_settings_of_one_server_are_patched_before_each_run(servers, tmp_pa
         inside = [s for s in steps if w.t0_ns <= s.t_start_ns < w.t1_ns]
         assert inside and {s.max_num_batched_tokens for s in inside} == {want[w.label]}, w
     # gpuchef report of the client trace: the same comparison (probes.ab, one owner)
-    from gpuchef.report.model import ab_results, view_trace
+    from gpuchef.report.data import ab_results, view_trace
 
     view = view_trace(ct)
     cmp = ab_results(view, (50.0, 99.0), None)[1]
@@ -125,7 +125,7 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
     for i in range(6):  # sent on one clock: the POSTs of a pair close (2 shared cores: not µs)
         qa, qb = by[f"A/req-{i}"], by[f"B/req-{i}"]
         assert abs(qa.arrival_ns - qb.arrival_ns) < 100e6, (i, qa.arrival_ns - qb.arrival_ns)
-    from gpuchef.report.model import view_trace  # readable by report: one attached stretch
+    from gpuchef.report.data import view_trace  # readable by report: one attached stretch
     assert view_trace(ct).segments
 
 

@@ -89,7 +89,7 @@ def test_bench_on_cpu_defaults_to_sync_and_no_flag_turns_it_off(tmp_path):
 
 
 def test_header_labels_sync_or_async():
-    from gpuchef.tui.model import ABState, LoadState, SessionInfo
+    from gpuchef.tui.session import ABState, LoadState, SessionInfo
     from gpuchef.tui.widgets.header import HeaderState, header_text
 
     def shown(asy):

@@ -87,7 +87,7 @@ def test_a_trace_without_scrapes_reads_as_before(tmp_path):
 
 def test_report_of_an_attached_trace_groups_the_clients_requests_and_labels_derived(tmp_path):
     from gpuchef.report.html import render
-    from gpuchef.report.model import ATTACHED, build
+    from gpuchef.report.data import ATTACHED, build
     from gpuchef.report.scrape_plots import trace_deltas
 
     p = tmp_path / "a.jsonl"

@@ -8,7 +8,7 @@ from gpuchef.engine_host.config import ConfigError, SchedulerConfig
 
 
 def test_ab_spec_takes_auto_budget_with_its_comma():
-    from gpuchef.ab import parse_setting
+    from gpuchef.ab_runs import parse_setting
 
     s = parse_setting("mode=chunked,auto_budget=itl_p99:50ms,ttft_p99:2s,budget=1024",
                       SchedulerConfig(), "B")

@@ -185,7 +185,7 @@ def test_cli_capacity_on_cpu(tmp_path):
         assert p["rate_rps"] == p["offered_rps"] == pytest.approx((len(a) - 1) / (max(a) - min(a)))
     # the report judges the trace's probes as the command did: same offered rates, SLO values,
     # verdicts and reasons
-    from gpuchef.report.model import build, capacity_probes
+    from gpuchef.report.data import build, capacity_probes
 
     probes, slos = capacity_probes(build([trace]).views[0])
     assert [s.key for s in slos] == ["ttft_p99", "itl_p99"]

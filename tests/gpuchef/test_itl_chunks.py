@@ -12,7 +12,7 @@ from gpuchef.engine_host.records import RequestRecord, StepRecord
 from gpuchef.probes.metrics import summarize
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.timeline import Timeline
-from gpuchef.report.model import build
+from gpuchef.report.data import build
 from gpuchef.tui.plotdata import StepColumns
 from gpuchef.tui.widgets.numbers import RequestColumns, compute_numbers_fast
 

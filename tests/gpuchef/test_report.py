@@ -138,7 +138,7 @@ def test_report_numbers_are_the_bench_numbers(traces):
 
 def test_ab_segments_of_several_dashboard_runs():
     from gpuchef.engine_host.records import EngineEvent, RequestRecord
-    from gpuchef.report.model import _assign, ab_segments
+    from gpuchef.report.data import _assign, ab_segments
 
     ev = [EngineEvent("mark", 0, t, n) for t, n in
           ((100, "ab:1:A:1"), (200, "ab:1:B:1"), (300, "ab:1:end"), (500, "ab:2:A:1"),
@@ -520,7 +520,7 @@ def test_output_expands_home_and_never_overwrites_a_trace(tmp_path, monkeypatch)
 
 
 def test_same_file_twice_gets_distinct_names(tmp_path):
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
 
     data = build([H200, H200])
     assert [v.name for v in data.views] == ["h200_chunked_1s", "h200_chunked_1s (2)"]
@@ -534,7 +534,7 @@ def test_same_file_twice_gets_distinct_names(tmp_path):
 
 
 def test_same_file_name_in_two_folders_is_named_by_folder(tmp_path):
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
 
     for d in ("chunked", "continuous"):
         (tmp_path / d).mkdir()
@@ -546,7 +546,7 @@ def test_same_file_name_in_two_folders_is_named_by_folder(tmp_path):
 def test_ab_stopped_before_any_step_has_a_plain_label(tmp_path):
     """A dashboard A/B stopped at once: marks with nothing between them, no settings in the meta."""
     from gpuchef.engine_host.records import EngineEvent
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
 
     src = read_trace(H200)
     t = max(s.t_end_ns for s in src.steps) + 1_000_000

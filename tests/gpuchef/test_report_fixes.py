@@ -73,7 +73,7 @@ def _parts(tmp_path):
 
 def test_part2_run_table_lines_up_and_names_the_rate_it_began_at(tmp_path):
     from gpuchef.report.html import _run_rows, run_table
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
 
     p1, p2 = _parts(tmp_path)
     data = build([p1, p2])
@@ -149,7 +149,7 @@ def test_cdf_tick_labels_do_not_overlap():
 def test_event_labels_above_the_waveforms_do_not_overlap(tmp_path):
     """Twelve rate changes 0.1 s apart in a 1 s trace: stacked in rows or elided, none drawn
     over another."""
-    from gpuchef.report.model import build
+    from gpuchef.report.data import build
     from gpuchef.report.plots import waveforms_figure
 
     src = read_trace(H200)

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.probes.host import HostSample, HostSampler
+from gpuchef.probes.sampler import HostSample, HostSampler
 
 
 def test_sample_once_reads_process_and_system():

@@ -49,4 +49,4 @@ def test_the_package_exports_the_binding_and_the_sampler_but_not_the_fake():
 
 def test_the_binding_imports_neither_the_sampler_nor_the_fake():
     mods = _imported_modules(ROOT / "probes" / "nvml" / "library.py")
-    assert not mods & INNER and not any(m.startswith("gpuchef.probes.host") for m in mods)
+    assert not mods & INNER and not any(m.startswith("gpuchef.probes.sampler") for m in mods)

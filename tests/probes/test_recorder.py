@@ -13,7 +13,7 @@ import pytest
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
-from gpuchef.probes.host import HostSample
+from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import (TRACE_SCHEMA, TRACE_VERSION, TraceReadError, TraceRecorder,
                                      encode_record, iter_trace, read_trace)

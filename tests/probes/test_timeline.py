@@ -9,7 +9,7 @@ import pytest
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
-from gpuchef.probes.host import HostSample
+from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline, fanout
 

@@ -18,7 +18,7 @@ from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.live import LiveSession
 from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.probes.recorder import read_trace
-from gpuchef.tui.ab import ab_windows
+from gpuchef.tui.ab_live import ab_windows
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.keys import KEYS
 from gpuchef.tui.screens.ab import ABScreen

@@ -4,8 +4,8 @@ import math
 
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.timeline import Timeline
-from gpuchef.tui.ab import ABAnalyser, ab_windows
-from gpuchef.tui.model import ABState
+from gpuchef.tui.ab_live import ABAnalyser, ab_windows
+from gpuchef.tui.session import ABState
 
 S = 1_000_000_000
 T0 = 10**12

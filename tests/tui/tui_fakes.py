@@ -13,7 +13,7 @@ from gpuchef.engine_host.config import ConfigError, SchedulerConfig, parse_knob,
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline
-from gpuchef.tui.model import ABState, LoadState, SessionInfo, parse_rate
+from gpuchef.tui.session import ABState, LoadState, SessionInfo, parse_rate
 
 T0 = 1_000_000_000_000  # fake monotonic origin (ns)
 MS = 1_000_000
@@ -185,7 +185,7 @@ class FakeAB:
 
 
 class StaticSession:
-    """The ``tui.model.Session`` interface over a fixed timeline and a fixed clock."""
+    """The ``tui.session.Session`` interface over a fixed timeline and a fixed clock."""
 
     def __init__(self, *, seconds: float = 70.0, gpu: bool = True, mode_switch_s: float = 35.0,
                  ab_window_s: float | None = None, n_gpus: int = 1, gpu_sm: Any = None,

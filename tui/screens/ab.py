@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 from gpuchef.engine_host.config import setting_short
 
 from .. import theme
-from ..ab import ABResult, ABWindow
+from ..ab_live import ABResult, ABWindow
 from ..chart import GUTTER_L, GUTTER_R
 from ..plotdata import TimeGrid, build_frame
 from ..widgets.header import SessionHeader

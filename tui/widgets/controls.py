@@ -19,7 +19,7 @@ from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, Con
                                         SchedulerConfig, parse_auto_budget, parse_knob)
 
 from ..messages import KnobRequest, LoadToggle, RateRequest
-from ..model import LoadState, parse_rate
+from ..session import LoadState, parse_rate
 
 #: The knobs the panel shows, in its order (labels: engine_host.config.KNOBS)
 SHOWN = ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",

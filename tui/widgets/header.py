@@ -12,7 +12,7 @@ from textual.widgets import Static
 from gpuchef.engine_host.config import KNOBS, SchedulerConfig
 
 from .. import theme
-from ..model import ABState, LoadState, SessionInfo
+from ..session import ABState, LoadState, SessionInfo
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from gpuchef.probes.ab import windows as ab_windows
 from gpuchef.probes.metrics import gpu_means
 from gpuchef.probes.timeline import TimelineSnapshot
 
-from .model import ABState
+from .session import ABState
 
 ABWindow = Window  # the name the screen used
 
