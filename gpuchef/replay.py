@@ -241,11 +241,13 @@ class ReplaySession:
             v = math.nan
         if not math.isfinite(v):
             raise ConfigError(f"replay time {seconds!r} is not a number of seconds")
-        return self.seek(self.start_ns + int(v * 1e9))
+        # clipped before the ns conversion: 1e300 s is the end, not an OverflowError
+        return self.seek(self.start_ns + int(min(max(v, 0.0), self.duration_s + 1.0) * 1e9))
 
     def step(self, seconds: float) -> int:
-        """Seek by ``seconds`` (negative: back)."""
-        return self.seek(self.position_ns + int(float(seconds) * 1e9))
+        """Seek by ``seconds`` (negative: back), clipped to the trace."""
+        d = self.duration_s + 1.0
+        return self.seek(self.position_ns + int(min(max(float(seconds), -d), d) * 1e9))
 
     def play(self) -> None:
         """Play from here; from the end, start over."""

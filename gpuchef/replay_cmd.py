@@ -61,8 +61,8 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
 
     window_s = parse_window(window)
     check_screenshot_dir(screenshot_dir)
-    if not start_s >= 0:
-        raise ConfigError(f"--start {start_s:g} is out of range: seconds >= 0")
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise ConfigError(f"--start {start_s:g} is out of range: a finite number of seconds >= 0")
     if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
         raise ConfigError(f"--speed {speed:g} is out of range: allowed [{SPEED_MIN:g}, "
                           f"{SPEED_MAX:g}]×")
