@@ -59,11 +59,78 @@ KNOBS: dict[str, KnobSpec] = {
 #: The autopilot's setting (``SchedulerConfig.auto_budget``): not an integer knob, so not in
 #: KNOBS, but live and recorded like one (EngineEvent kind "knob", name "auto_budget").
 AUTO_BUDGET = "auto_budget"
-AUTO_BUDGET_OFF = ("", "off", "none", "0", "false", "no")
-#: Sanity cap on an autopilot target (ms): a target typed with extra zeros is refused.
+#: The only spellings of "autopilot off" ("" and None are what HTTP and SchedulerConfig send);
+#: "0", "none", "false" are refused rather than guessed at.
+AUTO_BUDGET_OFF = ("", "off")
+#: Sanity bounds on an autopilot target (ms): a target typed with extra zeros, or one below
+#: 1 ms (no engine step is that short: the autopilot could only starve prefills), is refused.
 AUTO_BUDGET_MAX_MS = 600_000.0
-_TARGET_RE = re.compile(r"^(itl|ttft)_(mean|median|p\d+(?:\.\d+)?)$")
+AUTO_BUDGET_MIN_MS = 1.0
+#: The stats a latency target may name, as ``vllm bench serve`` computes them.
+LATENCY_STATS = "mean, median or p<0-100>"
+_TARGET_KEY_RE = re.compile(r"^([a-z0-9]+)_(mean|median|p\d+(?:\.\d+)?)$")
 _DURATION_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(ms|s)?$")
+
+
+@dataclass(frozen=True)
+class LatencyTarget:
+    """One parsed ``METRIC_STAT:DURATION`` pair: ``metric`` ("itl", "ttft", …), ``stat``
+    ("mean", "median" or "p<q>", q in [0, 100]) and ``ms`` (the duration, ms, > 0)."""
+
+    metric: str
+    stat: str
+    ms: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_{self.stat}"
+
+
+def parse_latency_targets(spec: str, *, flag: str, metrics: tuple[str, ...],
+                          example: str, min_ms: float = 0.0,
+                          max_ms: float = math.inf) -> list[LatencyTarget]:
+    """Parse ``"itl_p99:50ms,ttft_p99:2s"``: pairs split by commas or spaces (an empty pair, as
+    after a trailing comma, is skipped), each ``<metric>_<stat>:<duration>`` with ``metric`` in
+    ``metrics``, stat mean, median or p<q> (q in [0, 100]) and the duration in ms by default or
+    with a ``ms``/``s`` unit. The one grammar of ``--slo`` (gpuchef/capacity.py) and
+    ``--auto-budget`` (:func:`parse_auto_budget`); each caller passes its metrics and bounds.
+
+    Returns the targets in the order given (possibly empty). Raises ConfigError starting
+    ``{flag} {pair!r}`` naming what is wrong and what is allowed: not METRIC_STAT:DURATION, an
+    unknown metric, a percentile out of range, not a duration, negative, 0 or outside
+    ``(min_ms, max_ms]`` (``[min_ms, max_ms]`` when ``min_ms`` > 0), a key given twice."""
+    def allowed() -> str:
+        lo = f"[{min_ms:g} ms" if min_ms > 0 else "(0 ms"
+        hi = f"{max_ms / 1000:g} s]" if math.isfinite(max_ms) else "∞)"
+        return f"allowed {lo}, {hi}"
+
+    out: list[LatencyTarget] = []
+    for pair in re.split(r"[,\s]+", str(spec).strip()):
+        if not pair:
+            continue
+        key, sep, val = pair.partition(":")
+        key = key.strip().lower()
+        m = _TARGET_KEY_RE.match(key)
+        if not sep or not m or m.group(1) not in metrics:
+            raise ConfigError(f"{flag} {pair!r} is not METRIC_STAT:DURATION with metric one of "
+                              f"{', '.join(metrics)} and stat {LATENCY_STATS}; {example}")
+        stat = m.group(2)
+        if stat.startswith("p") and not 0.0 <= float(stat[1:]) <= 100.0:
+            raise ConfigError(f"{flag} {pair!r}: percentile {stat[1:]} is out of range: "
+                              "allowed [0, 100]")
+        val = val.strip().lower()
+        if val.startswith("-"):
+            raise ConfigError(f"{flag} {pair!r}: {val!r} is negative: {allowed()}")
+        v = _DURATION_RE.match(val)
+        if not v:
+            raise ConfigError(f"{flag} {pair!r}: {val!r} is not a duration ({example})")
+        ms = float(v.group(1)) * (1000.0 if v.group(2) == "s" else 1.0)
+        if not (math.isfinite(ms) and ms > 0 and ms >= min_ms and ms <= max_ms):
+            raise ConfigError(f"{flag} {pair!r}: {val!r} is out of range: {allowed()}")
+        if any(t.key == key for t in out):
+            raise ConfigError(f"{flag} {pair!r}: {key} is given twice")
+        out.append(LatencyTarget(m.group(1), stat, ms))
+    return out
 
 
 @dataclass(frozen=True)
@@ -87,47 +154,28 @@ class AutoBudgetSpec:
 
 
 def parse_auto_budget(spec: Any) -> AutoBudgetSpec | None:
-    """Parse ``--auto-budget itl_p99:50ms[,ttft_p99:2s]`` (values in ms by default, or with a
-    ``ms``/``s`` unit; stats mean, median or p<0-100>, as ``--slo`` spells them). "", "off" or
-    None → None (the autopilot off).
+    """Parse ``--auto-budget itl_p99:50ms[,ttft_p99:2s]`` (:func:`parse_latency_targets`'s
+    grammar, as ``--slo`` spells it; metrics itl and ttft). "", "off" or None → None (the
+    autopilot off).
 
     Raises ConfigError naming the value and what is allowed: an unknown key, a key twice, no
-    ``itl_…`` target, a target that is not a duration, 0, negative or over 600 s, or a TTFT
-    target below one step (below the ITL target: a first token takes at least one step).
+    ``itl_…`` target, a target that is not a duration, negative, below 1 ms or over 600 s, or a
+    TTFT target below one step (below the ITL target: a first token takes at least one step).
     """
     if spec is None or isinstance(spec, AutoBudgetSpec):
         return spec
     text = str(spec).strip()
     if text.lower() in AUTO_BUDGET_OFF:
         return None
-    eg = "e.g. itl_p99:50ms or itl_p99:50ms,ttft_p99:2s"
+    eg = "e.g. itl_p99:50ms or itl_p99:50ms,ttft_p99:2s; or off"
+    targets = parse_latency_targets(text, flag=f"--auto-budget {text!r}:", metrics=("itl", "ttft"),
+                                    example=eg, min_ms=AUTO_BUDGET_MIN_MS,
+                                    max_ms=AUTO_BUDGET_MAX_MS)
     got: dict[str, tuple[str, float]] = {}
-    for pair in re.split(r"[,\s]+", text):
-        if not pair:
-            continue
-        key, sep, val = pair.partition(":")
-        m = _TARGET_RE.match(key.strip().lower())
-        if not sep or not m:
-            raise ConfigError(f"--auto-budget {text!r}: {pair!r} is not TARGET:DURATION with "
-                              f"TARGET itl_<stat> or ttft_<stat> (stat mean, median or p<0-100>); "
-                              f"{eg}; or off")
-        metric, stat = m.group(1), m.group(2)
-        if stat.startswith("p") and not 0.0 <= float(stat[1:]) <= 100.0:
-            raise ConfigError(f"--auto-budget {text!r}: percentile {stat[1:]} is out of range: "
-                              "allowed [0, 100]")
-        v = _DURATION_RE.match(val.strip().lower())
-        if val.strip().startswith("-"):
-            raise ConfigError(f"--auto-budget {text!r}: {metric} target {val!r} is negative: "
-                              f"allowed (0, {AUTO_BUDGET_MAX_MS / 1000:g} s]")
-        if not v:
-            raise ConfigError(f"--auto-budget {text!r}: {val!r} is not a duration ({eg})")
-        ms = float(v.group(1)) * (1000.0 if v.group(2) == "s" else 1.0)
-        if not (math.isfinite(ms) and 0 < ms <= AUTO_BUDGET_MAX_MS):
-            raise ConfigError(f"--auto-budget {text!r}: {metric} target {val!r} is out of range: "
-                              f"allowed (0, {AUTO_BUDGET_MAX_MS / 1000:g} s]")
-        if metric in got:
-            raise ConfigError(f"--auto-budget {text!r}: the {metric} target is given twice")
-        got[metric] = (stat, ms)
+    for t in targets:
+        if t.metric in got:
+            raise ConfigError(f"--auto-budget {text!r}: the {t.metric} target is given twice")
+        got[t.metric] = (t.stat, t.ms)
     if "itl" not in got:
         raise ConfigError(f"--auto-budget {text!r} has no ITL target: the autopilot keeps the "
                           f"step time under it ({eg})")

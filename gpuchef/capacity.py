@@ -31,12 +31,11 @@ per output chunk), E2EL — each as mean, median or any percentile.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import ConfigError
+from .engine_host.config import ConfigError, parse_latency_targets
 from .engine_host.workload import PROBE_ID_PREFIX
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -86,45 +85,22 @@ class SLO:
         return f"{self.key} ≤ {self.limit_ms:g} ms"
 
 
-_SLO_RE = re.compile(r"^(ttft|tpot|itl|e2el)_(mean|median|p\d+(?:\.\d+)?)$")
-_VAL_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(ms|s)?$")
-
-
 def parse_slos(spec: str | Sequence[str]) -> list[SLO]:
-    """Parse ``"itl_p99:100ms,ttft_p99:2000ms"`` (pairs split by commas or spaces; values in
-    ms by default, or with a ``ms``/``s`` unit) into SLOs.
+    """Parse ``"itl_p99:100ms,ttft_p99:2000ms"`` into SLOs, with the grammar ``--auto-budget``
+    shares (``engine_host.config.parse_latency_targets``: pairs split by commas or spaces,
+    values in ms by default or with a ``ms``/``s`` unit).
 
     Keys are ``<metric>_<stat>``: metric ttft, tpot, itl or e2el; stat mean, median or p<q>
     (q in [0, 100], e.g. p50, p90, p99, p99.9). Raises ConfigError naming the bad pair and what
     is allowed; an empty spec or a key given twice is an error.
     """
     parts = [spec] if isinstance(spec, str) else list(spec)
-    pairs = [p for s in parts for p in re.split(r"[,\s]+", str(s).strip()) if p]
-    if not pairs:
+    targets = parse_latency_targets(" ".join(str(s) for s in parts), flag="--slo",
+                                    metrics=SLO_METRICS,
+                                    example="e.g. itl_p99:100ms,ttft_p99:2000ms")
+    if not targets:
         raise ConfigError("--slo is empty: give e.g. itl_p99:100ms,ttft_p99:2000ms")
-    out: list[SLO] = []
-    for pair in pairs:
-        key, sep, val = pair.partition(":")
-        key = key.strip().lower()
-        m = _SLO_RE.match(key)
-        if not sep or not m:
-            raise ConfigError(
-                f"--slo {pair!r} is not METRIC_STAT:VALUE: metric one of "
-                f"{', '.join(SLO_METRICS)}; stat mean, median or p<0-100>; e.g. itl_p99:100ms")
-        stat = m.group(2)
-        if stat.startswith("p") and not 0.0 <= float(stat[1:]) <= 100.0:
-            raise ConfigError(f"--slo {pair!r}: percentile {stat[1:]} is out of range: "
-                              "allowed [0, 100]")
-        v = _VAL_RE.match(val.strip().lower())
-        if not v:
-            raise ConfigError(f"--slo {pair!r}: {val!r} is not a duration (e.g. 100ms or 2s)")
-        ms = float(v.group(1)) * (1000.0 if v.group(2) == "s" else 1.0)
-        if not (math.isfinite(ms) and ms > 0):
-            raise ConfigError(f"--slo {pair!r}: the limit must be > 0 ms")
-        if any(s.key == key for s in out):
-            raise ConfigError(f"--slo key {key!r} is given twice")
-        out.append(SLO(m.group(1), stat, ms))
-    return out
+    return [SLO(t.metric, t.stat, t.ms) for t in targets]
 
 
 def slo_percentiles(slos: Sequence[SLO]) -> tuple[float, ...]:

@@ -425,13 +425,18 @@ def test_long_prompt_lane_is_off_with_one_partial_prefill_or_no_threshold():
     ("itl_p99:0ms", "out of range"),
     ("itl_p99:-5ms", "negative"),
     ("itl_p99:fast", "not a duration"),
-    ("itl_p99=50ms", "not TARGET:DURATION"),
-    ("tpot_p99:50ms", "not TARGET:DURATION"),
+    ("itl_p99=50ms", "not METRIC_STAT:DURATION"),
+    ("tpot_p99:50ms", "not METRIC_STAT:DURATION"),
     ("itl_p101:50ms", "percentile 101 is out of range"),
     ("ttft_p99:2s", "has no ITL target"),
     ("itl_p99:50ms,ttft_p99:20ms", "below one step"),
     ("itl_p99:50ms,itl_p50:20ms", "given twice"),
     ("itl_p99:9999s", "out of range"),
+    ("itl_p99:-1ms", "'-1ms' is negative"),
+    ("itl_p99:0.001ms", "'0.001ms' is out of range: allowed \\[1 ms, 600 s\\]"),
+    ("0", "is not METRIC_STAT:DURATION.*or off"),
+    ("none", "is not METRIC_STAT:DURATION.*or off"),
+    ("false", "is not METRIC_STAT:DURATION.*or off"),
 ])
 def test_bad_targets_are_refused_naming_the_value(spec, says):
     with pytest.raises(ConfigError, match=says) as e:
@@ -445,7 +450,8 @@ def test_good_targets_parse_to_one_canonical_form():
     assert parse_auto_budget("itl_p99:50ms,ttft_p99:2s").canonical == "itl_p99:50ms,ttft_p99:2000ms"
     assert parse_auto_budget("ITL_P99:0.05s").itl_ms == pytest.approx(50.0)
     assert parse_auto_budget("itl_median:40").itl_stat == "median"
-    for off in (None, "", "off", "none"):
+    assert parse_auto_budget("itl_p99:1ms").itl_ms == 1.0  # the lower bound itself is allowed
+    for off in (None, "", "off", "OFF"):
         assert parse_auto_budget(off) is None
         assert SchedulerConfig(auto_budget=off or "").auto_budget == ""
 

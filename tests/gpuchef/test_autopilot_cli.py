@@ -34,7 +34,7 @@ BASE = ["--device", "cpu", "--model", "tiny", "--num-prompts", "2", "--input-len
 @pytest.mark.parametrize("cmd, flag, value, says", [
     ("bench", "--auto-budget", "itl_p99:0ms", "out of range"),
     ("bench", "--auto-budget", "itl_p99:50ms,ttft_p99:10ms", "below one step"),
-    ("bench", "--auto-budget", "latency:50", "not TARGET:DURATION"),
+    ("bench", "--auto-budget", "latency:50", "not METRIC_STAT:DURATION"),
     ("ab", "--auto-budget", "itl_p99:-1ms", "negative"),
     ("bench", "--max-long-partial-prefills", "0", "max_long_partial_prefills=0 is out of range"),
 ])

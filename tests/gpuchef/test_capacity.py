@@ -136,12 +136,13 @@ def test_slo_values_from_bench_metrics():
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ("itl:100", "METRIC_STAT:VALUE"),
+    ("itl:100", "METRIC_STAT:DURATION"),
     ("latency_p99:100", "metric one of ttft, tpot, itl, e2el"),
-    ("itl_p99", "METRIC_STAT:VALUE"),
+    ("itl_p99", "METRIC_STAT:DURATION"),
     ("itl_p101:100", "out of range: allowed [0, 100]"),
     ("itl_p99:fast", "'fast' is not a duration"),
-    ("itl_p99:0ms", "must be > 0"),
+    ("itl_p99:0ms", "'0ms' is out of range: allowed (0 ms, ∞)"),
+    ("itl_p99:-1ms", "'-1ms' is negative: allowed (0 ms, ∞)"),
     ("itl_p99:1,itl_p99:2", "given twice"),
     ("", "empty"),
 ])
@@ -149,6 +150,35 @@ def test_bad_slo_is_one_clear_message(spec, needle):
     with pytest.raises(ConfigError, match=None) as e:
         parse_slos(spec)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("pair,says", [
+    ("itl_p99:-1ms", "'-1ms' is negative"),
+    ("itl_p99:fast", "'fast' is not a duration"),
+    ("itl_p101:5ms", "percentile 101 is out of range"),
+    ("itl_p99", "is not METRIC_STAT:DURATION"),
+])
+def test_slo_and_auto_budget_share_one_parser_and_its_messages(pair, says):
+    """--slo and --auto-budget spell targets alike: the same bad pair is refused with the same
+    reason by both (the autopilot's message adds its whole spec), each naming the value."""
+    from gpuchef.engine_host.config import parse_auto_budget
+    with pytest.raises(ConfigError) as slo:
+        parse_slos(pair)
+    with pytest.raises(ConfigError) as auto:
+        parse_auto_budget(pair)
+    for e in (slo, auto):
+        assert says in str(e.value) and repr(pair) in str(e.value)
+
+
+def test_slo_metric_set_is_wider_than_the_autopilots():
+    """Capacity SLOs may name tpot and e2el; the autopilot only itl and ttft; a trailing comma
+    is skipped by both."""
+    from gpuchef.engine_host.config import parse_auto_budget
+    assert [s.key for s in parse_slos("tpot_p50:14,e2el_mean:2s,")] == ["tpot_p50", "e2el_mean"]
+    assert parse_slos("itl_p99:50ms,") == parse_slos("itl_p99:50ms")
+    assert parse_auto_budget("itl_p99:50ms,").canonical == "itl_p99:50ms"
+    with pytest.raises(ConfigError, match="metric one of itl, ttft"):
+        parse_auto_budget("itl_p99:50ms,tpot_p50:14")
 
 
 def test_tolerance_parsing():

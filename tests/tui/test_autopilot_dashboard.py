@@ -128,7 +128,7 @@ def test_toggle_by_key_field_and_palette_and_bad_targets_are_refused(engine):
             for how, text, msg in (
                     ("field", "itl_p99:0ms", "out of range: allowed (0, 600 s]"),
                     ("field", "itl_p99:-5ms", "is negative"),
-                    ("palette", "fast please", "is not TARGET:DURATION"),
+                    ("palette", "fast please", "is not METRIC_STAT:DURATION"),
                     ("palette", "itl_p99:abc", "'abc' is not a duration"),
                     ("palette", "itl_p99:100ms,ttft_p99:50ms", "below one step")):
                 n_notes = len(app.notes)
