@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuchef.engine_host.config import ConfigError, SchedulerConfig
-from gpuchef.probes.recorder import Trace, read_trace
+from gpuchef.probes.recorder import Trace, read_trace, trace_span
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.session import READ_ONLY, ABState, LoadState, SessionInfo
 
@@ -64,32 +64,6 @@ class ReplayAB:
 
     def stop(self) -> None:
         pass
-
-
-def _span(tr: Trace) -> tuple[int, int]:
-    """(first, last) record time of the trace (ns); requests count by arrival only if nothing
-    else is there (a slice may hold requests that arrived long before it)."""
-    lo = [x for x in ((tr.steps[0].t_start_ns if tr.steps else None),
-                      (tr.scrapes[0].t_ns if tr.scrapes else None),
-                      (tr.gpu_samples[0].t_ns if tr.gpu_samples else None),
-                      (tr.host_samples[0].t_ns if tr.host_samples else None),
-                      (tr.events[0].t_ns if tr.events else None)) if x is not None]
-    hi = [x for x in ((max(s.t_end_ns for s in tr.steps) if tr.steps else None),
-                      (tr.scrapes[-1].t_ns if tr.scrapes else None),
-                      (tr.gpu_samples[-1].t_ns if tr.gpu_samples else None),
-                      (tr.host_samples[-1].t_ns if tr.host_samples else None),
-                      (tr.events[-1].t_ns if tr.events else None)) if x is not None]
-    for r in tr.requests:
-        f = r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns
-        hi.append(f)
-        if not lo:
-            lo.append(r.arrival_ns)
-    if not lo:
-        c = tr.meta.get("clock") or {}
-        t = int(c.get("monotonic_ns", 0))
-        return t, t
-    a = min(lo)
-    return a, max(a, max(hi))
 
 
 class ReplayScrapedServer:
@@ -157,7 +131,7 @@ class ReplaySession:
         self.problems = list(tr.problems)
         self.path = str(tr.path)
         self._wall = wall
-        self.start_ns, self.end_ns = _span(tr)
+        self.start_ns, self.end_ns = trace_span(tr)
         self.slos = dict(slos if slos is not None else _default_slos(tr))
         self.percentiles = tuple(percentiles or _default_percentiles(tr))
         self.stats_window_s = float(stats_window_s)

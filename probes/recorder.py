@@ -474,6 +474,33 @@ class Trace:
         return t_ns - c["monotonic_ns"] + c["time_ns"]
 
 
+def trace_span(tr: Trace) -> tuple[int, int]:
+    """``(start_ns, end_ns)`` of a trace (monotonic ns, ``start <= end``): the earliest and
+    latest record times over every stream, whatever the order of the lines (steps by
+    ``t_start_ns``/``t_end_ns``, requests by their last token or arrival). A request's arrival
+    counts for the start only when no other record is there: a rotated part holds requests that
+    arrived in the part before it. No record: the meta clock's origin, twice. The one owner of a
+    trace's time span (replay's timeline, the report's time 0 and end)."""
+    lo: list[int] = []
+    hi: list[int] = []
+    if tr.steps:
+        lo.append(min(s.t_start_ns for s in tr.steps))
+        hi.append(max(s.t_end_ns for s in tr.steps))
+    for xs in (tr.scrapes, tr.gpu_samples, tr.host_samples, tr.events):
+        if xs:
+            lo.append(min(x.t_ns for x in xs))
+            hi.append(max(x.t_ns for x in xs))
+    for r in tr.requests:
+        hi.append(r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns)
+    if not lo and tr.requests:
+        lo.append(min(r.arrival_ns for r in tr.requests))
+    if not lo:
+        t = int((tr.meta.get("clock") or {}).get("monotonic_ns", 0))
+        return t, t
+    a = min(lo)
+    return a, max(a, max(hi))
+
+
 def _type_ok(ann: str, v: Any) -> tuple[bool, Any]:
     """Check ``v`` against a records.py annotation string; returns (ok, converted value)."""
     opt = ann.endswith("| None")

@@ -30,7 +30,7 @@ from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, BenchMetrics, gpu_means, summarize
 from gpuchef.probes.nvml import GpuSample
-from gpuchef.probes.recorder import Trace, read_trace
+from gpuchef.probes.recorder import Trace, read_trace, trace_span
 
 MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
 AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
@@ -140,25 +140,6 @@ class ReportData:
     goodput: dict[str, float]
 
 
-def _origin_end(tr: Trace) -> tuple[int, int]:
-    starts, ends = [], []
-    if tr.steps:
-        starts.append(min(s.t_start_ns for s in tr.steps))
-        ends.append(max(s.t_end_ns for s in tr.steps))
-    if tr.requests:
-        starts.append(min(r.arrival_ns for r in tr.requests))
-        ends.append(max((r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns)
-                        for r in tr.requests))
-    for xs in (tr.gpu_samples, tr.host_samples, tr.events, tr.scrapes):
-        if xs:
-            starts.append(min(x.t_ns for x in xs))
-            ends.append(max(x.t_ns for x in xs))
-    if not starts:
-        t = int(tr.meta.get("clock", {}).get("monotonic_ns", 0))
-        return t, t + 1
-    return min(starts), max(max(ends), min(starts) + 1)
-
-
 def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
     """A/B windows of every run in ``events`` (``probes.ab.windows``), in time order; a window
     still open ends at ``end_ns``. With several runs (a dashboard session) each run's settings
@@ -239,7 +220,8 @@ def _describe_steps(steps: Sequence[StepRecord]) -> str:
 
 def view_trace(tr: Trace) -> TraceView:
     """Cut one trace into segments (A/B windows when it has them, else mode stretches)."""
-    origin, end = _origin_end(tr)
+    origin, end = trace_span(tr)
+    end = max(end, origin + 1)  # a one-instant trace still divides
     steps = sorted(tr.steps, key=lambda s: s.t_start_ns)
     segs = ab_segments(tr.events, end + 1)
     ab = bool(segs)

@@ -325,3 +325,34 @@ def test_palette_seeks_and_sets_the_speed(trace_path):
             await pilot.press("q")
 
     run(go())
+
+
+def test_replay_and_report_share_the_span_of_a_shuffled_trace(trace_path, tmp_path):
+    """Lines out of order (meta first, end last): replay's duration and the report's span are
+    the earliest to the latest record time, computed here from the raw lines."""
+    import json
+    import random
+
+    from gpuchef.report.data import view_trace
+
+    lines = trace_path.read_text().splitlines()
+    body = lines[1:-1]
+    random.Random(7).shuffle(body)
+    # reversed too: the first line of each stream is then its latest record
+    for i, order in enumerate((body, body[::-1])):
+        p = tmp_path / f"shuf{i}.jsonl"
+        p.write_text("\n".join([lines[0], *order, lines[-1]]) + "\n")
+        lo, hi = [], []
+        for ln in order:
+            d = json.loads(ln)
+            if d["type"] == "step":
+                lo.append(d["t_start_ns"]), hi.append(d["t_end_ns"])
+            elif d["type"] == "request":
+                hi.append((d["token_times_ns"] or [d["arrival_ns"]])[-1])
+            elif "t_ns" in d:
+                lo.append(d["t_ns"]), hi.append(d["t_ns"])
+        s = ReplaySession(p, wall=FakeWall())
+        v = view_trace(read_trace(p))
+        assert (s.start_ns, s.end_ns) == (min(lo), max(hi))
+        assert (v.origin_ns, v.end_ns) == (min(lo), max(hi))
+        assert s.duration_s == pytest.approx((v.end_ns - v.origin_ns) / 1e9)
