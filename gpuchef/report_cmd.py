@@ -111,10 +111,28 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
         sys.exit(2)
 
 
+def _read_once(paths: list[str], err: Console) -> list[str]:
+    """``paths`` without repeats of one file (by its resolved path), each repeat named once on
+    ``err``: the same trace twice would be two identical groups."""
+    seen: dict[Path, str] = {}
+    twice: list[str] = []
+    for p in paths:
+        k = Path(p).expanduser().resolve()
+        if k in seen:
+            if seen[k] not in twice:
+                twice.append(seen[k])
+            continue
+        seen[k] = p
+    for p in twice:
+        err.print(f"[yellow]note:[/] {escape(p)} given twice: read once")
+    return list(seen.values())
+
+
 def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None:
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.recorder import TraceReadError
 
+    paths = _read_once(paths, err)
     pcts = parse_percentiles(metric_percentiles)
     slos = parse_goodput(" ".join(goodput)) if goodput else {}
     out = _output(output, paths, fmt)  # before reading: a bad -o is refused at once
