@@ -268,7 +268,12 @@ class _EngineError(Exception):
 
 
 def _child_main(conn: Any, a: ChildArgs) -> None:
-    """The server process: bind, read the tokenizer, say so, wait for the engine, serve."""
+    """The server process: bind, read the tokenizer, say so, wait for the engine, serve.
+    Ctrl-C reaches this process too (same process group): it is ignored here, as the engine's
+    process stops this one with "stop" after the streams in flight got their end."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ..engine_host.tokenizer import load_tokenizer
     from .metrics import ServeMetrics
     from .server import FrontDoor, bind_socket

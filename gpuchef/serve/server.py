@@ -47,6 +47,10 @@ DEFAULT_MAX_BODY_MB = 32.0
 #: bodies and prompt texts above this are parsed / tokenised off the server's loop (a 10 MB
 #: text held it 11 s): the loop keeps streaming to everyone else meanwhile
 OFF_LOOP_BYTES = 64 << 10
+#: on shutdown, how long (s) the requests in flight get to write their end ("abort" chunk and
+#: [DONE], or the whole response) before their connections are closed: a client that does not
+#: read cannot hold the exit longer
+SHUTDOWN_GRACE_S = 3.0
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -134,6 +138,7 @@ class FrontDoor:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping: asyncio.Event | None = None
+        self._closing = False  # shutting down: new requests get a 503
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.startup_error: BaseException | None = None
@@ -186,7 +191,11 @@ class FrontDoor:
         if self.startup_error is not None:
             raise self.startup_error
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = SHUTDOWN_GRACE_S + 5.0) -> None:
+        """End every request in flight with finish_reason "abort" (streams get their last chunk
+        and ``data: [DONE]``; non-streaming requests their response with what was made), give
+        their writes ``SHUTDOWN_GRACE_S``, then close; returns once the server thread ended (or
+        after ``timeout`` s)."""
         loop = self._loop
         if loop is not None and self._stopping is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._stopping.set)
@@ -217,7 +226,9 @@ class FrontDoor:
         r.add_get("/metrics", self._metrics)
         r.add_get("/gpuchef/v1/scheduler", self._get_scheduler)
         r.add_patch("/gpuchef/v1/scheduler", self._patch_scheduler)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # shutdown_timeout: aiohttp waits this long for handlers in flight, then cancels them
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                               shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runner = runner
         await web.SockSite(runner, sock).start()
@@ -225,9 +236,18 @@ class FrontDoor:
         drain = asyncio.ensure_future(self._drain_metrics())
         await self._stopping.wait()
         drain.cancel()
-        for s in list(self._streams.values()):  # shutting down: the clients get what was made
+        self._closing = True
+        # shutting down: each request ends here with "abort" and its client gets what was made;
+        # not through the engine, whose records stop coming once its process stops the bridge
+        for s in list(self._streams.values()):
             self.host.abort(s.rid)
-        await runner.cleanup()
+            if s.record is None:
+                self._done(s, RequestRecord(s.rid, 0, s.prompt_len, s.n_tokens, (), "abort"))
+        await runner.cleanup()  # stops listening, waits SHUTDOWN_GRACE_S for those writes
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:  # nothing left pending when the loop closes
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     async def _drain_metrics(self) -> None:
         while self.metrics is not None:
@@ -238,6 +258,8 @@ class FrontDoor:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         try:
+            if self._closing and request.path.startswith(("/v1/", "/gpuchef/")):
+                raise APIError(503, "the server is shutting down: retry on another one")
             if self.api_key and request.path.startswith(("/v1/", "/gpuchef/")):
                 self._check_auth(request)
             return await handler(request)
@@ -524,8 +546,12 @@ class FrontDoor:
     async def _whole(self, gen: P.GenRequest, streams: list[_Stream]) -> web.Response:
         pending = list(streams)
         while pending:  # every choice at once: a stop string in one ends it then, not later
-            await asyncio.wait([asyncio.ensure_future(x.event.wait()) for x in pending],
-                               return_when=asyncio.FIRST_COMPLETED)
+            waits = [asyncio.ensure_future(x.event.wait()) for x in pending]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # the others (all, when the client went away) would be left pending
+                for w in waits:
+                    w.cancel()
             for x in list(pending):
                 if x.event.is_set():
                     x.event.clear()
