@@ -208,14 +208,16 @@ def _ab(o: dict, err: Console) -> None:
         write_json(o["result_json"], result, "--result-json")
 
 
-def _header(engine, wcfg, settings, specs_n: int, load: str | None = None) -> list[str]:
+def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None) -> list[str]:
+    """The run's header lines; ``specs_n``: the request count, or a phrase when it varies."""
     from .session import load_desc
 
     lm = engine.loaded
+    n = f"{specs_n} requests" if isinstance(specs_n, int) else specs_n
     return [f"Model: {lm.name}{' (random weights)' if lm.random_weights else ''} on "
             f"{engine.device} / {engine.attn.name}",
             f"Scheduling: {scheduling_desc(engine)}",
-            f"Load: {load or load_desc(wcfg)}; {specs_n} requests, seed {wcfg.seed}",
+            f"Load: {load or load_desc(wcfg)}; {n}, seed {wcfg.seed}",
             f"A: {settings['A'].describe()}",
             f"B: {settings['B'].describe()}"]
 
@@ -374,7 +376,11 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
             f"{wcfg.dataset} replayed at the speed whose probe offers each rate (offered = "
             "its requests' count over their arrival span)")
-    click.echo("\n".join(_header(engine, wcfg, settings, len(generate(wcfg)), load)))
+    # a probe's request count follows its rate (× --duration): each probe's row gives its own
+    per_probe = ("requests per probe: its rate × --duration (each row's count)"
+                 if wcfg.duration_s is not None
+                 else f"{len(generate(wcfg))} requests per probe")
+    click.echo("\n".join(_header(engine, wcfg, settings, per_probe, load)))
     click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
                f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
                "capacity); a probe also fails when saturated (achieved < 90 % of offered, or "
@@ -434,8 +440,8 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
         click.echo(f"\n{k}: {st.describe()}")
         # achieved is held against the arrival rate of the same requests (after the warm-up): a
         # replayed trace gets denser, so "6.97 achieved" beside "6.05 offered" read as a gain
-        heads = ["offered req/s", *[f"{s.key} ms" for s in slos], "achieved/offered*",
-                 "meets SLOs"]
+        heads = ["offered req/s", "requests", *[f"{s.key} ms" for s in slos],
+                 "achieved/offered*", "meets SLOs"]
         widths = [max(15, len(h) + 2) for h in heads]
         click.echo("  " + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))
                    + "  why not / notes")
@@ -447,7 +453,9 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                    and math.isfinite(p.judged_offered) else
                    f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")
             why = "; ".join([*p.fails, *p.notes])
-            cells = [f"{p.rate:.3g}", *vals, ach, "yes" if p.met else "no"]
+            m = p.metrics  # completed (+ failed): an early stop ends the rest
+            n = (f"{m.completed + m.failed}" if hasattr(m, "completed") else "n/a")
+            cells = [f"{p.rate:.3g}", n, *vals, ach, "yes" if p.met else "no"]
             click.echo("  " + "".join(f"{x:>{w}}" for x, w in zip(cells, widths))
                        + (f"  {why}" if why else ""))
 
@@ -460,8 +468,9 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
         out["capacity"][k] = res.as_dict()
         for p, d in zip(res.probes, out["capacity"][k]["probes"]):
             d["metrics"] = p.metrics.to_dict()
-    ratio, text = capacity_ratio(results["A"], results["B"])
+    ratio, text, bound = capacity_ratio(results["A"], results["B"])
     click.echo(f"\nCapacity ratio B/A: {text}")
     out["capacity_ratio"] = None if ratio is None or not math.isfinite(ratio) else ratio
+    out["capacity_ratio_bound"] = bound  # "upper"/"lower": capacity_ratio is only a bound
     out["capacity_ratio_text"] = text
     return out

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import ConfigError, SchedulerConfig, parse_settings
+from .engine_host.config import AUTO_BUDGET, ConfigError, SchedulerConfig, parse_settings
 from .engine_host.records import EngineEvent
 from .probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
                         WindowResult, mark_name, metric_specs, pool, window_results)
@@ -66,7 +66,9 @@ class Setting:
         """The spec as given, normalised: ``mode=chunked, max_num_batched_tokens=2048``."""
         if not self.changes:
             return "the base settings"
-        return ", ".join(f"{k}={v}" for k, v in self.changes.items())
+        # auto_budget off is stored as "" (SchedulerConfig's form): shown as typed, "off"
+        return ", ".join(f"{k}={'off' if k == AUTO_BUDGET and v == '' else v}"
+                         for k, v in self.changes.items())
 
     def knobs(self) -> dict[str, Any]:
         """Every field of ``config`` (mode and knobs): what ``host.set_config`` gets."""

@@ -517,15 +517,21 @@ class CapacityResult:
     ``capacity``: the highest offered rate (req/s) that met every SLO, None when even the
     first probe failed. ``at_upper_bound``: ``rate_hi`` itself met them (capacity ≥ it: raise
     --rate-hi). ``bracket``: (highest met, lowest failed), offered rates — the true capacity
-    lies between. ``probes``: in the order measured. ``converged``: stopped by the tolerance,
-    not by ``max_probes``.
+    lies between. ``probes``: in the order measured. ``converged``: the bracket was narrowed
+    to the tolerance (True) or the search stopped at ``max_probes`` first (False); None when
+    there is no bracket to narrow — ``at_upper_bound`` (capacity ≥ ``rate_hi``) or capacity
+    None (fails at ``rate_lo``) — so a bound is never marked converged.
     """
 
     capacity: float | None
     at_upper_bound: bool
     bracket: tuple[float | None, float | None]
     probes: list[Probe] = field(default_factory=list)
-    converged: bool = True
+    converged: bool | None = True
+
+    def __post_init__(self) -> None:
+        if self.at_upper_bound or self.capacity is None:
+            self.converged = None
 
     def short_probes(self, min_span_s: float = MIN_PROBE_SPAN_S) -> list[Probe]:
         """Probes that met the SLOs but are too short for steady state: a note from
@@ -630,22 +636,24 @@ def capacity_search(measure: Callable[[float], Any], slos: Sequence[SLO], rate_l
     return CapacityResult(offered[ok], False, (offered[ok], offered[bad]), probes)
 
 
-def capacity_ratio(a: CapacityResult, b: CapacityResult) -> tuple[float | None, str]:
-    """(B/A, text). None with a reason when a ratio cannot be given; ``≥``/``≤`` when a
-    capacity is only bounded (met at --rate-hi)."""
+def capacity_ratio(a: CapacityResult, b: CapacityResult) -> tuple[float | None, str, str | None]:
+    """(B/A, text, bound). ``bound``: "upper" when B/A is only an upper bound (A met the SLOs
+    at --rate-hi, so A's capacity is at least that: text ``≤ …``), "lower" when it is only a
+    lower bound (B met them at --rate-hi: ``≥ …``), None when the ratio is a value. The ratio is
+    None with a reason when it cannot be given, ``inf`` when only B meets the SLOs in the range
+    and 0.0 when only A does."""
     ca, cb = a.capacity, b.capacity
     if ca is None and cb is None:
-        return None, "n/a: neither setting meets the SLOs in the rate range"
+        return None, "n/a: neither setting meets the SLOs in the rate range", None
     if ca is None:
-        return math.inf, "∞: B meets the SLOs at rates where A never does"
+        return math.inf, "∞: B meets the SLOs at rates where A never does", None
     if cb is None:
-        return 0.0, "0: A meets the SLOs, B never does in the rate range"
+        return 0.0, "0: A meets the SLOs, B never does in the rate range", None
+    if a.at_upper_bound and b.at_upper_bound:
+        return None, "n/a: both meet the SLOs at --rate-hi (raise it)", None
     r = cb / ca
-    prefix = ""
-    if a.at_upper_bound and not b.at_upper_bound:
-        prefix = "≤ "
-    elif b.at_upper_bound and not a.at_upper_bound:
-        prefix = "≥ "
-    elif a.at_upper_bound and b.at_upper_bound:
-        return None, "n/a: both meet the SLOs at --rate-hi (raise it)"
-    return r, f"{prefix}{r:.2f}×"
+    if a.at_upper_bound:
+        return r, f"≤ {r:.2f}×", "upper"
+    if b.at_upper_bound:
+        return r, f"≥ {r:.2f}×", "lower"
+    return r, f"{r:.2f}×", None

@@ -18,6 +18,16 @@ def test_ab_spec_takes_auto_budget_with_its_comma():
         parse_setting("auto_budget=itl_p99:0", SchedulerConfig(), "B")
 
 
+def test_ab_spec_auto_budget_off_reads_off_and_zero_is_refused_by_name():
+    from gpuchef.ab_runs import parse_setting
+
+    s = parse_setting("mode=chunked,auto_budget=off", SchedulerConfig(), "B", "--b")
+    assert s.config.auto_budget == ""
+    assert s.describe() == "mode=chunked, auto_budget=off"
+    with pytest.raises(ConfigError, match=r"--b 'auto_budget=0': --auto-budget '0'.*or off"):
+        parse_setting("auto_budget=0", SchedulerConfig(), "B", "--b")
+
+
 def _invoke(*args):
     from click.testing import CliRunner
 

@@ -96,6 +96,23 @@ def test_met_at_the_upper_bound_is_a_lower_bound():
     assert capacity_ratio(b, res)[1].startswith("≥ ")
 
 
+def test_a_bound_is_neither_converged_nor_a_plain_ratio():
+    """Met at --rate-hi: the capacity is only a lower bound, so the search did not converge on
+    it (converged None, also when even --rate-lo fails); a ratio over it says which bound it is."""
+    slos = parse_slos("itl_p99:100")
+    top = capacity_search(lambda r: {"itl_p99": 1.0}, slos, 1.0, 8.0)
+    none = capacity_search(lambda r: {"itl_p99": 500.0}, slos, 1.0, 8.0)
+    mid = capacity_search(queueing_model(20.0, 10.0), slos, 1.0, 8.5)
+    assert top.at_upper_bound and top.converged is None and top.as_dict()["converged"] is None
+    assert none.capacity is None and none.converged is None
+    assert mid.converged is True and not mid.at_upper_bound
+    r, text, bound = capacity_ratio(top, mid)  # A ≥ 8: B/A ≤ mid/8
+    assert (text[0], bound) == ("≤", "upper") and r == pytest.approx(mid.capacity / 8.0)
+    r, text, bound = capacity_ratio(mid, top)
+    assert (text[0], bound) == ("≥", "lower") and r == pytest.approx(8.0 / mid.capacity)
+    assert capacity_ratio(mid, mid)[2] is None and capacity_ratio(mid, mid)[0] == 1.0
+
+
 def test_every_slo_must_hold():
     slos = parse_slos("itl_p99:100ms,ttft_p99:2s")
     truth_itl = known_capacity(20.0, 10.0, 100.0)  # 8
@@ -203,6 +220,14 @@ def test_cli_capacity_on_cpu(tmp_path):
     assert "Capacity ratio B/A:" in r.output
     d = json.loads(out.read_text())
     assert set(d["capacity"]) == {"A", "B"}
+    # a probe's request count follows its rate: the header says so, each row gives its own
+    assert "requests per probe" in r.output
+    # the ratio says whether it is only a bound, as its text does
+    assert d["capacity_ratio_bound"] == {"≤": "upper", "≥": "lower"}.get(
+        d["capacity_ratio_text"][0])
+    for k in "AB":
+        if d["capacity"][k]["at_upper_bound"]:
+            assert d["capacity"][k]["converged"] is None
     from gpuchef.engine_host.workload import WorkloadConfig, generate
 
     specs = generate(WorkloadConfig(num_prompts=6, request_rate=8.0, input_len=64, output_len=8,

@@ -126,7 +126,7 @@ def test_toggle_by_key_field_and_palette_and_bad_targets_are_refused(engine):
             before = s.scheduler_config
             n_events = len([e for e in s.timeline.snapshot().events if e.kind in ("knob", "mode")])
             for how, text, msg in (
-                    ("field", "itl_p99:0ms", "out of range: allowed (0, 600 s]"),
+                    ("field", "itl_p99:0ms", "out of range: allowed [1 ms, 600 s]"),
                     ("field", "itl_p99:-5ms", "is negative"),
                     ("palette", "fast please", "is not METRIC_STAT:DURATION"),
                     ("palette", "itl_p99:abc", "'abc' is not a duration"),
