@@ -53,6 +53,8 @@ class GenRequest:
     prompts: list[Any]
     max_tokens: int | None
     max_tokens_given: bool = False
+    #: the field that gave ``max_tokens`` ("max_tokens" / "max_completion_tokens"), None = default
+    max_tokens_param: str | None = None
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
@@ -71,13 +73,28 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+#: floats are exact integers up to 2^53: an "integral float" beyond that is not taken as a count
+EXACT_FLOAT_INT = 2 ** 53
+
+
+def shown(v: Any, limit: int = 40) -> str:
+    """``repr(v)`` for an error message, cut in the middle when longer than ``limit``
+    characters (a 309-digit number is named by its ends and its length)."""
+    r = repr(v)
+    if len(r) <= limit:
+        return r
+    return f"{r[:limit // 2]}…{r[-8:]} ({len(r)} characters)"
+
+
 def _num(body: dict, key: str, default: float, lo: float, hi: float, *,
          lo_open: bool = False) -> float:
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(f"'{key}' must be a number, got {v!r}", key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"'{key}' must be a number, got {shown(v)}", key)
+    if not math.isfinite(v):  # NaN / Infinity: JSON parsers take them
+        raise bad(f"'{key}' must be a finite number, got {v!r}", key)
     if (v <= lo if lo_open else v < lo) or v > hi:
         raise bad(f"'{key}' = {v!r} is out of range: allowed {'(' if lo_open else '['}{lo:g}, "
                   f"{hi:g}]", key)
@@ -89,7 +106,7 @@ def _int(body: dict, key: str, lo: int | None = None, *, default: Any = None) ->
     if v is None:
         return default
     if not _is_int(v):
-        raise bad(f"'{key}' must be an integer, got {v!r}", key)
+        raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
     if lo is not None and v < lo:
         raise bad(f"'{key}' = {v} must be >= {lo}", key)
     return v
@@ -172,19 +189,20 @@ def _top_k(body: dict) -> int:
     return v
 
 
-def _max_tokens(body: dict, *keys: str) -> int | None:
+def _max_tokens(body: dict, *keys: str) -> tuple[int | None, str | None]:
+    """(the first of ``keys`` set, its name), or (None, None)."""
     for key in keys:
         v = body.get(key)
         if v is None:
             continue
-        if isinstance(v, float) and v.is_integer():  # 4.0, as some clients send it
-            v = int(v)
+        if isinstance(v, float) and v.is_integer() and abs(v) <= EXACT_FLOAT_INT:
+            v = int(v)  # 4.0, as some clients send it
         if not _is_int(v):
-            raise bad(f"'{key}' must be an integer, got {v!r}", key)
+            raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
         if v < 1:
-            raise bad(f"'{key}' = {v} must be >= 1", key)
-        return v
-    return None
+            raise bad(f"'{key}' = {shown(v)} must be >= 1", key)
+        return v, key
+    return None, None
 
 
 def parse_completion(body: Any) -> GenRequest:
@@ -214,10 +232,10 @@ def parse_completion(body: Any) -> GenRequest:
     for x in prompts:
         if len(x) == 0:
             raise bad("'prompt' is empty: give at least one token or character", "prompt")
-    mt = _max_tokens(body, "max_tokens")
+    mt, key = _max_tokens(body, "max_tokens")
     return GenRequest("completions", prompts=prompts,
                       max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if mt is None else mt,
-                      max_tokens_given=mt is not None, **c)
+                      max_tokens_given=mt is not None, max_tokens_param=key, **c)
 
 
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -257,9 +275,9 @@ def parse_chat(body: Any) -> GenRequest:
             raise bad(f"'{where}.content' must be a string or a list of text parts",
                       f"{where}.content")
         out.append({"role": role, "content": content})
-    mt = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    mt, key = _max_tokens(body, "max_completion_tokens", "max_tokens")
     return GenRequest("chat", prompts=[], max_tokens=mt, max_tokens_given=mt is not None,
-                      messages=out, **c)
+                      max_tokens_param=key, messages=out, **c)
 
 
 # -- responses ------------------------------------------------------------------------------

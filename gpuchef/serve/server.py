@@ -83,6 +83,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """The length of the longest end of ``text`` that is the start of one of ``stops`` (a stop
+    string that may still be forming there): what a stream holds back, 0 when none."""
+    best = 0
+    for x in stops:
+        for k in range(min(len(x) - 1, len(text)), best, -1):
+            if text.endswith(x[:k]):
+                best = k
+                break
+    return best
+
+
 @dataclass(eq=False)
 class _Stream:
     """One engine request's output, filled by the loop from the engine's listeners."""
@@ -421,10 +433,17 @@ class FrontDoor:
             out.append(ids)
         return out
 
+    def _check_stop_token_ids(self, ids: list[int]) -> None:
+        bad_ids = [i for i in ids if i >= self.vocab_size]  # < 0 is refused by the parser
+        if bad_ids:
+            raise P.bad(f"'stop_token_ids' token id {bad_ids[0]} is outside the vocabulary "
+                        f"[0, {self.vocab_size})", "stop_token_ids")
+
     async def _generate(self, request: web.Request, gen: P.GenRequest) -> web.StreamResponse:
         self._check_model(gen.model)
         if getattr(self.host, "error", None) is not None:
             raise APIError(503, "the engine stopped; see GET /health")
+        self._check_stop_token_ids(gen.stop_token_ids)
         prompts = await self._prompt_ids(gen)
         L = self.max_model_len
         params = []
@@ -434,11 +453,13 @@ class FrontDoor:
             mt = gen.max_tokens if gen.max_tokens is not None else L - len(ids)
             if len(ids) + mt > L or mt < 1:
                 where = "messages" if gen.kind == "chat" else "prompt"
+                mt = max(mt, 1)
+                # the prompt alone fills the context: it is at fault, else the token count asked
+                param = where if len(ids) >= L else (gen.max_tokens_param or where)
                 raise P.bad(f"This model's maximum context length is {L} tokens. However, you "
-                            f"requested {len(ids) + max(mt, 1)} tokens ({len(ids)} in the {where}, "
-                            f"{max(mt, 1)} in the completion). Please reduce the length of the "
-                            f"{where} or completion.", "max_tokens" if gen.max_tokens_given else where,
-                            "context_length_exceeded")
+                            f"requested {P.shown(len(ids) + mt)} tokens ({len(ids)} in the {where}, "
+                            f"{P.shown(mt)} in the completion). Please reduce the length of the "
+                            f"{where} or completion.", param, "context_length_exceeded")
             try:
                 params.append(SamplingParams(
                     max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
@@ -515,8 +536,8 @@ class FrontDoor:
                     if maxlen:
                         self._find_stop(s, gen, max(0, s.sent - maxlen))
         if maxlen and not s.stopped and s.record is None:
-            # hold back what could be the start of a stop string
-            upto = max(s.sent, len(s.text) - (maxlen - 1))
+            # hold back only what could be the start of a stop string
+            upto = max(s.sent, len(s.text) - stop_prefix_len(s.text, gen.stop))
         else:
             upto = len(s.text)
         delta = s.text[s.sent:upto]

@@ -161,6 +161,29 @@ def test_stop_string_and_stop_token_ids(server):
         assert r.choices[0].text == full[:full.index(stop)]
 
 
+def test_stop_string_holds_back_only_what_could_start_it(server):
+    c = client(server)
+    kw = dict(model="tiny-served", prompt=[10, 11, 12, 13], temperature=0,
+              extra_body={"ignore_eos": True})
+    t1 = c.completions.create(**kw, max_tokens=1).choices[0].text  # the first token's text
+    full = c.completions.create(**kw, max_tokens=6).choices[0].text
+    assert t1 and full.startswith(t1), (t1, full)
+    first = next(ch for ch in "~#@%^|" if ch not in full)
+
+    def chunks(stop):  # (a chunk may hold several tokens when the writer falls behind)
+        return [ch.choices[0].text for ch in c.completions.create(
+            **kw, max_tokens=6, stream=True, stop=[stop])]
+
+    # no end of the text can start the stop string: nothing is held, the first chunk has the
+    # first token's text (it once held back len(stop) - 1 characters, often all of it)
+    got = chunks(first + "zzzz")
+    assert got[0].startswith(t1) and "".join(got) == full, got
+    # the first token's last character could start it: only that is held, and comes later
+    held = chunks(t1[-1] + first + "zz")
+    assert held[0] == t1[:-1] or (len(held[0]) >= len(t1) and held[0].startswith(t1)), held
+    assert "".join(held) == full, held
+
+
 def test_models_health_version(server):
     st, body = http("GET", server.url + "/v1/models")
     assert st == 200 and body["data"][0]["id"] == "tiny-served"
@@ -181,6 +204,15 @@ BAD = [
     ({"prompt": [1, 2, 4096]}, 400, "prompt", "outside the vocabulary [0, 4096)"),
     ({"prompt": [1, -3]}, 400, "prompt", "outside the vocabulary"),
     ({"prompt": [1] * 500, "max_tokens": 100}, 400, "max_tokens", "maximum context length is 512"),
+    # the prompt alone fills the context: the prompt is at fault, not max_tokens (vLLM)
+    ({"prompt": [1] * 512, "max_tokens": 3}, 400, "prompt", "maximum context length is 512"),
+    # not an exact integer as a float: refused, named as sent, not echoed as 309 digits
+    ({"prompt": "x", "max_tokens": 1e308}, 400, "max_tokens", "must be an integer, got 1e+308"),
+    ({"prompt": "x", "max_tokens": 10 ** 400}, 400, "max_tokens", "(401 characters)"),
+    (b'{"prompt": "x", "temperature": NaN}', 400, "temperature", "finite number, got nan"),
+    (b'{"prompt": "x", "top_p": Infinity}', 400, "top_p", "finite number, got inf"),
+    ({"prompt": "x", "stop_token_ids": [3, 99999]}, 400, "stop_token_ids",
+     "token id 99999 is outside the vocabulary [0, 4096)"),
     ({"prompt": "x", "n": 2}, 400, "n", "n=1"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature", "number"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "out of range"),
@@ -202,6 +234,7 @@ def test_bad_completion_bodies_get_openai_errors(server, body, status, param, wo
     err = resp["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] == param and words in err["message"], err
+    assert len(err["message"]) < 300, err
 
 
 def test_bad_chat_bodies_and_routes(server):
@@ -212,7 +245,15 @@ def test_bad_chat_bodies_and_routes(server):
                         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                          "messages[0].content"),
                         ({"messages": [{"role": "user", "content": "x"}],
-                          "max_completion_tokens": -1}, "max_completion_tokens")]:
+                          "max_completion_tokens": -1}, "max_completion_tokens"),
+                        # the context exceeded: the field that asked for the tokens, or the
+                        # messages when they alone fill it
+                        ({"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 100000}, "max_completion_tokens"),
+                        ({"messages": [{"role": "user", "content": "x"}],
+                          "max_tokens": 100000}, "max_tokens"),
+                        ({"messages": [{"role": "user", "content": "word " * 600}],
+                          "max_tokens": 3}, "messages")]:
         st, resp = http("POST", u + "/v1/chat/completions", body)
         assert st == 400 and resp["error"]["param"] == param, resp
     st, resp = http("GET", u + "/v1/nothing")
