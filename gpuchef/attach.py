@@ -45,10 +45,23 @@ KNOB_REFRESH_S = 2.0
 
 def base_of(url: str) -> str:
     """``http://h:p/metrics`` or ``http://h:p/`` → ``http://h:p`` (the URL as the user gave it,
-    without a trailing /metrics). Raises ConfigError for a URL that is not http(s)://host."""
+    without a trailing /metrics). Raises ConfigError for a URL that is not http(s)://host, or
+    one with a ``user:password@`` part (refused, not sent: it would show in the header and the
+    trace; the message shows it as ``***@``)."""
+    from urllib.parse import urlsplit
+
     from .client.http_load import normalize_base_url
 
     u = url.strip().rstrip("/")
+    try:
+        net = urlsplit(u).netloc
+    except ValueError:
+        net = ""
+    if "@" in net:
+        shown = u.replace(net, "***@" + net.rsplit("@", 1)[1], 1)
+        raise ConfigError(f"--attach {shown!r}: a user:password in the URL is not supported "
+                          "(it would show in the header and the trace): give the server's "
+                          "token with --api-key (sent as a Bearer token)")
     if u.endswith("/metrics"):
         u = u[: -len("/metrics")]
     try:

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 @dataclass(frozen=True)
@@ -140,50 +140,92 @@ class ScrapeSample:
     hists: dict[str, Hist] = field(default_factory=dict)
     error: str = ""
     scrape_ms: float = 0.0
+    #: quantities whose family the server's /metrics declares, with or without samples (a
+    #: labelled histogram with no observation yet has no sample lines): "absent" vs "idle"
+    exported: frozenset[str] = frozenset()
+    #: quantity → one line naming the series whose value was refused (``check_value``); the
+    #: quantity is then left out of ``values``
+    bad: dict[str, str] = field(default_factory=dict)
+
+
+#: how far above 1 a KV-cache usage may read before it is refused (float sums over engines)
+KV_USAGE_TOLERANCE = 1e-3
+
+
+def check_value(quantity: str, name: str, v: float) -> str:
+    """"" when ``v`` is a possible value of gauge/counter ``quantity`` (finite, ≥ 0; a KV-cache
+    usage within [0, 1] give or take ``KV_USAGE_TOLERANCE``), else one line naming the series
+    ``name``, the value and what is allowed."""
+    hi = 1.0 + KV_USAGE_TOLERANCE if quantity == "kv_usage" else math.inf
+    if math.isfinite(v) and 0.0 <= v <= hi:
+        return ""
+    allowed = "[0, 1]" if quantity == "kv_usage" else "finite, ≥ 0"
+    return f"{name} = {v!r} is not a {quantity} value (allowed {allowed}): not drawn"
 
 
 def parse_metrics(text: str, *, url: str = "", t_ns: int | None = None) -> ScrapeSample:
     """Read Prometheus text into a ScrapeSample. Raises ValueError (with the parser's message)
-    when ``text`` is not the Prometheus text format."""
+    when ``text`` is not the Prometheus text format. A gauge or counter may come untyped (no
+    ``# TYPE`` line: ``prometheus_client`` reads it as "unknown", a counter under its
+    ``_total`` name). A value :func:`check_value` refuses is left out of ``values`` and named in
+    ``bad``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     fams: dict[str, Any] = {}
     try:
         for fam in text_string_to_metric_families(text):
-            fams[fam.name] = fam
+            if fam.name in fams:  # untyped lines of one name may come as several families
+                fams[fam.name].samples.extend(fam.samples)
+            else:
+                fams[fam.name] = fam
     except Exception as e:  # the parser raises ValueError, TypeError or its own
         raise ValueError(f"not Prometheus text format: {e}") from None
     t = time.monotonic_ns() if t_ns is None else t_ns
     values: dict[str, float] = {}
     hists: dict[str, Hist] = {}
+    exported: set[str] = set()
+    bad: dict[str, str] = {}
     for q, (kind, names) in SERIES.items():
         for n in names:
-            fam = fams.get(n)
-            if fam is None:
+            cands = [fams.get(n)]
+            if kind == "counter":  # untyped: the parser keeps the whole name
+                u = fams.get(n + "_total")
+                cands.append(u if u is not None and u.type == "unknown" else None)
+            cands = [c for c in cands if c is not None]
+            if not cands:
                 continue
+            exported.add(q)
             if kind == "hist":
-                h = _hist(fam)
+                h = _hist(cands[0])
                 if h is not None:
                     hists[q] = h
                     break
+                continue
+            got = next((g for g in (_sum(c, ("_total", "") if kind == "counter" else ("",))
+                                    for c in cands) if g is not None), None)
+            if got is None:
+                continue
+            why = next((w for w in (check_value(q, sn, v) for sn, v in got[1]) if w), "")
+            if why:
+                bad[q] = why
             else:
-                v = _sum(fam, ("_total", "") if kind == "counter" else ("",))
-                if v is not None:
-                    values[q] = v
-                    break
+                values[q] = got[0]
+            break
     names = " ".join(fams)
     server = ("gpuchef" if "gpuchef:" in names else "vllm" if "vllm:" in names
               else "sglang" if "sglang" in names else "unknown")
-    return ScrapeSample(t, url, server, values, hists)
+    return ScrapeSample(t, url, server, values, hists, exported=frozenset(exported),
+                        bad=bad)
 
 
-def _sum(fam: Any, suffixes: tuple[str, ...]) -> float | None:
-    tot, seen = 0.0, False
-    for s in fam.samples:
-        if any(s.name == fam.name + suf for suf in suffixes) and math.isfinite(s.value):
-            tot += s.value
-            seen = True
-    return tot if seen else None
+def _sum(fam: Any, suffixes: tuple[str, ...]) -> tuple[float, list[tuple[str, float]]] | None:
+    """(sum, [(sample name, value), ...]) of ``fam``'s samples named ``fam.name + suffix``;
+    None when it has none (a labelled family with no child yet)."""
+    got = [(s.name, float(s.value)) for s in fam.samples
+           if any(s.name == fam.name + suf for suf in suffixes)]
+    if not got:
+        return None
+    return sum(v for _, v in got), got
 
 
 def _hist(fam: Any) -> Hist | None:
@@ -232,7 +274,8 @@ def sample_to_json(s: ScrapeSample) -> dict[str, Any]:
     return {"t_ns": s.t_ns, "url": s.url, "server": s.server, "values": dict(s.values),
             "hists": {q: {"buckets": [[le if math.isfinite(le) else None, c] for le, c in h.buckets],
                           "count": h.count, "sum": h.sum} for q, h in s.hists.items()},
-            "error": s.error, "scrape_ms": s.scrape_ms}
+            "error": s.error, "scrape_ms": s.scrape_ms, "exported": sorted(s.exported),
+            "bad": dict(s.bad)}
 
 
 def sample_from_json(d: dict[str, Any]) -> ScrapeSample:
@@ -249,7 +292,9 @@ def sample_from_json(d: dict[str, Any]) -> ScrapeSample:
             b = tuple((math.inf if le is None else float(le), float(c)) for le, c in h["buckets"])
             hists[str(q)] = Hist(b, float(h["count"]), float(h["sum"]))
         return ScrapeSample(t, str(d.get("url", "")), str(d.get("server", "unknown")), values,
-                            hists, str(d.get("error") or ""), float(d.get("scrape_ms") or 0.0))
+                            hists, str(d.get("error") or ""), float(d.get("scrape_ms") or 0.0),
+                            frozenset(str(x) for x in (d.get("exported") or ())),
+                            {str(k): str(v) for k, v in (d.get("bad") or {}).items()})
     except KeyError as e:
         raise ValueError(f"scrape record lacks field {e}") from None
     except (TypeError, AttributeError):
@@ -338,7 +383,7 @@ class Scraper:
         try:
             text = self._fetch(self.url, self.timeout_s)
             s = parse_metrics(text, url=self.url, t_ns=t0)
-            if not s.values and not s.hists:
+            if not s.values and not s.hists and not s.exported:
                 s = ScrapeSample(t0, self.url, s.server, error="no vLLM, SGLang or gpuchef "
                                  "series in its /metrics (an unknown server?)")
         except urllib.error.HTTPError as e:
@@ -350,14 +395,13 @@ class Scraper:
             s = ScrapeSample(t0, self.url, error=f"cannot reach it ({why})")
         except ValueError as e:
             s = ScrapeSample(t0, self.url, error=str(e))
-        s = ScrapeSample(s.t_ns, s.url, s.server, s.values, s.hists, s.error,
-                         (time.monotonic_ns() - t0) / 1e6)
+        s = replace(s, scrape_ms=(time.monotonic_ns() - t0) / 1e6)
         if s.error:
             self.n_failed += 1
             self.status = f"{self.url}: {s.error}"
         else:
             self.n_ok += 1
-            self.status = ""
+            self.status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
         self.latest = s
         if self.on_sample is not None:
             self.on_sample(s)

@@ -236,6 +236,11 @@ def test_bad_servers_are_one_status_line_and_the_session_goes_on(tmp_path, case)
                 assert len(lines) == 1 and want[case] in lines[0], lines
                 header = str(app.screen.query_one("#a-header").render())
                 assert want[case] in header
+                # the panels give the same reason, not "no … series in its /metrics"
+                for pid in ("#a-queue", "#a-batch"):
+                    line = app.screen.query_one(pid)._strips[0].text
+                    assert "no scrape — " in line and want[case] in line, line
+                    assert "series in its /metrics" not in line.replace(want[case], "")
                 if case == "404":
                     assert "--enable-metrics" in lines[0]
                 n = len(s.servers[0].samples())
@@ -269,6 +274,16 @@ def test_bad_servers_are_one_status_line_and_the_session_goes_on(tmp_path, case)
 def test_attach_flags_that_make_no_sense_are_one_error(args, msg):
     with pytest.raises(ConfigError, match=re.escape(msg)):
         build(args)
+
+
+def test_a_user_and_password_in_the_url_are_refused_and_never_shown():
+    for url in ("http://me:s3cret@127.0.0.1:1", "ftp://me:s3cret@127.0.0.1:1/metrics"):
+        with pytest.raises(ConfigError) as e:
+            build(["--attach", url, "--request-rate", "2"])
+        msg = str(e.value)
+        assert "s3cret" not in msg and "me:" not in msg
+        assert msg.startswith(f"--attach '{url.split('//')[0]}//***@127.0.0.1:1") and \
+            "--api-key" in msg, msg
 
 
 def test_load_to_an_unreachable_server_is_refused_before_start(tmp_path):
@@ -590,6 +605,83 @@ def test_narrow_terminal_hides_the_side_panel_and_n_shows_it(tmp_path):
                 await pilot.press("n")
                 await pilot.pause(0.3)
                 assert side.size.width == 80 and waves.size.width == 0
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+
+
+def _idle_text() -> str:
+    """vLLM-like text whose histogram is declared but has no sample yet (a labelled family
+    with no child), with gauges and counters."""
+    return ("# HELP vllm:iteration_tokens_total x\n# TYPE vllm:iteration_tokens_total histogram\n"
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0\n")
+
+
+def test_idle_server_batch_panel_says_idle_not_absent_and_draws_once_observed(tmp_path):
+    with FakeServer(_idle_text()) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                scr = app.screen
+                assert await wait_for(pilot, lambda: len(s.servers[0].deltas()) >= 2)
+                await pilot.pause(0.3)
+                line = scr.query_one("#a-batch")._strips[0].text
+                assert "idle — " in line and "vllm:iteration_tokens_total" in line, line
+                assert "no per-iteration token histogram" not in line
+                # the same panel when the family is not there at all
+                srv.text = _idle_text().split("# TYPE vllm:num_requests_running", 1)[0] \
+                    .replace("iteration_tokens_total", "other_total") + _idle_text().split(
+                        "\n", 2)[2]
+                n = len(s.servers[0].samples())
+                assert await wait_for(pilot, lambda: len(s.servers[0].samples()) > n + 2)
+                await pilot.pause(0.3)
+                line = scr.query_one("#a-batch")._strips[0].text
+                assert "no source — " in line and "no per-iteration token histogram" in line
+                # observations: the chart is drawn (no ⊘ line)
+                srv.text = LOAD
+                assert await wait_for(pilot, lambda: "⊘" not in scr.query_one(
+                    "#a-batch")._strips[0].text)
+                await pilot.press("q")
+
+        try:
+            asyncio.run(go())
+        finally:
+            s.close()
+
+
+def test_impossible_gauges_are_refused_by_name_and_panel_and_numbers_agree(tmp_path):
+    """waiting −5 and KV usage 1e308: one status line naming both; neither is drawn nor
+    shown as a number (the chart's KV figure and the numbers column both say –)."""
+    text = re.sub(r"^(vllm:num_requests_waiting(?:\{[^}]*\})?) \S+$", r"\1 -5", LOAD, flags=re.M)
+    text = re.sub(r"^(vllm:kv_cache_usage_perc(?:\{[^}]*\})?) \S+$", r"\1 1e308", text,
+                  flags=re.M)
+    assert text != LOAD
+    with FakeServer(text) as srv:
+        app = build(["--attach", srv.url, "--scrape-hz", "10", "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 50)) as pilot:
+                scr = app.screen
+                assert await wait_for(pilot, lambda: len(s.servers[0].deltas()) >= 2)
+                await pilot.pause(1.2)  # a numbers refresh
+                lines = s.status_lines
+                assert len(lines) == 1, lines
+                assert "vllm:num_requests_waiting = -5.0" in lines[0]
+                assert "vllm:kv_cache_usage_perc = 1e+308" in lines[0]
+                shown = scr.shown[srv.url]
+                assert shown["waiting"] is None and shown["kv_usage"] is None
+                assert shown["running"] == _value(LOAD, "vllm:num_requests_running")
+                queue = "\n".join(x.text for x in scr.query_one("#a-queue")._strips)
+                assert "inf%" not in queue and "W -5" not in queue
+                assert "W –" in queue, queue
                 await pilot.press("q")
 
         try:

@@ -157,3 +157,61 @@ def test_one_table_of_vllm_names_matches_real_vllm_and_gpuchef_serve():
         assert ours[m.name].documentation == m.help, key
     for key, m in GPUCHEF_METRICS.items():
         assert m.name in ours and ours[m.name].type == kinds[m.kind], key
+
+
+def test_untyped_counters_and_gauges_are_read_by_name():
+    """No `# TYPE` lines: prometheus_client reads every sample as an "unknown" family, a counter
+    under its whole `_total` name; the values are those of the text."""
+    text = ("vllm:num_requests_running 3\nvllm:num_requests_waiting 2\n"
+            'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 20\n'
+            "vllm:generation_tokens_total 7\n")
+    a = parse_metrics(text, t_ns=0)
+    assert a.values == {"running": 3, "waiting": 2, "prompt_tokens": 120, "generation_tokens": 7}
+    assert not a.bad and a.server == "vllm"
+    b = parse_metrics(text.replace(" 100", " 140"), t_ns=2 * 10**9)
+    assert delta(a, b).rates["prompt_tokens"] == pytest.approx(40 / 2)
+    # a typed family that is not a counter is not read as one under its _total name
+    typed = "# TYPE vllm:prompt_tokens_total gauge\nvllm:prompt_tokens_total 5\n"
+    assert "prompt_tokens" not in parse_metrics(typed).values
+
+
+@pytest.mark.parametrize("series,quantity,value,ok", [
+    ("vllm:num_requests_waiting", "waiting", "-5", False),
+    ("vllm:num_requests_waiting", "waiting", "NaN", False),
+    ("vllm:num_requests_running", "running", "+Inf", False),
+    ("vllm:kv_cache_usage_perc", "kv_usage", "1e308", False),
+    ("vllm:kv_cache_usage_perc", "kv_usage", "1.5", False),
+    ("vllm:kv_cache_usage_perc", "kv_usage", "1.0004", True),  # float sums over engines
+    ("vllm:kv_cache_usage_perc", "kv_usage", "0", True),
+    ("vllm:prompt_tokens_total", "prompt_tokens", "-1", False),
+])
+def test_impossible_values_are_refused_with_a_line_naming_the_series(series, quantity, value, ok):
+    kind = "counter" if series.endswith("_total") else "gauge"
+    text = (f"# TYPE {series} {kind}\n{series} {value}\n"
+            "# TYPE vllm:num_requests_swapped gauge\nvllm:num_requests_swapped 0\n"
+            "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 1\n")
+    s = parse_metrics(text)
+    if ok:
+        assert s.values[quantity] == pytest.approx(float(value)) and not s.bad
+        return
+    assert quantity not in s.values and quantity in s.exported
+    assert series in s.bad[quantity] and repr(float(value)) in s.bad[quantity]
+    # the scraper's status line names it; the other series still come through
+    sc = Scraper("http://h:1", fetch=lambda url, t: text)
+    got = sc.scrape_once()
+    assert not got.error and got.values["generation_tokens"] == 1
+    assert sc.status == f"http://h:1/metrics: {s.bad[quantity]}"
+    # and the trace keeps the refusal
+    from gpuchef.probes.scrape import sample_from_json, sample_to_json
+    back = sample_from_json(sample_to_json(got))
+    assert back.bad == got.bad and back.exported == got.exported
+
+
+def test_a_family_with_no_sample_yet_is_exported_not_absent():
+    """A labelled histogram with no child yet has only its HELP/TYPE lines: exported (the
+    server has the series, nothing happened), not in ``hists``."""
+    text = ("# HELP vllm:iteration_tokens_total x\n# TYPE vllm:iteration_tokens_total histogram\n"
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n")
+    s = parse_metrics(text)
+    assert "iteration_tokens" in s.exported and "iteration_tokens" not in s.hists
+    assert "waiting" not in s.exported

@@ -157,7 +157,9 @@ class AttachScreen(Screen):
             order = [s.servers[(self.charted + k) % n] for k in range(n)]  # v rotates it
             frames = []
             for k, srv in enumerate(order):
-                f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz)
+                last = srv.samples()[-1:]
+                f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz,
+                                       last[0] if last else None)
                 f.url_label = srv.url.split("//", 1)[-1]
                 if n > 1:  # the titles say whose chart is on top (or alone, when short)
                     f.server = f"{f.url_label} first ({self.charted + 1}/{n}, v)"

@@ -20,7 +20,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widgets import Static
 
-from gpuchef.probes.scrape import ScrapeDelta, bucket_quantile
+from gpuchef.probes.scrape import SERIES, ScrapeDelta, ScrapeSample, bucket_quantile
 
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
@@ -47,7 +47,10 @@ class ScrapeFrame:
     rates: per second over the interval (tokens/s, preemptions/s); means: the histogram's
     interval mean (tokens per iteration, seconds for latencies); ``iter_rate``: histogram
     observations per second of ``iteration_tokens`` (iterations/s). ``kind``: the server's
-    kind; ``hz``: its scrape rate; ``latest``: the newest interval or None."""
+    kind; ``hz``: its scrape rate; ``latest``: the newest interval or None. From the newest
+    scrape (good or failed): ``error`` ("" or why it failed), ``exported`` (the quantities its
+    /metrics declares; None when not known) and ``bad`` (quantity → why its value was
+    refused)."""
 
     grid: TimeGrid
     kind: str
@@ -57,6 +60,9 @@ class ScrapeFrame:
     markers: tuple = ()
     server: str = ""  # named in the titles when several servers are attached
     url_label: str = ""  # host:port, the label of this server's band
+    error: str = ""
+    exported: frozenset[str] | None = None
+    bad: dict[str, str] = field(default_factory=dict)
 
     def get(self, name: str) -> np.ndarray:
         return self.series.get(name, np.full(self.grid.cols, NAN))
@@ -88,9 +94,13 @@ def _value(d: ScrapeDelta, name: str) -> float | None:
 
 
 def build_scrape_frame(deltas: Sequence[ScrapeDelta], grid: TimeGrid, kind: str,
-                       hz: float) -> ScrapeFrame:
-    """Bin ``deltas`` (oldest first) on ``grid`` (see the module docstring)."""
+                       hz: float, last: ScrapeSample | None = None) -> ScrapeFrame:
+    """Bin ``deltas`` (oldest first) on ``grid`` (see the module docstring). ``last``: the
+    server's newest scrape, which says why a series has no data (failed, absent, refused)."""
     f = ScrapeFrame(grid, kind, hz, latest=deltas[-1] if deltas else None)
+    if last is not None:
+        f.error, f.bad = last.error, dict(last.bad)
+        f.exported = None if last.error else last.exported
     n = grid.cols
     if not deltas:
         return f
@@ -149,6 +159,23 @@ class ScrapePanel(ChartPanel):
     def off_text(self, f: ScrapeFrame) -> str:
         return f"{f.kind} server: no {', '.join(self.NEEDS)} series in its /metrics"
 
+    def off_line(self, f: ScrapeFrame) -> tuple[str, str] | None:
+        """None when the frame has one of ``NEEDS``; else (lead, why): the scrape failed, the
+        values were refused, the series are exported but nothing changed yet (idle), or they
+        are absent from /metrics (``off_text``)."""
+        if not self.NEEDS or any(f.has(n) for n in self.NEEDS):
+            return None
+        if f.error:
+            return "no scrape", f.error
+        bad = [f.bad[n] for n in self.NEEDS if n in f.bad]
+        if bad:
+            return "refused", "; ".join(bad)
+        shown = [SERIES[n][1][0] for n in self.NEEDS if f.exported and n in f.exported]
+        if shown:
+            return "idle", (f"{f.kind} server exports {', '.join(shown)}: no change in a scrape "
+                            "interval yet (idle, or only one scrape so far)")
+        return "no source", self.off_text(f)
+
     #: fewest rows a server's band takes (its label row + the chart) before the panel falls
     #: back to the first server alone
     MIN_BAND = 4
@@ -172,18 +199,20 @@ class ScrapePanel(ChartPanel):
                 bh = band if i < n - 1 else h - 1 - band * (n - 1)
                 label = [(f" {i + 1}: {fr.url_label} ", style(theme.TITLE, "#1b2130", bold=True)),
                          (f" {fr.kind}", style(theme.LABEL, BG))]
-                if self.NEEDS and not any(fr.has(x) for x in self.NEEDS):
-                    label.append((f"  ⊘ no source — {self.off_text(fr)}", style(theme.LABEL, BG)))
+                off = self.off_line(fr)
+                if off is not None:
+                    label.append((f"  ⊘ {off[0]} — {off[1]}", style(theme.LABEL, BG)))
                     rows += [text_strip(label, w, BG)] + [Strip.blank(w, style(bg=BG))] * (bh - 1)
                     continue
                 rows.append(text_strip(label, w, BG))
                 rows += self.draw(fr, cols, bh - 1)
             self._publish(rows, w, h)
             return
-        if f is not None and self.NEEDS and w > 0 and not any(f.has(n) for n in self.NEEDS):
+        off = self.off_line(f) if f is not None and w > 0 else None
+        if off is not None:
             parts = [(" ▍", style(theme.AXIS, BG)), (self.TITLE, style(theme.TITLE, BG, bold=True)),
-                     ("  ⊘ no source — ", style(theme.PREEMPTED, BG, bold=True)),
-                     (self.off_text(f), style(theme.LABEL, BG))]
+                     (f"  ⊘ {off[0]} — ", style(theme.PREEMPTED, BG, bold=True)),
+                     (off[1], style(theme.LABEL, BG))]
             self._publish([text_strip(parts, w, BG)] + [Strip.blank(w, style(bg=BG))] *
                           max(0, h - 1), w, h)
             return
