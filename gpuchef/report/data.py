@@ -7,6 +7,10 @@ Grouping:
   its groups are the settings A and B pooled over their *counted* windows — all of it
   ``probes.ab``'s (marks, windows, which windows count, membership, the window throughput,
   pooling), the code ``gpuchef ab`` and the live A/B screen run, so the three agree;
+* a ``gpuchef ab --capacity`` trace is cut into its probes (``capacity:<A|B>:<rate>`` marks,
+  ``gpuchef.capacity.parse_capacity_mark``); its groups are the settings A and B, each pooling
+  its probes — which ran at different rates, so the report draws no B − A comparison of them
+  (the Capacity probes section compares, probe by probe);
 * any other trace is cut where the scheduler mode changes (first step of each mode stretch);
   its groups are the modes;
 * several traces: each contributes its groups; equal names get the trace's name appended (traces
@@ -44,7 +48,8 @@ GPU_FIELDS = GPU_SUMMARY_FIELDS  # probes/metrics.py owns the list and its NaN p
 @dataclass
 class Segment:
     """A stretch of one trace under one setting: ``label`` (a group name inside the trace:
-    "A"/"B" or a mode), ``name`` (e.g. "A1", "chunked"), ``[t0_ns, t1_ns)`` (monotonic ns)."""
+    "A"/"B" or a mode), ``name`` (e.g. "A1", "chunked", "A@4": a capacity probe at 4 req/s
+    asked), ``[t0_ns, t1_ns)`` (monotonic ns)."""
 
     label: str
     name: str
@@ -59,6 +64,8 @@ class Segment:
     #: end of the trace); only counted windows enter their group.
     ab_key: tuple[int, str, int] | None = None
     result: "abdef.WindowResult | None" = None
+    #: a capacity probe: the rate it asked for (req/s, from its mark); None for other segments
+    probe_rate: float | None = None
 
     @property
     def counted(self) -> bool:
@@ -82,7 +89,8 @@ class Segment:
 @dataclass
 class TraceView:
     """One trace, cut into segments. ``origin_ns``: time 0 of its plots (the earliest record).
-    ``ab``: it holds A/B windows. ``settings``: label → one-line description of the setting."""
+    ``ab``: it holds A/B windows. ``capacity``: it holds the probes of ``gpuchef ab --capacity``
+    (its segments are the probes). ``settings``: label → one-line description of the setting."""
 
     path: Path
     name: str
@@ -92,6 +100,9 @@ class TraceView:
     segments: list[Segment]
     ab: bool
     settings: dict[str, str]
+    capacity: bool = False
+    #: capacity_probes' result, computed once (the Run table and the Capacity section read it)
+    _probes: Any = field(default=None, repr=False, compare=False)
 
     def t(self, t_ns: float) -> float:
         """Seconds since ``origin_ns``."""
@@ -160,6 +171,29 @@ def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
     return out
 
 
+def capacity_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
+    """The probes of a ``gpuchef ab --capacity`` trace, in time order: one segment per
+    ``capacity:<A|B>:<rate>`` mark (``gpuchef.capacity.parse_capacity_mark``), label "A"/"B",
+    name ``A@<rate asked>``, ``probe_rate`` the rate asked (req/s), running to the next probe's
+    mark or ``end_ns``. Stop marks (``capacity:<A|B>:stopped:…``) do not cut. [] for a trace
+    without them."""
+    from gpuchef.capacity import parse_capacity_mark
+
+    opens = []
+    for e in events:
+        if e.kind == "mark":
+            m = parse_capacity_mark(e.name)
+            if m is not None and m[1] is not None:
+                opens.append((e.t_ns, m[0], m[1]))
+    opens.sort(key=lambda x: x[0])
+    out = []
+    for i, (t0, label, rate) in enumerate(opens):
+        t1 = opens[i + 1][0] if i + 1 < len(opens) else end_ns
+        if t1 > t0:
+            out.append(Segment(label, f"{label}@{rate:g}", t0, t1, probe_rate=rate))
+    return out
+
+
 def mode_segments(steps: Sequence[StepRecord], start_ns: int, end_ns: int) -> list[Segment]:
     """Stretches of one scheduler mode: a new one starts at the first step of another mode; the
     first at ``start_ns`` (the load's start: its first arrival or step)."""
@@ -225,8 +259,12 @@ def view_trace(tr: Trace) -> TraceView:
     steps = sorted(tr.steps, key=lambda s: s.t_start_ns)
     segs = ab_segments(tr.events, end + 1)
     ab = bool(segs)
-    meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
+    cap = False
     if not ab:
+        segs = capacity_segments(tr.events, end + 1)
+        cap = bool(segs)
+    meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
+    if not ab and not cap:
         # the load starts with its first arrival (the samplers may have started earlier)
         start = min([r.arrival_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
                     default=origin)
@@ -240,16 +278,16 @@ def view_trace(tr: Trace) -> TraceView:
     for seg in segs:
         if seg.label in settings:
             continue
-        spec = (meta_ab.get("settings") or {}).get(seg.label, {}) if ab else {}
+        spec = (meta_ab.get("settings") or {}).get(seg.label, {}) if ab or cap else {}
         if isinstance(spec, dict) and (spec.get("describe") or spec.get("spec") is not None):
             settings[seg.label] = str(spec.get("describe") or spec["spec"]) or "the base settings"
         elif seg.label == ATTACHED:
             urls = (tr.meta.get("source") or {}).get("urls") or []
             settings[seg.label] = f"server {', '.join(urls)} (its own scheduler and knobs)"
         else:
-            settings[seg.label] = _describe_steps(seg.steps) if ab else \
+            settings[seg.label] = _describe_steps(seg.steps) if ab or cap else \
                 _describe_steps(seg.steps).split(", ", 1)[-1]
-    return TraceView(tr.path, tr.path.stem, tr, origin, end, segs, ab, settings)
+    return TraceView(tr.path, tr.path.stem, tr, origin, end, segs, ab, settings, cap)
 
 
 def ab_results(view: TraceView, percentiles: Sequence[float],
@@ -303,8 +341,11 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
     """The probes of a ``gpuchef ab --capacity`` trace, judged from its records as the command
     judged them (``capacity.judge_probe`` and ``probe_of``): (their Probes in time order, each
     with ``label`` "A"/"B" added; the SLOs, from the meta's ``slo_spec``, [] when not recorded).
-    A probe runs from its ``capacity:<A|B>:<rate>`` mark to the next one (or the trace's end);
-    a ``capacity:<A|B>:stopped:<why>`` mark says it stopped early."""
+    A probe is one of :func:`capacity_segments` (its requests by arrival, steps by start); a
+    ``capacity:<A|B>:stopped:<why>`` mark inside it says it stopped early. Computed once per
+    view."""
+    if view._probes is not None:
+        return view._probes
     from gpuchef.capacity import judge_probe, parse_capacity_mark, parse_slos, probe_of, \
         slo_percentiles
     from gpuchef.engine_host.config import ConfigError
@@ -314,30 +355,24 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
         slos = parse_slos(meta_ab["slo_spec"]) if meta_ab.get("slo_spec") else []
     except ConfigError:
         slos = []
-    marks = []
-    for e in view.events:
-        if e.kind == "mark":
-            m = parse_capacity_mark(e.name)
-            if m is not None:
-                marks.append((e.t_ns, m))
-    marks.sort(key=lambda x: x[0])
-    opens = [(t, m) for t, m in marks if m[1] is not None]
-    reqs = sorted(view.trace.requests, key=lambda r: r.arrival_ns)
-    steps = sorted(view.trace.steps, key=lambda s: s.t_start_ns)
+    stops = sorted((e.t_ns, m[2]) for e in view.events if e.kind == "mark"
+                   for m in [parse_capacity_mark(e.name)] if m is not None and m[1] is None)
+    segs = view.segments if view.capacity else capacity_segments(view.events, view.end_ns + 1)
+    if not view.capacity:  # cut otherwise (A/B windows too): the probes on a copy of the records
+        _assign(segs, view.trace.requests, sorted(view.trace.steps, key=lambda s: s.t_start_ns))
     pcts = tuple(sorted({50.0, 99.0} | set(slo_percentiles(slos))))
     out = []
-    for i, (t0, (label, rate, _)) in enumerate(opens):
-        t1 = opens[i + 1][0] if i + 1 < len(opens) else view.end_ns + 1
-        stop = next(((t, m[2]) for t, m in marks if t0 <= t < t1 and m[1] is None), (None, ""))
-        rq = [r for r in reqs if t0 <= r.arrival_ns < t1]
-        st = [x for x in steps if t0 <= x.t_start_ns < t1]
-        if not rq:
+    for seg in segs:
+        if not seg.requests:
             continue
-        p = probe_of(judge_probe(rq, st, t0, percentiles=pcts, stopped=stop[1],
-                                 stopped_ns=stop[0]), slos, rate)
-        p.label = label
+        stop = next(((t, why) for t, why in stops if seg.t0_ns <= t < seg.t1_ns), (None, ""))
+        rq = sorted(seg.requests, key=lambda r: r.arrival_ns)
+        p = probe_of(judge_probe(rq, seg.steps, seg.t0_ns, percentiles=pcts, stopped=stop[1],
+                                 stopped_ns=stop[0]), slos, seg.probe_rate)
+        p.label = seg.label
         out.append(p)
-    return out, slos
+    view._probes = (out, slos)
+    return view._probes
 
 
 #: gpuchef/load.py marks a live rate change as ``rate→<value><unit>`` (unit "×" for a trace's
@@ -491,7 +526,7 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
                 m.busy_fraction = sum(x.gpu_ms for x in steps) / (span * 1e3) if span > 0 \
                     else math.nan
             desc = v.settings.get(label, "")
-            name = f"{label}: {desc}" if v.ab and desc else label
+            name = f"{label}: {desc}" if (v.ab or v.capacity) and desc else label
             groups.append(Group(f"{v.name}/{label}", name, v, segs, m, _gpu_means(v, segs), "",
                                 v.settings.get(label, ""), label))
     # names: unique across traces; colours: by mode or A/B when that is unambiguous

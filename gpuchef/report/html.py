@@ -141,6 +141,35 @@ def _load_text(meta: dict[str, Any]) -> str:
     return s + f"; seed {w.get('seed')}"
 
 
+#: What the Summary and Results say of a capacity trace's groups.
+CAPACITY_POOLED_NOTE = (
+    " A capacity search (gpuchef ab --capacity): a setting's card and column pool its probes, "
+    "which ran at different rates (each side's own bisection), so no B − A is drawn from them; "
+    "the Capacity probes section compares the settings, probe by probe.")
+
+
+def _capacity_load_text(view: TraceView) -> str:
+    """The Load row of a ``gpuchef ab --capacity`` trace: a search over the rate, each probe's
+    offered rate (``capacity_probes``: what the Capacity section shows), then the workload's
+    shape without the meta's one rate (that is only --rate-lo's)."""
+    probes, _ = capacity_probes(view)
+    by: dict[str, list[str]] = {}
+    for p in probes:
+        by.setdefault(p.label, []).append(f"{p.rate:.3g}")
+    rates = "; ".join(f"{k} {', '.join(v)}" for k, v in by.items()) or "none recorded"
+    w = view.meta.get("workload")
+    shape = ""
+    if isinstance(w, dict):
+        shape = (f"random arrivals ({w.get('arrival')}, burstiness {w.get('burstiness')}), input "
+                 f"{w.get('input_len')} / output {w.get('output_len')} tokens"
+                 if w.get("dataset") == "random" else f"{w.get('dataset')} replayed")
+        if w.get("duration_s") is not None:
+            shape += f", {w['duration_s']:g} s of arrivals per probe"
+        shape += f"; seed {w.get('seed')}"
+    return (f"capacity search: probes offered {rates} req/s (in the order run)"
+            + (f"; {shape}" if shape else ""))
+
+
 def _sched_text(meta: dict[str, Any]) -> str:
     ec = meta.get("engine_config") or meta.get("config") or {}
     sc = ec.get("scheduler") if isinstance(ec, dict) else None
@@ -203,17 +232,19 @@ def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[st
         ("Model", _model_text(meta)),
         ("Device / attention", f"{meta.get('device', '?')} / {meta.get('attention_backend', '?')}"),
         ("GPUs", _gpus_text(meta)),
-        ("Scheduler at start", _sched_text(meta)),
+        ("Scheduler at start", _sched_text(meta) if not view.capacity else
+         "each probe runs its setting (A/B settings below)"),
         ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
                      f"max_model_len {meta.get('max_model_len', '?')}"),
-        ("Load", _load_text(meta) + _part_load(view, views)),
+        ("Load", _capacity_load_text(view) if view.capacity else
+         _load_text(meta) + _part_load(view, views)),
     ]
     part = meta.get("part")
     if isinstance(part, int) and part > 1:
         rows.insert(2, ("Part", f"{part} of session {meta.get('session_id', '?')}"
                                 + (f" (after {meta['previous_part']})"
                                    if isinstance(meta.get("previous_part"), str) else "")))
-    if view.ab:
+    if view.ab or view.capacity:
         rows.append(("A/B settings", "; ".join(f"{k}: {s}" if s else k for k, s in view.settings.items())))
     rows += [
         ("Versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),
@@ -318,6 +349,10 @@ def _card(g: Group, pcts: Sequence[float]) -> str:
     dl = "".join(f"<dt>{esc(a)}</dt><dd>{esc(b)}</dd>" for a, b in rows)
     desc = g.description if g.description and g.description not in g.label else ""
     where = f"{g.view.name}" + (f" · {len(g.segments)} windows" if g.view.ab else "")
+    if g.view.capacity:  # pooled over probes of different rates: a description, not a result
+        rates = ", ".join(f"{s.probe_rate:g}" for s in g.segments)
+        where += (f" · {len(g.segments)} capacity probes pooled (asked {rates} req/s): not "
+                  "comparable across settings — see Capacity probes")
     return (f'<div class="card" style="--c:{g.color}"><h4>{esc(g.label)}</h4>'
             f'<div class="desc">{esc(desc + (" · " if desc else "") + where)}</div>'
             f"<dl>{dl}</dl></div>")
@@ -463,6 +498,8 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         cards = "".join(_card(g, pcts) for g in groups)
         note = ("Each card is one group of the comparison: an A/B setting (pooled over its "
                 "windows) or a scheduler mode. Latency definitions are vllm bench serve's.")
+        if any(g.view.capacity for g in groups):
+            note += CAPACITY_POOLED_NOTE
         parts.append(_section("summary", f'<div class="cards">{cards}</div>', note))
     else:
         parts.append(_section("summary", '<p class="empty">No engine steps or requests were '
@@ -493,6 +530,9 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         marks = []
         if v.ab:
             marks.append("A/B windows shaded (A blue, B orange, labelled at the top)")
+        if v.capacity:
+            marks.append("capacity probes shaded (A blue, B orange, labelled A@<rate asked> "
+                         "at the top)")
         if any(e.kind == "mode" for e in v.events):
             marks.append("mode switches as solid purple lines")
         if any(e.kind == "knob" for e in v.events):
@@ -587,13 +627,17 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     if groups:
         rows = results_rows(groups)
         head = ["metric", *[g.short for g in groups]]
-        if len(groups) == 2:
+        # capacity groups pool probes of different rates: a B − A of them compares nothing
+        if len(groups) == 2 and not any(g.view.capacity for g in groups):
             head += [f"{groups[1].short} − {groups[0].short}", "%"]
             rows = [r if isinstance(r, tuple) else r + _delta(r[1], r[2]) for r in rows]
         legend = "; ".join(f"{g.short}: {g.description}" for g in groups
                            if g.description and g.description != g.short)
-        slo = (f" Columns — {legend}." if legend else "") + (" Goodput SLOs: " + ", ".join(f"{k} ≤ {v:g} ms" for k, v in data.goodput.items())
-               + ".") if data.goodput else ""
+        slo = (f" Columns — {legend}." if legend else "") + ((
+            " Goodput SLOs: " + ", ".join(f"{k} ≤ {v:g} ms" for k, v in data.goodput.items())
+            + ".") if data.goodput else "")
+        if any(g.view.capacity for g in groups):
+            slo += CAPACITY_POOLED_NOTE
         parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
                               "The gpuchef bench results block of each group, computed from "
                               "the trace's requests and steps (probes.metrics.summarize)." + slo))

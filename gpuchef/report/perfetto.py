@@ -62,7 +62,8 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
         _meta(eng, None, "process_name", f"gpuchef engine — {view.name}"),
         _meta(eng, None, "process_sort_index", base + 1),
         _meta(eng, TID_STEPS, "thread_name", "engine steps"),
-        _meta(eng, TID_SETTINGS, "thread_name", "A/B windows" if view.ab else "scheduler mode"),
+        _meta(eng, TID_SETTINGS, "thread_name", "A/B windows" if view.ab else
+              "capacity probes" if view.capacity else "scheduler mode"),
         _meta(eng, TID_COUNTERS, "thread_name", "counters"),
         _meta(reqp, None, "process_name", f"requests — {view.name}"),
         _meta(reqp, None, "process_sort_index", base + 2),

@@ -188,18 +188,25 @@ def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.
     overlaps (:func:`place_labels`; the rest elided and counted). Returns the rows used."""
     tf = view.t
     items: list[tuple[float, str, str]] = []  # (x s, text, colour)
-    if view.ab:
+    if view.ab or view.capacity:  # A/B windows, or capacity probes (named A@<rate asked>)
         for seg in view.segments:
             c = AB_COLORS.get(seg.label[:1], "#999999")
             ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=c, alpha=0.10, lw=0, zorder=0)
             items.append((tf(seg.t0_ns), seg.name, c))
     knobs = [e for e in view.events if e.kind in ("knob", "mode")]
-    marks = [e for e in view.events if e.kind == "mark" and not str(e.name).startswith("ab:")]
+    from gpuchef.capacity import parse_capacity_mark
+
+    def opens_probe(name: str) -> bool:  # shaded as its segment; a stop mark stays a line
+        m = parse_capacity_mark(name) if view.capacity else None
+        return m is not None and m[1] is not None
+
+    marks = [e for e in view.events if e.kind == "mark" and not str(e.name).startswith("ab:")
+             and not opens_probe(str(e.name))]
     for e in knobs:
         ax.axvline(tf(e.t_ns), color="#7B4EA3" if e.kind == "mode" else "#777777",
                    lw=1.0 if e.kind == "mode" else 0.7, ls="-" if e.kind == "mode" else "--",
                    zorder=1)
-        if not view.ab:
+        if not (view.ab or view.capacity):  # the segments' names say the settings
             items.append((tf(e.t_ns), f"→ {e.new}" if e.kind == "mode"
                           else f"{setting_label(e.name)} {e.old}→{e.new}", "#555555"))
     for e in marks:

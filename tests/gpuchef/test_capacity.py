@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -214,7 +215,8 @@ def test_cli_capacity_on_cpu(tmp_path):
         "ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "6", "--input-len", "64",
         "--output-len", "8", "--capacity", "--slo", "ttft_p99:5s,itl_p99:5s", "--rate-lo", "8",
         "--rate-hi", "16", "--tolerance", "60%", "--result-json", str(out), "--trace",
-        str(trace)], catch_exceptions=False)
+        str(trace), "--a", "mode=chunked,max_num_batched_tokens=2048",
+        "--b", "mode=chunked,max_num_batched_tokens=256"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "Capacity A:" in r.output and "Capacity B:" in r.output
     assert "Capacity ratio B/A:" in r.output
@@ -249,6 +251,30 @@ def test_cli_capacity_on_cpu(tmp_path):
         [(p.label, pytest.approx(p.rate), p.met, p.fails) for p in probes]
     for (_, a), b in zip(ref, probes):
         assert a["values_ms"] == pytest.approx(b.values)
+
+    # the report's groups are the settings A and B (both chunked here: grouped by mode they
+    # were one), each holding its own probes' requests as the command counted them
+    data = build([trace])
+    assert [g.short for g in data.groups] == ["A", "B"]
+    assert [g.label for g in data.groups] == [
+        "A: mode=chunked, max_num_batched_tokens=2048",
+        "B: mode=chunked, max_num_batched_tokens=256"]
+    for g in data.groups:
+        want = sum(p["metrics"]["completed"] for p in d["capacity"][g.short]["probes"])
+        assert g.metrics.completed == want
+        assert {x.max_num_batched_tokens for x in g.steps} == \
+            {d["settings"][g.short]["scheduler"]["max_num_batched_tokens"]}
+    # the page: no B − A of probes at different rates; the Run table's load is the search's
+    from gpuchef.report.html import render, run_table
+
+    page = render(data)
+    assert not re.search(r"<th[^>]*>B − A</th>", page) and "no B − A is drawn" in page
+    rows = dict((r[0], r[1]) for r in run_table(data.views)[1])
+    assert rows["Load"].startswith("capacity search: probes offered")
+    for k, p in ref:
+        assert f"{p['offered_rps']:.3g}" in rows["Load"]
+    assert "req/s (poisson" not in rows["Load"]  # the meta's one rate: only --rate-lo's
+    assert "max_num_batched_tokens" not in rows["Scheduler at start"]
 
 
 @pytest.mark.parametrize("args,needle", [
