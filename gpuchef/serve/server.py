@@ -88,10 +88,13 @@ def stop_prefix_len(text: str, stops: list[str]) -> int:
     string that may still be forming there): what a stream holds back, 0 when none."""
     best = 0
     for x in stops:
-        for k in range(min(len(x) - 1, len(text)), best, -1):
-            if text.endswith(x[:k]):
-                best = k
+        tail = text[len(text) - min(len(x) - 1, len(text)):]
+        i = tail.find(x[0])  # only where its first character is can it start
+        while 0 <= i < len(tail) - best:
+            if x.startswith(tail[i:]):
+                best = len(tail) - i
                 break
+            i = tail.find(x[0], i + 1)
     return best
 
 

@@ -532,3 +532,21 @@ def test_knob_endpoint_types_and_which_knob_is_at_fault(tmp_path):
         assert st == 400 and body["error"]["param"] == "auto_budget"
         st, body = http("PATCH", u, {"mode": 3})
         assert st == 400 and body["error"]["param"] == "mode"
+
+
+def test_stop_prefix_len_equals_a_brute_force_search():
+    import random
+
+    from gpuchef.serve.server import stop_prefix_len
+
+    def ref(text, stops):  # every k: the text's last k characters are a proper start of one
+        return max([k for x in stops for k in range(1, min(len(x) - 1, len(text)) + 1)
+                    if text.endswith(x[:k])], default=0)
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        t = "".join(rng.choice("ab") for _ in range(rng.randint(0, 8)))
+        stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 5)))
+                 for _ in range(rng.randint(1, 3))]
+        assert stop_prefix_len(t, stops) == ref(t, stops), (t, stops)
+    assert stop_prefix_len("x" * 10, ["y" * 100_000]) == 0  # a long stop string, no match
