@@ -180,3 +180,35 @@ def test_report_o_refuses_any_existing_trace(tmp_path):
     from gpuchef.report_cmd import is_trace_file
     assert is_trace_file(str(other)) and not is_trace_file(str(old))
     assert not is_trace_file(str(tmp_path / "missing.jsonl"))
+
+
+def test_capacity_trace_is_cut_into_its_probes_and_grouped_by_setting(tmp_path):
+    """A trace with capacity marks (A at 1 and 4 req/s, A stopped early, B at 1): segments are
+    the probes (a stop mark does not cut), groups A and B hold the requests that arrived in
+    their probes, and capacity_probes judges the same probes."""
+    from gpuchef.report.data import build, capacity_probes
+
+    src = read_trace(H200)
+    arr = sorted(r.arrival_ns for r in src.requests)
+    t0, t1, t2 = arr[0], arr[len(arr) // 3], arr[2 * len(arr) // 3]
+    meta = {"command": "ab", "workload": {"dataset": "random", "request_rate": 1.0},
+            "ab": {"capacity": True, "slo_spec": "itl_p99:500ms",
+                   "settings": {"A": {"describe": "mode=chunked, max_num_batched_tokens=2048"},
+                                "B": {"describe": "mode=chunked, max_num_batched_tokens=256"}}}}
+    p = _write(tmp_path / "cap.jsonl", meta, events=[
+        EngineEvent("mark", 0, t0, "capacity:A:1"), EngineEvent("mark", 1, t1, "capacity:A:4"),
+        EngineEvent("mark", 2, (t1 + t2) // 2, "capacity:A:stopped:itl_p99 broken"),
+        EngineEvent("mark", 3, t2, "capacity:B:1")])
+    data = build([p])
+    v = data.views[0]
+    assert v.capacity and not v.ab
+    assert [(s.label, s.name, s.probe_rate) for s in v.segments] == \
+        [("A", "A@1", 1.0), ("A", "A@4", 4.0), ("B", "B@1", 1.0)]
+    assert [g.short for g in data.groups] == ["A", "B"]
+    assert data.groups[0].label == "A: mode=chunked, max_num_batched_tokens=2048"
+    n_a = sum(1 for a in arr if a < t2)
+    assert [len(g.requests) for g in data.groups] == [n_a, len(arr) - n_a]
+    probes, slos = capacity_probes(v)
+    assert [s.key for s in slos] == ["itl_p99"]
+    assert [(x.label, x.target) for x in probes] == [("A", 1.0), ("A", 4.0), ("B", 1.0)]
+    assert [bool(x.stopped_early) for x in probes] == [False, True, False]
