@@ -12,22 +12,24 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textual import work
 from textual.app import App
+from textual.message import Message
 
 from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, parse_value
 
 from .ab_live import ABAnalyser
 from .commands import DashboardCommands
 from .keys import bindings
-from .messages import KnobRequest, LoadToggle, RateRequest, TraceExported
 from .session import Session
 from .screens.ab import ABScreen
 from .screens.help import HelpScreen
 from .screens.main import MainScreen
+from .widgets.controls import ControlsPanel
 
 WINDOWS_S = (10.0, 60.0, 600.0)
 #: The autopilot's targets when ``b`` turns it on and none were in force this session (the
@@ -143,18 +145,26 @@ class GpuchefApp(App):
         self.notify(f"load rate → {v:g} {unit}", timeout=3)
         return True
 
-    def on_knob_request(self, m: KnobRequest) -> None:
+    @dataclass
+    class TraceExported(Message):
+        """A trace export/rotation finished (``ok``) or failed; ``text`` says where or why
+        (posted by the export worker thread)."""
+
+        text: str
+        ok: bool
+
+    def on_controls_panel_knob_request(self, m: ControlsPanel.KnobRequest) -> None:
         self.request_knob(m.name, m.value)
 
-    def on_rate_request(self, m: RateRequest) -> None:
+    def on_controls_panel_rate_request(self, m: ControlsPanel.RateRequest) -> None:
         self.request_rate(m.value)
 
-    def on_load_toggle(self, m: LoadToggle) -> None:
+    def on_controls_panel_load_toggle(self, m: ControlsPanel.LoadToggle) -> None:
         paused = self.session.load.state().paused
         if m.run == paused:
             self.action_toggle_load()
 
-    def on_trace_exported(self, m: TraceExported) -> None:
+    def on_gpuchef_app_trace_exported(self, m: GpuchefApp.TraceExported) -> None:
         self.notify(m.text, title="trace" if m.ok else "trace refused",
                     severity="information" if m.ok else "error", timeout=8)
 
@@ -292,9 +302,9 @@ class GpuchefApp(App):
         try:
             text = self.session.export_trace()
         except ConfigError as e:
-            self.post_message(TraceExported(str(e), False))
+            self.post_message(self.TraceExported(str(e), False))
         else:
-            self.post_message(TraceExported(text, True))
+            self.post_message(self.TraceExported(text, True))
 
     def action_screenshot(self) -> None:
         try:

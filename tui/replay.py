@@ -385,13 +385,13 @@ class ReplayApp(GpuchefApp):
     def action_toggle_load(self) -> None:
         self.action_play_pause()
 
-    def on_knob_request(self, m) -> None:
+    def on_controls_panel_knob_request(self, m) -> None:
         m.prevent_default()  # the disabled controls only echo the recorded settings: ignore
 
-    def on_rate_request(self, m) -> None:
+    def on_controls_panel_rate_request(self, m) -> None:
         m.prevent_default()
 
-    def on_load_toggle(self, m) -> None:
+    def on_controls_panel_load_toggle(self, m) -> None:
         m.prevent_default()  # GpuchefApp's handler would toggle playback
 
     def action_toggle_engine(self) -> None:

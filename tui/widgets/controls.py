@@ -9,16 +9,19 @@ whenever they are not being edited.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Select, Switch
 
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError,
                                         SchedulerConfig, parse_auto_budget, parse_knob)
 
-from ..messages import KnobRequest, LoadToggle, RateRequest
 from ..session import LoadState, parse_rate
 
 #: The knobs the panel shows, in its order (labels: engine_host.config.KNOBS)
@@ -69,6 +72,27 @@ class RateValidator(Validator):
 
 
 class ControlsPanel(Vertical):
+    # what the panel asks of the app (requests: the session validates and applies them)
+    @dataclass
+    class KnobRequest(Message):
+        """Set ``name`` (a knob of ``engine_host.config.KNOBS``, "mode" or "auto_budget") to
+        ``value`` (as typed)."""
+
+        name: str
+        value: Any
+
+    @dataclass
+    class RateRequest(Message):
+        """Set the load's rate: req/s for random arrivals, the speed (×) for a trace."""
+
+        value: Any
+
+    @dataclass
+    class LoadToggle(Message):
+        """Pause (``run`` False) or resume (True) the arrivals."""
+
+        run: bool
+
     DEFAULT_CSS = """
     ControlsPanel { height: auto; padding: 0 1; background: #11151c; }
     ControlsPanel Horizontal { height: 1; margin: 0 0 1 0; }
@@ -137,23 +161,23 @@ class ControlsPanel(Vertical):
         event.stop()
         wid = event.input.id or ""
         if wid.startswith("knob-"):
-            self.post_message(KnobRequest(wid[5:], event.value))
+            self.post_message(self.KnobRequest(wid[5:], event.value))
         elif wid == "auto-budget":
-            self.post_message(KnobRequest(AUTO_BUDGET, event.value.strip() or "off"))
+            self.post_message(self.KnobRequest(AUTO_BUDGET, event.value.strip() or "off"))
         elif wid == "rate":
-            self.post_message(RateRequest(event.value))
+            self.post_message(self.RateRequest(event.value))
         self.screen.set_focus(None)
 
     @on(Select.Changed, "#mode")
     def _mode(self, event: Select.Changed) -> None:
         event.stop()
         if event.value is not Select.BLANK:
-            self.post_message(KnobRequest("mode", event.value))
+            self.post_message(self.KnobRequest("mode", event.value))
 
     @on(Switch.Changed, "#load")
     def _load(self, event: Switch.Changed) -> None:
         event.stop()
-        self.post_message(LoadToggle(event.value))
+        self.post_message(self.LoadToggle(event.value))
 
     def on_key(self, event) -> None:
         if event.key == "escape":
