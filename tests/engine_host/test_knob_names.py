@@ -117,7 +117,7 @@ def test_report_labels_come_from_the_table(relabelled):
     fig = plots._figure(6, 3)
     ax = fig.add_subplot()
     ax.set_xlim(0, 10)
-    view = SimpleNamespace(t=lambda ns: ns / 1e9, ab=False, segments=[],
+    view = SimpleNamespace(t=lambda ns: ns / 1e9, ab=False, capacity=False, segments=[],
                            events=[_event("max_num_seqs", 256, 8),
                                    _event(AUTO_BUDGET, "", "itl_p99:50ms")])
     plots._events_overlay(ax, view, label=True)
