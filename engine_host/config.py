@@ -51,7 +51,9 @@ KNOBS: dict[str, KnobSpec] = {
                  "--max-num-partial-prefills", "partial", "partial"),
         KnobSpec("max_long_partial_prefills", 1, 4096,
                  "of the partial prefills, how many may be long prompts (over "
-                 "long_prefill_token_threshold), so short ones pass them (chunked mode)",
+                 "long_prefill_token_threshold), so short ones pass them (chunked mode; above "
+                 "max_num_partial_prefills it never binds — vLLM refuses that at start-up, "
+                 "gpuchef lets it be so that turning one live knob down never voids the other)",
                  "--max-long-partial-prefills", "long_partial", "long partial"),
     )
 }
@@ -153,10 +155,11 @@ class AutoBudgetSpec:
         return s
 
 
-def parse_auto_budget(spec: Any) -> AutoBudgetSpec | None:
+def parse_auto_budget(spec: Any, name: str = "--auto-budget") -> AutoBudgetSpec | None:
     """Parse ``--auto-budget itl_p99:50ms[,ttft_p99:2s]`` (:func:`parse_latency_targets`'s
     grammar, as ``--slo`` spells it; metrics itl and ttft). "", "off" or None → None (the
-    autopilot off).
+    autopilot off). ``name``: how messages name the setting (the flag; ``auto_budget`` where
+    it arrives as a knob: the HTTP knob endpoint, an A/B spec).
 
     Raises ConfigError naming the value and what is allowed: an unknown key, a key twice, no
     ``itl_…`` target, a target that is not a duration, negative, below 1 ms or over 600 s, or a
@@ -168,21 +171,21 @@ def parse_auto_budget(spec: Any) -> AutoBudgetSpec | None:
     if text.lower() in AUTO_BUDGET_OFF:
         return None
     eg = "e.g. itl_p99:50ms or itl_p99:50ms,ttft_p99:2s; or off"
-    targets = parse_latency_targets(text, flag=f"--auto-budget {text!r}:", metrics=("itl", "ttft"),
+    targets = parse_latency_targets(text, flag=f"{name} {text!r}:", metrics=("itl", "ttft"),
                                     example=eg, min_ms=AUTO_BUDGET_MIN_MS,
                                     max_ms=AUTO_BUDGET_MAX_MS)
     got: dict[str, tuple[str, float]] = {}
     for t in targets:
         if t.metric in got:
-            raise ConfigError(f"--auto-budget {text!r}: the {t.metric} target is given twice")
+            raise ConfigError(f"{name} {text!r}: the {t.metric} target is given twice")
         got[t.metric] = (t.stat, t.ms)
     if "itl" not in got:
-        raise ConfigError(f"--auto-budget {text!r} has no ITL target: the autopilot keeps the "
+        raise ConfigError(f"{name} {text!r} has no ITL target: the autopilot keeps the "
                           f"step time under it ({eg})")
     itl_stat, itl_ms = got["itl"]
     ttft_stat, ttft_ms = got.get("ttft", ("p99", None))
     if ttft_ms is not None and ttft_ms < itl_ms:
-        raise ConfigError(f"--auto-budget {text!r}: ttft target {ttft_ms:g} ms is below one step "
+        raise ConfigError(f"{name} {text!r}: ttft target {ttft_ms:g} ms is below one step "
                           f"(the itl target, {itl_ms:g} ms): a first token takes at least one step")
     return AutoBudgetSpec(itl_ms, itl_stat, ttft_ms, ttft_stat)
 
@@ -202,7 +205,7 @@ def parse_value(name: str, value: Any) -> Any:
     if name == "mode":
         return parse_mode(value)
     if name == AUTO_BUDGET:
-        spec = parse_auto_budget(value)
+        spec = parse_auto_budget(value, AUTO_BUDGET)
         return "" if spec is None else spec.canonical
     return parse_knob(name, value)
 

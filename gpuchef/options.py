@@ -9,7 +9,7 @@ from typing import Any, Callable
 import click
 
 from .engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, CacheConfig, ConfigError,
-                                 EngineConfig, SchedulerConfig)
+                                 EngineConfig, SchedulerConfig, parse_auto_budget)
 
 
 def _opts(*decorators: Callable) -> Callable:
@@ -149,6 +149,14 @@ http_load_options = _opts(*_HTTP_BASE, *_HTTP_CLIENT, *_HTTP_AUTH)
 http_client_options = _opts(*_HTTP_CLIENT)
 
 
+def _auto_budget(o: dict[str, Any]) -> str:
+    """``--auto-budget`` in its canonical form ("" = off), parsed here so that a bad value's
+    message names the flag (SchedulerConfig would name the knob, auto_budget)."""
+    v = o.get(AUTO_BUDGET)
+    spec = parse_auto_budget(v) if v else None
+    return "" if spec is None else spec.canonical
+
+
 def engine_config(o: dict[str, Any]) -> EngineConfig:
     """EngineConfig from the parsed options. Raises ConfigError for a value out of range."""
     return EngineConfig(
@@ -161,7 +169,7 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
                           gpu_memory_utilization=o["gpu_memory_utilization"]),
         scheduler=SchedulerConfig(
             mode=o["mode"], **{k: o[k] for k in KNOBS if o.get(k) is not None},
-            auto_budget=o.get(AUTO_BUDGET) or ""),
+            auto_budget=_auto_budget(o)),
         engine=o.get("engine", "native"),
         tensor_parallel_size=o.get("tensor_parallel_size", 1),
     )

@@ -24,7 +24,7 @@ def test_ab_spec_auto_budget_off_reads_off_and_zero_is_refused_by_name():
     s = parse_setting("mode=chunked,auto_budget=off", SchedulerConfig(), "B", "--b")
     assert s.config.auto_budget == ""
     assert s.describe() == "mode=chunked, auto_budget=off"
-    with pytest.raises(ConfigError, match=r"--b 'auto_budget=0': --auto-budget '0'.*or off"):
+    with pytest.raises(ConfigError, match=r"--b 'auto_budget=0': auto_budget '0'.*or off"):
         parse_setting("auto_budget=0", SchedulerConfig(), "B", "--b")
 
 

@@ -530,6 +530,9 @@ def test_knob_endpoint_types_and_which_knob_is_at_fault(tmp_path):
         assert st == 200, body
         st, body = http("PATCH", u, {"auto_budget": "itl_p99:-5ms"})
         assert st == 400 and body["error"]["param"] == "auto_budget"
+        # named as the endpoint's key, not as the CLI flag (a tester's report)
+        assert "auto_budget '" in body["error"]["message"], body
+        assert "--auto-budget" not in body["error"]["message"], body
         st, body = http("PATCH", u, {"mode": 3})
         assert st == 400 and body["error"]["param"] == "mode"
 
