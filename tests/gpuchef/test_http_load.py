@@ -586,4 +586,12 @@ def test_bench_ramp_up_end_to_end(server, tmp_path):
     # constant gaps 1/rate_i: the sends are spaced as the ramp says (vLLM, not rescaled)
     want = np.cumsum([1 / (20 + 40 * i / 29) for i in range(30)])
     got = np.asarray(d["start_times"]) - d["start_times"][0]
-    assert np.allclose(got, want - want[0], atol=0.02)
+    # robust to a few sends made late by a loaded machine (the fresh-clone suite once saw one
+    # 29 ms late): aligned on the median offset, 80 % of the sends within 15 ms of the ramp —
+    # evenly spaced sends at the mean rate would be off by up to ~50 ms mid-ramp
+    resid = got - (want - want[0])
+    resid -= np.median(resid)
+    assert np.percentile(np.abs(resid), 80) < 0.015, resid
+    even = np.linspace(0, want[-1] - want[0], 30)
+    assert np.percentile(np.abs(even - (want - want[0]) - np.median(even - (want - want[0]))),
+                         80) > 0.015  # the check can tell a ramp from even spacing
