@@ -152,7 +152,9 @@ def _num(name: str, value: Any, *, allow_inf: bool = False) -> float:
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a number, got {value!r}") from None
     if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        # with inf allowed, only NaN lands here: "finite" would contradict the inf it takes
+        what = "a number (inf allowed), not NaN" if allow_inf else "a finite number"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
     return v
 
 

@@ -409,3 +409,18 @@ def test_trace_speed_inf_sends_everything_at_once():
     specs = generate(WorkloadConfig(dataset="azure-conv", num_prompts=20, trace_speed=float("inf"),
                                     max_model_len=8192, vocab_size=4096))
     assert len(specs) == 20 and all(s.arrival_s == 0.0 for s in specs)
+
+
+def test_trace_speed_nan_is_refused_without_contradicting_inf():
+    """--trace-speed takes inf (all at once); NaN's message said "must be a finite number",
+    which inf is not (a tester's report). NaN is refused, inf is taken."""
+    import pytest
+
+    from gpuchef.engine_host.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--trace-speed must be a number \(inf allowed\), "
+                                          r"not NaN, got nan"):
+        WorkloadConfig(dataset="azure-conv", trace_speed=float("nan"))
+    assert WorkloadConfig(dataset="azure-conv", trace_speed=math.inf).trace_speed == math.inf
+    with pytest.raises(ConfigError, match=r"--request-rate must be a number \(inf allowed\)"):
+        WorkloadConfig(request_rate=float("nan"))
