@@ -219,7 +219,8 @@ def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None)
             f"Scheduling: {scheduling_desc(engine)}",
             f"Load: {load or load_desc(wcfg)}; {n}, seed {wcfg.seed}",
             f"A: {settings['A'].describe()}",
-            f"B: {settings['B'].describe()}"]
+            f"B: {settings['B'].describe()}",
+            *(f"note: {n}" for k in ("A", "B") for n in settings[k].notes)]
 
 
 def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:

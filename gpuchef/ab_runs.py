@@ -70,6 +70,15 @@ class Setting:
         return ", ".join(f"{k}={'off' if k == AUTO_BUDGET and v == '' else v}"
                          for k, v in self.changes.items())
 
+    @property
+    def notes(self) -> list[str]:
+        """What the setting does not do that its spec might suggest: the autopilot on with
+        continuous batching (it chooses chunked steps' prefill allowance only, so it is idle)."""
+        if self.config.auto_budget and self.config.mode == "continuous":
+            return [f"{self.label}: the autopilot steers chunked steps only — idle in continuous "
+                    "mode (docs/autopilot.md)"]
+        return []
+
     def knobs(self) -> dict[str, Any]:
         """Every field of ``config`` (mode and knobs): what ``host.set_config`` gets."""
         return {f.name: getattr(self.config, f.name) for f in fields(self.config)}

@@ -72,3 +72,19 @@ def test_bench_with_the_autopilot_records_its_choices(tmp_path):
     assert any(d["type"] == "event" and d["name"] == "auto_budget" for d in recs)
     meta = recs[0]
     assert meta["engine_config"]["scheduler"]["auto_budget"] == "itl_p99:500ms"
+
+
+def test_ab_says_the_autopilot_is_idle_in_continuous_mode():
+    """A tester combined mode=continuous with auto_budget and got no hint that the autopilot
+    (chunked steps' prefill allowance) does nothing there; the header says so, once."""
+    from gpuchef.ab_runs import parse_setting
+    from gpuchef.engine_host.config import SchedulerConfig
+
+    s = parse_setting("mode=continuous,auto_budget=itl_p99:50ms", SchedulerConfig(), "B")
+    assert s.notes and "idle in continuous" in s.notes[0]
+    assert not parse_setting("mode=chunked,auto_budget=itl_p99:50ms", SchedulerConfig(),
+                             "A").notes
+    r = _invoke("ab", *BASE, "--a", "mode=chunked", "--b",
+                "mode=continuous,auto_budget=itl_p99:50ms", "--repetitions", "1")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("note: B: the autopilot steers chunked steps only") == 1, r.output
