@@ -124,6 +124,14 @@ def build(args):
     return _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
 
 
+def drive(session, go) -> None:
+    """Run the pilot coroutine ``go()`` and close the attached session whatever happens."""
+    try:
+        asyncio.run(go())
+    finally:
+        session.close()
+
+
 async def wait_for(pilot, cond, timeout=10.0):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -194,10 +202,7 @@ def test_attach_to_vllm_metrics_panels_show_the_parsed_values(tmp_path):
                 assert len(server.samples()) > n0
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
     t = read_trace(trace)
     assert t.meta["source"] == {"kind": "attached", "urls": [srv.url]}
     assert {x.server for x in t.scrapes} == {"vllm"}
@@ -251,10 +256,7 @@ def test_bad_servers_are_one_status_line_and_the_session_goes_on(tmp_path, case)
                     assert await wait_for(pilot, lambda: not s.status_lines)
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
     finally:
         if ctx is not None:
             srv.__exit__(None, None, None)
@@ -324,10 +326,7 @@ def test_attach_to_gpuchef_serve_with_gpuchefs_load_matches_the_servers_trace(tm
                 assert "budget 256" in str(app.screen.query_one("#a-knobs").render())
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
         with urllib.request.urlopen(srv.url + "/gpuchef/v1/scheduler", timeout=5) as r:
             assert json.loads(r.read())["max_num_batched_tokens"] == 256
     tr = read_trace(strace)
@@ -376,10 +375,7 @@ def test_a_server_that_closes_streams_early_is_one_status_line_and_nothing_is_lo
                 await pilot.pause(0.1)
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
     reqs = s.timeline.snapshot().requests
     assert len(reqs) == 5 and all(r.finish_reason == "error" for r in reqs)
     t = read_trace(trace)
@@ -423,10 +419,7 @@ def test_several_servers_one_numbers_column_each_and_v_switches_the_charts(tmp_p
                 assert b.url.split("//")[1] in title and "(2/3, v)" in title
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_e_without_trace_writes_every_scrape_held_and_goes_on_recording(tmp_path):
@@ -444,10 +437,7 @@ def test_e_without_trace_writes_every_scrape_held_and_goes_on_recording(tmp_path
                 assert await wait_for(pilot, lambda: len(s.servers[0].samples()) >= n + 5)
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
     t = read_trace(out)
     held = s.servers[0].samples()
     # every scrape the session made is in the file, once, in time order
@@ -487,10 +477,7 @@ def test_local_gpus_through_the_nvml_sampler_with_gpus_and_off_with_the_reason_w
                 assert len(s.servers[0].deltas()) >= 1  # the scrapes go on either way
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_knobs_live_through_the_knob_endpoint_and_a_refusal_is_the_servers_message(tmp_path):
@@ -517,10 +504,7 @@ def test_knobs_live_through_the_knob_endpoint_and_a_refusal_is_the_servers_messa
                 assert "mode continuous" in str(app.screen.query_one("#a-knobs").render())
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_headless_bad_attach_is_one_error_line_and_exit_2():
@@ -554,10 +538,7 @@ def test_sglang_server_queue_from_its_names_and_the_batch_panel_says_it_has_no_s
                 assert "no source" not in queue
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_two_servers_one_band_each_in_the_charts(tmp_path):
@@ -584,10 +565,7 @@ def test_two_servers_one_band_each_in_the_charts(tmp_path):
                 assert any(r.startswith(" 1: " + b.url[7:]) for r in rows)
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_narrow_terminal_hides_the_side_panel_and_n_shows_it(tmp_path):
@@ -607,10 +585,7 @@ def test_narrow_terminal_hides_the_side_panel_and_n_shows_it(tmp_path):
                 assert side.size.width == 80 and waves.size.width == 0
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def _idle_text() -> str:
@@ -650,10 +625,7 @@ def test_idle_server_batch_panel_says_idle_not_absent_and_draws_once_observed(tm
                     "#a-batch")._strips[0].text)
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
 
 
 def test_impossible_gauges_are_refused_by_name_and_panel_and_numbers_agree(tmp_path):
@@ -684,7 +656,4 @@ def test_impossible_gauges_are_refused_by_name_and_panel_and_numbers_agree(tmp_p
                 assert "W –" in queue, queue
                 await pilot.press("q")
 
-        try:
-            asyncio.run(go())
-        finally:
-            s.close()
+        drive(s, go)
