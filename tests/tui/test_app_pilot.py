@@ -10,7 +10,7 @@ import time
 
 import pytest
 from rich.console import Console
-from tui_fakes import palette
+from tui_fakes import capture_notes, palette
 
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
@@ -44,15 +44,7 @@ def make_app(engine, tmp_path=None, *, rate=25.0, trace=None, nvml=None, start=S
     session = LiveSession(engine, wcfg, trace_path=trace, nvml=nvml, host_probe=False,
                           slos={"ttft": 2000.0, "tpot": 200.0}, sample_hz=10)
     app = GpuchefApp(session, window_s=10, screenshot_dir=str(tmp_path or "."), **app_kw)
-    notes: list[str] = []
-    orig = app.notify
-
-    def notify(message, *a, **k):
-        notes.append(str(message))
-        return orig(message, *a, **k)
-
-    app.notify = notify
-    app.notes = notes
+    app.notes = capture_notes(app)
     session.start()
     return app, session
 

@@ -12,6 +12,7 @@ import time
 import pytest
 from textual.command import CommandPalette
 from textual.widgets import Input
+from tui_fakes import capture_notes
 
 from gpuchef.engine_host.config import (AUTO_BUDGET, CacheConfig, EngineConfig, SchedulerConfig,
                                         parse_value)
@@ -42,15 +43,7 @@ def make_app(engine, *, rate, start=START, input_len=48, output_len=12, num_prom
                           max_model_len=engine.max_model_len)
     session = LiveSession(engine, wcfg, host_probe=False, sample_hz=10)
     app = GpuchefApp(session, window_s=10, show_ui_cost=False)
-    notes: list[str] = []
-    orig = app.notify
-
-    def notify(message, *a, **k):
-        notes.append(str(message))
-        return orig(message, *a, **k)
-
-    app.notify = notify
-    app.notes = notes
+    app.notes = capture_notes(app)
     session.start()
     return app, session
 

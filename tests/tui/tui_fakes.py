@@ -292,3 +292,16 @@ async def palette(pilot, typed: str) -> None:
     await pilot.pause(0.5)
     await pilot.press("enter")
     await pilot.pause(0.3)
+
+
+def capture_notes(app) -> list[str]:
+    """Every message ``app.notify`` shows from now on, as text (the app still shows them)."""
+    notes: list[str] = []
+    orig = app.notify
+
+    def notify(message, *a, **k):
+        notes.append(str(message))
+        return orig(message, *a, **k)
+
+    app.notify = notify
+    return notes
