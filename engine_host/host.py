@@ -299,8 +299,10 @@ class EngineHost:
                         self._arrivals.pop(i)
                         heapq.heapify(self._arrivals)
                         self.submitted += 1  # counted as handled, so wait_done can finish
+                        now = time.monotonic_ns()  # before its arrival: it never arrived
                         rec = RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids), 0,
-                                            (), reason, max_tokens=a.sampling.max_tokens)
+                                            (), reason, max_tokens=a.sampling.max_tokens,
+                                            withdrawn_ns=now if now < a.arrival_ns else 0)
                         break
             if rec is not None:
                 self._note_state()

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
+from .capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
@@ -53,9 +54,10 @@ from .options import (check_output_files, check_output_path, check_sampling, eng
               help="Comma-separated percentiles to report.")
 @click.option("--capacity", is_flag=True,
               help="Instead of one rate: for each setting, bisect over the request rate for the "
-                   "highest rate that meets every --slo and is not saturated (achieved < 90% "
-                   "of offered, or a growing queue, fails a probe; one whose SLO is broken "
-                   "beyond doubt stops early), then B/A. docs/capacity.md.")
+                   "highest rate that meets every --slo and is not saturated (achieved < "
+                   f"{1 - SATURATION_TOLERANCE:.0%} of offered, or a growing queue, fails a "
+                   "probe; one whose SLO is broken beyond doubt stops early), then B/A. "
+                   "docs/capacity.md.")
 @click.option("--slo", "slo_spec", default=None,
               help="--capacity SLOs: METRIC_STAT:LIMIT pairs, metric ttft/tpot/itl/e2el, stat "
                    "mean/median/p50/p90/p99/…, limit in ms or s, e.g. itl_p99:100ms,ttft_p99:2s.")
@@ -384,9 +386,9 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     click.echo("\n".join(_header(engine, wcfg, settings, per_probe, load)))
     click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
                f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
-               "capacity); a probe also fails when saturated (achieved < 90 % of offered, or "
-               "the waiting queue growing) and stops early once an SLO is broken beyond doubt "
-               "(docs/capacity.md)")
+               f"capacity); a probe also fails when saturated (achieved < "
+               f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing) and "
+               "stops early once an SLO is broken beyond doubt (docs/capacity.md)")
     if not any(s.metric in ("ttft", "e2el") for s in slos):
         err.print("[yellow]note:[/] no ttft or e2el SLO: queueing delay is not bounded, so a "
                   "token-latency SLO alone can hold far past the rate the engine keeps up with "

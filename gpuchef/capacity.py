@@ -166,8 +166,12 @@ STEADY_E2EL_FACTOR = 10.0
 #: The first ``WARMUP_SHARE`` of a probe's arrival span is its warm-up (an empty engine fills
 #: up); offered and achieved rates and the queue are judged over the rest.
 WARMUP_SHARE = 0.25
-#: Saturation, rule 1: achieved below (1 − this) × offered over the judged span.
-SATURATION_TOLERANCE = 0.10
+#: Saturation, rule 1: achieved below (1 − this) × offered over the judged span. Rule 1 is the
+#: gross check (the issue's probe served 18.4 of 29 req/s: 0.63); rule 2 the fine one. Served
+#: probes of a replayed trace read below 1 because the number in the system grows through a
+#: finite probe (Little's law: arrivals getting denser, outputs getting longer) — 0.87 to 0.93 on
+#: the H200 for probes with P50 TTFT ≤ 50 ms and no queue (docs/capacity.md) — so 10 % failed them.
+SATURATION_TOLERANCE = 0.20
 #: Saturation, rule 2: the mean waiting queue of the last quarter of the arrival span exceeds
 #: that of the second quarter by more than this many requests and more than doubles.
 QUEUE_GROWTH_MIN = 4.0
@@ -254,11 +258,12 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
     share of them between the ``RATE_QUANTILES`` over the time that share spans (a request not
     completed finishes at +inf). Served, each finish is its arrival plus its own time in the
     system, so the finishes span the arrivals' time plus how much that time in system grew
-    (a denser trace, slower steps: fractions of a second); saturated, they come at the engine's
-    service rate whatever arrives. Counting the finishes inside the arrival span instead — the
-    first two versions, once shifted by the warm-up's service time — called probes saturated
-    whose requests' E2EL grew through them (H200, 2026-12-01: P50 TTFT 62 ms, drained 3.8 s
-    after the last arrival, "achieved 5.81 of 8.48 req/s"). Rule 2 (queue growing): the mean
+    (a denser trace, longer outputs, slower steps: up to seconds over a probe, hence the
+    tolerance); saturated, they come at the engine's service rate whatever arrives. Counting
+    the finishes inside the arrival span instead — the first two versions, once shifted by the
+    warm-up's service time — called probes saturated whose requests' E2EL grew through them
+    (H200, 2026-12-01: P50 TTFT 62 ms, drained 3.8 s after the last arrival, "achieved 5.81 of
+    8.48 req/s"). Rule 2 (queue growing): the mean
     ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
     quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
     shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL. Raises

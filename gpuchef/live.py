@@ -361,7 +361,7 @@ class LiveSession:
         for h in snap.host_samples:
             backlog.append((h.t_ns, 3, h))
         for q in snap.requests:
-            backlog.append((q.token_times_ns[-1] if q.token_times_ns else q.arrival_ns, 4, q))
+            backlog.append((q.closed_ns, 4, q))
         backlog.sort(key=lambda x: (x[0], x[1]))
         seen_steps = {s.step for s in snap.steps}
         seen_reqs = {q.request_id for q in snap.requests}

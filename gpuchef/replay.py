@@ -151,8 +151,7 @@ class ReplaySession:
             tl.add_host_sample(h)
         for e in sorted(tr.events, key=lambda e: e.t_ns):
             tl.add_event(e)
-        for r in sorted(tr.requests, key=lambda r: r.token_times_ns[-1] if r.token_times_ns
-                        else r.arrival_ns):
+        for r in sorted(tr.requests, key=lambda r: r.closed_ns):
             tl.add_request(r)
         self.timeline = tl
         # an attached trace: its scrapes, one server each, played back like the other records

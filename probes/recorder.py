@@ -491,9 +491,9 @@ def trace_span(tr: Trace) -> tuple[int, int]:
             lo.append(min(x.t_ns for x in xs))
             hi.append(max(x.t_ns for x in xs))
     for r in tr.requests:
-        hi.append(r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns)
+        hi.append(r.closed_ns)
     if not lo and tr.requests:
-        lo.append(min(r.arrival_ns for r in tr.requests))
+        lo.append(min(r.entered_ns for r in tr.requests))
     if not lo:
         t = int((tr.meta.get("clock") or {}).get("monotonic_ns", 0))
         return t, t

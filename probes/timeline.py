@@ -182,9 +182,6 @@ class Ring:
         return RingView(chunks, self.chunk, total - n, n)
 
 
-def _req_finish_ns(r: RequestRecord) -> int:
-    t = r.token_times_ns
-    return t[-1] if t else r.arrival_ns
 
 
 @dataclass(frozen=True)
@@ -575,7 +572,7 @@ class Timeline:
         """Keep a finished request (token ids are dropped to save memory; times are kept)."""
         if rec.output_token_ids:
             rec = replace(rec, output_token_ids=())
-        key = _req_finish_ns(rec)
+        key = rec.closed_ns
         if key < self._req_key:
             key = self._req_key  # keep keys sorted for bisection
         self._req_key = key

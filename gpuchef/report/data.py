@@ -227,13 +227,15 @@ def segment_finder(segments: Sequence[Segment]) -> Callable[[int], Segment | Non
 
 def _assign(segments: list[Segment], requests: Sequence[RequestRecord],
             steps: Sequence[StepRecord]) -> None:
-    """Requests by arrival, steps by start, into the segment whose range holds them; records
+    """Requests by ``entered_ns`` (their arrival; a request withdrawn before it arrived, by its
+    withdrawal: a capacity probe stopped early withdraws the rest of its arrivals, which must not
+    land in the next probe), steps by start, into the segment whose range holds them; records
     outside every segment (a dashboard session before or between A/B runs) belong to none."""
     if not segments:
         return
     find = segment_finder(segments)
     for r in requests:
-        s = find(r.arrival_ns)
+        s = find(r.entered_ns)
         if s is not None:
             s.requests.append(r)
     for st in steps:
@@ -266,7 +268,7 @@ def view_trace(tr: Trace) -> TraceView:
     meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
     if not ab and not cap:
         # the load starts with its first arrival (the samplers may have started earlier)
-        start = min([r.arrival_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
+        start = min([r.entered_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
                     default=origin)
         segs = mode_segments(steps, start, end + 1)
         src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}

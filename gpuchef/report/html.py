@@ -8,6 +8,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
+from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE
 from gpuchef.probes.metrics import format_results_block
 
 from . import plots
@@ -651,10 +652,11 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         parts.append(_section("capacity", "".join(body), (
             "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
             "(docs/capacity.md): offered = the probe's requests' count over their arrival "
-            "span; achieved = requests finished per second while arrivals continued, after the "
-            "first quarter, beside the arrival rate of the same requests; a probe fails an SLO, or as saturated (achieved below 90 % of "
-            "offered, or the waiting queue growing), or stops early once an SLO is broken "
-            "beyond doubt.")))
+            "span; achieved = the finish rate of the requests that arrived after the first "
+            f"{WARMUP_SHARE:.0%} of it, beside the arrival rate of the same requests (each over "
+            "the inner 80 % of them); a probe fails an SLO, or as saturated (achieved below "
+            f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing), or "
+            "stops early once an SLO is broken beyond doubt.")))
     # A/B windows
     abviews = [v for v in views if v.ab]
     if abviews:

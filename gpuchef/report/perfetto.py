@@ -103,8 +103,10 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
     # requests: greedy lane packing keeps one tid's slices disjoint
     lanes: list[tuple[int, int]] = []  # heap of (end_ns, lane)
     n_lanes = 0
-    for r in sorted(tr.requests, key=lambda r: r.arrival_ns):
-        end = r.token_times_ns[-1] if r.token_times_ns else r.arrival_ns
+    for r in sorted(tr.requests, key=lambda r: r.entered_ns):
+        if r.withdrawn_ns:  # withdrawn before it arrived: it never ran, no slice to draw
+            continue
+        end = r.closed_ns
         if lanes and lanes[0][0] <= r.arrival_ns:
             _, lane = heapq.heappop(lanes)
         else:

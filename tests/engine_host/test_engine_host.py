@@ -301,6 +301,33 @@ def test_paused_load_holds_the_load_but_not_requests_from_outside(engine_cfg):
             time.sleep(0.01)
         (rec,) = [r for r in c.requests if r.request_id == "load-1"]
         assert rec.finish_reason == "abort" and rec.output_len == 0
+        # it had arrived (held by the pause): not withdrawn, it entered at its arrival
+        assert rec.withdrawn_ns == 0 and rec.entered_ns == rec.arrival_ns
+        assert host.wait_done(10)
+    finally:
+        host.stop()
+
+
+def test_a_request_aborted_before_its_arrival_is_recorded_as_withdrawn(engine_cfg):
+    """An early-stopped capacity probe aborts the arrivals still to come: each record says when
+    it was withdrawn (before its planned arrival), so windows place it there, and it closes
+    then — not at an arrival that never happened."""
+    host, c = start_host(engine_cfg, n=0)
+    try:
+        due = time.monotonic_ns() + 60 * 10**9
+        host.submit("later", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True),
+                    arrival_ns=due)
+        time.sleep(0.05)
+        t_abort = time.monotonic_ns()
+        host.abort("later", "early stop")
+        t = time.monotonic() + 30
+        while not c.requests:
+            assert time.monotonic() < t
+            time.sleep(0.01)
+        (rec,) = c.requests
+        assert rec.finish_reason == "early stop" and rec.token_times_ns == ()
+        assert rec.arrival_ns == due and t_abort <= rec.withdrawn_ns < due
+        assert rec.entered_ns == rec.closed_ns == rec.withdrawn_ns
         assert host.wait_done(10)
     finally:
         host.stop()

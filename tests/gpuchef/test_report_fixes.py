@@ -212,3 +212,46 @@ def test_capacity_trace_is_cut_into_its_probes_and_grouped_by_setting(tmp_path):
     assert [s.key for s in slos] == ["itl_p99"]
     assert [(x.label, x.target) for x in probes] == [("A", 1.0), ("A", 4.0), ("B", 1.0)]
     assert [bool(x.stopped_early) for x in probes] == [False, True, False]
+
+
+def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
+    """A probe stopped early withdraws its requests not yet arrived; their planned arrivals lie
+    in the next probe's time. The report must place them in the probe that withdrew them
+    (where `gpuchef ab` judged them): on the H200 (2026-12-02) the next probe got 962 of them
+    and the report called it saturated where the command had not."""
+    from dataclasses import replace
+
+    from gpuchef.report.data import build, capacity_probes
+
+    src = read_trace(H200)
+    reqs = sorted(src.requests, key=lambda r: r.arrival_ns)
+    arr = [r.arrival_ns for r in reqs]
+    t0, t1 = arr[0], arr[len(arr) // 2]
+    stop = (t0 + t1) // 2
+    # A's probe [t0, t1) stopped at `stop`: 7 requests planned after t1 were withdrawn then
+    withdrawn = [replace(reqs[0], request_id=f"w-{i}", arrival_ns=t1 + (i + 1) * 1000,
+                         token_times_ns=(), output_len=0, first_scheduled_ns=0,
+                         finish_reason="early stop", withdrawn_ns=stop + i) for i in range(7)]
+    assert all(w.arrival_ns >= t1 > w.withdrawn_ns for w in withdrawn)
+    meta = {"command": "ab", "workload": {"dataset": "random", "request_rate": 1.0},
+            "ab": {"capacity": True, "slo_spec": "itl_p99:500ms"}}
+    p = _write(tmp_path / "cap.jsonl", meta, requests=[*reqs, *withdrawn], events=[
+        EngineEvent("mark", 0, t0, "capacity:A:1"),
+        EngineEvent("mark", 1, stop, "capacity:A:stopped:itl_p99 broken"),
+        EngineEvent("mark", 2, t1, "capacity:B:1")])
+    v = build([p]).views[0]
+    a_seg, b_seg = v.segments
+    assert {r.request_id for r in withdrawn} <= {r.request_id for r in a_seg.requests}
+    assert not any(r.withdrawn_ns for r in b_seg.requests)
+    assert len(b_seg.requests) == sum(1 for x in arr if x >= t1)
+    # B is judged on its own requests alone: every one of them finished
+    probes, _ = capacity_probes(v)
+    assert probes[1].label == "B" and probes[1].metrics.completed == len(b_seg.requests)
+    assert not probes[1].metrics.failed
+    # the round trip keeps the field; a withdrawn request is not a slice in the Perfetto trace
+    back = read_trace(p)
+    assert sorted(r.withdrawn_ns for r in back.requests if r.withdrawn_ns) == \
+        sorted(w.withdrawn_ns for w in withdrawn)
+    from gpuchef.report.perfetto import trace_events
+    names = {e.get("name") for e in trace_events(v, 0)}
+    assert "w-0" not in names and reqs[0].request_id in names
