@@ -60,6 +60,11 @@ import numpy as np
 
 from .config import AutoBudgetSpec
 
+try:  # numpy's gufunc behind np.linalg.solve, without its ~5 µs of argument checks per call
+    from numpy.linalg._umath_linalg import solve1 as _solve
+except ImportError:  # a numpy that moved it: the public function, same result
+    _solve = np.linalg.solve
+
 if TYPE_CHECKING:  # the scheduler imports this module
     from .scheduler import Scheduler, SchedulerOutput
 
@@ -111,9 +116,11 @@ class StepTimeModel:
         self.R = np.eye(n) * regularisation
         self.r = np.zeros(n)
         self.theta = np.zeros(n)
+        self._th = [0.0] * n  # θ as floats: predict() runs twice a step, numpy scalars are slow
         self._reg = (1.0 - forgetting) * regularisation
-        self._diag = np.diag_indices(n)
+        self._regI = np.eye(n) * self._reg
         self._outer = np.empty((n, n))
+        self._tmp = np.empty(n)
         self.n = 0              # steps fitted
         self.n_prefill = 0      # of them, steps with prefill
         self.error = 1.0        # mean relative a-priori error (fraction); 1 until fitted
@@ -126,7 +133,7 @@ class StepTimeModel:
                 decode_ctx / 65536.0, prefill_ctx / 1048576.0)
 
     def predict(self, x) -> float:
-        th = self.theta
+        th = self._th
         return (th[0] * x[0] + th[1] * x[1] + th[2] * x[2] + th[3] * x[3] + th[4] * x[4]
                 + th[5] * x[5])
 
@@ -146,16 +153,19 @@ class StepTimeModel:
                 self.error = e if self._err_n == 1 else self.error + (e - self.error) / self._err_n
             else:
                 self.error += ERROR_ALPHA * (e - self.error)
+        # R ← λR + x xᵀ + (1−λ)δ I,  r ← λr + x y + (1−λ)δ θ,  θ = R⁻¹ r (in place: µs count)
         xv = np.asarray(x, dtype=float)
         lam = self.lam
         R = self.R
         R *= lam
         R += np.multiply.outer(xv, xv, out=self._outer)
-        R[self._diag] += self._reg
+        R += self._regI
         r = self.r
         r *= lam
-        r += xv * y_fit + self._reg * self.theta
-        self.theta = np.linalg.solve(R, r)
+        r += np.multiply(xv, y_fit, out=self._tmp)
+        r += np.multiply(self.theta, self._reg, out=self._tmp)
+        self.theta = _solve(R, r)
+        self._th = self.theta.tolist()
         self.n += 1
         if x[1]:
             self.n_prefill += 1

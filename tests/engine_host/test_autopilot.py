@@ -145,6 +145,29 @@ def test_unexcited_direction_keeps_its_value_instead_of_winding_up():
     assert m.coefficients()["prefill_tokens"] == pytest.approx(c, rel=0.05)
 
 
+def test_fit_equals_the_recursion_solved_with_numpys_public_solver():
+    """The in-place update (numpy's solve gufunc, θ kept as floats for predict) is the
+    documented recursion R ← λR + xxᵀ + (1−λ)δI, r ← λr + xy + (1−λ)δθ, θ = R⁻¹r, recomputed
+    here with np.linalg.solve; the predictions are θ·x."""
+    from gpuchef.engine_host.autopilot import FORGETTING, REGULARISATION
+
+    m = StepTimeModel()
+    rng = np.random.default_rng(3)
+    lam, reg = FORGETTING, (1 - FORGETTING) * REGULARISATION
+    R, r, th = np.eye(6) * REGULARISATION, np.zeros(6), np.zeros(6)
+    for i in range(300):
+        P, D = int(rng.integers(0, 2048)), int(rng.integers(1, 200))
+        x = StepTimeModel.features(D, P, 800 * D, P * P / 2)
+        y = (8 + 2 * bool(P) + 0.06 * D + 0.012 * P + 2e-5 * 800 * D) * (1 + 0.005 * rng.standard_normal())
+        xv = np.array(x)
+        assert m.predict(x) == pytest.approx(float(th @ xv), rel=1e-9, abs=1e-12)
+        m.update(x, y)
+        R = lam * R + np.outer(xv, xv) + reg * np.eye(6)
+        r = lam * r + xv * y + reg * th
+        th = np.linalg.solve(R, r)
+        assert m.theta == pytest.approx(th, rel=1e-9, abs=1e-12)
+
+
 # -- the rule --------------------------------------------------------------------------------
 
 ITL = 30.0
