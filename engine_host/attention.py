@@ -93,10 +93,12 @@ class AttentionBackend:
         self.meta = meta
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor) -> torch.Tensor:
+                kv_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Append k, v at ``meta.slot_mapping`` then attend.
 
         q: [T, Hq, D]; k, v: [T, Hkv, D]; kv_cache: [num_blocks, 2, block_size, Hkv, D].
+        ``out``: optional [T, Hq, D] tensor of q's dtype to write the result into (the
+        piecewise-graph runner's static buffer); it is then the tensor returned.
         Returns [T, Hq, D] in q's dtype. Softmax scale is 1/sqrt(D).
         """
         raise NotImplementedError
@@ -129,7 +131,7 @@ class ReferenceAttention(AttentionBackend):
             self._mask_cache[key] = m
         return m
 
-    def forward(self, layer, q, k, v, kv_cache):
+    def forward(self, layer, q, k, v, kv_cache, out=None):
         meta = self.meta
         write_kv(kv_cache, k, v, meta.slot_mapping)
         T, hq, d = q.shape
@@ -138,7 +140,8 @@ class ReferenceAttention(AttentionBackend):
         group = hq // hkv
         acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         scale = 1.0 / math.sqrt(d)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         pages = self._pages.to(kv_cache.device)
         for b, kv_len in enumerate(meta.kv_lens):
             q0, q1 = self._qo[b], self._qo[b + 1]

@@ -14,6 +14,12 @@ from typing import Any
 
 MODES = ("continuous", "chunked")
 ENGINES = ("native", "vllm")
+#: ``--cudagraph-mode`` (vLLM's ``CompilationConfig.cudagraph_mode`` values the native engine
+#: has): full graphs for decode-only steps plus piecewise graphs (split at attention) for steps
+#: with prefill tokens, or the decode graphs only. No graphs at all is ``--enforce-eager``.
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+#: the largest piecewise capture size accepted (tokens): the static buffers are this many rows
+MAX_CAPTURE_SIZE = 16384
 
 
 class ConfigError(ValueError):
@@ -437,8 +443,15 @@ class EngineConfig:
     default): on for CUDA, off for CPU, where the runner does a step's work in its launch and
     there is nothing to overlap (``engine.resolve_async_scheduling``); for vLLM, vLLM's own
     default.
-    Raises ConfigError for an unknown engine, a size below 1 or an ``async_scheduling`` other
-    than True, False or None.
+    ``cudagraph_mode`` (CUDA with FlashInfer, not ``enforce_eager``; one of CUDAGRAPH_MODES):
+    "FULL_AND_PIECEWISE" (default) also runs steps with prefill tokens of up to the largest
+    ``cudagraph_capture_sizes`` tokens through piecewise graphs (docs/engine-graphs.md);
+    "FULL_DECODE_ONLY" graphs decode-only steps only. ``cudagraph_capture_sizes``: the piecewise
+    graphs' padded token counts (None = ``runner.PIECEWISE_CAPTURE_SIZES``, 16 … 512); the
+    decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only.
+    Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
+    than True, False or None, an unknown ``cudagraph_mode`` or a capture size outside
+    [1, MAX_CAPTURE_SIZE].
     """
 
     model: str = "tiny"
@@ -453,10 +466,25 @@ class EngineConfig:
     engine: str = "native"
     tensor_parallel_size: int = 1
     async_scheduling: bool | None = None
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            extra = " (no graphs at all: --enforce-eager)" if str(
+                self.cudagraph_mode).upper() == "NONE" else ""
+            raise ConfigError(f"--cudagraph-mode {self.cudagraph_mode!r} is not one of "
+                              f"{', '.join(CUDAGRAPH_MODES)}{extra}")
+        if self.cudagraph_capture_sizes is not None:
+            sizes = self.cudagraph_capture_sizes
+            if (isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__")
+                    or not sizes or not all(isinstance(n, int) and not isinstance(n, bool)
+                                            and 1 <= n <= MAX_CAPTURE_SIZE for n in sizes)):
+                raise ConfigError(f"--cudagraph-capture-sizes {sizes!r} must be a non-empty "
+                                  f"list of token counts in [1, {MAX_CAPTURE_SIZE}]")
+            self.cudagraph_capture_sizes = tuple(sorted(set(sizes)))
         if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be True, False "
                               "or None (on for CUDA, off for CPU)")

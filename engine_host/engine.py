@@ -20,7 +20,8 @@ from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepOutput, StepRecord
 from .request import Request, SamplingParams, check_prompt
 from . import ops
-from .runner import CudaGraphDecode, ModelRunner, StepHandle
+from .runner import PIECEWISE_CAPTURE_SIZES, CudaGraphDecode, CudaGraphPiecewise, ModelRunner, \
+    StepHandle
 from .scheduler import Postprocessed, Scheduler, SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -145,8 +146,10 @@ class LLMEngine:
         self._last_t_end = 0
 
     def _warm_up(self, progress: Callable[[str, int, int], None] | None) -> None:
-        """Compile JIT kernels, then capture CUDA graphs for decode-only steps, each shown as
-        a named progress step (FlashInfer's first compile takes minutes: REFERENCE.md §4)."""
+        """Compile JIT kernels, then capture CUDA graphs (piecewise ones for steps with prefill
+        tokens unless ``cudagraph_mode`` is FULL_DECODE_ONLY, full ones for decode-only steps;
+        one memory pool), each shown as a named progress step, the piecewise one naming its
+        capture sizes (FlashInfer's first compile takes minutes: REFERENCE.md §4)."""
         stage = "compile kernels (first run: minutes)"
         if progress:
             progress(stage, 0, 1)
@@ -155,7 +158,13 @@ class LLMEngine:
         if progress:
             progress(stage, 1, 1)
         if self.attn.name == "flashinfer" and not self.config.enforce_eager:
-            self.runner.graphs = CudaGraphDecode(self.runner, self.max_model_len, progress=progress)
+            pool = torch.cuda.graph_pool_handle()
+            if self.config.cudagraph_mode == "FULL_AND_PIECEWISE":
+                self.runner.piecewise = CudaGraphPiecewise(
+                    self.runner, self.config.cudagraph_capture_sizes or PIECEWISE_CAPTURE_SIZES,
+                    progress=progress, pool=pool)
+            self.runner.graphs = CudaGraphDecode(self.runner, self.max_model_len,
+                                                 progress=progress, pool=pool)
 
     # -- sizing ----------------------------------------------------------------------------
     def _num_blocks(self) -> int:

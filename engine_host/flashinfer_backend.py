@@ -206,9 +206,10 @@ class FlashInferAttention(AttentionBackend):
     # ---- per layer ----------------------------------------------------------------------------
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor) -> torch.Tensor:
+                kv_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Append ``k``, ``v`` at ``meta.slot_mapping``, then attend (see the class docstring).
 
+        ``out``: optional ``[T, Hq, D]`` tensor in the cache dtype to write into (``attend``).
         Raises ValueError when the cache's page size differs from ``meta.block_size``.
         """
         meta = self.meta
@@ -220,7 +221,7 @@ class FlashInferAttention(AttentionBackend):
                 self.configure(q.shape[1], kv_cache.shape[3], q.shape[2], kv_cache.dtype)
             self._plan(meta)
         self.append_kv(k, v, kv_cache)
-        return self.attend(q, kv_cache)
+        return self.attend(q, kv_cache, out=out)
 
     def append_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
         """Write this step's K/V ``[T, Hkv, D]`` into the pages at ``meta.slot_mapping``.

@@ -263,14 +263,21 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
+        q, k, v = self.qkv(positions, x)
+        o = attn.forward(self.layer_idx, q, k, v, kv_cache)  # [T, Hq, D]
+        return self.o_proj(o.reshape(x.shape[0], self.q_size))
+
+    def qkv(self, positions: torch.Tensor, x: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projection and RoPE before attention: x [T, H] → q [T, Hq, D], k and v
+        [T, Hkv, D] (v a view of the fused projection's output)."""
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(q, k, positions)
-        o = attn.forward(self.layer_idx, q, k, v, kv_cache)  # [T, Hq, D]
-        return self.o_proj(o.reshape(T, self.q_size))
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -343,6 +350,50 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(positions, x, residual, kv_caches[i], attn)
         x, _ = self.model.norm(x, residual)
         return x
+
+    # -- the forward split at attention (piecewise CUDA graphs, runner.CudaGraphPiecewise) ------
+    @property
+    def num_pieces(self) -> int:
+        """Pieces of the split forward: one before the first attention, one after each."""
+        return len(self.model.layers) + 1
+
+    def piece(self, j: int, input_ids: torch.Tensor, positions: torch.Tensor,
+              attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Piece ``j`` (0 … ``num_pieces − 1``) of ``forward`` split at attention, as vLLM V1
+        splits it for piecewise CUDA graphs: everything between two attention calls.
+
+        Piece 0: embedding, layer 0's input norm, QKV projection and RoPE. Piece j (1 … L−1):
+        layer j−1's o_proj, residual add + post-attention norm, MLP, then layer j's residual add
+        + input norm, QKV projection and RoPE. Piece L: layer L−1's o_proj, norm, MLP and the
+        final norm. Between piece j and j+1 the caller runs layer j's attention (K/V append and
+        attend) on the q, k, v piece j returned; composed so, the pieces are ``forward``'s ops
+        in ``forward``'s order.
+
+        input_ids, positions: int64 [T] (piece 0 reads input_ids; pieces 0 … L−1 positions);
+        attn_out: [T, Hq·D] (or [T, Hq, D]), layer j−1's attention output (pieces ≥ 1);
+        residual: [T, H], the residual stream piece j−1 returned (pieces ≥ 1; with FlashInfer's
+        fused norm it is updated in place). Every op works row by row, so rows never mix.
+        Returns ``(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], residual [T, H])`` for j < L,
+        ``(hidden [T, H],)`` for j = L (final-normed, as ``forward`` returns).
+        """
+        layers = self.model.layers
+        L = len(layers)
+        if not 0 <= j <= L:
+            raise IndexError(f"piece {j} is out of range: allowed 0 … {L}")
+        if j == 0:
+            x = self.model.embed_tokens(input_ids)
+            residual, x = x, layers[0].input_layernorm(x)
+        else:
+            layer = layers[j - 1]
+            x = layer.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
+            x, residual = layer.post_attention_layernorm(x, residual)
+            x = layer.mlp(x)
+            if j == L:
+                x, _ = self.model.norm(x, residual)
+                return (x,)
+            x, residual = layers[j].input_layernorm(x, residual)
+        q, k, v = layers[j].self_attn.qkv(positions, x)
+        return q, k, v, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden_size] → logits [S, vocab_size], float32 (float64 for a float64 model).

@@ -72,6 +72,7 @@ class ModelRunner:
         self.engine_seed = engine_seed
         self.is_cuda = device.type == "cuda"
         self.graphs: CudaGraphDecode | None = None
+        self.piecewise: CudaGraphPiecewise | None = None
         self.last_step_used_graph = False
 
     @property
@@ -114,8 +115,13 @@ class ModelRunner:
             h = self.model(ids, meta.positions, self.kv.kv_caches, self.attn)
             self.model.compute_logits(h[:1]).argmax(-1).tolist()
 
-    def prepare(self, out: SchedulerOutput) -> StepBatch:
-        """Build the step's inputs and page table from the scheduled requests (CPU work)."""
+    def prepare(self, out: SchedulerOutput,
+                into: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepBatch:
+        """Build the step's inputs and page table from the scheduled requests (CPU work).
+
+        ``into``: static device buffers ``(input_ids, positions)`` (int64, ≥ T rows) to copy the
+        step's token ids and positions into; the batch then holds views of their first T rows
+        (the piecewise-graph path). Without it they are fresh device tensors."""
         kv = self.kv
         reqs: list[Request] = []
         qo_lens: list[int] = []
@@ -151,16 +157,23 @@ class ModelRunner:
                 ids[j] = 0  # read on the device from the previous step's tokens
         kv_indptr, kv_indices, last_page_len = kv.page_table(reqs, kv_lens)
         dev = self.device
+        if into is None:
+            input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
+            positions = torch.tensor(pos, dtype=torch.int64).to(dev, non_blocking=True)
+        else:
+            T = len(ids)
+            input_ids = into[0][:T]
+            input_ids.copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
+            positions = into[1][:T]
+            positions.copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
         meta = AttentionMetadata(
             block_size=kv.block_size,
             qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32),
             kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
             kv_lens=kv_lens, qo_lens=qo_lens,
             slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            positions=torch.tensor(pos, dtype=torch.int64).to(dev, non_blocking=True),
-            num_decodes=len(out.decodes),
+            positions=positions, num_decodes=len(out.decodes),
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
         return StepBatch(input_ids, meta, sample_rows, sample_reqs, pending)
 
     def execute(self, out: SchedulerOutput) -> tuple[list[tuple[Request, int]], float]:
@@ -186,6 +199,10 @@ class ModelRunner:
                 and len(out.decodes) <= self.graphs.max_batch_size):
             self.last_step_used_graph = True
             return self.graphs.launch(self, out, prev)
+        if self.piecewise is not None and out.num_tokens <= self.piecewise.max_num_tokens:
+            h = self.piecewise.launch(self, out, prev)
+            self.last_step_used_graph = h.used_graph
+            return h
         self.last_step_used_graph = False
         batch = self.prepare(out)
         h = StepHandle(batch.sample_reqs, used_graph=False)
@@ -195,15 +212,19 @@ class ModelRunner:
             self.gather_pending(batch.input_ids, batch.pending_rows, out.decodes, prev)
         self.mark_inputs_ready(h)
         hidden = self.model(batch.input_ids, batch.meta.positions, self.kv.kv_caches, self.attn)
-        tokens = None
-        if batch.sample_rows:
-            # non_blocking: a blocking host→device copy would wait for the step in flight
-            rows = torch.tensor(batch.sample_rows, dtype=torch.int64).to(self.device,
-                                                                         non_blocking=True)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
-            tokens = sample_tensor(logits, batch.sample_reqs, self.engine_seed)
-        self.finish_launch(h, tokens)
+        self.finish_launch(h, self.sample(batch, hidden))
         return h
+
+    def sample(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits of the rows that sample (``hidden`` [≥ T, hidden_size]) and their tokens:
+        int64 [S] on the device, None when no row samples."""
+        if not batch.sample_rows:
+            return None
+        # non_blocking: a blocking host→device copy would wait for the step in flight
+        rows = torch.tensor(batch.sample_rows, dtype=torch.int64).to(self.device,
+                                                                     non_blocking=True)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        return sample_tensor(logits, batch.sample_reqs, self.engine_seed)
 
     def wait(self, h: StepHandle) -> tuple[list[tuple[Request, int]], float]:
         """Block until ``h``'s step is done. Returns ``([(request, sampled token)], gpu ms)``."""
@@ -268,7 +289,8 @@ class CudaGraphDecode:
 
     def __init__(self, runner: ModelRunner, max_model_len: int,
                  sizes: tuple[int, ...] = GRAPH_BATCH_SIZES,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 pool: Any = None) -> None:
         self.sizes = tuple(sorted(sizes))
         self.max_batch_size = self.sizes[-1]
         dev = runner.device
@@ -281,11 +303,12 @@ class CudaGraphDecode:
         self.max_pages_per_req = -(-max_model_len // bs)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.block_tables = BlockTableCache()  # numpy block tables for build_decode_inputs
-        self._capture(runner, progress)
+        # ``pool``: the memory pool shared with the piecewise graphs (one pool for all graphs;
+        # their replays never overlap: one stream)
+        self._capture(runner, progress, torch.cuda.graph_pool_handle() if pool is None else pool)
 
     @torch.inference_mode()
-    def _capture(self, runner: ModelRunner, progress) -> None:
-        pool = torch.cuda.graph_pool_handle()
+    def _capture(self, runner: ModelRunner, progress, pool) -> None:
         attn, model, kv = runner.attn, runner.model, runner.kv
         total = len(self.sizes)
         for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
@@ -346,4 +369,144 @@ class CudaGraphDecode:
         g.replay()
         logits = runner.model.compute_logits(hidden[:B])
         runner.finish_launch(h, sample_tensor(logits, reqs, runner.engine_seed))
+        return h
+
+
+#: Padded token counts of the piecewise graphs (steps with prefill tokens). A bf16 GEMM of M
+#: rows does M FLOP per weight byte; an H200 gives ~990 dense TFLOP/s for 4.8 TB/s (~200 FLOP a
+#: byte), so below M ≈ 200 a step's GEMMs are bound by reading the weights and padding rows cost
+#: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 (≤ 20 %
+#: padding). The cap, 512 as vLLM's default, is where the H200 profile of 2026-12-02 sees eager
+#: steps stop being launch-bound (docs/engine-graphs.md).
+PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
+
+
+class CudaGraphPiecewise:
+    """Steps of up to ``max_num_tokens`` tokens (prefill chunks, decode rows, both) run as vLLM
+    V1's piecewise CUDA graphs: the forward split at attention (``model.piece``), each piece
+    captured once per padded token count, attention run eagerly between the replays.
+
+    A step of T tokens uses the pieces captured for the smallest size n ≥ T. All pieces read and
+    write static buffers of ``max_num_tokens`` rows (token ids, positions, q/k/v, the residual
+    stream, the attention output, the final hidden states), so the graphs of every size share
+    them. Attention (FlashInfer's per-step plan in ``begin_step``, the K/V append and the
+    kernels) runs on the first T rows only, so the n − T padding rows never reach the KV cache
+    and, every other op being row-wise, never reach a real row; they are never sampled. Logits
+    and sampling run eagerly on the sampling rows, as in ``CudaGraphDecode``.
+
+    ``capture=False`` runs the pieces eagerly on the same buffers (the CPU path, used by the
+    tests as the reference for the plumbing the graphs replay). Raises ValueError for an empty
+    or non-positive ``sizes``.
+    """
+
+    def __init__(self, runner: ModelRunner, sizes: tuple[int, ...] = PIECEWISE_CAPTURE_SIZES,
+                 capture: bool = True, progress: Callable[[str, int, int], None] | None = None,
+                 pool: Any = None) -> None:
+        sizes = tuple(sorted(set(int(n) for n in sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"piecewise capture sizes must be token counts ≥ 1, got {sizes!r}")
+        self.sizes = sizes
+        self.max_num_tokens = sizes[-1]
+        model = runner.model
+        cfg = model.config
+        dev = runner.device
+        dt = next(model.parameters()).dtype
+        N = self.max_num_tokens
+        self.num_pieces = model.num_pieces
+        self.hq, self.d = cfg.num_attention_heads, cfg.head_dim
+        # zeros: the padding rows read whatever a buffer holds, so it must be finite
+        self.input_ids = torch.zeros(N, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(N, dtype=torch.int64, device=dev)
+        self.q = torch.zeros(N, cfg.num_attention_heads, cfg.head_dim, dtype=dt, device=dev)
+        self.k = torch.zeros(N, cfg.num_key_value_heads, cfg.head_dim, dtype=dt, device=dev)
+        self.v = torch.zeros_like(self.k)
+        self.residual = torch.zeros(N, cfg.hidden_size, dtype=dt, device=dev)
+        self.attn_out = torch.zeros(N, cfg.q_size, dtype=dt, device=dev)
+        self.hidden = torch.zeros(N, cfg.hidden_size, dtype=dt, device=dev)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.graphed = bool(capture)
+        if capture:
+            self._capture(runner, progress, torch.cuda.graph_pool_handle() if pool is None
+                          else pool)
+
+    def padded_size(self, num_tokens: int) -> int:
+        """The captured size a step of ``num_tokens`` tokens runs at: the smallest n ≥ it.
+        Raises ValueError above ``max_num_tokens`` (such a step runs eagerly)."""
+        for n in self.sizes:
+            if n >= num_tokens:
+                return n
+        raise ValueError(f"a step of {num_tokens} tokens exceeds the largest piecewise size "
+                         f"{self.max_num_tokens}")
+
+    def run_piece(self, model: torch.nn.Module, j: int, n: int) -> None:
+        """Piece ``j`` eagerly on the first ``n`` rows of the static buffers, its outputs copied
+        into them (what a capture records)."""
+        outs = model.piece(j, self.input_ids[:n], self.positions[:n], self.attn_out[:n],
+                           self.residual[:n])
+        dsts = ((self.hidden[:n],) if j == self.num_pieces - 1 else
+                (self.q[:n], self.k[:n], self.v[:n], self.residual[:n]))
+        for src, dst in zip(outs, dsts):
+            # FlashInfer's fused norm updates the residual buffer in place: nothing to copy
+            if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+                dst.copy_(src)
+
+    @torch.inference_mode()
+    def _capture(self, runner: ModelRunner, progress, pool) -> None:
+        model = runner.model
+        total = len(self.sizes)
+        stage = (f"capture piecewise CUDA graphs ({self.num_pieces} pieces × "
+                 f"{','.join(map(str, self.sizes))} tokens)")
+        for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS, lazy tables)
+                for j in range(self.num_pieces):
+                    self.run_piece(model, j, n)
+            torch.cuda.current_stream().wait_stream(stream)
+            gs = []
+            for j in range(self.num_pieces):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self.run_piece(model, j, n)
+                gs.append(g)
+            self.graphs[n] = gs
+            if progress:
+                progress(stage, i + 1, total)
+        torch.cuda.synchronize()
+
+    def forward(self, model: torch.nn.Module, attn: AttentionBackend,
+                kv_caches: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+        """The forward of a step whose ``num_tokens`` token ids and positions are in the static
+        buffers and whose attention ``begin_step`` has run: pieces (replayed, or eager without
+        graphs) with attention between them. Returns a view of the final hidden states
+        [num_tokens, hidden_size] in the static buffer (valid until the next step's pieces)."""
+        T = num_tokens
+        n = self.padded_size(T)
+        gs = self.graphs.get(n) if self.graphed else None
+        q, k, v = self.q[:T], self.k[:T], self.v[:T]
+        o = self.attn_out[:T].view(T, self.hq, self.d)
+        for j in range(self.num_pieces):
+            if j:
+                attn.forward(j - 1, q, k, v, kv_caches[j - 1], out=o)
+            if gs is not None:
+                gs[j].replay()
+            else:
+                self.run_piece(model, j, n)
+        return self.hidden[:T]
+
+    @torch.inference_mode()
+    def launch(self, runner: ModelRunner, out: SchedulerOutput,
+               prev: StepHandle | None = None) -> StepHandle:
+        """Enqueue a step of ≤ ``max_num_tokens`` tokens through the pieces (see
+        ``ModelRunner.launch``; a pending decode input is gathered into the static buffer)."""
+        batch = runner.prepare(out, into=(self.input_ids, self.positions))
+        h = StepHandle(batch.sample_reqs, used_graph=self.graphed)
+        runner.start_timing(h)
+        runner.attn.begin_step(batch.meta)  # FlashInfer's plan: host work, outside every graph
+        if batch.pending_rows:
+            runner.gather_pending(self.input_ids, batch.pending_rows, out.decodes, prev)
+        runner.mark_inputs_ready(h)
+        hidden = self.forward(runner.model, runner.attn, runner.kv.kv_caches,
+                              batch.meta.num_tokens)
+        runner.finish_launch(h, runner.sample(batch, hidden))
         return h
