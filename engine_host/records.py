@@ -36,6 +36,10 @@ class StepRecord:
     "steering": chosen by the model; "" = off). ``fit_error``: the model's tracked mean
     relative a-priori error |wall - predicted| / wall when the step was scheduled (fraction;
     -1: not tracked yet) — the number its status lines and fallback rule use.
+    ``cuda_graph``: the step's forward ran from CUDA graphs — for a decode-only step the full
+    decode graph (vLLM's FULL), for a step with prefill tokens the piecewise graphs with
+    attention eager between them (vLLM's PIECEWISE; docs/engine-graphs.md); ``kind`` tells
+    which. False: eager (``--enforce-eager``, the CPU, a step above the largest capture size).
     """
 
     step: int
