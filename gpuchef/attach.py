@@ -215,13 +215,17 @@ class AttachedServer:
 
 
 class NoLoad:
-    """``LoadControl`` when gpuchef sends no load: the server's own clients drive it."""
+    """``LoadControl`` when gpuchef sends no load at start: the server's own clients drive it
+    (``name``: what the header says instead, e.g. that the load is kept for the A/B)."""
 
     REASON = ("the load is not gpuchef's: give --dataset or --request-rate to send one "
               "(restart top)")
 
+    def __init__(self, name: str = "none from gpuchef (the server's own clients)") -> None:
+        self.name = name
+
     def state(self) -> LoadState:
-        return LoadState("none", "none from gpuchef (the server's own clients)", 0.0)
+        return LoadState("none", self.name, 0.0)
 
     def set_rate(self, value: Any) -> float:
         raise ConfigError(self.REASON)
@@ -329,18 +333,129 @@ class HttpLoadControl:
 
 
 class NoAB:
-    """``ABControl`` of an attached session: A/B needs the scheduler in gpuchef's hands."""
+    """``ABControl`` of an attached session that cannot A/B: ``reason`` says why (one server,
+    or no load of gpuchef's to send)."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason or ("an A/B of attached servers needs two --attach URLs and "
+                                 "gpuchef's load (--dataset or --request-rate)")
 
     def state(self) -> ABState:
         return ABState()
 
     def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
               rounds: int | None = None) -> ABState:
-        raise ConfigError("live A/B alternates the knobs of an engine gpuchef hosts; on an "
-                          "attached server use `gpuchef ab` against two servers")
+        raise ConfigError(self.reason)
 
     def stop(self) -> None:
         pass
+
+
+class AttachAB:
+    """``ABControl`` of two attached servers: the first two ``--attach`` URLs as A and B, sent
+    the same load on the same arrivals — ``gpuchef ab --a url=U1 --b url=U2``'s runs
+    (``client.ab_http.run_ab``: ``ab_load`` "mirrored", every request to both at once, or
+    "sequential", the whole load to one then the other), ``repetitions`` of it, on a thread of
+    its own. The marks and the client's requests go to the session's timeline and trace as they
+    happen, so the A/B screen's windows, pooled figures and verdict are ``probes.ab.analyse`` of
+    them (as the command's and the report's). ``loads``: each side's
+    ``client.bench_http.PreparedLoad`` (``ab_http.prepare_loads``). ``busy()``: "" or why an A/B
+    cannot start now (gpuchef's own load still being sent)."""
+
+    def __init__(self, urls: Sequence[str], loads: dict[str, Any], ab_load: str,
+                 repetitions: int, on_event: Callable[[Any], None],
+                 on_record: Callable[[Any], None], busy: Callable[[], str] = lambda: "") -> None:
+        from .client.ab_http import Arm
+
+        self.arms = {k: Arm(k, u, "") for k, u in zip(("A", "B"), urls)}
+        self.loads = loads
+        self.ab_load = ab_load
+        self.repetitions = int(repetitions)
+        self._on_event, self._on_record, self._busy = on_event, on_record, busy
+        self._state = ABState(load=ab_load, servers={k: a.url for k, a in self.arms.items()},
+                              rounds=self.repetitions)
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: the runs of the last A/B (``ab_http.HttpRun``: each side's ClientResults)
+        self.runs: list[Any] = []
+
+    def state(self) -> ABState:
+        return self._state
+
+    def _set(self, **kw: Any) -> None:
+        from dataclasses import replace
+
+        self._state = replace(self._state, **kw)
+
+    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
+              rounds: int | None = None) -> ABState:
+        """Start a run; ConfigError (nothing sent) when one is going, when ``a``/``b`` name
+        knobs (the servers are compared as they are) or when gpuchef's load is being sent."""
+        if self._state.active:
+            raise ConfigError("an A/B run is going: x stops it")
+        if a or b:
+            raise ConfigError(f"an A/B of two attached servers compares them as they are: "
+                              f"{describe_ab(a, b)} cannot be set here (to set knobs per server "
+                              "use gpuchef ab --a url=URL1,KNOB=VALUE --b url=URL2,...)")
+        why = self._busy()
+        if why:
+            raise ConfigError(why)
+        reps = int(rounds) if rounds else self.repetitions
+        self._cancel = threading.Event()
+        self.runs = []
+        self._set(active=True, run=self._state.run + 1, rounds=reps, current="", index=0,
+                  window_t0_ns=0, status="",
+                  settings={k: {} for k in self.arms})
+        self._thread = threading.Thread(target=self._run, args=(self._state.run, reps),
+                                        name="gpuchef-attach-ab", daemon=True)
+        self._thread.start()
+        return self._state
+
+    def _run(self, run_id: int, reps: int) -> None:
+        from .client.ab_http import end_mark, run_ab
+        from .client.http_load import error_lines
+        from .probes.ab import parse_mark
+
+        def on_event(ev: Any) -> None:
+            m = parse_mark(ev.name)
+            if m is not None and m.n is not None:
+                self._set(current=m.label, index=m.n, window_t0_ns=ev.t_ns)
+            self._on_event(ev)
+
+        def on_result(label: str, rep: int, rec: Any) -> None:
+            self._on_record(rec)
+
+        status = ""
+        try:
+            runs = run_ab(self.ab_load, self.arms, self.loads, reps, run_id=run_id,
+                          on_event=on_event, on_result=on_result, cancel=self._cancel)
+        except Exception as e:  # never a traceback in the dashboard: one line
+            runs, status = [], f"the A/B stopped: {type(e).__name__}: {e}"
+        self.runs = runs
+        self._on_event(end_mark(runs, run_id, time.monotonic_ns()))
+        if self._cancel.is_set():
+            status = status or f"stopped after {len(runs)} of {2 * reps} runs"
+        for k, arm in self.arms.items():
+            res = [x for r in runs if r.label == k for x in r.run.results]
+            if res and not any(x.success for x in res):
+                status = f"no request to {arm.url} ({k}) succeeded: " + "; ".join(error_lines(res))
+                break
+            bad = error_lines([x for x in res if not x.success]) if res else []
+            if bad and not status:
+                status = f"{k} ({arm.url}): " + "; ".join(bad)
+        self._set(active=False, current="", status=status)
+
+    def stop(self) -> None:
+        """Cancel the run (the requests in flight are dropped; those finished are kept) and
+        wait for its thread."""
+        self._cancel.set()
+        t = self._thread
+        if t is not None:
+            t.join(10.0)
+
+
+def describe_ab(a: dict[str, Any], b: dict[str, Any]) -> str:
+    return " vs ".join(", ".join(f"{k}={v}" for k, v in d.items()) or "as is" for d in (a, b))
 
 
 class AttachSession:
@@ -350,7 +465,11 @@ class AttachSession:
     ``gpus``/``sample_hz``: local GPUs to sample (None: none; ``nvml``: a stand-in module for
     tests). ``load``: a ``client.bench_http.PreparedLoad`` to send to the first server, or None.
     ``trace_path``: write the trace from the start. ``fetch``: replaces the scrapers' HTTP GET
-    (tests). Raises ConfigError for a bad URL or rate.
+    (tests). ``ab_loads``: each side's PreparedLoad for an A/B of the first two servers
+    (``client.ab_http.prepare_loads``; None: no A/B, ``a`` says why), ``ab_load`` "mirrored" or
+    "sequential", ``ab_repetitions`` its repetitions; ``load_for_ab``: ``load`` is not sent at
+    start, only by the A/B; ``ab_why``: why there is no A/B (the second server did not answer
+    when the load was prepared). Raises ConfigError for a bad URL or rate.
     """
 
     def __init__(self, urls: Sequence[str], *, scrape_hz: float = 4.0,
@@ -359,7 +478,10 @@ class AttachSession:
                  slos: dict[str, float] | None = None,
                  percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
                  stats_window_s: float = 30.0, note: str = "",
-                 fetch: Callable[[str, float], str] | None = None) -> None:
+                 fetch: Callable[[str, float], str] | None = None,
+                 ab_loads: dict[str, Any] | None = None, ab_load: str = "mirrored",
+                 ab_repetitions: int = 2, load_for_ab: bool = False,
+                 ab_why: str = "") -> None:
         if not urls:
             raise ConfigError("--attach needs a URL (the server's base URL, e.g. "
                               "http://127.0.0.1:8000)")
@@ -383,8 +505,24 @@ class AttachSession:
         if dup:
             raise ConfigError(f"--attach {dup[0]} is given twice: each server once")
         self.scrape_hz = self.servers[0].hz
-        self.load = HttpLoadControl(load, self._add_request) if load is not None else NoLoad()
-        self.ab = NoAB()
+        if load is not None and load_for_ab and ab_loads is not None:
+            self.load: Any = NoLoad(f"{load.desc}: kept for the A/B ({ab_load}; a starts it)")
+        elif load is not None:
+            self.load = HttpLoadControl(load, self._add_request)
+        else:
+            self.load = NoLoad()
+        if ab_loads is not None and len(self.servers) >= 2:
+            self.ab: Any = AttachAB([s.url for s in self.servers[:2]], ab_loads, ab_load,
+                                    ab_repetitions, self._event, self._add_request,
+                                    busy=self._ab_busy)
+        elif ab_why:
+            self.ab = NoAB(ab_why)
+        elif len(self.servers) < 2:
+            self.ab = NoAB("an A/B of attached servers compares two: give --attach twice "
+                           "(the first two are A and B)")
+        else:
+            self.ab = NoAB("an A/B of the attached servers sends them gpuchef's load: give "
+                           "--dataset or --request-rate (restart top)")
         model = load.cfg.model if load is not None else ""
         self.info = SessionInfo(
             model=model or "(server's model)", random_weights=False,
@@ -398,11 +536,26 @@ class AttachSession:
             self._meta_extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
                                         "model": load.cfg.model,
                                         "num_requests": len(load.specs)}
+        if isinstance(self.ab, AttachAB):  # as `gpuchef ab --a url=U1 --b url=U2` writes it
+            self._meta_extra["ab"] = {
+                "interleave": False, "load": ab_load, "repetitions": ab_repetitions,
+                "settings": {k: {"spec": "", "url": a.url,
+                                 "describe": f"{a.url}: the server's own settings"}
+                             for k, a in self.ab.arms.items()}}
         if trace_path:
             self._recorder = TraceRecorder(trace_path, meta=self._meta())
         self._closed = False
         self._started = False
         self.closers: list[Callable[[], None]] = []
+
+    def _ab_busy(self) -> str:
+        ld = self.load
+        if isinstance(ld, HttpLoadControl) and not ld.done:
+            return (f"gpuchef's load is still being sent to {self.servers[0].url} "
+                    f"({ld.finished} of {len(ld.p.specs)} finished): the A/B sends the same "
+                    "load to both servers once it ends (restart top with --ab-load "
+                    "mirrored|sequential to keep the load for the A/B)")
+        return ""
 
     def _meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -462,6 +615,8 @@ class AttachSession:
             self._closed = True
         for f in self.closers:
             f()
+        if isinstance(self.ab, AttachAB):
+            self.ab.stop()
         if isinstance(self.load, HttpLoadControl):
             self.load.stop()
         for s in self.servers:
@@ -514,6 +669,9 @@ class AttachSession:
                 out.append(self.load.failure_line)
             if self.load.error:
                 out.append(self.load.error)
+        ab = self.ab.state()
+        if ab.status:
+            out.append(f"A/B #{ab.run}: {ab.status}")
         return out
 
     # -- commands --------------------------------------------------------------------------------
@@ -565,4 +723,5 @@ class AttachSession:
                 "in memory; recording goes on there")
 
 
-__all__ = ["AttachSession", "AttachedServer", "HttpLoadControl", "NoAB", "NoLoad", "base_of"]
+__all__ = ["AttachAB", "AttachSession", "AttachedServer", "HttpLoadControl", "NoAB", "NoLoad",
+           "base_of"]

@@ -97,6 +97,15 @@ def parse_window(text: str) -> float:
                    "(the flags of `bench --base-url`). docs/attach.md.")
 @click.option("--scrape-hz", default=4.0, show_default=True, type=float,
               help="With --attach: scrapes of /metrics per second (0.1–50).")
+@click.option("--ab-load", type=click.Choice(["mirrored", "sequential"]), default=None,
+              help="With two --attach and a load: `a` runs an A/B of the first two servers on "
+                   "the same arrivals, as `gpuchef ab --a url=U1 --b url=U2` — mirrored "
+                   "(default: every request to both at once) or sequential (the whole load to "
+                   "one, then the other). Given, the load is kept for the A/B (not sent at "
+                   "start).")
+@click.option("--ab-repetitions", default=2, show_default=True, type=int,
+              help="With --attach: repetitions of each side in the A/B (1–100; the verdict "
+                   "needs 2).")
 @http_client_options
 @click.pass_context
 def top(ctx: click.Context, **o) -> None:
@@ -142,7 +151,8 @@ ATTACH_REFUSES = ("engine", "tensor_parallel_size", "model", "device", "dtype",
                   "max_request_body_mb", "trace_prompts", "ab_window")
 #: the options only --attach gives a meaning to
 ATTACH_ONLY = ("scrape_hz", "endpoint", "max_concurrency", "ramp_up_strategy",
-               "ramp_up_start_rps", "ramp_up_end_rps", "vocab_size", "request_timeout")
+               "ramp_up_start_rps", "ramp_up_end_rps", "vocab_size", "request_timeout",
+               "ab_load", "ab_repetitions")
 
 
 def _flag(ctx: click.Context, name: str) -> str:
@@ -277,6 +287,7 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
 
 def _build_attach(ctx: click.Context, o: dict, err: Console):
     """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py)."""
+    from .ab_runs import check_repetitions
     from .attach import AttachSession, base_of
     from .probes.sampler import check_sample_hz
     from .probes.metrics import parse_goodput, parse_percentiles
@@ -314,10 +325,32 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
             raise ConfigError(str(e).replace("--base-url ", "--attach ")) from None
         err.print(f"[dim]{len(load.specs)} requests to {escape(load.cfg.api_url)} "
                   f"({escape(load.desc)})[/dim]")
+    ab_loads, ab_why = None, ""
+    try:
+        reps = check_repetitions(o["ab_repetitions"])
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--repetitions", "--ab-repetitions")) from None
+    if o["ab_load"] and (len(urls) < 2 or load is None):
+        raise ConfigError("--ab-load runs an A/B of two attached servers on gpuchef's load: "
+                          "give --attach twice and --dataset or --request-rate")
+    if len(urls) >= 2 and load is not None:  # `a`: the same load to both (gpuchef ab's)
+        from .client.ab_http import Arm, prepare_loads
+
+        arms = {"A": Arm("A", urls[0], ""), "B": Arm("B", urls[1], "")}
+        try:
+            ab_loads = prepare_loads(o, arms, "")
+            load = ab_loads["A"]
+        except ConfigError as e:  # the second server: the session goes on, `a` says why
+            if o["ab_load"]:
+                raise
+            ab_why = (f"no A/B: {e}".replace("--b url=", "--attach (B) ")
+                      .replace("--a url=", "--attach (A) "))
     session = AttachSession(urls, scrape_hz=o["scrape_hz"], gpus=gpus,
                             sample_hz=o["sample_hz"], load=load, api_key=o.get("api_key"),
                             trace_path=o["trace_path"], slos=slos, percentiles=pcts,
-                            stats_window_s=o["stats_window"])
+                            stats_window_s=o["stats_window"], ab_loads=ab_loads,
+                            ab_load=o["ab_load"] or "mirrored", ab_repetitions=reps,
+                            load_for_ab=bool(o["ab_load"]), ab_why=ab_why)
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"],
                      screenshot_dir=o["screenshot_dir"])
     session.start()

@@ -5,8 +5,12 @@ same records give the same numbers on every surface (tests/probes/test_ab.py ass
 
 **Marks.** Each window (an interleaved window, or one whole run of ``gpuchef ab``'s sequential
 mode) opens with an ``EngineEvent("mark")`` named ``ab:<run>:<A|B>:<n>`` (run id, setting, its
-1-based window number); ``ab:<run>:end`` closes the last one. :func:`mark_name` writes them,
-:func:`parse_mark` reads them; nothing else spells the format.
+1-based window number); ``ab:<run>:end`` closes the last one. ``ab:<run>:AB:<n>`` opens a
+*mirrored* window: repetition *n* of a load sent to two servers at once (``gpuchef ab --a url=U1
+--b url=U2``, the attached dashboard's A/B), which is window *n* of A and of B over the same
+span, each holding only its own server's requests — told apart by the request id's prefix
+``A/`` or ``B/`` (:func:`side_of`). :func:`mark_name` writes them, :func:`parse_mark` reads them;
+nothing else spells the format.
 
 **Windows.** A window runs from its mark to the next mark of the same run (or the end mark).
 It is *counted* when it is complete (closed by a later mark), at least
@@ -60,16 +64,21 @@ MIN_WINDOW_SHARE = 0.5
 MIN_WINDOWS = 4
 MIN_REPETITIONS = 2
 NOT_ENOUGH = "not enough windows yet"
+#: Rows of :func:`metric_specs` about engine steps: a client does not see a server's steps (an
+#: A/B of servers gpuchef does not host leaves them out).
+STEP_ROWS = ("steps_per_s", "mean_tokens_per_step", "num_preemptions", "busy_fraction_pct")
 
-_MARK = re.compile(r"^ab:(\d+):(?:(A|B):(\d+)|(end))$")
+#: the label of a mirrored mark: both settings' window n at once (two servers, one arrival clock)
+MIRRORED = "AB"
+_MARK = re.compile(r"^ab:(\d+):(?:(A|B|AB):(\d+)|(end))$")
 
 
 # ---- marks ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Mark:
-    """A parsed A/B mark: ``run`` id, ``label`` "A", "B" or "end", ``n`` the window number
-    (None for "end")."""
+    """A parsed A/B mark: ``run`` id, ``label`` "A", "B", ``MIRRORED`` ("AB": both at once) or
+    "end", ``n`` the window number (None for "end")."""
 
     run: int
     label: str
@@ -77,13 +86,13 @@ class Mark:
 
 
 def mark_name(run: int, label: str, n: int | None = None) -> str:
-    """``ab:<run>:<A|B>:<n>`` (``label`` "A"/"B", ``n`` >= 1) or ``ab:<run>:end``. Raises
-    ValueError for anything else."""
+    """``ab:<run>:<A|B|AB>:<n>`` (``label`` "A"/"B", or ``MIRRORED`` for both at once; ``n``
+    >= 1) or ``ab:<run>:end``. Raises ValueError for anything else."""
     if label == "end" and n is None:
         return f"ab:{int(run)}:end"
-    if label not in LABELS or n is None or int(n) < 1:
-        raise ValueError(f"A/B mark: label {label!r} with n {n!r}: allowed A or B with n >= 1, "
-                         "or end")
+    if label not in (*LABELS, MIRRORED) or n is None or int(n) < 1:
+        raise ValueError(f"A/B mark: label {label!r} with n {n!r}: allowed A, B or AB with "
+                         "n >= 1, or end")
     return f"ab:{int(run)}:{label}:{int(n)}"
 
 
@@ -97,13 +106,21 @@ def parse_mark(name: Any) -> Mark | None:
     return Mark(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
+def side_of(request_id: Any) -> str | None:
+    """"A" or "B" for a request of a mirrored run (its id ``A/...`` or ``B/...``), else None."""
+    head = str(request_id)[:2]
+    return head[0] if head in ("A/", "B/") else None
+
+
 # ---- windows --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Window:
     """One window of run ``run``: setting ``label`` ("A"/"B"), its number ``n`` (1-based per
     setting), ``[t0_ns, t1_ns)`` (monotonic ns; ``t1_ns`` None while it runs) and ``step0``, the
-    first engine step with the setting in force."""
+    first engine step with the setting in force. ``mirrored``: opened by an ``AB`` mark — its
+    requests are those of ``label``'s server (:func:`side_of`), its steps none (the client sees
+    neither server's)."""
 
     run: int
     label: str
@@ -111,6 +128,7 @@ class Window:
     t0_ns: int
     t1_ns: int | None
     step0: int
+    mirrored: bool = False
 
     @property
     def complete(self) -> bool:
@@ -154,7 +172,10 @@ def windows(events: Sequence[Any], run: int | None = None) -> tuple[int | None, 
             ended = True
             continue
         t1 = mine[k + 1][0] if k + 1 < len(mine) else None
-        out.append(Window(run, m.label, m.n, t, t1, ev.step))
+        if m.label == MIRRORED:
+            out += [Window(run, x, m.n, t, t1, ev.step, mirrored=True) for x in LABELS]
+        else:
+            out.append(Window(run, m.label, m.n, t, t1, ev.step))
     return run, out, ended
 
 
@@ -276,15 +297,20 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
     if not done:
         return []
     med = statistics.median(w.t1_ns - w.t0_ns for w in done)
-    by_arr = sorted(requests, key=lambda r: r.arrival_ns)
-    arr = [r.arrival_ns for r in by_arr]
+    sorted_all = sorted(requests, key=lambda r: r.arrival_ns)
+    lists = {None: sorted_all}  # mirrored windows: each server's own requests
+    if any(w.mirrored for w in done):
+        lists.update({k: [r for r in sorted_all if side_of(r.request_id) == k] for k in LABELS})
+    arrs = {k: [r.arrival_ns for r in v] for k, v in lists.items()}
     st = sorted(steps, key=lambda s: s.t_start_ns)
     st_t = [s.t_start_ns for s in st]
     out = []
     for w in done:
         t0, t1 = w.t0_ns, w.t1_ns
+        side = w.label if w.mirrored else None
+        by_arr, arr = lists[side], arrs[side]
         reqs = by_arr[bisect_left(arr, t0):bisect_left(arr, t1)]
-        stp = st[bisect_left(st_t, t0):bisect_left(st_t, t1)]
+        stp = [] if w.mirrored else st[bisect_left(st_t, t0):bisect_left(st_t, t1)]
         # requests with tokens in the window arrived before its end
         near = [r for r in by_arr[:bisect_left(arr, t1)]
                 if r.token_times_ns and r.token_times_ns[-1] >= t0]

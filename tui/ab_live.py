@@ -5,15 +5,17 @@ B − A rows and the verdict are all ``probes.ab``'s — the same code ``gpuchef
 ``gpuchef report`` run, so a trace of the session gives the report the numbers the screen
 showed. A request enters a window's figures when it has finished (the timeline holds finished
 requests): the newest windows' figures can still change while their requests run. The verdict
-waits for ``probes.ab.MIN_WINDOWS`` pairs of windows ("not enough windows yet").
+waits for ``probes.ab.MIN_WINDOWS`` pairs of windows ("not enough windows yet"); an A/B of two
+attached servers (``ABState.load``) runs whole loads, judged as ``gpuchef ab`` judges them
+(``MIN_REPETITIONS`` pairs, no window-length rule, no step rows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuchef.probes.ab import (LABELS, MIN_WINDOWS, Comparison, DeltaRow, Window, WindowResult,
-                               analyse)
+from gpuchef.probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, STEP_ROWS, Comparison,
+                               DeltaRow, Window, WindowResult, analyse)
 from gpuchef.probes.ab import windows as ab_windows
 from gpuchef.probes.metrics import gpu_means
 from gpuchef.probes.timeline import TimelineSnapshot
@@ -63,10 +65,14 @@ class ABAnalyser:
         self._cache: dict = {}
 
     def analyse(self, snap: TimelineSnapshot, state: ABState) -> ABResult:
+        # two attached servers (state.load): each window a whole load, as `gpuchef ab` judges
+        whole = bool(getattr(state, "load", ""))
+        pairs = MIN_REPETITIONS if whole else MIN_WINDOWS
         run, wins, ended, results, cmp = analyse(
             snap.events, snap.requests, snap.steps, run=state.run or None,
-            percentiles=self.percentiles, goodput=self.slos or None, min_pairs=MIN_WINDOWS,
-            gpu_means=lambda a, b: gpu_means(snap.gpu_samples_between(a, b)), cache=self._cache)
+            percentiles=self.percentiles, goodput=self.slos or None, min_pairs=pairs,
+            gpu_means=lambda a, b: gpu_means(snap.gpu_samples_between(a, b)), cache=self._cache,
+            whole_loads=whole)
         if len(self._cache) > 4096:  # old runs' windows
             self._cache.clear()
         settings = {k: SettingResult(k) for k in LABELS}
@@ -76,4 +82,7 @@ class ABAnalyser:
         if cmp is not None:
             for k in LABELS:
                 settings[k].pooled = cmp.pooled[k]
-        return ABResult(run, wins, ended, settings, cmp.rows if cmp else [], cmp)
+        rows = cmp.rows if cmp else []
+        if whole:  # the client sees no server's steps (gpuchef ab over HTTP drops them too)
+            rows = [r for r in rows if r.key not in STEP_ROWS]
+        return ABResult(run, wins, ended, settings, rows, cmp, pairs)

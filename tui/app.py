@@ -18,6 +18,7 @@ from typing import Any
 
 from textual import work
 from textual.app import App
+from textual.css.query import NoMatches
 from textual.message import Message
 
 from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, parse_value
@@ -83,7 +84,11 @@ class GpuchefApp(App):
         c0 = time.thread_time()
         scr = self.screen
         if getattr(scr, "ready", False):  # set once the screen has mounted its widgets
-            scr.tick()
+            try:
+                scr.tick()
+            except NoMatches:  # a tick racing the screen's teardown at exit: nothing to draw
+                if scr.children:
+                    raise
         c1 = time.thread_time()
         self.ticks += 1
         self.tick_cpu_s += c1 - c0
@@ -270,6 +275,9 @@ class GpuchefApp(App):
         st = self.session.ab.state()
         if st.active or st.run:
             self.show_ab()
+            return
+        if not self.session.info.per_step_records:  # attached: two servers as they are
+            self.start_ab({}, {})
             return
         cur = self.session.scheduler_config.mode
         other = "continuous" if cur == "chunked" else "chunked"

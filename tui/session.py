@@ -150,7 +150,11 @@ class ABState:
     changes; what is not named stays as it was). ``window_s``: length of one window (s).
     ``rounds``: windows per setting to run (None = until stopped). ``current``: "A"/"B"/"" and
     ``index`` its 1-based window number; ``window_t0_ns``: when the current window began.
-    ``run``: increments with every A/B started (marks carry it)."""
+    ``run``: increments with every A/B started (marks carry it). ``load``: "" for the hosted
+    engine's interleaved windows; "mirrored" or "sequential" for two attached servers, whose
+    windows are whole loads (``rounds`` repetitions, ``index`` the one running; ``current``
+    "AB" while a mirrored repetition runs on both); ``servers``: label → URL; ``status``: ""
+    or one line on how the last run ended (a server not answering, stopped)."""
 
     active: bool = False
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -161,6 +165,9 @@ class ABState:
     window_t0_ns: int = 0
     run: int = 0
     settle_s: float = 0.0
+    load: str = ""
+    servers: dict[str, str] = field(default_factory=dict)
+    status: str = ""
 
 
 class LoadControl(Protocol):

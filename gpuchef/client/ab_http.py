@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig
+from ..probes.ab import STEP_ROWS
 
 AB_LOADS = ("mirrored", "sequential")
 #: Shared clock start of a mirrored run: this long after both sessions are opened (s), so that
 #: both warm-ups are done before arrival 0.
 MIRROR_START_S = 0.25
-#: Rows of ``probes.ab.metric_specs`` about engine steps: the client does not see a server's steps.
-STEP_ROWS = ("steps_per_s", "mean_tokens_per_step", "num_preemptions", "busy_fraction_pct")
 #: Hosted-only `ab` options: refused over HTTP, with the reason.
 HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings between steps; "
                              "over HTTP each run is a whole load (drop --interleave)",
@@ -183,8 +182,8 @@ def apply(arm: Arm) -> None:
 @dataclass
 class HttpRun:
     """One whole load sent to one side: ``label``, ``rep``, ``run`` (``http_load.HttpLoadRun``),
-    ``records`` (its RequestRecords), ``t0_ns`` its window start (arrival 0, or an earlier
-    POST)."""
+    ``records`` (its RequestRecords), ``t0_ns`` its window start (its mark: arrival 0's clock,
+    or an earlier POST)."""
 
     label: str
     rep: int
@@ -193,105 +192,167 @@ class HttpRun:
     t0_ns: int = 0
 
 
-def _as_run(label: str, rep: int, run: Any, prefix: str = "") -> HttpRun:
+def records_of(results: list, prefix: str = "") -> list:
+    """ClientResults as RequestRecords (``http_load.to_request_records``); ``prefix`` ("A/",
+    "B/") on each id — a mirrored run's trace holds both servers' copies of each request, told
+    apart by it (``probes.ab.side_of``)."""
     from dataclasses import replace
 
     from .http_load import to_request_records
 
-    recs = to_request_records(run.results)
-    if prefix:  # mirrored: one trace holds both servers' copies of each request
+    recs = to_request_records(results)
+    if prefix:
         recs = [replace(r, request_id=f"{prefix}{r.request_id}") for r in recs]
-    t0 = min([run.t0_ns, *(r.arrival_ns for r in recs)])
-    return HttpRun(label, rep, run, recs, t0)
+    return recs
 
 
-def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None
+def _as_run(label: str, rep: int, run: Any, t0_ns: int, prefix: str = "") -> HttpRun:
+    return HttpRun(label, rep, run, records_of(run.results, prefix), t0_ns)
+
+
+def _mark(run_id: int, label: str, rep: int | None, t_ns: int) -> Any:
+    from ..engine_host.records import EngineEvent
+    from ..probes.ab import mark_name
+
+    return EngineEvent("mark", 0, t_ns, mark_name(run_id, label, rep))
+
+
+def _run_async(make, cancel) -> Any:
+    """``make()``'s coroutine on a fresh event loop, the objects made so far frozen out of the
+    garbage collector's way (as ``http_load.run_http_load``); None when ``cancel`` (a
+    threading.Event) is set meanwhile — the requests in flight are cancelled."""
+    async def main():
+        task = asyncio.ensure_future(make())
+        while cancel is not None and not task.done():
+            if cancel.is_set():
+                task.cancel()
+                break
+            await asyncio.wait({task}, timeout=0.1)
+        return await task
+
+    gc.collect()
+    gc.freeze()
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        return None
+    finally:
+        gc.unfreeze()
+
+
+def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None, *,
+                   run_id: int = 1, on_event=None, on_result=None, cancel=None
                    ) -> list[HttpRun]:
-    """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first."""
+    """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first.
+    ``on_event(EngineEvent)``: each run's ``ab:<run_id>:<A|B>:<n>`` mark as the run starts (at
+    arrival 0's clock); ``on_result(label, rep, RequestRecord)`` for each request as it
+    finishes; ``on_run(i, total, HttpRun)`` after each run. ``cancel`` (threading.Event): stop
+    at once; the runs finished before are returned."""
     from ..ab_runs import run_orders
-    from .http_load import run_http_load
+    from .http_load import run_http_load_async
 
     out = []
     for rep, order in enumerate(run_orders(reps), start=1):
         for label in order:
+            if cancel is not None and cancel.is_set():
+                return out
             apply(arms[label])
             pl = loads[label]
-            r = _as_run(label, rep, run_http_load(pl.specs, pl.cfg, pl.body, ramp=pl.ramp))
+            t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
+            if on_event is not None:
+                on_event(_mark(run_id, label, rep, t0))
+            cb = None if on_result is None else \
+                (lambda r, k=label, n=rep: on_result(k, n, records_of([r])[0]))
+            run = _run_async(lambda: run_http_load_async(pl.specs, pl.cfg, pl.body, ramp=pl.ramp,
+                                                         t0_ns=t0, on_result=cb), cancel)
+            if run is None:
+                return out
+            r = _as_run(label, rep, run, t0)
             out.append(r)
             if on_run is not None:
                 on_run(len(out), 2 * reps, r)
     return out
 
 
-def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None
+def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None, *,
+                 run_id: int = 1, on_event=None, on_result=None, cancel=None
                  ) -> list[HttpRun]:
     """Per repetition, the load sent to both servers on one clock: request *i* to A and to B at
-    the same ``t0 + arrival_s``."""
+    the same ``t0 + arrival_s``; request ids ``A/…`` and ``B/…``. ``on_event``: each
+    repetition's ``ab:<run_id>:AB:<n>`` mark (``probes.ab.MIRRORED``) at its t0; the rest as
+    :func:`run_sequential`."""
+    from ..probes.ab import MIRRORED
     from .http_load import run_http_load_async
 
     out = []
     for rep in range(1, reps + 1):
+        if cancel is not None and cancel.is_set():
+            return out
         for label in ("A", "B"):
             apply(arms[label])
+        t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
+        if on_event is not None:
+            on_event(_mark(run_id, MIRRORED, rep, t0))
 
-        async def both():
-            t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
+        def cb(k: str, n: int):
+            if on_result is None:
+                return None
+            return lambda r: on_result(k, n, records_of([r], f"{k}/")[0])
+
+        async def both(t0=t0, rep=rep):
             return await asyncio.gather(*(run_http_load_async(
-                loads[k].specs, loads[k].cfg, loads[k].body, ramp=loads[k].ramp, t0_ns=t0)
-                for k in ("A", "B")))
+                loads[k].specs, loads[k].cfg, loads[k].body, ramp=loads[k].ramp, t0_ns=t0,
+                on_result=cb(k, rep)) for k in ("A", "B")))
 
-        gc.collect()
-        gc.freeze()
-        try:
-            ra, rb = asyncio.run(both())
-        finally:
-            gc.unfreeze()
-        for label, run in (("A", ra), ("B", rb)):
-            out.append(_as_run(label, rep, run, prefix=f"{label}/"))
+        got = _run_async(both, cancel)
+        if got is None:
+            return out
+        for label, run in zip(("A", "B"), got):
+            out.append(_as_run(label, rep, run, t0, prefix=f"{label}/"))
             if on_run is not None:
                 on_run(len(out), 2 * reps, out[-1])
     return out
 
 
-def marks(runs: list[HttpRun]) -> list[Any]:
-    """The ``ab:1:<A|B>:<n>`` mark of each sequential run at its window start and
-    ``ab:1:end`` after the last (``probes.ab.mark_name``)."""
-    from ..engine_host.records import EngineEvent
-    from ..probes.ab import mark_name
+def run_ab(load: str, arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None,
+           **kw: Any) -> list[HttpRun]:
+    """:func:`run_mirrored` or :func:`run_sequential` by ``load`` ("mirrored"/"sequential")."""
+    return (run_mirrored if load == "mirrored" else run_sequential)(arms, loads, reps, on_run,
+                                                                   **kw)
 
-    ev = [EngineEvent("mark", 0, r.t0_ns, mark_name(1, r.label, r.rep)) for r in runs]
+
+def end_mark(runs: list[HttpRun], run_id: int = 1, now_ns: int | None = None) -> Any:
+    """The ``ab:<run_id>:end`` mark just after the last activity of ``runs`` (its last token,
+    or the end of its last run), or at ``now_ns`` when later (a run stopped early)."""
     end = max((t for r in runs for q in r.records for t in q.token_times_ns[-1:]),
-              default=max(r.t0_ns for r in runs))
-    end = max(end, max(r.run.t0_ns + int(r.run.duration_s * 1e9) for r in runs)) + 1
-    ev.append(EngineEvent("mark", 0, end, mark_name(1, "end")))
-    return ev
+              default=max((r.t0_ns for r in runs), default=0))
+    end = max([end, *(r.run.t0_ns + int(r.run.duration_s * 1e9) for r in runs)]) + 1
+    return _mark(run_id, "end", None, max(end, now_ns or 0))
+
+
+def marks(runs: list[HttpRun], load: str, run_id: int = 1) -> list[Any]:
+    """The marks of ``runs`` as :func:`run_ab` sent them (each run's, or each repetition's
+    ``AB`` mark when mirrored, at its window start) and :func:`end_mark` after the last."""
+    from ..probes.ab import MIRRORED
+
+    if load == "mirrored":
+        ev = [_mark(run_id, MIRRORED, r.rep, r.t0_ns) for r in runs if r.label == "A"]
+    else:
+        ev = [_mark(run_id, r.label, r.rep, r.t0_ns) for r in runs]
+    return ev + [end_mark(runs, run_id)]
 
 
 def comparison(runs: list[HttpRun], load: str, pcts, goodput):
-    """(each run's ``probes.ab.WindowResult``, the ``probes.ab.Comparison`` or None, why not).
-    Sequential: ``analyse`` of the marks; mirrored: ``window_results`` per server."""
+    """(each run's ``probes.ab.WindowResult``, the ``probes.ab.Comparison`` or None, why not):
+    ``probes.ab.analyse`` of the runs' marks and records — the records the trace receives, so
+    ``gpuchef report`` of the trace and the attached dashboard's A/B screen give the same
+    table. Whole loads: ``MIN_REPETITIONS`` pairs for the verdict."""
     from ..probes import ab as abdef
 
     reqs = [q for r in runs for q in r.records]
-    if load == "sequential":
-        _, _, _, results, cmp = abdef.analyse(marks(runs), reqs, [], run=1, percentiles=pcts,
-                                              goodput=goodput or None,
-                                              min_pairs=abdef.MIN_REPETITIONS, whole_loads=True)
-    else:
-        results = []
-        for k in abdef.LABELS:
-            mine = [r for r in runs if r.label == k]
-            wins = [abdef.Window(1, k, r.rep, r.t0_ns,
-                                 max(r.run.t0_ns + int(r.run.duration_s * 1e9),
-                                     max((t for q in r.records for t in q.token_times_ns[-1:]),
-                                         default=r.t0_ns)) + 1, 0) for r in mine]
-            results += abdef.window_results(wins, [q for r in mine for q in r.records], [],
-                                            percentiles=pcts, goodput=goodput or None,
-                                            whole_loads=True)
-        try:
-            cmp = abdef.compare(results, pcts, goodput or None, abdef.MIN_REPETITIONS)
-        except ValueError:
-            cmp = None
+    _, _, _, results, cmp = abdef.analyse(marks(runs, load), reqs, [], run=1, percentiles=pcts,
+                                          goodput=goodput or None,
+                                          min_pairs=abdef.MIN_REPETITIONS, whole_loads=True)
     why = ""
     if cmp is None:
         bad = [k for k in abdef.LABELS if not any(r.label == k and r.counted for r in results)]
@@ -326,7 +387,7 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
     }
 
 
-def _prepare(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[str, Any]:
+def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[str, Any]:
     """Each side's ``PreparedLoad`` (``bench_http.prepare_http_load``) on the same requests: A's
     arrivals, lengths and token ids, drawn below both servers' vocabularies and within both
     context lengths; each side its own model name. Raises ConfigError naming the side's flag."""
@@ -385,7 +446,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     pcts = parse_percentiles(o["metric_percentiles"])
     reps = check_repetitions(o["repetitions"])
     model = o["model"] if _given("model") else ""
-    loads = _prepare(o, arms, model)
+    loads = prepare_loads(o, arms, model)
     for k, arm in arms.items():
         knob_state(arm, o.get("api_key"))
     if arms["A"].setting is not None and arms["B"].setting is not None and \
@@ -420,7 +481,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     try:
         for arm in arms.values():  # a value the server refuses: refused before any request
             apply(arm)
-        runs = (run_mirrored if load == "mirrored" else run_sequential)(arms, loads, reps, on_run)
+        runs = run_ab(load, arms, loads, reps, on_run)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/] the A/B was stopped; no results")
         sys.exit(130)
@@ -435,15 +496,14 @@ def ab_http(o: dict[str, Any], err) -> None:
     results, cmp, why = comparison(runs, load, pcts, goodput)
     if o["trace_path"]:
         rec = TraceRecorder(o["trace_path"], meta=trace_meta(arms, loads, load, reps, pcts))
-        if load == "sequential":
-            for ev in marks(runs):
-                rec.record(ev)
+        for ev in marks(runs, load):
+            rec.record(ev)
         for r in runs:
             for q in r.records:
                 rec.record(q)
         rec.close()
         err.print(f"[dim]trace: {escape(o['trace_path'])}"
-                  f"{' (mirrored: request ids A/… and B/…; no A/B windows)' if load == 'mirrored' else ''}"
+                  f"{' (mirrored: request ids A/… and B/…)' if load == 'mirrored' else ''}"
                   "[/dim]")
 
     side: dict[str, Any] = {}

@@ -298,7 +298,10 @@ def ab_results(view: TraceView, percentiles: Sequence[float],
     setting has no counted window), each segment given its window's result. The verdict needs
     ``MIN_REPETITIONS`` pairs for `gpuchef ab`'s sequential runs, else ``MIN_WINDOWS``."""
     meta_ab = view.meta.get("ab") if isinstance(view.meta.get("ab"), dict) else {}
-    sequential = bool(meta_ab) and meta_ab.get("interleave") is False
+    src = view.meta.get("source") if isinstance(view.meta.get("source"), dict) else {}
+    # an attached server's A/B runs are whole loads (gpuchef ab over HTTP, top --attach's A/B)
+    sequential = (bool(meta_ab) and meta_ab.get("interleave") is False) or \
+        src.get("kind") == "attached"
     tr = view.trace
     gs = sorted(tr.gpu_samples, key=lambda g: g.t_ns)
     ts = [g.t_ns for g in gs]
@@ -310,15 +313,18 @@ def ab_results(view: TraceView, percentiles: Sequence[float],
     by_key = {s.ab_key: s for s in view.segments if s.ab_key is not None}
     out: dict[int, abdef.Comparison | None] = {}
     for rid in abdef.runs_in(view.events):
-        _, _, _, results, cmp = abdef.analyse(
+        _, wins, _, results, cmp = abdef.analyse(
             view.events, tr.requests, tr.steps, run=rid, percentiles=percentiles,
             goodput=goodput or None, gpu_means=gpu if gs else None,
             min_pairs=abdef.MIN_REPETITIONS if sequential else abdef.MIN_WINDOWS,
             whole_loads=sequential)
+        mirrored = {(w.label, w.n) for w in wins if w.mirrored}
         for r in results:
             seg = by_key.get((rid, r.label, r.rep))
             if seg is not None:
                 seg.result = r
+                if (r.label, r.rep) in mirrored:  # A's and B's windows share a span: by server
+                    seg.requests, seg.steps = list(r.requests), []
         out[rid] = cmp
     return out
 

@@ -119,10 +119,25 @@ def _gpus_text(meta: dict[str, Any]) -> str:
     return "none recorded"
 
 
+#: The Load row's words for the A/B load of two servers (``meta.ab.load``, gpuchef ab over HTTP)
+AB_LOAD_TEXT = {
+    "mirrored": "mirrored — every request sent to both servers at the same arrival time "
+                "(request ids A/… and B/…)",
+    "sequential": "sequential — the whole load to one side at a time, repetitions alternating"}
+
+
 def _load_text(meta: dict[str, Any]) -> str:
     w = meta.get("workload")
+    ab_load = (meta.get("ab") or {}).get("load") if isinstance(meta.get("ab"), dict) else None
     if not isinstance(w, dict):
-        return "not recorded"
+        ld = meta.get("load")  # a client's load (bench --base-url, top --attach, ab over HTTP)
+        if not isinstance(ld, dict) or not ld.get("desc"):
+            return "not recorded"
+        s = (f"{ld['desc']}; {ld.get('num_requests', '?')} requests to {ld.get('endpoint', '?')}"
+             " (gpuchef's HTTP client)")
+        if ab_load in AB_LOAD_TEXT:
+            s += f"; A/B load {AB_LOAD_TEXT[ab_load]}"
+        return s
     if w.get("dataset") == "random":
         s = (f"random, {w.get('request_rate')} req/s ({w.get('arrival')}, burstiness "
              f"{w.get('burstiness')}), input {w.get('input_len')} / output {w.get('output_len')} "

@@ -125,8 +125,51 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
     for i in range(6):  # sent on one clock: the POSTs of a pair close (2 shared cores: not µs)
         qa, qb = by[f"A/req-{i}"], by[f"B/req-{i}"]
         assert abs(qa.arrival_ns - qb.arrival_ns) < 100e6, (i, qa.arrival_ns - qb.arrival_ns)
-    from gpuchef.report.data import view_trace  # readable by report: one attached stretch
-    assert view_trace(ct).segments
+    # the trace's windows: one AB mark per repetition (both servers' window n at once)
+    _, wins, ended = abdef.windows(ct.events, 1)
+    assert ended and [(w.name, w.mirrored) for w in wins] == [
+        ("A1", True), ("B1", True), ("A2", True), ("B2", True)]
+    report_agrees_with_result_json(tr, d, "mirrored")
+
+
+def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
+    """`gpuchef report` of an `ab` over HTTP trace: groups A and B, each with the command's
+    pooled results (``--result-json``), the B − A of the command's comparison, the load stated;
+    the page's B − A column."""
+    import re
+
+    from gpuchef.report.data import ab_results, build
+    from gpuchef.report.html import render, run_table
+
+    data = build([tr], percentiles=(50.0, 99.0))
+    assert [g.short for g in data.groups] == ["A", "B"]
+    for g in data.groups:
+        res = d["results"][g.short]
+        assert g.label.startswith(f"{g.short}: {d['servers'][g.short]}: ")
+        assert g.metrics.completed == res["completed"] and g.metrics.failed == res["failed"]
+        for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                    "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "request_throughput",
+                    "output_throughput", "total_token_throughput", "duration"):
+            got = {"p99_ttft_ms": dict(g.metrics.percentiles_ttft_ms).get(99.0),
+                   "p99_itl_ms": dict(g.metrics.percentiles_itl_ms).get(99.0),
+                   "duration": g.metrics.duration_s}.get(key, getattr(g.metrics, key, None))
+            assert got == pytest.approx(res[key], rel=1e-9), (g.short, key)
+        # each group holds its own server's requests (ids A/… or B/… when mirrored)
+        assert len(g.requests) == res["completed"] + res["failed"]
+        if load == "mirrored":
+            assert {q.request_id[:2] for q in g.requests} == {f"{g.short}/"}
+    cmp = ab_results(data.views[0], (50.0, 99.0), None)[1]
+    want = {r["key"]: r for r in d["comparison"]["deltas"]}
+    assert [r.key for r in cmp.rows if r.key in want] == list(want)
+    for r in cmp.rows:
+        if r.key in want:
+            assert (r.a, r.b, r.verdict) == (pytest.approx(want[r.key]["a"], nan_ok=True),
+                                             pytest.approx(want[r.key]["b"], nan_ok=True),
+                                             want[r.key]["verdict"]), r.key
+    rows = dict((r[0], r[1]) for r in run_table(data.views)[1])
+    assert f"A/B load {load} — " in rows["Load"] and "requests to /v1/completions" in rows["Load"]
+    page = render(data)
+    assert re.search(r"<th[^>]*>B − A</th>", page)
 
 
 def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
@@ -134,7 +177,8 @@ def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
     rj = tmp_path / "r.json"
     # A's server set to B's budget and B's to A's: the sign flips
     r = ab("--ab-load", "sequential", "--a", f"url={a.url},max_num_batched_tokens=2048",
-           "--b", f"url={b.url},budget=16", *LOAD, "--repetitions", "2", "--result-json", str(rj))
+           "--b", f"url={b.url},budget=16", *LOAD, "--repetitions", "2", "--result-json", str(rj),
+           "--trace", str(tmp_path / "t.jsonl"))
     assert r.exit_code == 0, r.output
     assert "A/B load: sequential" in r.output
     d = json.loads(rj.read_text())
@@ -143,6 +187,7 @@ def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
     assert ttft["verdict"] == verdict_of(ttft) != "B better"
     assert knobs(a.url)["max_num_batched_tokens"] == 16
     assert knobs(b.url)["max_num_batched_tokens"] == 2048
+    report_agrees_with_result_json(tmp_path / "t.jsonl", d, "sequential")
 
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -35,10 +35,41 @@ def test_mark_format_round_trips_and_rejects():
     assert ab.parse_mark("ab:12:end") == ab.Mark(12, "end", None)
     for bad in ("ab:1:C:1", "ab:x:A:1", "ab:1:A", "ab:1:A:1:2", "rate→2×", "ab:1:end:3"):
         assert ab.parse_mark(bad) is None, bad
-    with pytest.raises(ValueError, match="allowed A or B"):
+    with pytest.raises(ValueError, match="allowed A, B or AB"):
         ab.mark_name(1, "C", 1)
     with pytest.raises(ValueError):
         ab.mark_name(1, "A", 0)
+
+
+def test_mirrored_marks_open_a_window_of_each_server_holding_its_own_requests():
+    """``ab:<run>:AB:<n>``: repetition n sent to two servers at once — windows A n and B n over
+    the same span, each with the requests of its side (ids A/…, B/…), no steps."""
+    assert ab.mark_name(1, ab.MIRRORED, 2) == "ab:1:AB:2"
+    assert ab.parse_mark("ab:1:AB:2") == ab.Mark(1, "AB", 2)
+    assert [ab.side_of(x) for x in ("A/req-0", "B/x", "req-0", "AB/1", "")] == \
+        ["A", "B", None, None, None]
+    ev = [mark(0, "ab:1:AB:1"), mark(3, "ab:1:AB:2"), mark(6, "ab:1:end")]
+    _, wins, ended = ab.windows(ev, 1)
+    assert ended and [(w.name, w.t0_ns - T0, w.t1_ns - T0, w.mirrored) for w in wins] == [
+        ("A1", 0, 3 * S, True), ("B1", 0, 3 * S, True), ("A2", 3 * S, 6 * S, True),
+        ("B2", 3 * S, 6 * S, True)]
+    # each server got the same two arrivals; B answers twice as fast as A
+    reqs = [req("A/r0", 0.1, [0.5, 0.9]), req("B/r0", 0.1, [0.3, 0.5]),
+            req("A/r1", 1.0, [1.4, 1.8]), req("B/r1", 1.0, [1.2, 1.4]),
+            req("A/r0", 3.1, [3.5, 3.9]), req("B/r0", 3.1, [3.3, 3.5]),
+            req("A/r1", 4.0, [4.4, 4.8]), req("B/r1", 4.0, [4.2, 4.4])]
+    steps = [step(0, 0.2, 0.1, prefill=10)]  # neither server's: left out of mirrored windows
+    res = {r.name: r for r in ab.window_results(wins, reqs, steps, whole_loads=True)}
+    assert [q.request_id for q in res["A1"].requests] == ["A/r0", "A/r1"]
+    assert [q.request_id for q in res["B2"].requests] == ["B/r0", "B/r1"]
+    assert all(not r.steps for r in res.values())
+    # spans from the shared mark to each side's own last token
+    assert res["A1"].duration_s == pytest.approx(1.8 + 1e-9) and \
+        res["B1"].duration_s == pytest.approx(1.4 + 1e-9)
+    cmp = ab.compare(list(res.values()), min_pairs=ab.MIN_REPETITIONS)
+    row = next(r for r in cmp.rows if r.key == "mean_ttft_ms")
+    assert row.a == pytest.approx(400.0) and row.b == pytest.approx(200.0)
+    assert row.a_runs == pytest.approx([400.0, 400.0]) and row.verdict == "B better"
 
 
 def test_windows_of_one_run_and_which_are_counted():

@@ -16,6 +16,8 @@ from textual.widgets import Footer, Static
 from gpuchef.engine_host.config import setting_short
 
 from .. import theme
+from gpuchef.probes.ab import pool
+
 from ..ab_live import ABResult, ABWindow
 from ..chart import GUTTER_L, GUTTER_R
 from ..plotdata import TimeGrid, build_frame
@@ -52,6 +54,8 @@ class ABScreen(Screen):
     #ab-sides GpuPanel.off { display: none; }
     #ab-sides TimeAxis { height: 3; }
     #ab-table { height: 1; padding: 0 1; background: #11151c; margin-top: 1; }
+    #ab-aheader { height: auto; background: #11151c; }
+    #ab-sides .ab-nums { height: auto; padding: 1 1; }
     """
 
     def __init__(self, **kw) -> None:
@@ -59,14 +63,30 @@ class ABScreen(Screen):
         self.ready = False  # set once the first tick has drawn every panel
         self._last = 0.0
         self._drawn: dict[str, tuple] = {}
+        #: two attached servers: per side the pooled client figures shown (BenchMetrics/None)
+        self.figures: dict = {}
+        self.rows: list = []  # ... and the B − A rows shown
+
+    @property
+    def attached(self) -> bool:
+        """Two servers gpuchef does not host (`top --attach`): no steps to draw; each side
+        shows its server's client-side figures."""
+        return not self.app.session.info.per_step_records
 
     def compose(self) -> ComposeResult:
-        yield SessionHeader(id="header")
+        attached = self.attached
+        if attached:
+            yield Static(id="ab-aheader")
+        else:
+            yield SessionHeader(id="header")
         yield Static(id="ab-banner")
         with Horizontal(id="ab-sides"):
             for label in ("A", "B"):
                 with Vertical(id=f"side-{label}"):
                     yield SideTitle(id=f"title-{label}")
+                    if attached:
+                        yield Static(id=f"nums-{label}", classes="ab-nums")
+                        continue
                     yield GpuPanel(id=f"gpu-{label}")
                     yield StepPanel(id=f"step-{label}")
                     yield BatchPanel(id=f"batch-{label}")
@@ -75,6 +95,9 @@ class ABScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.attached:
+            self.call_after_refresh(self._first_tick)
+            return
         for label in ("A", "B"):
             self.query_one(f"#axis-{label}", TimeAxis).from_start = True
             # half-width panels: short titles (the main screen's help names the sources)
@@ -104,6 +127,9 @@ class ABScreen(Screen):
         app = self.app
         s = app.session
         now = s.clock()
+        if self.attached:
+            self._tick_attached(s, now)
+            return
         self.query_one(SessionHeader).show(header_state(app))
         st = s.ab.state()
         snap = s.timeline.snapshot(now)
@@ -147,6 +173,61 @@ class ABScreen(Screen):
                     continue
                 p.set_frame(frame)
         _show(self.query_one("#ab-table", Static), self._table(res, st))
+
+    # -- two attached servers ----------------------------------------------------------------------
+    def _tick_attached(self, s, now: int) -> None:
+        """The banner (the A/B load, stated), per server its client-side figures pooled over
+        its counted repetitions (``figures``, read by tests), the B − A table and verdict."""
+        from .attach import attach_header_text
+
+        self.query_one("#ab-aheader", Static).update(
+            attach_header_text(s, int((now - s.start_ns) // 1_000_000_000)))
+        st = s.ab.state()
+        res = self.app.ab_analyser.analyse(s.timeline.snapshot(now), st)
+        _show(self.query_one("#ab-banner", Static), self._banner_attached(st, res))
+        self.figures, self.rows = {}, res.rows
+        for label in ("A", "B"):
+            side = res.settings[label]
+            m = side.pooled
+            if m is None and side.windows:  # B has none yet: A's counted ones alone
+                m = pool(side.windows, self.app.session.percentiles, s.slos or None)[0]
+            self.figures[label] = m
+            t = Text()
+            t.append(f" {label} ", style=f"bold #11151c on {theme.AB_COLOURS[label]}")
+            t.append(f"  {st.servers.get(label, '?')}", style=f"bold {theme.TITLE}")
+            t.append(f"   {len(side.windows)} counted repetition"
+                     f"{'' if len(side.windows) == 1 else 's'}", style=theme.LABEL)
+            self.query_one(f"#title-{label}", SideTitle).update(t, layout=False)
+            _show(self.query_one(f"#nums-{label}", Static), client_figures(m, res.run))
+        _show(self.query_one("#ab-table", Static), self._table(res, st))
+
+    def _banner_attached(self, st, res: ABResult) -> Text:
+        t = Text()
+        if res.run is None and not st.active:
+            t.append("No A/B run yet. ", style=f"bold {theme.TITLE}")
+            t.append("Press a to send gpuchef's load to both servers (A = the first --attach, "
+                     "B = the second).", style=theme.LABEL)
+            if st.status:
+                t.append(f"\n⚠ A/B: {st.status}", style=f"bold {theme.PREEMPTED}")
+            return t
+        t.append(f"A/B run #{st.run}", style=f"bold {theme.TITLE}")
+        t.append(" · two servers · load ", style=theme.LABEL)
+        t.append(st.load, style=f"bold {theme.TITLE}")
+        t.append(" — " + AB_LOAD_WORDS.get(st.load, ""), style=theme.LABEL)
+        t.append(f"\nrepetitions of each: {st.rounds}", style=theme.TITLE)
+        if res.pairs < res.min_pairs:
+            t.append(f" (verdict after {res.min_pairs} each)", style=theme.LABEL)
+        if st.active:
+            now = "both servers" if st.current == "AB" else st.servers.get(st.current, "")
+            t.append(f"   now repetition {st.index} · {st.current} ({now})",
+                     style=f"bold {theme.TITLE}")
+            t.append("    x stop · a/esc back", style=theme.AXIS)
+        else:
+            t.append("   finished", style=theme.LABEL)
+            t.append("    r run again · a/esc back", style=theme.AXIS)
+        if st.status:
+            t.append(f"\n⚠ A/B: {st.status}", style=f"bold {theme.PREEMPTED}")
+        return t
 
     # -- text ------------------------------------------------------------------------------------
     def _banner(self, st, res: ABResult, now: int) -> Text:
@@ -210,6 +291,38 @@ class ABScreen(Screen):
             t.append(r.verdict + "\n", style=colour)
         t.rstrip()
         return t
+
+
+#: The A/B load of two attached servers, as the screen states it (``ABState.load``).
+AB_LOAD_WORDS = {
+    "mirrored": "every request sent to both servers at the same arrival time (fair only when "
+                "they do not share a GPU)",
+    "sequential": "the whole load to one server, then the other; repetitions alternating "
+                  "A B, B A, …"}
+
+
+def client_figures(m, run) -> Text:
+    """One server's client-side figures (``probes.metrics.BenchMetrics`` pooled over its
+    counted repetitions, vllm bench serve's definitions): requests, TTFT, TPOT, ITL, E2EL
+    mean / P50 / P-last, output throughput."""
+    t = Text(no_wrap=True, overflow="crop")
+    if m is None:
+        t.append("no counted repetition yet" if run is not None else "", style=theme.LABEL)
+        return t
+    t.append(f"{'client-side, ms':<16}{'mean':>10}{'median':>10}", style=theme.LABEL)
+    pw = [q for q, _ in m.percentiles_ttft_ms][-1:] or [99.0]
+    t.append(f"{'P' + format(pw[0], 'g'):>10}\n", style=theme.LABEL)
+    for name, stem in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el")):
+        pct = getattr(m, f"percentiles_{stem}_ms")
+        t.append(f"{name:<16}", style=theme.LABEL)
+        t.append(f"{_f(getattr(m, f'mean_{stem}_ms'), 1):>10}"
+                 f"{_f(getattr(m, f'median_{stem}_ms'), 1):>10}"
+                 f"{_f(pct[-1][1] if pct else None, 1):>10}\n", style=theme.TITLE)
+    t.append(f"{'requests':<16}", style=theme.LABEL)
+    t.append(f"{m.completed} completed, {m.failed} failed", style=theme.TITLE)
+    t.append(f"\n{'output tok/s':<16}", style=theme.LABEL)
+    t.append(f"{_f(m.output_throughput, 1)}", style=theme.TITLE)
+    return t
 
 
 def _show(w: Static, text: Text) -> None:
