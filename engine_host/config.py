@@ -18,8 +18,28 @@ ENGINES = ("native", "vllm")
 #: has): full graphs for decode-only steps plus piecewise graphs (split at attention) for steps
 #: with prefill tokens, or the decode graphs only. No graphs at all is ``--enforce-eager``.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+#: Padded token counts of the piecewise graphs (steps with prefill tokens). A bf16 GEMM of M
+#: rows does M FLOP per weight byte; an H200 gives ~990 dense TFLOP/s for 4.8 TB/s (~200 FLOP a
+#: byte), so below M ≈ 200 a step's GEMMs are bound by reading the weights and padding rows cost
+#: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 (≤ 20 %
+#: padding). The cap, 512 as vLLM's default, is where the H200 profile of 2026-12-02 sees eager
+#: steps stop being launch-bound (docs/engine-graphs.md). runner.CudaGraphPiecewise captures them.
+PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
 #: the largest piecewise capture size accepted (tokens): the static buffers are this many rows
 MAX_CAPTURE_SIZE = 16384
+
+
+def parse_capture_sizes(text: str | None) -> tuple[int, ...] | None:
+    """``--cudagraph-capture-sizes`` as typed ("16,32,64": token counts, commas, spaces
+    allowed) → a tuple of ints; None or "" → None (the default sizes). The range is checked by
+    EngineConfig. Raises ConfigError naming the value for anything but integers."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--cudagraph-capture-sizes {text!r} must be comma-separated token "
+                          f"counts, e.g. 16,32,64,128,256,512") from None
 
 
 class ConfigError(ValueError):
@@ -447,7 +467,7 @@ class EngineConfig:
     "FULL_AND_PIECEWISE" (default) also runs steps with prefill tokens of up to the largest
     ``cudagraph_capture_sizes`` tokens through piecewise graphs (docs/engine-graphs.md);
     "FULL_DECODE_ONLY" graphs decode-only steps only. ``cudagraph_capture_sizes``: the piecewise
-    graphs' padded token counts (None = ``runner.PIECEWISE_CAPTURE_SIZES``, 16 … 512); the
+    graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 512); the
     decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only.
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
     than True, False or None, an unknown ``cudagraph_mode`` or a capture size outside

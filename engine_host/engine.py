@@ -14,14 +14,13 @@ from typing import Callable, Sequence
 import torch
 
 from .attention import check_backend, make_backend
-from .config import ConfigError, EngineConfig, SchedulerConfig
+from .config import PIECEWISE_CAPTURE_SIZES, ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
 from .records import RequestRecord, StepOutput, StepRecord
 from .request import Request, SamplingParams, check_prompt
 from . import ops
-from .runner import PIECEWISE_CAPTURE_SIZES, CudaGraphDecode, CudaGraphPiecewise, ModelRunner, \
-    StepHandle
+from .runner import CudaGraphDecode, CudaGraphPiecewise, ModelRunner, StepHandle
 from .scheduler import Postprocessed, Scheduler, SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,

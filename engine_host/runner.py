@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .config import PIECEWISE_CAPTURE_SIZES
 from .decode_inputs import BlockTableCache, build_decode_inputs
 from .kv_cache import KVCacheManager
 from .request import Request
@@ -372,13 +373,6 @@ class CudaGraphDecode:
         return h
 
 
-#: Padded token counts of the piecewise graphs (steps with prefill tokens). A bf16 GEMM of M
-#: rows does M FLOP per weight byte; an H200 gives ~990 dense TFLOP/s for 4.8 TB/s (~200 FLOP a
-#: byte), so below M ≈ 200 a step's GEMMs are bound by reading the weights and padding rows cost
-#: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 (≤ 20 %
-#: padding). The cap, 512 as vLLM's default, is where the H200 profile of 2026-12-02 sees eager
-#: steps stop being launch-bound (docs/engine-graphs.md).
-PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
 
 
 class CudaGraphPiecewise:

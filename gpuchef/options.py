@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import click
 
-from .engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, CacheConfig, ConfigError,
+from .engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
+                                 PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig, ConfigError,
+                                 parse_capture_sizes,
                                  EngineConfig, SchedulerConfig, parse_auto_budget)
 
 
@@ -46,6 +48,16 @@ engine_options = _opts(
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
     click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (GPU only)."),
+    click.option("--cudagraph-mode", default=CUDAGRAPH_MODES[0], show_default=True,
+                 type=click.Choice(list(CUDAGRAPH_MODES)),
+                 help="Native engine on CUDA (vLLM's compilation-config cudagraph_mode): "
+                      "FULL_AND_PIECEWISE also runs steps with prefill tokens through CUDA "
+                      "graphs split at attention (docs/engine-graphs.md); FULL_DECODE_ONLY "
+                      "graphs decode-only steps only."),
+    click.option("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
+                 help="Native engine: the padded token counts of the piecewise graphs (vLLM's "
+                      "cudagraph_capture_sizes); steps above the largest run eagerly. Default: "
+                      f"{','.join(map(str, PIECEWISE_CAPTURE_SIZES))}."),
     click.option("--async-scheduling/--no-async-scheduling", "async_scheduling", default=None,
                  help="Schedule and launch step N+1 while step N runs on the GPU, hiding the "
                       "host's per-step work (vLLM's --async-scheduling); same tokens. Default: "
@@ -164,6 +176,8 @@ def engine_config(o: dict[str, Any]) -> EngineConfig:
         max_model_len=o["max_model_len"], attention_backend=o["attention_backend"],
         enforce_eager=o["enforce_eager"],
         async_scheduling=o.get("async_scheduling"),
+        cudagraph_mode=o.get("cudagraph_mode") or CUDAGRAPH_MODES[0],
+        cudagraph_capture_sizes=parse_capture_sizes(o.get("cudagraph_capture_sizes")),
         cache=CacheConfig(block_size=o["block_size"], num_gpu_blocks=o["num_gpu_blocks"],
                           kv_cache_memory_gb=o["kv_cache_memory_gb"],
                           gpu_memory_utilization=o["gpu_memory_utilization"]),
@@ -351,6 +365,7 @@ def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
     return {"engine": ecfg.engine, "device": str(engine.device),
             "attention_backend": engine.attn.name, "dtype": str(engine.dtype).replace("torch.", ""),
             "max_model_len": engine.max_model_len, "enforce_eager": ecfg.enforce_eager,
+            "cudagraph_mode": ecfg.cudagraph_mode,
             "async_scheduling": runs_async(engine),
             "scheduling": "async" if runs_async(engine) else "sync",
             "kv_blocks": engine.num_blocks, "block_size": engine.kv.block_size}

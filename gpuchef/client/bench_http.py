@@ -21,7 +21,8 @@ from ..engine_host.config import ConfigError
 #: bench options that configure the hosted engine, its probes or its trace: they cannot apply to
 #: a server gpuchef does not host (set them on that server).
 ENGINE_ONLY = ("engine", "tensor_parallel_size", "device", "dtype", "attention_backend",
-               "enforce_eager", "async_scheduling", "block_size", "num_gpu_blocks",
+               "enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes",
+               "async_scheduling", "block_size", "num_gpu_blocks",
                "kv_cache_memory_gb", "gpu_memory_utilization", "mode", "max_num_batched_tokens",
                "max_num_seqs", "long_prefill_token_threshold", "max_num_partial_prefills",
                "trace_path", "trace_prompts", "sample_hz", "gpus")

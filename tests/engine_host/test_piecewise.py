@@ -325,3 +325,41 @@ def test_cpu_engine_captures_no_graphs():
     """On the CPU no graph of either kind is captured, whatever cudagraph_mode says."""
     eng = cpu_engine()
     assert eng.runner.piecewise is None and eng.runner.graphs is None
+
+
+def test_cli_flags_reach_the_engine_config():
+    """`--cudagraph-mode` / `--cudagraph-capture-sizes` through the shared click options."""
+    import click
+    from click.testing import CliRunner
+
+    from gpuchef.options import engine_config, engine_options, scheduler_options
+
+    got = {}
+
+    @click.command()
+    @engine_options
+    @scheduler_options
+    def cmd(**o):
+        try:
+            got["cfg"] = engine_config(o)
+        except ConfigError as e:
+            got["err"] = str(e)
+
+    r = CliRunner().invoke(cmd, ["--cudagraph-mode", "FULL_DECODE_ONLY",
+                                 "--cudagraph-capture-sizes", "64, 16,32"])
+    assert r.exit_code == 0, r.output
+    assert got["cfg"].cudagraph_mode == "FULL_DECODE_ONLY"
+    assert got["cfg"].cudagraph_capture_sizes == (16, 32, 64)
+    got.clear()
+    CliRunner().invoke(cmd, [])
+    assert got["cfg"].cudagraph_mode == "FULL_AND_PIECEWISE"
+    assert got["cfg"].cudagraph_capture_sizes is None
+    got.clear()
+    CliRunner().invoke(cmd, ["--cudagraph-capture-sizes", "16,x"])
+    assert got["err"] == ("--cudagraph-capture-sizes '16,x' must be comma-separated token "
+                          "counts, e.g. 16,32,64,128,256,512")
+    got.clear()
+    CliRunner().invoke(cmd, ["--cudagraph-capture-sizes", "0,16"])
+    assert "in [1, 16384]" in got["err"]
+    r = CliRunner().invoke(cmd, ["--cudagraph-mode", "PIECEWISE"])
+    assert r.exit_code == 2 and "FULL_AND_PIECEWISE" in r.output

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gpuchef.engine_host import ops
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.config import (PIECEWISE_CAPTURE_SIZES, CacheConfig, EngineConfig,
+                                        SchedulerConfig)
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.request import SamplingParams
-from gpuchef.engine_host.runner import PIECEWISE_CAPTURE_SIZES
 
 pytestmark = pytest.mark.gpu
 
