@@ -25,14 +25,21 @@ For each decode batch (every request holding ``--kv-len`` tokens of KV, as in
    ``--mem-bw`` next to the measured one.
 
 3. ``--mixed D+P,...`` (issue 16): steps of D decodes (each at ``--kv-len``) plus one prefill
-   chunk of P fresh tokens, always eager (no graph covers them): the same phases, the forward's
-   kernels busy time against its span (busy/span well under 1 = the GPU waits on the host:
-   launch-bound, which graphs fix; near 1 = the kernels themselves), kernels per step, and the
-   ideal time max(bytes read / ``--mem-bw``, linear FLOPs / ``--peak-tflops``).
+   chunk of P fresh tokens, run eagerly and, when D + P is within the largest capture size,
+   through the piecewise CUDA graphs (runner.CudaGraphPiecewise: the pieces between attention
+   calls replayed, attention eager; docs/engine-graphs.md): for each, the wall time, the same
+   phases, the forward's kernels busy time against its span (busy/span well under 1 = the GPU
+   waits on the host: launch-bound, which graphs fix; near 1 = the kernels themselves),
+   kernels per step, and the ideal time max(bytes read / ``--mem-bw``, linear FLOPs /
+   ``--peak-tflops``); a last table puts eager and piecewise side by side. The decode batches
+   also get a piecewise wall time (a decode-only step through the pieces instead of the full
+   graph) for the question whether the full decode graph is still needed.
+   ``--cudagraph-mode FULL_DECODE_ONLY`` leaves the piecewise column out;
+   ``--cudagraph-capture-sizes`` sets its sizes.
 
 Usage (H200): python benchmarks/profile_decode.py --model llama-3-8b --json OUT.json [--trace-dir DIR]
               python benchmarks/profile_decode.py --model llama-3-8b --batches 32 \
-                  --mixed 0+16,0+128,0+512,0+2048,16+112,64+448 --json OUT.json
+                  --mixed 0+16,0+128,0+512,0+2048,16+112,64+448,0+64,64+64 --json OUT.json
         (CPU smoke test): python benchmarks/profile_decode.py --model tiny --device cpu --batches 1,2 \
                   --mixed 0+16,4+32
 On the CPU there are no graphs and no kernels: the "kernels" are the outermost aten ops under the
@@ -61,10 +68,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine_step import make_req, time_step  # noqa: E402
 
 from gpuchef.engine_host.attention import AttentionMetadata  # noqa: E402
-from gpuchef.engine_host.config import CacheConfig, EngineConfig  # noqa: E402
+from gpuchef.engine_host.config import (CUDAGRAPH_MODES, PIECEWISE_CAPTURE_SIZES,  # noqa: E402
+                                        CacheConfig, ConfigError, EngineConfig,
+                                        parse_capture_sizes)
 from gpuchef.engine_host.decode_inputs import build_decode_inputs  # noqa: E402
 from gpuchef.engine_host.engine import LLMEngine  # noqa: E402
 from gpuchef.engine_host.kv_cache import BlockPool, cdiv  # noqa: E402
+from gpuchef.engine_host.runner import CudaGraphPiecewise  # noqa: E402
 from gpuchef.engine_host.sampling import sample  # noqa: E402
 from gpuchef.engine_host.scheduler import SchedulerOutput  # noqa: E402
 
@@ -169,6 +179,19 @@ class Clock:
 
 
 @contextmanager
+def paths(eng: LLMEngine, graphs, piecewise):
+    """Run with ``runner.graphs`` / ``runner.piecewise`` set to these (None = that path off),
+    then put the engine's own back."""
+    runner = eng.runner
+    saved = runner.graphs, runner.piecewise
+    runner.graphs, runner.piecewise = graphs, piecewise
+    try:
+        yield
+    finally:
+        runner.graphs, runner.piecewise = saved
+
+
+@contextmanager
 def label(name: str, on: bool):
     if on:
         with record_function(P + name):
@@ -179,13 +202,17 @@ def label(name: str, on: bool):
 
 @torch.inference_mode()
 def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> dict[str, float]:
-    """One decode step as ``ModelRunner.execute`` runs it (CudaGraphDecode.execute when
-    ``runner.graphs`` is set, else the eager branch), timed in parts. Returns ms per part."""
+    """One step as ``ModelRunner.launch`` dispatches it (CudaGraphDecode for a decode-only step
+    when ``runner.graphs`` is set, CudaGraphPiecewise for a step within ``runner.piecewise``'s
+    largest size, else the eager branch), timed in parts. Returns ms per part."""
     runner = eng.runner
     gr = runner.graphs
     clock = Clock(runner.is_cuda)
-    if out.prefills:  # no graph covers a step with prefill tokens: it runs eagerly
-        gr = None
+    if out.prefills or (gr is not None and len(out.decodes) > gr.max_batch_size):
+        gr = None  # no full graph covers it
+    pw = runner.piecewise
+    if gr is not None or (pw is not None and out.num_tokens > pw.max_num_tokens):
+        pw = None
     reqs = out.decodes
     B = len(reqs)
     h0 = time.perf_counter()
@@ -203,7 +230,7 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
                 kv_last_page_len=x.kv_last_page_len, kv_lens=x.kv_lens, qo_lens=[1] * n,
                 slot_mapping=gr.slot_mapping[:n], positions=gr.positions[:n], num_decodes=n)
         else:
-            batch = runner.prepare(out)
+            batch = runner.prepare(out, into=None if pw is None else (pw.input_ids, pw.positions))
             meta = batch.meta
             reqs = batch.sample_reqs
     h1 = time.perf_counter()
@@ -216,6 +243,8 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
             g, hidden = gr.graphs[n]
             g.replay()
             hidden = hidden[:B]
+        elif pw is not None:  # the pieces replayed, attention eager between them
+            hidden = pw.forward(runner.model, runner.attn, runner.kv.kv_caches, meta.num_tokens)
         else:
             hidden = runner.model(batch.input_ids, meta.positions, runner.kv.kv_caches, runner.attn)
     e1 = clock.mark()
@@ -501,6 +530,20 @@ def print_table(res: dict, mem_bw: float) -> None:
           f"= {100 * res['roofline_ms'] / res['wall_ms']:.1f}% of roofline")
 
 
+def print_mixed(how: str, ph: dict, prof: dict, notes: list[str]) -> None:
+    """The phases and the forward's busy/span lines of one mixed step run ``how``."""
+    fb, fs = prof["forward_busy_us"], prof["forward_span_us"]
+    print(f"  {how} phased: host inputs {ph['host_inputs_ms']:.3f} + plan {ph['host_plan_ms']:.3f}"
+          f" + GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}, logits "
+          f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
+    print(f"  {how} forward kernels: {prof['forward_kernels_per_step']:.0f}/step, busy "
+          f"{fb / 1e3:.3f} ms of a {fs / 1e3:.3f} ms span"
+          + (f" ({100 * fb / fs:.0f}% busy: {'launch-bound' if fb < 0.7 * fs else 'kernel-bound'})"
+             if fs > 0 else ""))
+    for note in notes:
+        print(f"  NOTE ({how}): {note}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3-8b")
@@ -514,7 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 matmul ceiling")
     ap.add_argument("--mixed", default="",
-                    help="steps with prefill: D+P,... (D decodes at --kv-len + one P-token chunk)")
+                    help="steps with prefill: D+P,... (D decodes at --kv-len + one P-token chunk)"
+                         ", eager and through the piecewise graphs")
+    ap.add_argument("--cudagraph-mode", default=CUDAGRAPH_MODES[0], choices=CUDAGRAPH_MODES,
+                    help="FULL_DECODE_ONLY: no piecewise graphs (no piecewise column)")
+    ap.add_argument("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
+                    help="the piecewise graphs' token counts (default: the engine's)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-dir", default=None,
                     help="write one chrome trace per batch (one graph step + one eager step)")
@@ -545,20 +593,35 @@ def main(argv: list[str] | None = None) -> int:
     blocks = max([*batches, *(d for d, _ in mixed), 1]) * cdiv(a.kv_len + 1, bs) + 64 \
         + max((cdiv(p, bs) for _, p in mixed), default=0)
     max_len = max([a.kv_len, *(p for _, p in mixed)]) + 1
-    eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
-                                 attention_backend=a.attention_backend, max_model_len=max_len,
-                                 cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks)),
-                    progress=progress)
+    try:
+        ecfg = EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
+                            attention_backend=a.attention_backend, max_model_len=max_len,
+                            cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks),
+                            cudagraph_mode=a.cudagraph_mode,
+                            cudagraph_capture_sizes=parse_capture_sizes(
+                                a.cudagraph_capture_sizes))
+    except ConfigError as e:
+        ap.error(str(e))
+    eng = LLMEngine(ecfg, progress=progress)
     mc = eng.model_config
     cuda = eng.runner.is_cuda
     itemsize = torch.empty((), dtype=eng.dtype).element_size()
     kv_per_token = 2 * mc.num_hidden_layers * mc.kv_size * itemsize
     graphs = eng.runner.graphs
+    pw = eng.runner.piecewise
+    if pw is None and not cuda and a.cudagraph_mode == "FULL_AND_PIECEWISE":
+        # the CPU captures nothing: run the pieces eagerly, padded, so that the piecewise
+        # column's bookkeeping is exercised by the smoke test (its numbers mean nothing)
+        pw = CudaGraphPiecewise(eng.runner, ecfg.cudagraph_capture_sizes
+                                or PIECEWISE_CAPTURE_SIZES, capture=False)
     head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "
             f"{eng.dtype}, {eng.device}"
             f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if cuda else ''}, "
             f"attention {eng.attn.name}, fused ops {'on' if getattr(eng, 'fused_ops', False) else 'off'}, "
-            f"CUDA graphs {'on' if graphs is not None else 'off'}, torch {torch.__version__}")
+            f"CUDA graphs {'on' if graphs is not None else 'off'}"
+            f"{', piecewise ' + ','.join(map(str, pw.sizes)) + ' tokens' if pw else ''}"
+            f"{' (CPU: pieces run eagerly, padded)' if pw and not pw.graphed else ''}, "
+            f"torch {torch.__version__}")
     print(head)
     lin_bytes = sum(v for k, v in category_bytes(mc, itemsize, 0, 0).items() if k in LINEARS
                     or k == "lm_head")
@@ -577,25 +640,28 @@ def main(argv: list[str] | None = None) -> int:
         return SchedulerOutput(decodes=[make_req(eng, i, a.kv_len, 1) for i in range(b)])
 
     results = []
+    # The decode section compares the full decode graph with eager: the piecewise path is off
+    # there but for its own wall time.
+    eng.runner.piecewise = None
     for b in batches:
         out = decode_batch(b)
         say(f"batch {b}: timing")
         wall = time_step(eng, out, a.iters)
         phases = time_phases(eng, out, a.iters)
-        eager_phases = None
+        eager_phases = pw_wall = None
         if graphs is not None:
-            eng.runner.graphs = None
-            try:
+            with paths(eng, None, None):
                 eager_phases = time_phases(eng, out, max(5, a.iters // 3))
-            finally:
-                eng.runner.graphs = graphs
+        if pw is not None and b <= pw.max_num_tokens:
+            with paths(eng, None, pw):
+                pw_wall = time_step(eng, out, a.iters)
         roof = (eng.loaded.weight_bytes + b * (a.kv_len + 1) * kv_per_token) / a.mem_bw * 1e3
         byt = category_bytes(mc, itemsize, b, a.kv_len)
         results.append(dict(batch=b, kv_len=a.kv_len, wall_ms=wall, roofline_ms=roof,
                             roofline_read_ms=(lin_bytes + byt["attention"]) / a.mem_bw * 1e3,
                             phases=phases, eager_phases=eager_phases, bytes=byt,
                             graph_profile=None, eager_profile=None, graph_alignment=None,
-                            cuda_graphs=graphs is not None))
+                            cuda_graphs=graphs is not None, piecewise_wall_ms=pw_wall))
     for res in results:
         b, wall, roof, phases = res["batch"], res["wall_ms"], res["roofline_ms"], res["phases"]
         out = decode_batch(b)
@@ -649,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
         if res.get("eager_phases"):
             ep = res["eager_phases"]
             print(f"  eager step:  wall {ep['wall_ms']:.3f} ms, forward {ep['gpu_forward_ms']:.3f} ms")
+        if res.get("piecewise_wall_ms") is not None:
+            print(f"  through the piecewise graphs instead of the full one: wall "
+                  f"{res['piecewise_wall_ms']:.3f} ms (full graph {wall:.3f} ms)")
         if res["graph_alignment"]:
             print(f"  graph kernels categorised: {res['graph_alignment']}")
         for mode in ("graph", "eager"):
@@ -656,38 +725,67 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  NOTE ({mode} profile): {note}")
         print_table(res, a.mem_bw)
 
+    eng.runner.piecewise = pw
     mixed_results = []
+
+    def mixed_step(d: int, p: int) -> SchedulerOutput:
+        eng.kv.pool = BlockPool(eng.kv.num_blocks)
+        dec = [make_req(eng, i, a.kv_len, 1) for i in range(d)]
+        return SchedulerOutput(decodes=dec, prefills=[(make_req(eng, d, 0, p), p)])
+
+    # All timing first (eager, then piecewise where it applies), all profiling after, as above.
     for d, p in mixed:
-        def mixed_step(d=d, p=p) -> SchedulerOutput:
-            eng.kv.pool = BlockPool(eng.kv.num_blocks)
-            dec = [make_req(eng, i, a.kv_len, 1) for i in range(d)]
-            return SchedulerOutput(decodes=dec, prefills=[(make_req(eng, d, 0, p), p)])
-        say(f"mixed {d}+{p}: timing and profiling (eager)")
-        out = mixed_step()
-        wall = time_step(eng, out, a.iters)
-        phases = time_phases(eng, out, a.iters)
+        out = mixed_step(d, p)
+        graphed = pw is not None and d + p <= pw.max_num_tokens
+        say(f"mixed {d}+{p}: timing (eager{', piecewise' if graphed else ''})")
+        with paths(eng, graphs, None):
+            wall, phases = time_step(eng, out, a.iters), time_phases(eng, out, a.iters)
+        res = dict(decodes=d, prefill_tokens=p, kv_len=a.kv_len, wall_ms=wall, phases=phases,
+                   piecewise=None)
+        if graphed:
+            with paths(eng, graphs, pw):
+                res["piecewise"] = dict(padded_tokens=pw.padded_size(d + p),
+                                        wall_ms=time_step(eng, out, a.iters),
+                                        phases=time_phases(eng, out, a.iters))
+        mixed_results.append(res)
+    for res in mixed_results:
+        d, p = res["decodes"], res["prefill_tokens"]
+        out = mixed_step(d, p)
+        say(f"mixed {d}+{p}: profiling")
         notes: list[str] = []
-        prof = summarize(profile_steps(eng, out, a.prof_iters, notes))
+        with paths(eng, graphs, None):
+            prof = summarize(profile_steps(eng, out, a.prof_iters, notes))
         byt = category_bytes(mc, itemsize, d, a.kv_len)
         lm = byt.get("lm_head", 0) // itemsize
         lin = lin_bytes // itemsize - lm
         flops = 2 * lin * (d + p) + 2 * lm * (d + 1)  # attention's FLOPs left out
         ideal = max((lin_bytes + byt["attention"]) / a.mem_bw, flops / (a.peak_tflops * 1e12)) * 1e3
-        fb, fs = prof["forward_busy_us"], prof["forward_span_us"]
-        mixed_results.append(dict(decodes=d, prefill_tokens=p, kv_len=a.kv_len, wall_ms=wall,
-                                  ideal_ms=ideal, phases=phases, eager_profile=prof, notes=notes))
-        ph = phases
+        res.update(ideal_ms=ideal, eager_profile=prof, notes=notes)
+        wall = res["wall_ms"]
         print(f"\n=== mixed step: {d} decodes (KV {a.kv_len}) + {p} prefill tokens, eager: wall "
               f"{wall:.3f} ms, ideal {ideal:.3f} ms ({100 * ideal / wall:.1f}%) ===")
-        print(f"  phased: host inputs {ph['host_inputs_ms']:.3f} + plan {ph['host_plan_ms']:.3f} "
-              f"+ GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}, logits "
-              f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
-        print(f"  forward kernels: {prof['forward_kernels_per_step']:.0f}/step, busy "
-              f"{fb / 1e3:.3f} ms of a {fs / 1e3:.3f} ms span"
-              + (f" ({100 * fb / fs:.0f}% busy: {'launch-bound' if fb < 0.7 * fs else 'kernel-bound'})"
-                 if fs > 0 else ""))
-        for note in notes:
-            print(f"  NOTE: {note}")
+        print_mixed("eager", res["phases"], prof, notes)
+        pres = res["piecewise"]
+        if pres is not None:
+            pnotes: list[str] = []
+            with paths(eng, graphs, pw):
+                pprof = summarize(profile_steps(eng, out, a.prof_iters, pnotes))
+            pres.update(profile=pprof, notes=pnotes)
+            print(f"  piecewise graphs ({pres['padded_tokens']} tokens padded): wall "
+                  f"{pres['wall_ms']:.3f} ms ({wall / pres['wall_ms']:.2f}× eager; ideal "
+                  f"{100 * ideal / pres['wall_ms']:.1f}%)")
+            print_mixed("piecewise", pres["phases"], pprof, pnotes)
+    if mixed_results:
+        print("\n  mixed steps, wall ms (median of --iters execute calls):")
+        print(f"  {'decodes+prefill':>16} {'ideal':>8} {'eager':>8} {'piecewise':>10} "
+              f"{'padded':>7} {'speed-up':>9}")
+        for res in mixed_results:
+            pres = res["piecewise"]
+            print(f"  {str(res['decodes']) + '+' + str(res['prefill_tokens']):>16} "
+                  f"{res['ideal_ms']:8.3f} {res['wall_ms']:8.3f} "
+                  + (f"{pres['wall_ms']:10.3f} {pres['padded_tokens']:7d} "
+                     f"{res['wall_ms'] / pres['wall_ms']:8.2f}×" if pres else
+                     f"{'–':>10} {'–':>7} {'–':>9}"))
 
     if a.json:
         with open(a.json, "w") as f:

@@ -82,3 +82,46 @@ def test_profile_decode_cpu_smoke(tmp_path, capsys):
         assert os.path.getsize(b["trace"]) > 0
     text = capsys.readouterr().out
     assert "ideal at 4.3 TB/s" in text and "decode batch 2" in text
+
+
+def test_profile_decode_mixed_eager_and_piecewise_columns(tmp_path, capsys):
+    """``--mixed``: each shape eager and, within the largest capture size, through the pieces
+    (on the CPU run eagerly, padded: the bookkeeping only); the side-by-side table."""
+    out = tmp_path / "pd.json"
+    rc = pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "32",
+                  "--iters", "2", "--prof-iters", "1", "--mixed", "0+16,4+30,0+60",
+                  "--cudagraph-capture-sizes", "48,16", "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    m = {(r["decodes"], r["prefill_tokens"]): r for r in d["mixed"]}
+    assert set(m) == {(0, 16), (4, 30), (0, 60)}
+    assert m[0, 16]["piecewise"]["padded_tokens"] == 16
+    assert m[4, 30]["piecewise"]["padded_tokens"] == 48
+    assert m[0, 60]["piecewise"] is None  # above the largest size: eager only
+    for r in m.values():
+        assert r["wall_ms"] > 0 and r["ideal_ms"] > 0
+        assert r["eager_profile"]["forward_kernels_per_step"] > 0
+    for k in ((0, 16), (4, 30)):
+        p = m[k]["piecewise"]
+        assert p["wall_ms"] > 0 and p["phases"]["gpu_forward_ms"] > 0
+        assert p["profile"]["forward_kernels_per_step"] > 0
+    assert d["batches"][0]["piecewise_wall_ms"] > 0
+    text = capsys.readouterr().out
+    assert "piecewise 16,48 tokens (CPU: pieces run eagerly, padded)" in text
+    assert "decodes+prefill" in text and "piecewise graphs (48 tokens padded)" in text
+
+
+def test_profile_decode_full_decode_only_has_no_piecewise_column(tmp_path):
+    out = tmp_path / "pd.json"
+    assert pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "8",
+                    "--iters", "1", "--prof-iters", "1", "--mixed", "0+16",
+                    "--cudagraph-mode", "FULL_DECODE_ONLY", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["mixed"][0]["piecewise"] is None and d["batches"][0]["piecewise_wall_ms"] is None
+
+
+def test_profile_decode_refuses_bad_capture_sizes(capsys):
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--model", "tiny", "--device", "cpu", "--cudagraph-capture-sizes", "16,x"])
+    assert e.value.code == 2
+    assert "--cudagraph-capture-sizes '16,x' must be comma-separated" in capsys.readouterr().err
