@@ -2,9 +2,12 @@
 own load: the attached dashboard as a user sees it.
 
     python benchmarks/make_attach_screenshot.py            # → screenshots/cpu-attach.svg
+    python benchmarks/make_attach_screenshot.py --ab       # → screenshots/cpu-attach-ab.svg
 
 The server runs as a subprocess on a free loopback port (tests/gpuchef/serve_proc.py) and is
-stopped at the end; the dashboard is driven with Textual's Pilot for ~20 s of load.
+stopped at the end; the dashboard is driven with Textual's Pilot for ~20 s of load. ``--ab``: two
+servers (budgets 16 and 2048, 256-token prompts), ``a`` runs the mirrored A/B of the same load
+on both (`top --attach U1 --attach U2 --ab-load mirrored`), the shot once it has finished.
 """
 
 from __future__ import annotations
@@ -45,14 +48,53 @@ async def shoot(app, out: Path, seconds: float) -> None:
         app.session.close()
 
 
+def build_ab(u1: str, u2: str):
+    args = ["--attach", u1, "--attach", u2, "--ab-load", "mirrored", "--ab-repetitions", "2",
+            "--dataset", "random", "--input-len", "256", "--output-len", "16",
+            "--request-rate", "3", "--num-prompts", "12", "--goodput", "ttft:3000",
+            "--goodput", "tpot:250"]
+    ctx = top.make_context("top", args)
+    app = _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
+    app.show_ui_cost = False
+    return app
+
+
+async def shoot_ab(app, out: Path, timeout: float) -> None:
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(1.0)
+            await pilot.press("a")
+            t = 0.0
+            while (app.session.ab.state().active or not app.session.ab.state().run) \
+                    and t < timeout:
+                await pilot.pause(0.5)
+                t += 0.5
+            await pilot.pause(1.5)  # a scrape or two after the end
+            out.write_text(app.export_screenshot(title="gpuchef top --attach: A/B"))
+            await pilot.press("q")
+    finally:
+        app.session.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="screenshots/cpu-attach.svg")
+    ap.add_argument("--out", default=None)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--ab", action="store_true", help="the A/B screen of two attached servers")
     a = ap.parse_args()
+    if a.ab:
+        out = Path(a.out or "screenshots/cpu-attach-ab.svg")
+        with ServeProc("--max-model-len", "512", "--mode", "chunked",
+                       "--max-num-batched-tokens", "16") as s1, \
+                ServeProc("--max-model-len", "512", "--mode", "chunked",
+                          "--max-num-batched-tokens", "2048") as s2:
+            asyncio.run(shoot_ab(build_ab(s1.url, s2.url), out, 240.0))
+        print(out)
+        return
+    out = Path(a.out or "screenshots/cpu-attach.svg")
     with ServeProc("--max-model-len", "512", "--max-num-batched-tokens", "256") as srv:
-        asyncio.run(shoot(build(srv.url), Path(a.out), a.seconds))
-    print(a.out)
+        asyncio.run(shoot(build(srv.url), out, a.seconds))
+    print(out)
 
 
 if __name__ == "__main__":

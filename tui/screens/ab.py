@@ -55,7 +55,7 @@ class ABScreen(Screen):
     #ab-sides TimeAxis { height: 3; }
     #ab-table { height: 1; padding: 0 1; background: #11151c; margin-top: 1; }
     #ab-aheader { height: auto; background: #11151c; }
-    #ab-sides .ab-nums { height: auto; padding: 1 1; }
+    #ab-sides .ab-nums { height: auto; padding: 0 1; margin-top: 1; }
     """
 
     def __init__(self, **kw) -> None:
@@ -198,7 +198,8 @@ class ABScreen(Screen):
             t.append(f"   {len(side.windows)} counted repetition"
                      f"{'' if len(side.windows) == 1 else 's'}", style=theme.LABEL)
             self.query_one(f"#title-{label}", SideTitle).update(t, layout=False)
-            _show(self.query_one(f"#nums-{label}", Static), client_figures(m, res.run))
+            _show(self.query_one(f"#nums-{label}", Static),
+                  client_figures(m, res.run, side.windows))
         _show(self.query_one("#ab-table", Static), self._table(res, st))
 
     def _banner_attached(self, st, res: ABResult) -> Text:
@@ -269,7 +270,8 @@ class ABScreen(Screen):
         if not res.rows:
             t.append("No counted window of both settings yet.", style=theme.LABEL)
             return t
-        t.append(f"{'':<32}{'pooled (all counted windows)':^46}{'per window (pairs)':^32}\n",
+        unit = "repetition" if st.load else "window"  # two attached servers: whole loads
+        t.append(f"{'':<32}{f'pooled (all counted {unit}s)':^46}{f'per {unit} (pairs)':^32}\n",
                  style=theme.LABEL)
         t.append(f"{'metric':<32}", style=head)
         t.append(f"{'A':>12}", style=f"bold {theme.AB_COLOURS['A']}")
@@ -301,10 +303,11 @@ AB_LOAD_WORDS = {
                   "A B, B A, …"}
 
 
-def client_figures(m, run) -> Text:
+def client_figures(m, run, reps=()) -> Text:
     """One server's client-side figures (``probes.metrics.BenchMetrics`` pooled over its
     counted repetitions, vllm bench serve's definitions): requests, TTFT, TPOT, ITL, E2EL
-    mean / P50 / P-last, output throughput."""
+    mean / P50 / P-last, output throughput; then one line per repetition (``reps``: its
+    ``probes.ab.WindowResult``s), the spread the verdict is judged against."""
     t = Text(no_wrap=True, overflow="crop")
     if m is None:
         t.append("no counted repetition yet" if run is not None else "", style=theme.LABEL)
@@ -322,6 +325,14 @@ def client_figures(m, run) -> Text:
     t.append(f"{m.completed} completed, {m.failed} failed", style=theme.TITLE)
     t.append(f"\n{'output tok/s':<16}", style=theme.LABEL)
     t.append(f"{_f(m.output_throughput, 1)}", style=theme.TITLE)
+    if reps:
+        t.append(f"\n\n{'repetition':<16}{'requests':>10}{'mean TTFT':>11}{'mean ITL':>10}"
+                 f"{'out tok/s':>11}{'span s':>9}", style=theme.LABEL)
+    for w in reps:
+        x = w.metrics
+        t.append(f"\n{w.name:<16}", style=theme.LABEL)
+        t.append(f"{x.completed:>10}{_f(x.mean_ttft_ms, 1):>11}{_f(x.mean_itl_ms, 1):>10}"
+                 f"{_f(x.output_throughput, 1):>11}{w.duration_s:>9.2f}", style=theme.TITLE)
     return t
 
 
