@@ -149,6 +149,7 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
         # async scheduling as run: the flag's default (None) resolved by the engine
         "engine_config": {**asdict(ecfg), "async_scheduling": bool(engine.async_scheduling)},
         **({"workload": asdict(wcfg)} if wcfg is not None else {}),
+        "source": {"kind": "hosted"},  # `top --attach` and `ab` over HTTP: "attached"
         "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
         "block_size": engine.kv.block_size,
     }

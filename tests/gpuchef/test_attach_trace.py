@@ -144,3 +144,19 @@ def test_replay_of_an_attached_trace_shows_the_servers_values_at_the_position(tm
             await pilot.press("q")
 
     asyncio.run(go())
+
+
+def test_a_headless_hosted_trace_names_its_source_hosted(tmp_path):
+    """Issue 14 item 4: every trace's meta says where its records come from — gpuchef's own
+    engine ("hosted") or the attached servers' URLs."""
+    from click.testing import CliRunner
+
+    from gpuchef.cli import _register, cli
+
+    _register()
+    t = tmp_path / "b.jsonl"
+    r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--model", "tiny", "--dataset",
+                                 "random", "--num-prompts", "2", "--input-len", "8",
+                                 "--output-len", "2", "--trace", str(t)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert read_trace(t).meta["source"] == {"kind": "hosted"}
