@@ -623,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{' (CPU: pieces run eagerly, padded)' if pw and not pw.graphed else ''}, "
             f"torch {torch.__version__}")
     print(head)
+    if pw is not None and pw.graphed:
+        print(f"piecewise capture: {pw.num_pieces} pieces × {len(pw.sizes)} sizes in "
+              f"{pw.capture_s:.1f} s, {pw.capture_bytes / 2**20:.0f} MiB reserved by it")
     lin_bytes = sum(v for k, v in category_bytes(mc, itemsize, 0, 0).items() if k in LINEARS
                     or k == "lm_head")
     print(f"weights {eng.loaded.weight_bytes / 1e9:.2f} GB, of which a decode step reads "
@@ -796,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
                                       itemsize=itemsize, weight_bytes=eng.loaded.weight_bytes,
                                       decode_weight_bytes=lin_bytes),
                            device=str(eng.device), cuda=cuda, batches=results,
+                           piecewise_capture=None if pw is None or not pw.graphed else dict(
+                               sizes=list(pw.sizes), pieces=pw.num_pieces, s=pw.capture_s,
+                               reserved_bytes=pw.capture_bytes),
                            mixed=mixed_results), f, indent=2)
         say(f"wrote {a.json}")
     return 0

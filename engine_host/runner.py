@@ -419,6 +419,10 @@ class CudaGraphPiecewise:
         self.hidden = torch.zeros(N, cfg.hidden_size, dtype=dt, device=dev)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.graphed = bool(capture)
+        # what the capture cost: seconds, and bytes the CUDA caching allocator reserved for it
+        # (the pool's share of the graphs' memory; the static buffers above not included)
+        self.capture_s = 0.0
+        self.capture_bytes = 0
         if capture:
             self._capture(runner, progress, torch.cuda.graph_pool_handle() if pool is None
                           else pool)
@@ -450,6 +454,7 @@ class CudaGraphPiecewise:
         total = len(self.sizes)
         stage = (f"capture piecewise CUDA graphs ({self.num_pieces} pieces × "
                  f"{','.join(map(str, self.sizes))} tokens)")
+        t0, reserved0 = time.perf_counter(), torch.cuda.memory_reserved()
         for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -467,6 +472,8 @@ class CudaGraphPiecewise:
             if progress:
                 progress(stage, i + 1, total)
         torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+        self.capture_bytes = torch.cuda.memory_reserved() - reserved0
 
     def forward(self, model: torch.nn.Module, attn: AttentionBackend,
                 kv_caches: list[torch.Tensor], num_tokens: int) -> torch.Tensor:

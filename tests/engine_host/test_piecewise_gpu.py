@@ -183,6 +183,9 @@ def test_capture_sizes_reported_at_start_up():
     pw_stages = [s for s in stages if s[0].startswith("capture piecewise CUDA graphs")]
     assert pw_stages and pw_stages[-1][1] == pw_stages[-1][2] == len(PIECEWISE_CAPTURE_SIZES)
     assert ",".join(map(str, PIECEWISE_CAPTURE_SIZES)) in pw_stages[-1][0]
+    pw = eng.runner.piecewise
+    assert pw.capture_s > 0 and pw.capture_bytes >= 0
+    assert all(len(pw.graphs[n]) == eng.model_config.num_hidden_layers + 1 for n in pw.sizes)
 
 
 def test_enforce_eager_captures_nothing():
