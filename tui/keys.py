@@ -51,8 +51,8 @@ KEYS: tuple[Key, ...] = (
     Key("w", "w", "cycle_window", "next waveform window (10 s → 60 s → 10 min)", "view", "window"),
     Key("n", "n", "toggle_side", "hide / show numbers and controls (hidden below 120 columns: "
         "n shows them full width)", "view"),
-    Key("a", "a", "ab", "live A/B: start one (A = now, B = the other mode) and show it; "
-        "on the A/B screen: back", "A/B", "A/B"),
+    Key("a", "a", "ab", "live A/B: start one (A = now, B = the other mode; with two --attach: "
+        "the load sent to both servers) and show it; on the A/B screen: back", "A/B", "A/B"),
     Key("x", "x", "ab_stop", "stop the A/B run (settings go back to what they were)", "A/B"),
     Key("r", "r", "ab_restart", "on the A/B screen: run the same A/B again", "A/B"),
     Key("e", "e", "export_trace", "write the session trace (or finish this part and start the "
