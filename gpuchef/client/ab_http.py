@@ -12,10 +12,12 @@
 The load is `bench --base-url`'s (``bench_http.prepare_http_load``, the same flags), sent by
 ``http_load.run_http_load``; each request as the client saw it becomes a ``RequestRecord``
 (``http_load.to_request_records``). The windows, their figures, the pooled results, B − A and the
-verdict are ``probes.ab``'s: sequential runs through ``probes.ab.analyse`` of their
-``ab:1:<A|B>:<n>`` marks (the records the trace receives, so ``gpuchef report`` of the trace
-gives the same table), mirrored runs — whose A and B windows overlap in time — through
-``probes.ab.window_results`` of each server's own requests, then ``probes.ab.compare``.
+verdict are ``probes.ab.analyse``'s of the runs' marks — ``ab:1:<A|B>:<n>`` per sequential run,
+``ab:1:AB:<n>`` per mirrored repetition (A's and B's window *n* over one span, each holding its
+server's requests, ids ``A/…``/``B/…``) — and requests: the records the trace receives, so
+``gpuchef report`` of the trace gives the same table. `top --attach U1 --attach U2` runs the same
+:func:`run_ab` for its A/B screen, its marks and requests going to the dashboard's timeline as
+they happen (``on_event``/``on_result``).
 """
 
 from __future__ import annotations

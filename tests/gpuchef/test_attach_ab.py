@@ -191,3 +191,24 @@ def test_ab_is_refused_with_one_server_and_a_knob_spec_and_while_the_load_runs(s
         assert not s.ab.state().active and "stopped after" in s.ab.state().status
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--ab-load", "mirrored"], "--ab-load runs an A/B of two attached servers"),
+    (["--ab-repetitions", "0"], "--ab-repetitions 0 is out of range: allowed [1, 100]"),
+])
+def test_ab_flags_bad_input_is_one_error_before_start(extra, needle):
+    from gpuchef.engine_host.config import ConfigError
+
+    with FakeServer() as srv:
+        with pytest.raises(ConfigError) as e:
+            build(["--attach", srv.url, *LOAD, *extra])
+    assert needle in str(e.value)
+
+
+def test_ab_flags_need_attach():
+    from gpuchef.engine_host.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        build(["--ab-load", "sequential", "--device", "cpu", "--model", "tiny"])
+    assert "--ab-load needs --attach URL" in str(e.value)
