@@ -30,6 +30,7 @@ raises :class:`TraceReadError` naming the file.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -638,9 +639,9 @@ def _numbered_lines(f: Any, path: Path,
     try:
         for n, line in enumerate(f, start=2):
             yield n, line
-    except OSError as e:
-        on_problem(f"{path} line {n + 1}: cannot read ({e.strerror or e}) — the rest of the "
-                   "file is not read")
+    except (OSError, EOFError) as e:  # EOFError: a gzip stream cut short (a copy stopped)
+        on_problem(f"{path} line {n + 1}: cannot read ({getattr(e, 'strerror', None) or e}) — "
+                   "the rest of the file is not read")
 
 
 def iter_trace(path: str | os.PathLike[str],
@@ -658,22 +659,27 @@ def iter_trace(path: str | os.PathLike[str],
         def on_problem(msg: str) -> None:
             warnings.warn(msg, stacklevel=3)
     try:
-        f = open(p, encoding="utf-8", errors="replace", newline="\n")
+        fb = open(p, "rb")
     except OSError as e:
         raise TraceReadError(f"{p}: cannot open: {e.strerror or e}") from None
+    try:
+        with fb:
+            gz = fb.read(2) == b"\x1f\x8b"  # gzip's magic: a compressed trace is read as is
+        f = (gzip.open(p, "rt", encoding="utf-8", errors="replace", newline="\n") if gz else
+             open(p, encoding="utf-8", errors="replace", newline="\n"))
+    except OSError as e:
+        raise TraceReadError(f"{p}: cannot read: {e.strerror or e}") from None
     with f:
         try:
             first = f.readline()
-        except OSError as e:
-            raise TraceReadError(f"{p}: cannot read: {e.strerror or e}") from None
+        except (OSError, EOFError) as e:  # gzip: BadGzipFile is an OSError, a cut stream EOF
+            raise TraceReadError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}"
+                                 ) from None
         if not first:
             raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
         if not first.strip():
             raise TraceReadError(f"{p}: line 1 is blank, not a gpuchef trace (a trace starts "
                                  "with its meta record on line 1)")
-        if first.startswith("\x1f\ufffd"):  # gzip's magic bytes 1f 8b
-            raise TraceReadError(f"{p}: gzip-compressed; decompress it first (gunzip -k {p}) "
-                                 "— a trace is plain UTF-8 JSON Lines")
         if first.startswith("\ufffd\ufffd") and "\x00" in first[:8]:  # a UTF-16 byte-order mark
             raise TraceReadError(f"{p}: UTF-16 text (e.g. saved through PowerShell's '>'); a "
                                  "trace is UTF-8 JSON Lines — convert it back to UTF-8")

@@ -81,7 +81,7 @@ def test_first_line_problems_say_what_the_file_is(tmp_path):
     src = _closed_trace(tmp_path)
     cases = {
         "lead.jsonl": (b"\n" + src, "lead.jsonl: line 1 is blank"),   # not an "empty file"
-        "t.jsonl.gz": (gzip.compress(src), "t.jsonl.gz: gzip-compressed; decompress it first"),
+        "bad.jsonl.gz": (b"\x1f\x8b" + b"not a gzip stream", "bad.jsonl.gz: cannot read"),
         "ps.jsonl": (src.decode().encode("utf-16"), "ps.jsonl: UTF-16 text"),
     }
     for name, (data, msg) in cases.items():
@@ -93,6 +93,32 @@ def test_first_line_problems_say_what_the_file_is(tmp_path):
     e.write_bytes(b"")
     with pytest.raises(TraceReadError, match="empty.jsonl: empty file"):
         read_trace(e)
+
+
+def test_a_gzip_compressed_trace_reads_as_the_plain_one_and_a_cut_one_keeps_its_records(
+        tmp_path):
+    """Traces come back from a GPU machine gzipped: read them as they are. A copy cut short
+    keeps the records before the cut, with one problem naming the line, as a plain file does."""
+    import gzip
+
+    p = tmp_path / "src.jsonl"
+    with TraceRecorder(p) as rec:
+        for i in range(200):
+            rec.record(replace(STEP, step=i))
+    plain = read_trace(p)
+    z = tmp_path / "t.jsonl.gz"
+    z.write_bytes(gzip.compress(p.read_bytes()))
+    tr = read_trace(z)
+    assert tr.steps == plain.steps and len(tr.steps) == 200 and tr.complete
+    assert tr.problems == [] and tr.meta == plain.meta
+    cut = tmp_path / "cut.jsonl.gz"
+    data = gzip.compress(p.read_bytes())
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    tr = read_trace(cut)
+    assert 0 < len(tr.steps) < 200 and tr.steps == plain.steps[:len(tr.steps)]
+    assert not tr.complete
+    assert any("cut.jsonl.gz line" in x and ("cannot read" in x or "truncated" in x)
+               for x in tr.problems), tr.problems
 
 
 def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
@@ -183,6 +209,11 @@ class _FailingFile:
             raise OSError(5, "Input/output error")
         self.ok -= 1
         return self.f.readline()
+
+    def read(self, n=-1):  # the reader's sniff for gzip's magic bytes
+        if self.ok <= 0:
+            raise OSError(5, "Input/output error")
+        return self.f.read(n)
 
     def __iter__(self):
         return iter(self.readline, "")
