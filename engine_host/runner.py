@@ -61,7 +61,12 @@ class ModelRunner:
     """Assembles the batch, runs the model over the paged KV cache, samples.
 
     ``model`` has ``forward(input_ids [T], positions [T], kv_caches, attn) -> [T, hidden]`` and
-    ``compute_logits(hidden [S, hidden]) -> [S, vocab]``.
+    ``compute_logits(hidden [S, hidden]) -> [S, vocab]``; for piecewise graphs also
+    ``num_pieces`` and ``piece(j, ...)`` (``LlamaForCausalLM.piece``).
+
+    A step runs through ``graphs`` (CudaGraphDecode) when it is decode-only and within its
+    largest batch, else through ``piecewise`` (CudaGraphPiecewise) when its tokens are within
+    its largest size, else eagerly; both are None on the CPU and with ``--enforce-eager``.
     """
 
     def __init__(self, model: torch.nn.Module, kv: KVCacheManager, attn: AttentionBackend,
@@ -371,8 +376,6 @@ class CudaGraphDecode:
         logits = runner.model.compute_logits(hidden[:B])
         runner.finish_launch(h, sample_tensor(logits, reqs, runner.engine_seed))
         return h
-
-
 
 
 class CudaGraphPiecewise:
