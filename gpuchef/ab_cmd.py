@@ -368,7 +368,7 @@ def _is_probe(spec) -> bool:
 
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     from .ab_runs import _assert_idle, _mark
-    from .capacity import WARMUP_SHARE, EarlyStop, Measured, capacity_ratio, capacity_search, \
+    from .capacity import EARLY_STOP_REASON, WARMUP_SHARE, EarlyStop, Measured, capacity_ratio, capacity_search, \
         judge_probe, probe_mark, slo_percentiles, stop_mark
     from .engine_host.workload import generate
     from .session import run_load
@@ -416,7 +416,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                     hold["t"] = t_ns
                     _mark(engine, stop_mark(k, reason), listeners)
                     for x in specs:  # the rest are aborted: the probe is decided
-                        hold["host"].abort(x.request_id, "early stop")
+                        hold["host"].abort(x.request_id, EARLY_STOP_REASON)
 
             def watch(kind: str, rec: Any) -> None:
                 if kind == "request" and rec.token_times_ns:

@@ -177,6 +177,10 @@ SATURATION_TOLERANCE = 0.20
 QUEUE_GROWTH_MIN = 4.0
 
 
+#: ``finish_reason`` of the requests an early stop aborts (RequestRecord; the trace keeps it).
+EARLY_STOP_REASON = "early stop"
+
+
 def probe_mark(label: str, rate: float) -> str:
     """The mark that opens a probe in the trace: ``capacity:<A|B>:<rate asked, req/s>``."""
     return f"capacity:{label}:{rate:.4g}"

@@ -254,8 +254,32 @@ def _describe_steps(steps: Sequence[StepRecord]) -> str:
     return d
 
 
+def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestRecord]:
+    """``requests`` (file order) with ``withdrawn_ns`` inferred for a capacity trace written
+    before the field existed (2026-12-02): a request the early stop aborted before its arrival
+    (``finish_reason`` ``capacity.EARLY_STOP_REASON``, no token, never scheduled) was recorded
+    at the stop, right after the records that closed before it, but carries its planned arrival,
+    which lies in a later probe. It gets the latest close time of the records before it in the
+    file — inside the probe that withdrew it. Records of newer traces are returned as they are."""
+    from dataclasses import replace
+
+    from gpuchef.capacity import EARLY_STOP_REASON
+
+    out, t = [], 0
+    for r in requests:
+        if (not r.withdrawn_ns and r.finish_reason == EARLY_STOP_REASON and not r.token_times_ns
+                and not r.first_scheduled_ns):
+            if 0 < t < r.arrival_ns:
+                r = replace(r, withdrawn_ns=t)
+        else:
+            t = max(t, r.closed_ns)
+        out.append(r)
+    return out
+
+
 def view_trace(tr: Trace) -> TraceView:
     """Cut one trace into segments (A/B windows when it has them, else mode stretches)."""
+    tr.requests = _place_legacy_withdrawals(tr.requests)  # before the span: they are not late
     origin, end = trace_span(tr)
     end = max(end, origin + 1)  # a one-instant trace still divides
     steps = sorted(tr.steps, key=lambda s: s.t_start_ns)

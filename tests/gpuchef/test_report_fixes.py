@@ -255,3 +255,18 @@ def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
     from gpuchef.report.perfetto import trace_events
     names = {e.get("name") for e in trace_events(v, 0)}
     assert "w-0" not in names and reqs[0].request_id in names
+
+    # a trace written before withdrawn_ns: the withdrawn records follow, in the file, the
+    # records that closed before the stop — placed by that, they stay in A's probe too
+    done = replace(reqs[0], request_id="done", arrival_ns=t0 + 1000,
+                   token_times_ns=(t0 + 2000, stop - 1000), output_len=2)  # closed before
+    before = [done, *(r for r in reqs if r.closed_ns < stop)]
+    after = [r for r in reqs if r.closed_ns >= stop]
+    legacy = [replace(w, withdrawn_ns=0) for w in withdrawn]
+    p2 = _write(tmp_path / "cap_old.jsonl", meta, requests=[*before, *legacy, *after],
+                events=[EngineEvent("mark", 0, t0, "capacity:A:1"),
+                        EngineEvent("mark", 1, stop, "capacity:A:stopped:itl_p99 broken"),
+                        EngineEvent("mark", 2, t1, "capacity:B:1")])
+    a2, b2 = build([p2]).views[0].segments
+    assert {r.request_id for r in legacy} <= {r.request_id for r in a2.requests}
+    assert len(b2.requests) == len(b_seg.requests)
