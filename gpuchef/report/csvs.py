@@ -1,7 +1,7 @@
 """Session traces as CSV files, for spreadsheets and pandas: one row per engine step, one row per
 request and one row per GPU sample (``gpu``: the NVML index of the sampled GPU). Times are
 seconds since each trace's first record; latencies in ms with ``vllm bench serve``'s
-definitions; ``group`` is the A/B setting or mode the row was counted in (see report/model.py)."""
+definitions; ``group`` is the A/B setting or mode the row was counted in (see report/data.py)."""
 
 from __future__ import annotations
 
