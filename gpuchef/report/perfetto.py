@@ -90,15 +90,20 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
                                                         * 100, 3)}})
     if overlap:
         ev.append(_meta(eng, TID_OVERLAP, "thread_name", "engine steps (overlap)"))
-    # settings stretches (never overlap: each ends where the next begins, or before)
+    # settings stretches (never overlap: each ends where the next begins, or before); a
+    # mirrored repetition's A and B windows share one span: one slice "A1 | B1"
     prev = -1.0
+    spans: dict[tuple[int, int], list] = {}
     for seg in sorted(view.segments, key=lambda s: s.t0_ns):
-        ts, te = max(_us(view, seg.t0_ns), prev), _us(view, seg.t1_ns)
+        spans.setdefault((seg.t0_ns, seg.t1_ns), []).append(seg)
+    for (t0, t1), segs in spans.items():
+        ts, te = max(_us(view, t0), prev), _us(view, t1)
         if te <= ts:
             continue
-        ev.append({"ph": "X", "pid": eng, "tid": TID_SETTINGS, "name": seg.name, "cat": "setting",
-                   "ts": ts, "dur": round(te - ts, 3),
-                   "args": {"setting": view.settings.get(seg.label, seg.label)}})
+        ev.append({"ph": "X", "pid": eng, "tid": TID_SETTINGS, "cat": "setting",
+                   "name": " | ".join(x.name for x in segs), "ts": ts, "dur": round(te - ts, 3),
+                   "args": {"setting": "; ".join(view.settings.get(x.label, x.label)
+                                                 for x in segs)}})
         prev = te
     # requests: greedy lane packing keeps one tid's slices disjoint
     lanes: list[tuple[int, int]] = []  # heap of (end_ns, lane)

@@ -170,6 +170,11 @@ def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
     assert f"A/B load {load} — " in rows["Load"] and "requests to /v1/completions" in rows["Load"]
     page = render(data)
     assert re.search(r"<th[^>]*>B − A</th>", page)
+    # Perfetto: one slice per window; a mirrored repetition's two windows are one span
+    from gpuchef.report.perfetto import trace_events
+
+    names = [e["name"] for e in trace_events(data.views[0], 0) if e.get("cat") == "setting"]
+    assert names == (["A1 | B1", "A2 | B2"] if load == "mirrored" else ["A1", "B1", "B2", "A2"])
 
 
 def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
