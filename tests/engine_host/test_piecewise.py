@@ -363,3 +363,81 @@ def test_cli_flags_reach_the_engine_config():
     assert "in [1, 16384]" in got["err"]
     r = CliRunner().invoke(cmd, ["--cudagraph-mode", "PIECEWISE"])
     assert r.exit_code == 2 and "FULL_AND_PIECEWISE" in r.output
+
+
+# ---- the capture and replay bookkeeping, with a stand-in for torch.cuda's graphs ------------------
+
+
+class FakeGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` on the CPU: what ``run_piece`` is asked to do
+    inside ``fake_graph(g)`` is recorded, not run, and ``replay`` runs it (the pieces read
+    and write the static buffers, as a captured graph's kernels do)."""
+
+    recording = None
+    log: list = []  # (piece, size) of each replay
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def replay(self) -> None:
+        for j, n, f in self.calls:
+            FakeGraph.log.append((j, n))
+            f()
+
+
+@pytest.fixture
+def fake_cuda_graphs(monkeypatch):
+    from contextlib import contextmanager, nullcontext
+
+    @contextmanager
+    def graph(g, pool=None):
+        assert pool is not None  # one shared pool
+        FakeGraph.recording = g
+        try:
+            yield
+        finally:
+            FakeGraph.recording = None
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    orig = CudaGraphPiecewise.run_piece
+
+    def run_piece(self, model, j, n):
+        g = FakeGraph.recording
+        if g is None:
+            return orig(self, model, j, n)
+        g.calls.append((j, n, lambda: orig(self, model, j, n)))
+
+    for name, v in dict(CUDAGraph=FakeGraph, graph=graph, graph_pool_handle=object,
+                        Stream=Stream, stream=lambda s: nullcontext(), current_stream=Stream,
+                        synchronize=lambda *a: None, memory_reserved=lambda *a: 0).items():
+        monkeypatch.setattr(torch.cuda, name, v)
+    monkeypatch.setattr(CudaGraphPiecewise, "run_piece", run_piece)
+    FakeGraph.log = []
+    yield FakeGraph
+
+
+def test_capture_and_replay_bookkeeping(fake_cuda_graphs):
+    """With graphs "captured" (the stand-in): every size has one graph per piece, steps of
+    ≤ 64 tokens replay the pieces of their padded size and are labelled cuda_graph, larger
+    ones run eagerly, and the tokens are the monolithic engine's."""
+    want, _ = greedy(cpu_engine())
+    eng = cpu_engine()
+    pw = CudaGraphPiecewise(eng.runner, (16, 32, 64), capture=True, progress=None)
+    assert pw.graphed and sorted(pw.graphs) == [16, 32, 64]
+    L = eng.model_config.num_hidden_layers
+    assert all(len(gs) == L + 1 and all(len(g.calls) == 1 for g in gs)
+               for gs in pw.graphs.values())
+    eng.runner.piecewise = pw
+    spy = Spy(pw)
+    got, recs = greedy(eng)
+    assert got == want
+    small = [r for r in recs if r.num_tokens <= 64]
+    assert small and all(r.cuda_graph for r in small)
+    assert not any(r.cuda_graph for r in recs if r.num_tokens > 64)
+    assert len(spy.tokens) == len(small)
+    want_log = [(j, next(n for n in (16, 32, 64) if n >= t)) for t in spy.tokens
+                for j in range(L + 1)]
+    assert fake_cuda_graphs.log == want_log  # each piece in order, at the padded size
