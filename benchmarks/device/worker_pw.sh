@@ -12,7 +12,7 @@ M="--model llama-3-8b"
 AZ="--dataset azure-conv"
 job pw01_warmup 420 "gpuchef bench $M $AZ --num-prompts 60 --trace-speed inf --gpus 0 --sample-hz 0"
 # the piecewise tests first (new code), then the engine's other GPU tests (the default changed)
-job pw02_pytest_piecewise 420 "python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine_host/test_piecewise_gpu.py"
+job pw02_pytest_piecewise 540 "python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine_host/test_piecewise_gpu.py"
 job pw03_pytest_engine 420 "python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine_host/test_engine_gpu.py tests/engine_host/test_flashinfer_gpu.py"
 # the same mixed shapes as n02 (2026-12-02), eager and piecewise side by side, + the floors
 # (128 prefill tokens + 0 / + 64 decodes ≤ 8 ms; 512 + 64 ≤ 18 ms: 576 tokens, above the default
