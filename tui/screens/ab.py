@@ -208,9 +208,7 @@ class ABScreen(Screen):
             t.append("No A/B run yet. ", style=f"bold {theme.TITLE}")
             t.append("Press a to send gpuchef's load to both servers (A = the first --attach, "
                      "B = the second).", style=theme.LABEL)
-            if st.status:
-                t.append(f"\n⚠ A/B: {st.status}", style=f"bold {theme.PREEMPTED}")
-            return t
+            return t  # a status line (why the last run ended badly) is the header's
         t.append(f"A/B run #{st.run}", style=f"bold {theme.TITLE}")
         t.append(" · two servers · load ", style=theme.LABEL)
         t.append(st.load, style=f"bold {theme.TITLE}")
@@ -226,8 +224,6 @@ class ABScreen(Screen):
         else:
             t.append("   finished", style=theme.LABEL)
             t.append("    r run again · a/esc back", style=theme.AXIS)
-        if st.status:
-            t.append(f"\n⚠ A/B: {st.status}", style=f"bold {theme.PREEMPTED}")
         return t
 
     # -- text ------------------------------------------------------------------------------------
