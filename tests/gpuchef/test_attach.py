@@ -265,6 +265,9 @@ def test_bad_servers_are_one_status_line_and_the_session_goes_on(tmp_path, case)
 @pytest.mark.parametrize("args,msg", [
     (["--attach", "http://127.0.0.1:1", "--model", "tiny"], "--model does not apply with --attach"),
     (["--attach", "http://127.0.0.1:1", "--serve"], "--serve does not apply with --attach"),
+    (["--attach", "http://127.0.0.1:1", "--cudagraph-mode", "FULL_DECODE_ONLY",
+      "--cudagraph-capture-sizes", "16"],
+     "--cudagraph-mode, --cudagraph-capture-sizes do not apply with --attach"),
     (["--attach", "http://127.0.0.1:1", "--max-num-batched-tokens", "64", "--mode", "chunked"],
      "--mode, --max-num-batched-tokens do not apply"),
     (["--scrape-hz", "2"], "--scrape-hz needs --attach"),

@@ -453,6 +453,10 @@ def test_bench_base_url_refuses_engine_flags_and_http_flags_alone(server):
     assert r.exit_code == 2 and "--device, --mode do not apply with --base-url" in r.output
     r = bench(["--max-concurrency", "4", "--device", "cpu"])
     assert r.exit_code == 2 and "--max-concurrency needs --base-url" in r.output
+    r = bench(["--base-url", server.url, "--cudagraph-mode", "FULL_DECODE_ONLY",
+               "--cudagraph-capture-sizes", "16", "--vocab-size", "100"])
+    assert r.exit_code == 2 and ("--cudagraph-mode, --cudagraph-capture-sizes do not apply "
+                                 "with --base-url") in r.output
 
 
 def test_bench_base_url_one_line_for_bad_input(server):
