@@ -468,7 +468,8 @@ class EngineConfig:
     ``cudagraph_capture_sizes`` tokens through piecewise graphs (docs/engine-graphs.md);
     "FULL_DECODE_ONLY" graphs decode-only steps only. ``cudagraph_capture_sizes``: the piecewise
     graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 512); the
-    decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only.
+    decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only (refused, unless
+    at their defaults, with ``engine="vllm"``).
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
     than True, False or None, an unknown ``cudagraph_mode`` or a capture size outside
     [1, MAX_CAPTURE_SIZE].
@@ -505,6 +506,11 @@ class EngineConfig:
                 raise ConfigError(f"--cudagraph-capture-sizes {sizes!r} must be a non-empty "
                                   f"list of token counts in [1, {MAX_CAPTURE_SIZE}]")
             self.cudagraph_capture_sizes = tuple(sorted(set(sizes)))
+        if self.engine == "vllm" and (self.cudagraph_mode != CUDAGRAPH_MODES[0]
+                                      or self.cudagraph_capture_sizes is not None):
+            raise ConfigError("--cudagraph-mode and --cudagraph-capture-sizes set the native "
+                              "engine's graphs; --engine vllm captures its own (vLLM's "
+                              "--compilation-config sets them)")
         if not (self.async_scheduling is None or isinstance(self.async_scheduling, bool)):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be True, False "
                               "or None (on for CUDA, off for CPU)")

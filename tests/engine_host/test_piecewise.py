@@ -315,6 +315,11 @@ def test_cudagraph_mode_and_sizes_settings():
         EngineConfig(cudagraph_mode="PIECEWISE")
     with pytest.raises(ConfigError, match=r"\(no graphs at all: --enforce-eager\)"):
         EngineConfig(cudagraph_mode="NONE")
+    with pytest.raises(ConfigError, match="--engine vllm captures its own"):
+        EngineConfig(engine="vllm", cudagraph_mode="FULL_DECODE_ONLY")
+    with pytest.raises(ConfigError, match="--engine vllm captures its own"):
+        EngineConfig(engine="vllm", cudagraph_capture_sizes=(16,))
+    assert EngineConfig(engine="vllm").cudagraph_mode == "FULL_AND_PIECEWISE"
     for bad in ((), (0,), (16, 20000), "16,32", (True,), (16.0,)):
         with pytest.raises(ConfigError, match=r"--cudagraph-capture-sizes .* must be a non-empty "
                                               r"list of token counts in \[1, 16384\]"):
