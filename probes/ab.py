@@ -119,8 +119,8 @@ class Window:
     """One window of run ``run``: setting ``label`` ("A"/"B"), its number ``n`` (1-based per
     setting), ``[t0_ns, t1_ns)`` (monotonic ns; ``t1_ns`` None while it runs) and ``step0``, the
     first engine step with the setting in force. ``mirrored``: opened by an ``AB`` mark — its
-    requests are those of ``label``'s server (:func:`side_of`), its steps none (the client sees
-    neither server's)."""
+    requests are those of ``label``'s server (:func:`side_of`), its steps and GPU means none (the
+    client sees neither server's steps; the GPUs sampled over the span ran both)."""
 
     run: int
     label: str
@@ -328,7 +328,9 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
                                                     goodput=goodput).request_goodput or 0)
         res = WindowResult(w.label, w.n, t0, end, list(reqs), list(stp), work=work,
                            run=w.run, step0=w.step0,
-                           gpu=gpu_means(t0, end) if gpu_means is not None else {})
+                           # mirrored: the span is both servers' (the GPUs sampled too)
+                           gpu=gpu_means(t0, end) if gpu_means is not None and not w.mirrored
+                           else {})
         if not whole_loads and t1 - t0 < MIN_WINDOW_SHARE * med:
             res.counted, res.why = False, (f"shorter than {MIN_WINDOW_SHARE:g} of the median "
                                            f"window ({med / 1e9:.3g} s)")

@@ -59,10 +59,11 @@ def test_mirrored_marks_open_a_window_of_each_server_holding_its_own_requests():
             req("A/r0", 3.1, [3.5, 3.9]), req("B/r0", 3.1, [3.3, 3.5]),
             req("A/r1", 4.0, [4.4, 4.8]), req("B/r1", 4.0, [4.2, 4.4])]
     steps = [step(0, 0.2, 0.1, prefill=10)]  # neither server's: left out of mirrored windows
-    res = {r.name: r for r in ab.window_results(wins, reqs, steps, whole_loads=True)}
+    res = {r.name: r for r in ab.window_results(wins, reqs, steps, whole_loads=True,
+                                                 gpu_means=lambda a, b: {"sm_active": 50.0})}
     assert [q.request_id for q in res["A1"].requests] == ["A/r0", "A/r1"]
     assert [q.request_id for q in res["B2"].requests] == ["B/r0", "B/r1"]
-    assert all(not r.steps for r in res.values())
+    assert all(not r.steps and r.gpu == {} for r in res.values())  # neither side's alone
     # spans from the shared mark to each side's own last token
     assert res["A1"].duration_s == pytest.approx(1.8 + 1e-9) and \
         res["B1"].duration_s == pytest.approx(1.4 + 1e-9)
