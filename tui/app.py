@@ -118,7 +118,9 @@ class GpuchefApp(App):
         if getattr(self.session.scheduler_config, name, None) == parsed:
             return False  # already in force (e.g. a field re-sent as it was): nothing to do
         if self.session.ab.state().active:
-            self.notify("an A/B run sets the knobs now: stop it first (x)", severity="warning")
+            self.notify("an A/B run is sending the load to both servers: stop it first (x)"
+                        if self.session.ab.state().load else
+                        "an A/B run sets the knobs now: stop it first (x)", severity="warning")
             self._resync()
             return False
         try:
@@ -299,8 +301,10 @@ class GpuchefApp(App):
 
     @work(thread=True, exclusive=True, group="ab")
     def _stop_ab(self) -> None:
+        attached = bool(self.session.ab.state().load)  # two servers: no settings were changed
         self.session.ab.stop()
-        self.call_from_thread(self.notify, "A/B stopped; settings restored", timeout=4)
+        self.call_from_thread(self.notify, "A/B stopped" if attached else
+                              "A/B stopped; settings restored", timeout=4)
 
     def action_export_trace(self) -> None:
         self._export_trace()

@@ -215,3 +215,33 @@ def test_ab_flags_need_attach():
     with pytest.raises(ConfigError) as e:
         build(["--ab-load", "sequential", "--device", "cpu", "--model", "tiny"])
     assert "--ab-load needs --attach URL" in str(e.value)
+
+
+def test_knob_keys_wait_and_x_stops_the_ab_keeping_what_finished(servers):
+    a, b = servers
+    app = build(["--attach", a.url, "--attach", b.url, "--ab-load", "mirrored",
+                 "--num-prompts", "40", "--input-len", "32", "--output-len", "4",
+                 "--request-rate", "2", "--scrape-hz", "2"])
+    s = app.session
+    notes = []
+
+    async def go():
+        async with app.run_test(size=(170, 48)) as pilot:
+            app.notify = lambda msg, **kw: notes.append(msg)
+            await pilot.pause(0.3)
+            await pilot.press("a")
+            assert await wait_for(pilot, lambda: len(s.timeline.snapshot().requests) >= 4, 30)
+            await pilot.press("plus")  # a knob key while the A/B runs: refused, nothing sent
+            await pilot.press("x")
+            assert await wait_for(pilot, lambda: not s.ab.state().active, 15)
+            await pilot.pause(0.3)
+    drive(s, go)
+    assert "an A/B run is sending the load to both servers: stop it first (x)" in notes, notes
+    assert "A/B stopped" in notes and not any("settings restored" in n for n in notes)
+    st = s.ab.state()
+    assert st.status == "stopped after 0 of 4 runs" and s.ab.runs == []
+    # the requests that finished before the stop are kept, both servers', under the run's mark
+    ids = {q.request_id[:2] for q in s.timeline.snapshot().requests}
+    assert ids == {"A/", "B/"}
+    marks = [e.name for e in s.timeline.snapshot().events if e.kind == "mark"]
+    assert marks == ["ab:1:AB:1", "ab:1:end"]
