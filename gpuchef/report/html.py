@@ -133,8 +133,9 @@ def _load_text(meta: dict[str, Any]) -> str:
         ld = meta.get("load")  # a client's load (bench --base-url, top --attach, ab over HTTP)
         if not isinstance(ld, dict) or not ld.get("desc"):
             return "not recorded"
-        s = (f"{ld['desc']}; {ld.get('num_requests', '?')} requests to {ld.get('endpoint', '?')}"
-             " (gpuchef's HTTP client)")
+        per = " per run" if ab_load in AB_LOAD_TEXT else ""  # each side, each repetition
+        s = (f"{ld['desc']}; {ld.get('num_requests', '?')} requests{per} to "
+             f"{ld.get('endpoint', '?')} (gpuchef's HTTP client)")
         if ab_load in AB_LOAD_TEXT:
             s += f"; A/B load {AB_LOAD_TEXT[ab_load]}"
         return s

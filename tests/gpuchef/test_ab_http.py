@@ -167,7 +167,9 @@ def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
                                              pytest.approx(want[r.key]["b"], nan_ok=True),
                                              want[r.key]["verdict"]), r.key
     rows = dict((r[0], r[1]) for r in run_table(data.views)[1])
-    assert f"A/B load {load} — " in rows["Load"] and "requests to /v1/completions" in rows["Load"]
+    assert f"A/B load {load} — " in rows["Load"]
+    assert f"{d['results']['A']['completed'] // 2} requests per run to /v1/completions" in \
+        rows["Load"]
     page = render(data)
     assert re.search(r"<th[^>]*>B − A</th>", page)
     # Perfetto: one slice per window; a mirrored repetition's two windows are one span
