@@ -299,10 +299,10 @@ class EngineHost:
                         self._arrivals.pop(i)
                         heapq.heapify(self._arrivals)
                         self.submitted += 1  # counted as handled, so wait_done can finish
-                        now = time.monotonic_ns()  # before its arrival: it never arrived
+                        # before its arrival time it never arrived: withdrawn (ended_ns earlier)
                         rec = RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids), 0,
                                             (), reason, max_tokens=a.sampling.max_tokens,
-                                            withdrawn_ns=now if now < a.arrival_ns else 0)
+                                            ended_ns=time.monotonic_ns())
                         break
             if rec is not None:
                 self._note_state()

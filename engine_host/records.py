@@ -102,9 +102,10 @@ class RequestRecord:
     ``finish_reason``: "length" (forced/max length reached), "stop" (EOS, a stop token, or a
     stop string found by the server), "abort" (e.g. the client disconnected), or "error".
     ``first_scheduled_ns``: start of the first step that computed any of its prompt (0 if none
-    did); ``first_scheduled_ns − arrival_ns`` is vLLM's queue time. ``withdrawn_ns``: when a
-    request was aborted *before* its arrival time (a load generator's request withdrawn, e.g. a
-    capacity probe stopped early), so it never reached the engine; 0 for every other record.
+    did); ``first_scheduled_ns − arrival_ns`` is vLLM's queue time. ``ended_ns``: when a record
+    without tokens ended — its error (an HTTP request that failed), abort, or withdrawal — 0 when
+    not recorded; earlier than ``arrival_ns`` for a request withdrawn *before* its arrival time
+    (a capacity probe stopped early withdraws the arrivals still to come: it never arrived).
     Latency definitions follow ``vllm bench serve``: TTFT = first token − arrival,
     TPOT = (e2e − TTFT)/(output_len − 1), E2EL = last token − arrival, ITL = one gap per output
     chunk after the first. A chunk is the tokens that arrived at one time stamp: a step that
@@ -125,21 +126,26 @@ class RequestRecord:
     error: str = ""
     output_token_ids: tuple[int, ...] = field(default=(), repr=False)
     first_scheduled_ns: int = 0
-    withdrawn_ns: int = 0
+    ended_ns: int = 0
+
+    @property
+    def withdrawn(self) -> bool:
+        """Withdrawn before its arrival time: it never reached the engine."""
+        return 0 < self.ended_ns < self.arrival_ns
 
     @property
     def entered_ns(self) -> int:
         """When the request entered the recording's time line (ns): its arrival, or its
         withdrawal for one withdrawn before it arrived (whose ``arrival_ns`` lies later). Time
         windows (A/B windows, capacity probes) place a request by this."""
-        return self.withdrawn_ns or self.arrival_ns
+        return self.ended_ns if self.withdrawn else self.arrival_ns
 
     @property
     def closed_ns(self) -> int:
         """When the record closed (ns): its last token's time; for one without tokens its
-        withdrawal, else its arrival (an abort or error before the first token)."""
+        ``ended_ns`` when recorded, else its arrival."""
         t = self.token_times_ns
-        return t[-1] if t else self.entered_ns
+        return t[-1] if t else (self.ended_ns or self.arrival_ns)
 
     @property
     def ttft_ms(self) -> float | None:

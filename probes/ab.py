@@ -230,8 +230,12 @@ def work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> 
 
 
 def _span_end(reqs_near: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> int:
-    """Just past the engine's last activity in ``[t0, t1)`` (the latest token time or step end
-    in it, + 1 ns so that the half-open span holds it); ``t0 + 1`` when there was none."""
+    """Just past the engine's last activity in ``[t0, t1)`` (the latest token time, failure or
+    step end in it, + 1 ns so that the half-open span holds it); ``t0 + 1`` when there was none.
+    A request that failed counts to when it failed (``ended_ns``), as ``vllm bench serve``'s
+    duration runs until every request has answered, failures included: ended at its last token,
+    a side whose server died mid-run was given a short span and a throughput above what was
+    offered."""
     last = t0
     for r in reqs_near:
         tt = r.token_times_ns
@@ -239,6 +243,8 @@ def _span_end(reqs_near: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) 
             i = bisect_left(tt, t1) - 1
             if i >= 0 and tt[i] >= t0:
                 last = max(last, tt[i])
+        elif t0 <= r.ended_ns < t1:
+            last = max(last, r.ended_ns)
     for s in steps:
         last = max(last, s.t_end_ns)
     return min(t1, max(last + 1, t0 + 1))
@@ -314,13 +320,15 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
         # requests with tokens in the window arrived before its end
         near = [r for r in by_arr[:bisect_left(arr, t1)]
                 if r.token_times_ns and r.token_times_ns[-1] >= t0]
+        # and those that failed in it (no tokens): the span runs to their failure
+        failed = [r for r in reqs if not r.token_times_ns and r.ended_ns >= t0]
         key = (w.run, w.label, w.n, t0, t1, len(reqs), len(stp), len(near),
-               sum(len(r.token_times_ns) for r in near))
+               sum(len(r.token_times_ns) for r in near), len(failed))
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
             out.append(hit)
             continue
-        end = _span_end(near, stp, t0, t1)
+        end = _span_end(near + failed, stp, t0, t1)
         work = work_in(near, stp, t0, end)
         if goodput:  # good work done: the finished requests that met every SLO
             fin = [r for r in near if t0 <= r.token_times_ns[-1] < end]

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
@@ -639,7 +640,7 @@ def _numbered_lines(f: Any, path: Path,
     try:
         for n, line in enumerate(f, start=2):
             yield n, line
-    except (OSError, EOFError) as e:  # EOFError: a gzip stream cut short (a copy stopped)
+    except (OSError, EOFError, zlib.error) as e:  # gzip: a stream cut short or corrupt
         on_problem(f"{path} line {n + 1}: cannot read ({getattr(e, 'strerror', None) or e}) — "
                    "the rest of the file is not read")
 
@@ -672,7 +673,7 @@ def iter_trace(path: str | os.PathLike[str],
     with f:
         try:
             first = f.readline()
-        except (OSError, EOFError) as e:  # gzip: BadGzipFile is an OSError, a cut stream EOF
+        except (OSError, EOFError, zlib.error) as e:  # gzip: a bad header, a cut or corrupt stream
             raise TraceReadError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}"
                                  ) from None
         if not first:

@@ -740,7 +740,7 @@ def to_request_records(results: Sequence[ClientResult]) -> list[RequestRecord]:
     ``token_times_ns`` (RequestRecord's chunk convention: one ITL per chunk). When the usage
     total differs from the chunks' sum (a server that does not say per chunk), ``output_len``
     is the usage total and the times stay one per chunk. A failed request is finish_reason
-    "error" with its message, no tokens."""
+    "error" with its message, no tokens, ``ended_ns`` when the failure was seen."""
     out = []
     for r in results:
         if r.success:
@@ -754,7 +754,7 @@ def to_request_records(results: Sequence[ClientResult]) -> list[RequestRecord]:
         else:
             out.append(RequestRecord(r.request_id, r.start_ns or r.dispatch_ns, r.prompt_len, 0,
                                      (), "error", max_tokens=r.max_tokens,
-                                     error=f"{r.error_kind}: {r.error}"))
+                                     error=f"{r.error_kind}: {r.error}", ended_ns=r.end_ns))
     return out
 
 

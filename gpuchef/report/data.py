@@ -255,7 +255,7 @@ def _describe_steps(steps: Sequence[StepRecord]) -> str:
 
 
 def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestRecord]:
-    """``requests`` (file order) with ``withdrawn_ns`` inferred for a capacity trace written
+    """``requests`` (file order) with ``ended_ns`` inferred for a capacity trace written
     before the field existed (2026-12-02): a request the early stop aborted before its arrival
     (``finish_reason`` ``capacity.EARLY_STOP_REASON``, no token, never scheduled) was recorded
     at the stop, right after the records that closed before it, but carries its planned arrival,
@@ -267,10 +267,10 @@ def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestReco
 
     out, t = [], 0
     for r in requests:
-        if (not r.withdrawn_ns and r.finish_reason == EARLY_STOP_REASON and not r.token_times_ns
+        if (not r.ended_ns and r.finish_reason == EARLY_STOP_REASON and not r.token_times_ns
                 and not r.first_scheduled_ns):
             if 0 < t < r.arrival_ns:
-                r = replace(r, withdrawn_ns=t)
+                r = replace(r, ended_ns=t)
         else:
             t = max(t, r.closed_ns)
         out.append(r)

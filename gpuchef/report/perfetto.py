@@ -109,7 +109,7 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
     lanes: list[tuple[int, int]] = []  # heap of (end_ns, lane)
     n_lanes = 0
     for r in sorted(tr.requests, key=lambda r: r.entered_ns):
-        if r.withdrawn_ns:  # withdrawn before it arrived: it never ran, no slice to draw
+        if r.withdrawn:  # withdrawn before it arrived: it never ran, no slice to draw
             continue
         end = r.closed_ns
         if lanes and lanes[0][0] <= r.arrival_ns:

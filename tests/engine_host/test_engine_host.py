@@ -302,7 +302,8 @@ def test_paused_load_holds_the_load_but_not_requests_from_outside(engine_cfg):
         (rec,) = [r for r in c.requests if r.request_id == "load-1"]
         assert rec.finish_reason == "abort" and rec.output_len == 0
         # it had arrived (held by the pause): not withdrawn, it entered at its arrival
-        assert rec.withdrawn_ns == 0 and rec.entered_ns == rec.arrival_ns
+        assert not rec.withdrawn and rec.entered_ns == rec.arrival_ns
+        assert rec.ended_ns >= rec.arrival_ns and rec.closed_ns == rec.ended_ns
         assert host.wait_done(10)
     finally:
         host.stop()
@@ -326,8 +327,8 @@ def test_a_request_aborted_before_its_arrival_is_recorded_as_withdrawn(engine_cf
             time.sleep(0.01)
         (rec,) = c.requests
         assert rec.finish_reason == "early stop" and rec.token_times_ns == ()
-        assert rec.arrival_ns == due and t_abort <= rec.withdrawn_ns < due
-        assert rec.entered_ns == rec.closed_ns == rec.withdrawn_ns
+        assert rec.arrival_ns == due and t_abort <= rec.ended_ns < due and rec.withdrawn
+        assert rec.entered_ns == rec.closed_ns == rec.ended_ns
         assert host.wait_done(10)
     finally:
         host.stop()

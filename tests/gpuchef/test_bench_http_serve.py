@@ -20,8 +20,11 @@ from gpuchef.probes.recorder import read_trace
 
 _register()
 N = 8
-#: the client's clock against the server's, per request (ms): loopback, a shared 2-core box
+#: the client's clock against the server's (ms), loopback on a shared 2-core box: the median
+#: request within SLACK_MS, every one within GROSS_MS (a scheduler hiccup of tens of ms hits one
+#: request in a full-suite run; a clock or bookkeeping error would be off by far more)
 SLACK_MS = 40.0
+GROSS_MS = 500.0
 
 
 def test_bench_base_url_agrees_with_the_servers_trace(tmp_path):
@@ -41,6 +44,7 @@ def test_bench_base_url_agrees_with_the_servers_trace(tmp_path):
     starts = np.array(d["start_times"])[order] * 1e9
     firsts = starts + np.array(d["ttfts"])[order] * 1e9
     ends = starts + np.array(d["latencies"])[order] * 1e9
+    gaps, ttft_diff = [], []
     for i, q in enumerate(server):
         k = order[i]
         assert d["input_lens"][k] == q.prompt_len and d["output_lens"][k] == q.output_len == 6
@@ -48,11 +52,14 @@ def test_bench_base_url_agrees_with_the_servers_trace(tmp_path):
         got_first = (firsts[i] - q.token_times_ns[0]) / 1e6  # first token made → received
         got_last = (ends[i] - q.token_times_ns[-1]) / 1e6
         # (one clock: never negative; ~1-3 ms measured on an idle box)
-        assert 0 <= sent < SLACK_MS and 0 <= got_first < SLACK_MS and 0 <= got_last < SLACK_MS, \
+        assert 0 <= sent < GROSS_MS and 0 <= got_first < GROSS_MS and 0 <= got_last < GROSS_MS, \
             (i, sent, got_first, got_last)
+        gaps.append((sent, got_first, got_last))
         # so the client's TTFT is the server's within that slack
         server_ttft = (q.token_times_ns[0] - q.arrival_ns) / 1e6
-        assert abs(d["ttfts"][k] * 1e3 - server_ttft) < 2 * SLACK_MS
+        ttft_diff.append(abs(d["ttfts"][k] * 1e3 - server_ttft))
+    assert (np.median(gaps, axis=0) < SLACK_MS).all(), gaps
+    assert np.median(ttft_diff) < 2 * SLACK_MS and max(ttft_diff) < 2 * GROSS_MS, ttft_diff
     assert d["mean_ttft_ms"] == pytest.approx(np.mean(d["ttfts"]) * 1e3)
     assert d["total_output_tokens"] == sum(q.output_len for q in server)
     assert d["total_input_tokens"] == sum(q.prompt_len for q in server)

@@ -231,8 +231,8 @@ def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
     # A's probe [t0, t1) stopped at `stop`: 7 requests planned after t1 were withdrawn then
     withdrawn = [replace(reqs[0], request_id=f"w-{i}", arrival_ns=t1 + (i + 1) * 1000,
                          token_times_ns=(), output_len=0, first_scheduled_ns=0,
-                         finish_reason="early stop", withdrawn_ns=stop + i) for i in range(7)]
-    assert all(w.arrival_ns >= t1 > w.withdrawn_ns for w in withdrawn)
+                         finish_reason="early stop", ended_ns=stop + i) for i in range(7)]
+    assert all(w.arrival_ns >= t1 > w.ended_ns and w.withdrawn for w in withdrawn)
     meta = {"command": "ab", "workload": {"dataset": "random", "request_rate": 1.0},
             "ab": {"capacity": True, "slo_spec": "itl_p99:500ms"}}
     p = _write(tmp_path / "cap.jsonl", meta, requests=[*reqs, *withdrawn], events=[
@@ -242,7 +242,7 @@ def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
     v = build([p]).views[0]
     a_seg, b_seg = v.segments
     assert {r.request_id for r in withdrawn} <= {r.request_id for r in a_seg.requests}
-    assert not any(r.withdrawn_ns for r in b_seg.requests)
+    assert not any(r.withdrawn for r in b_seg.requests)
     assert len(b_seg.requests) == sum(1 for x in arr if x >= t1)
     # B is judged on its own requests alone: every one of them finished
     probes, _ = capacity_probes(v)
@@ -250,19 +250,19 @@ def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
     assert not probes[1].metrics.failed
     # the round trip keeps the field; a withdrawn request is not a slice in the Perfetto trace
     back = read_trace(p)
-    assert sorted(r.withdrawn_ns for r in back.requests if r.withdrawn_ns) == \
-        sorted(w.withdrawn_ns for w in withdrawn)
+    assert sorted(r.ended_ns for r in back.requests if r.withdrawn) == \
+        sorted(w.ended_ns for w in withdrawn)
     from gpuchef.report.perfetto import trace_events
     names = {e.get("name") for e in trace_events(v, 0)}
     assert "w-0" not in names and reqs[0].request_id in names
 
-    # a trace written before withdrawn_ns: the withdrawn records follow, in the file, the
+    # a trace written before ended_ns: the withdrawn records follow, in the file, the
     # records that closed before the stop — placed by that, they stay in A's probe too
     done = replace(reqs[0], request_id="done", arrival_ns=t0 + 1000,
                    token_times_ns=(t0 + 2000, stop - 1000), output_len=2)  # closed before
     before = [done, *(r for r in reqs if r.closed_ns < stop)]
     after = [r for r in reqs if r.closed_ns >= stop]
-    legacy = [replace(w, withdrawn_ns=0) for w in withdrawn]
+    legacy = [replace(w, ended_ns=0) for w in withdrawn]
     p2 = _write(tmp_path / "cap_old.jsonl", meta, requests=[*before, *legacy, *after],
                 events=[EngineEvent("mark", 0, t0, "capacity:A:1"),
                         EngineEvent("mark", 1, stop, "capacity:A:stopped:itl_p99 broken"),

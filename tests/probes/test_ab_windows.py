@@ -181,3 +181,21 @@ def test_verdict_waits_for_enough_pairs():
     assert ab.verdict(spec, a[:2], b[:2], min_pairs=ab.MIN_REPETITIONS) == "B worse"
     assert ab.verdict(spec, [1.0, 2.0, 1.0, 2.0], [1.5, 1.5, 1.5, 1.5]) == "within spread"
     assert ab.verdict(spec, [math.nan], [1.0]) == "n/a"
+
+
+def test_a_side_whose_requests_failed_is_timed_to_its_failures():
+    """A server that died mid-run: its requests after the death failed (no tokens, ended_ns
+    when the client saw the failure). The window runs to the last failure, as vllm bench
+    serve's duration runs until every request answered — ended at the last token, the side got
+    a 1.7 s span and a throughput above what was offered (a tester's report)."""
+    ev = [mark(0, "ab:1:A:1"), mark(10, "ab:1:end")]
+    ok = [req(f"ok{i}", 0.2 * i, [0.2 * i + 0.1, 0.2 * i + 0.3]) for i in range(8)]  # to 1.7 s
+    dead = [RequestRecord(f"x{i}", T0 + int((2 + 0.25 * i) * S), 10, 0, (), "error",
+                          error="connect: refused", ended_ns=T0 + int((2.01 + 0.25 * i) * S))
+            for i in range(12)]  # 2.0 .. 4.75 s, each failing at once
+    _, wins, _ = ab.windows(ev)
+    (w,) = ab.window_results(wins, ok + dead, [], whole_loads=True)
+    assert (w.t1_ns - w.t0_ns) / S == pytest.approx(2.01 + 0.25 * 11, abs=1e-6)
+    m = w.metrics
+    assert m.completed == 8 and m.failed == 12
+    assert m.request_throughput == pytest.approx(8 / (2.01 + 0.25 * 11), rel=1e-3)

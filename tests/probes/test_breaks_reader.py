@@ -119,6 +119,22 @@ def test_a_gzip_compressed_trace_reads_as_the_plain_one_and_a_cut_one_keeps_its_
     assert not tr.complete
     assert any("cut.jsonl.gz line" in x and ("cannot read" in x or "truncated" in x)
                for x in tr.problems), tr.problems
+    # corrupt in the middle (zlib.error, neither OSError nor EOFError): the same, not a traceback
+    bad = bytearray(data)
+    for i in range(len(bad) // 2, len(bad) // 2 + 64):
+        bad[i] ^= 0x5A
+    cor = tmp_path / "corrupt.jsonl.gz"
+    cor.write_bytes(bytes(bad))
+    tr = read_trace(cor)
+    assert len(tr.steps) < 200 and tr.steps == plain.steps[:len(tr.steps)]
+    assert any("corrupt.jsonl.gz line" in x and "cannot read" in x for x in tr.problems)
+    # corrupt from the first bytes of the stream: one error, as for any unreadable line 1
+    bad = bytearray(data)
+    for i in range(10, 80):
+        bad[i] ^= 0x5A
+    cor.write_bytes(bytes(bad))
+    with pytest.raises(TraceReadError, match="corrupt.jsonl.gz: cannot read"):
+        read_trace(cor)
 
 
 def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
