@@ -524,7 +524,9 @@ def _add_steps(m: BenchMetrics, s: StepArrays) -> None:
     m.busy_fraction = float(s.gpu_ms.sum()) / (span_ns / 1e6) if span_ns > 0 else NAN
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """One value of the results block as it prints it: an int or str as is, a float with 2
+    decimals, None or NaN as "n/a"; left-aligned in 10 columns (vllm's ``{:<10}``)."""
     if isinstance(v, bool) or isinstance(v, str):
         return "{:<10}".format(str(v))
     if isinstance(v, (int, np.integer)):
@@ -534,24 +536,19 @@ def _fmt(v: Any) -> str:
     return "{:<10.2f}".format(float(v))
 
 
-def format_results_block(m: BenchMetrics, title: str = "Serving Benchmark Result",
-                         extra: dict[str, str] | None = None) -> str:
-    """The results as text in ``vllm bench serve``'s layout (vllm/benchmarks/serve.py):
-    the title centred in a line of 50 ``=``, rows ``"{:<40} {:<10}"``, one section of 50 ``-``
-    per latency metric (Mean, Median, then P-x for each percentile), then gpuchef's
-    "Engine Steps" section, closed by 50 ``=``. ``extra`` rows (label -> value, e.g.
-    {"Scheduler mode:": "chunked"}) go after "Failed requests:", where vllm prints the run's
-    configured rate and concurrency. A value with no data prints as "n/a". No trailing newline.
-    """
-    lines: list[str] = []
+def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
+                       ) -> list[tuple[str, str, Any]]:
+    """The rows of :func:`format_results_block`, unformatted: ``(section, label, value)`` in
+    its order, ``section`` "" for the rows under the title, else its header's text
+    ("Time to First Token", "Engine Steps (gpuchef)", ...); ``value`` as measured (int, float,
+    str, None). The report's table and its B − A read these, so its differences come from the
+    figures, not from their 2-decimal cells."""
+    rows: list[tuple[str, str, Any]] = []
+    sec = ""
 
     def row(label: str, value: Any) -> None:
-        lines.append("{:<40} {}".format(label, _fmt(value)).rstrip())
+        rows.append((sec, label, value))
 
-    def header(text: str, c: str) -> None:
-        lines.append("{s:{c}^{n}}".format(s=text, c=c, n=50))
-
-    header(f" {title} ", "=")
     row("Successful requests:", m.completed)
     row("Failed requests:", m.failed)
     for k, v in (extra or {}).items():
@@ -565,19 +562,19 @@ def format_results_block(m: BenchMetrics, title: str = "Serving Benchmark Result
     row("Output token throughput (tok/s):", float(m.output_throughput))
     row("Total token throughput (tok/s):", float(m.total_token_throughput))
     for stem, name, head in _METRICS:
-        header(head, "-")
+        sec = head
         row(f"Mean {name} (ms):", getattr(m, f"mean_{stem}_ms"))
         row(f"Median {name} (ms):", getattr(m, f"median_{stem}_ms"))
         for p, v in getattr(m, f"percentiles_{stem}_ms"):
             row(f"P{_pw(p)} {name} (ms):", v)
     if m.probe_completed or m.probe_failed:
-        header("Probe Requests", "-")
+        sec = "Probe Requests"
         row("Probe requests completed:", m.probe_completed)
         row("Probe requests failed:", m.probe_failed)
         row("Median probe E2EL (ms):", m.median_probe_e2el_ms)
         row("P99 probe E2EL (ms):", m.p99_probe_e2el_ms)
         row("Max probe E2EL (ms):", m.max_probe_e2el_ms)
-    header("Engine Steps (gpuchef)", "-")
+    sec = "Engine Steps (gpuchef)"
     row("Engine steps:", m.num_steps)
     row("Steps per second:", m.steps_per_s)
     row("Mean step time (ms):", m.mean_step_ms)
@@ -587,5 +584,25 @@ def format_results_block(m: BenchMetrics, title: str = "Serving Benchmark Result
     row("Mixed prefill+decode steps:", m.num_mixed_steps)
     row("Preemptions:", m.num_preemptions)
     row("Compute busy fraction (%):", m.busy_fraction * 100.0)
+    return rows
+
+
+def format_results_block(m: BenchMetrics, title: str = "Serving Benchmark Result",
+                         extra: dict[str, str] | None = None) -> str:
+    """The results as text in ``vllm bench serve``'s layout (vllm/benchmarks/serve.py):
+    the title centred in a line of 50 ``=``, rows ``"{:<40} {:<10}"``, one section of 50 ``-``
+    per latency metric (Mean, Median, then P-x for each percentile), then gpuchef's
+    "Engine Steps" section, closed by 50 ``=``. ``extra`` rows (label -> value, e.g.
+    {"Scheduler mode:": "chunked"}) go after "Failed requests:", where vllm prints the run's
+    configured rate and concurrency. A value with no data prints as "n/a". No trailing newline.
+    The rows are :func:`results_block_rows`'.
+    """
+    lines = ["{s:{c}^{n}}".format(s=f" {title} ", c="=", n=50)]
+    sec = ""
+    for section, label, value in results_block_rows(m, extra):
+        if section != sec:
+            sec = section
+            lines.append("{s:{c}^{n}}".format(s=section, c="-", n=50))
+        lines.append("{:<40} {}".format(label, format_value(value)).rstrip())
     lines.append("=" * 50)
     return "\n".join(lines)

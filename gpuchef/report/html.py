@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE
-from gpuchef.probes.metrics import format_results_block
+from gpuchef.probes.metrics import format_value, results_block_rows
 
 from . import plots
 from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
@@ -295,31 +296,32 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], num_cols: Sequenc
     return "".join(out)
 
 
-def results_rows(groups: Sequence[Group]) -> list[Any]:
-    """The bench results block of every group, merged into rows (label, value per group), in
-    ``format_results_block``'s order; section headers as 1-tuples."""
-    parsed: list[dict[tuple[str, str], str]] = []
+def results_rows(groups: Sequence[Group], delta: bool = False) -> list[Any]:
+    """The bench results block of every group (``probes.metrics.results_block_rows``), merged
+    into rows (label, value per group as the block prints it), in the block's order; section
+    headers as 1-tuples. ``delta``: each row also gets B − A and its % (two groups), from the
+    measured values, not from their 2-decimal cells."""
+
+    per: list[dict[tuple[str, str], Any]] = []
     order: list[tuple[str, str]] = []
     for g in groups:
-        block = format_results_block(g.metrics, extra=_gpu_extra(g))
-        section, rows = "", {}
-        for line in block.splitlines():
-            if len(line) > 40 and line[40] == " " and line[:40].rstrip().endswith(":"):
-                key = (section, line[:40].rstrip())
-                rows[key] = line[41:].strip()
-                if key not in order:
-                    order.append(key)
-            else:
-                section = line.strip("=- ")
-        parsed.append(rows)
+        rows = {}
+        for sec, label, v in results_block_rows(g.metrics, extra=_gpu_extra(g)):
+            rows[(sec, label)] = v
+            if (sec, label) not in order:
+                order.append((sec, label))
+        per.append(rows)
     out: list[Any] = []
     last = None
     for sec, label in order:
         if sec != last:
-            if sec and sec != "Serving Benchmark Result":
+            if sec:
                 out.append((sec,))
             last = sec
-        out.append([label.rstrip(":")] + [p.get((sec, label), "") for p in parsed])
+        vals = [p.get((sec, label)) for p in per]
+        row = [label.rstrip(":")] + ["" if (sec, label) not in p else format_value(v).strip()
+                                     for p, v in zip(per, vals)]
+        out.append(row + (_delta(*vals[:2]) if delta and len(vals) == 2 else []))
     return out
 
 
@@ -333,17 +335,18 @@ def _gpu_extra(g: Group) -> dict[str, str]:
             "GPU power (mean W):": f("power_w")}
 
 
-def _delta(a: str, b: str) -> list[str]:
-    """(b − a, (b − a)/a in %) of two result cells, blank when they are not plain numbers."""
-    try:
-        x, y = float(a), float(b)
-    except ValueError:
+def _delta(a: Any, b: Any) -> list[str]:
+    """(b − a, (b − a)/a in %) of two measured values, blank when they are not both numbers
+    (a str, None, NaN); integers (counts) as integers."""
+    if isinstance(a, (bool, str)) or isinstance(b, (bool, str)) or a is None or b is None:
         return ["", ""]
+    x, y = float(a), float(b)
     if not (math.isfinite(x) and math.isfinite(y)):
         return ["", ""]
     d = y - x
     pct = f"{d / x * 100:+.1f} %" if x else ""
-    return [f"{d:+.2f}" if not (x.is_integer() and y.is_integer()) else f"{int(d):+d}", pct]
+    ints = isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral)
+    return [f"{int(d):+d}" if ints else f"{d:+.2f}", pct]
 
 
 def _card(g: Group, pcts: Sequence[float]) -> str:
@@ -642,12 +645,12 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             "TPOT = (E2EL − TTFT)/(output tokens − 1) per request (vllm bench serve)."))
     # results
     if groups:
-        rows = results_rows(groups)
         head = ["metric", *[g.short for g in groups]]
         # capacity groups pool probes of different rates: a B − A of them compares nothing
-        if len(groups) == 2 and not any(g.view.capacity for g in groups):
+        pair = len(groups) == 2 and not any(g.view.capacity for g in groups)
+        rows = results_rows(groups, delta=pair)
+        if pair:
             head += [f"{groups[1].short} − {groups[0].short}", "%"]
-            rows = [r if isinstance(r, tuple) else r + _delta(r[1], r[2]) for r in rows]
         legend = "; ".join(f"{g.short}: {g.description}" for g in groups
                            if g.description and g.description != g.short)
         slo = (f" Columns — {legend}." if legend else "") + ((

@@ -270,3 +270,34 @@ def test_requests_withdrawn_by_an_early_stop_stay_in_their_probe(tmp_path):
     a2, b2 = build([p2]).views[0].segments
     assert {r.request_id for r in legacy} <= {r.request_id for r in a2.requests}
     assert len(b2.requests) == len(b_seg.requests)
+
+
+def test_results_table_b_minus_a_is_of_the_figures_not_of_their_rounded_cells(tmp_path):
+    """The report's B − A and % come from the measured values (a tester found the last digit
+    off in 7 of 15 rows: they were the difference of the 2-decimal cells); the cells are the
+    results block's own, and the text block prints the same rows."""
+    from gpuchef.probes.metrics import format_results_block, format_value, results_block_rows
+    from gpuchef.report.data import build
+    from gpuchef.report.html import results_rows
+
+    src = read_trace(H200)
+    arr = sorted(r.arrival_ns for r in src.requests)
+    t_end = max(r.closed_ns for r in src.requests) + 1
+    p = _write(tmp_path / "ab.jsonl", {"command": "ab"}, events=[
+        EngineEvent("mark", 0, arr[0], "ab:1:A:1"), EngineEvent("mark", 1, arr[2], "ab:1:B:1"),
+        EngineEvent("mark", 2, t_end, "ab:1:end")])
+    groups = build([p]).groups
+    assert len(groups) == 2
+    ma, mb = groups[0].metrics, groups[1].metrics
+    rows = {r[0]: r for r in results_rows(groups, delta=True) if isinstance(r, list)}
+    a99 = dict(ma.percentiles_tpot_ms)[99.0]
+    b99 = dict(mb.percentiles_tpot_ms)[99.0]
+    r = rows["P99 TPOT (ms)"]
+    assert r[1:3] == [format_value(a99).strip(), format_value(b99).strip()]
+    assert r[3] == f"{b99 - a99:+.2f}" and r[4] == f"{(b99 - a99) / a99 * 100:+.1f} %"
+    assert rows["Successful requests"][3] == f"{mb.completed - ma.completed:+d}"
+    # the block and the rows: one list
+    block = format_results_block(ma).splitlines()
+    for _, label, v in results_block_rows(ma):
+        assert any(ln.startswith(label) and ln[41:].strip() == format_value(v).strip()
+                   for ln in block), label
