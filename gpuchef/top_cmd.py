@@ -342,10 +342,11 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
             ab_loads = prepare_loads(o, arms, "")
             load = ab_loads["A"]
         except ConfigError as e:  # the second server: the session goes on, `a` says why
-            if o["ab_load"]:
-                raise
-            ab_why = (f"no A/B: {e}".replace("--b url=", "--attach (B) ")
-                      .replace("--a url=", "--attach (A) "))
+            why = (str(e).replace("--b url=", "--attach (B) ")  # the flags the user gave
+                   .replace("--a url=", "--attach (A) "))
+            if o["ab_load"]:  # an A/B asked for at start: refused before it, as other bad input
+                raise ConfigError(f"--ab-load: {why}") from None
+            ab_why = f"no A/B: {why}"
     session = AttachSession(urls, scrape_hz=o["scrape_hz"], gpus=gpus,
                             sample_hz=o["sample_hz"], load=load, api_key=o.get("api_key"),
                             trace_path=o["trace_path"], slos=slos, percentiles=pcts,

@@ -22,6 +22,7 @@ import pytest
 from serve_proc import ServeProc
 from test_attach import FakeServer, build, drive, wait_for
 
+from gpuchef.engine_host.config import ConfigError
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.recorder import read_trace
 from gpuchef.tui.screens.ab import ABScreen
@@ -148,6 +149,12 @@ def test_a_second_server_that_does_not_answer_is_one_line_and_the_session_goes_o
             assert await wait_for(pilot, lambda: s.load.state().submitted >= 5, 60)
     drive(s, go)
     assert len(notes) == 1 and "no A/B:" in notes[0] and url in notes[0], notes
+    assert "--attach (B)" in notes[0] and "url=" not in notes[0], notes
+    # asked for at start (--ab-load): refused before the session, naming the flags given
+    with pytest.raises(ConfigError) as e:
+        build(["--attach", a.url, "--attach", url, "--ab-load", "mirrored", *LOAD])
+    msg = str(e.value)
+    assert msg.startswith("--ab-load: --attach (B) ") and url in msg and "url=" not in msg, msg
     assert "--attach (B)" in notes[0]
 
 
