@@ -11,9 +11,11 @@ each iteration times, with ``time.perf_counter_ns``:
 * ``on``: ``Scheduler.schedule()`` with ``auto_budget=itl_p99:50ms,ttft_p99:2s`` (the ITL rule,
   the TTFT scan of the line, the features) plus ``Scheduler.observe`` (the model's update), fed
   a synthetic step time (8 ms + 0.06 ms/decode + 0.02 ms/prefill token) under which the ITL rule
-  stops short of the budget, so that the TTFT scan runs every step (the costliest path);
+  stops short of the budget, so that the TTFT scan runs as often as it can (every
+  ``TTFT_EVERY`` steps: the costliest path);
 
-and reports the median and P99 of each and of their difference — the autopilot's cost per step.
+and reports the median and P99 of each, and the autopilot's cost per step as the difference of
+the two medians (and of the two P99s: a difference of tails, which noise can make negative).
 The two are timed in alternating blocks of 10 iterations, so that a neighbour's load hits both.
 The scheduler's output is thrown away after each iteration (the same requests are scheduled
 again), so the figures are the hot path's, on whatever CPU runs this.
@@ -91,11 +93,17 @@ def measure(sched: Scheduler, steps: int, with_observe: bool) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--decodes", type=int, default=256)
-    ap.add_argument("--waiting", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=5000)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--decodes", type=int, default=256, help="running decodes (1-512: the synthetic KV pool holds 512 contexts of up to 4000 tokens)")
+    ap.add_argument("--waiting", type=int, default=64, help="queued prompts (0-4096)")
+    ap.add_argument("--steps", type=int, default=5000,
+                    help="timed iterations of each (≥ 10, a multiple of 10: blocks of 10)")
+    ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args()
+    for name, v, lo, hi in (("--decodes", a.decodes, 1, 512), ("--waiting", a.waiting, 0, 4096),
+                            ("--steps", a.steps, 10, 10**7)):
+        if not lo <= v <= hi:
+            ap.error(f"{name} {v} is out of range: allowed {lo}-{hi}")
+    a.steps -= a.steps % 10
     base = dict(max_num_batched_tokens=2048, max_num_seqs=1024)
     off = build(SchedulerConfig(**base), a.decodes, a.waiting)
     on = build(SchedulerConfig(**base, auto_budget="itl_p99:50ms,ttft_p99:2s"), a.decodes,
