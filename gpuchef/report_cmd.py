@@ -20,7 +20,9 @@ MAX_PROBLEMS_PRINTED = 20
 
 
 def _default_output(paths: list[str], fmt: str) -> str:
-    stem = Path(paths[0]).stem if len(paths) == 1 else "gpuchef-report"
+    from .probes.recorder import trace_name
+
+    stem = trace_name(paths[0]) if len(paths) == 1 else "gpuchef-report"
     return {"html": f"{stem}.html", "perfetto": f"{stem}.perfetto.json", "csv": stem}[fmt]
 
 

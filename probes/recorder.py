@@ -645,6 +645,15 @@ def _numbered_lines(f: Any, path: Path,
                    "the rest of the file is not read")
 
 
+def trace_name(path: str | os.PathLike[str]) -> str:
+    """A trace's name for titles and default outputs: its file name without ``.gz`` and then its
+    last suffix (``run.jsonl.gz`` → ``run``, ``run.jsonl`` → ``run``)."""
+    p = Path(path)
+    if p.suffix.lower() == ".gz":
+        p = p.with_suffix("")
+    return p.stem
+
+
 def iter_trace(path: str | os.PathLike[str],
                on_problem: Callable[[str], None] | None = None) -> Iterator[TraceRecord]:
     """Stream a trace: the meta record first, then each valid record in file order.

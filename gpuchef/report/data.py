@@ -34,7 +34,7 @@ from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, BenchMetrics, gpu_means, summarize
 from gpuchef.probes.nvml import GpuSample
-from gpuchef.probes.recorder import Trace, read_trace, trace_span
+from gpuchef.probes.recorder import Trace, read_trace, trace_name, trace_span
 
 MODE_COLORS = {"continuous": "#C44E52", "chunked": "#4C72B0"}
 AB_COLORS = {"A": "#4C72B0", "B": "#DD8452"}
@@ -313,7 +313,7 @@ def view_trace(tr: Trace) -> TraceView:
         else:
             settings[seg.label] = _describe_steps(seg.steps) if ab or cap else \
                 _describe_steps(seg.steps).split(", ", 1)[-1]
-    return TraceView(tr.path, tr.path.stem, tr, origin, end, segs, ab, settings, cap)
+    return TraceView(tr.path, trace_name(tr.path), tr, origin, end, segs, ab, settings, cap)
 
 
 def ab_results(view: TraceView, percentiles: Sequence[float],

@@ -111,6 +111,13 @@ def test_a_gzip_compressed_trace_reads_as_the_plain_one_and_a_cut_one_keeps_its_
     tr = read_trace(z)
     assert tr.steps == plain.steps and len(tr.steps) == 200 and tr.complete
     assert tr.problems == [] and tr.meta == plain.meta
+    # named as the plain trace is: the report's title and default output
+    from gpuchef.probes.recorder import trace_name
+    from gpuchef.report.data import view_trace
+    from gpuchef.report_cmd import _default_output
+    assert trace_name(z) == "t" and trace_name(p) == "src"
+    assert view_trace(tr).name == "t" and _default_output([str(z)], "html") == "t.html"
+    assert _default_output([str(p)], "csv") == "src"
     cut = tmp_path / "cut.jsonl.gz"
     data = gzip.compress(p.read_bytes())
     cut.write_bytes(data[: len(data) * 2 // 3])
