@@ -191,6 +191,8 @@ def _ab(o: dict, err: Console) -> None:
         if o["capacity"]:
             meta["ab"]["slos"] = [str(s) for s in c["slos"]]
             meta["ab"]["slo_spec"] = o["slo_spec"]
+            from .capacity import judging_rules
+            meta["ab"]["rules"] = judging_rules()
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
     samplers = Samplers(c["gpus"], c["sample_hz"], sink=recorder.record if recorder else None)

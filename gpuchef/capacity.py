@@ -181,6 +181,28 @@ QUEUE_GROWTH_MIN = 4.0
 EARLY_STOP_REASON = "early stop"
 
 
+def judging_rules() -> dict[str, float]:
+    """The constants a probe is judged by, as a capacity trace's meta keeps them
+    (``meta.ab.rules``), so that a report can say when it judges a trace by other ones."""
+    return {"saturation_tolerance": SATURATION_TOLERANCE, "warmup_share": WARMUP_SHARE,
+            "queue_growth_min": QUEUE_GROWTH_MIN, "min_probe_span_s": MIN_PROBE_SPAN_S,
+            "steady_e2el_factor": STEADY_E2EL_FACTOR}
+
+
+def rules_note(recorded: Any) -> str:
+    """"" when ``recorded`` (a trace's ``meta.ab.rules``) equals :func:`judging_rules`, else
+    one sentence saying that the trace is judged by today's rules and what differs."""
+    now = judging_rules()
+    if not isinstance(recorded, dict):
+        return ("The trace does not record the rules its command judged by (written before "
+                f"2026-12-02): it is judged by today's (rule 1 at {SATURATION_TOLERANCE:.0%}), "
+                "so a verdict can differ from the command's at the time.")
+    diff = [f"{k} {recorded.get(k)!r} then, {v!r} now" for k, v in now.items()
+            if recorded.get(k) != v]
+    return ("" if not diff else "The command judged by other rules than today's, which judge "
+            "the probes here: " + "; ".join(diff) + ".")
+
+
 def probe_mark(label: str, rate: float) -> str:
     """The mark that opens a probe in the trace: ``capacity:<A|B>:<rate asked, req/s>``."""
     return f"capacity:{label}:{rate:.4g}"

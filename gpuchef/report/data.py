@@ -394,6 +394,7 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
         _assign(segs, view.trace.requests, sorted(view.trace.steps, key=lambda s: s.t_start_ns))
     pcts = tuple(sorted({50.0, 99.0} | set(slo_percentiles(slos))))
     out = []
+    last_seg = segs[-1] if segs else None
     for seg in segs:
         if not seg.requests:
             continue
@@ -401,6 +402,11 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
         rq = sorted(seg.requests, key=lambda r: r.arrival_ns)
         p = probe_of(judge_probe(rq, seg.steps, seg.t0_ns, percentiles=pcts, stopped=stop[1],
                                  stopped_ns=stop[0]), slos, seg.probe_rate)
+        if seg is last_seg and not view.trace.complete and not stop[1]:
+            # the recording stopped inside it: a partial probe, not a verdict
+            p.fails = ["cut short: the trace ends inside this probe (no end record), so it "
+                       "is judged on part of its requests", *p.fails]
+            p.met = False
         p.label = seg.label
         out.append(p)
     view._probes = (out, slos)

@@ -9,7 +9,7 @@ import numbers
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE
+from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rules_note
 from gpuchef.probes.metrics import format_value, results_block_rows
 
 from . import plots
@@ -666,7 +666,10 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     for v in views:
         probes, slos = capacity_probes(v)
         if probes:
-            body.append(f"<h3>{esc(v.name)}</h3>" + capacity_table(probes, slos))
+            meta_ab = v.meta.get("ab") if isinstance(v.meta.get("ab"), dict) else {}
+            note = rules_note(meta_ab.get("rules"))
+            body.append(f"<h3>{esc(v.name)}</h3>" + (f"<p>{esc(note)}</p>" if note else "")
+                        + capacity_table(probes, slos))
     if body:
         parts.append(_section("capacity", "".join(body), (
             "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "

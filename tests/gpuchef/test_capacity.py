@@ -247,6 +247,9 @@ def test_cli_capacity_on_cpu(tmp_path):
 
     probes, slos = capacity_probes(build([trace]).views[0])
     assert [s.key for s in slos] == ["ttft_p99", "itl_p99"]
+    from gpuchef.capacity import judging_rules
+    from gpuchef.probes.recorder import read_trace
+    assert read_trace(trace).meta["ab"]["rules"] == judging_rules()  # the report can tell
     ref = [(k, p) for k in "AB" for p in d["capacity"][k]["probes"]]
     assert [(k, p["offered_rps"], p["met"], p["fails"]) for k, p in ref] == \
         [(p.label, pytest.approx(p.rate), p.met, p.fails) for p in probes]

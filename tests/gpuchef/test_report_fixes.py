@@ -301,3 +301,32 @@ def test_results_table_b_minus_a_is_of_the_figures_not_of_their_rounded_cells(tm
     for _, label, v in results_block_rows(ma):
         assert any(ln.startswith(label) and ln[41:].strip() == format_value(v).strip()
                    for ln in block), label
+
+
+def test_a_capacity_trace_cut_inside_a_probe_does_not_judge_that_probe_as_whole(tmp_path):
+    """The recording stopped inside B's probe (no end record): that probe is shown as cut
+    short and not met — judged on part of its requests it read 'meets yes' at an offered rate
+    the command never measured (a tester's report); the probes before it stand. A trace that
+    does not record its rules says that today's judge it."""
+    from gpuchef.capacity import judging_rules, rules_note
+    from gpuchef.report.data import build, capacity_probes
+
+    src = read_trace(H200)
+    arr = sorted(r.arrival_ns for r in src.requests)
+    meta = {"command": "ab", "ab": {"capacity": True, "slo_spec": "itl_p99:5000ms"}}
+    p = _write(tmp_path / "cap.jsonl", meta, events=[
+        EngineEvent("mark", 0, arr[0], "capacity:A:1"), EngineEvent("mark", 1, arr[2],
+                                                                    "capacity:B:1")])
+    whole = capacity_probes(build([p]).views[0])[0]
+    assert [x.met for x in whole] == [True, True]
+    lines = p.read_text().splitlines(keepends=True)
+    assert '"type":"end"' in lines[-1].replace(" ", "")
+    p.write_text("".join(lines[:-1]))  # killed before the end record
+    v = build([p]).views[0]
+    cut = capacity_probes(v)[0]
+    assert cut[0].met and not cut[1].met
+    assert cut[1].fails[0].startswith("cut short: the trace ends inside this probe")
+    assert "does not record the rules" in rules_note(v.meta["ab"].get("rules"))
+    assert rules_note(judging_rules()) == ""
+    assert "saturation_tolerance 0.1 then" in rules_note({**judging_rules(),
+                                                         "saturation_tolerance": 0.1})
