@@ -325,7 +325,8 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
             fails.append(f"saturated: achieved {achieved:.3g} req/s < "
                          f"{1 - SATURATION_TOLERANCE:.0%} of offered {offered:.3g} req/s (the "
                          f"finishes vs the arrivals of the requests after the first "
-                         f"{WARMUP_SHARE:.0%})")
+                         f"{WARMUP_SHARE:.0%}, which arrive faster than the whole probe's "
+                         f"rate when the trace gets denser)")
     q = (a1 - a0) / 4
     def waiting(lo: float, hi: float) -> float:
         v = [s.num_waiting for s in steps if lo <= s.t_start_ns < hi]
