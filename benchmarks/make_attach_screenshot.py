@@ -3,6 +3,9 @@ own load: the attached dashboard as a user sees it.
 
     python benchmarks/make_attach_screenshot.py            # → screenshots/cpu-attach.svg
     python benchmarks/make_attach_screenshot.py --ab       # → screenshots/cpu-attach-ab.svg
+    # servers already running (e.g. two `vllm serve` on the H200), gpuchef's load as given:
+    python benchmarks/make_attach_screenshot.py --url U1 [--url U2 --ab] --out X.svg \
+        --trace T.jsonl --load "--dataset azure-conv --num-prompts 200 --trace-speed 3"
 
 The server runs as a subprocess on a free loopback port (tests/gpuchef/serve_proc.py) and is
 stopped at the end; the dashboard is driven with Textual's Pilot for ~20 s of load. ``--ab``: two
@@ -28,10 +31,15 @@ from gpuchef.top_cmd import _build, top  # noqa: E402
 SIZE = (170, 50)
 
 
-def build(url: str):
-    args = ["--attach", url, "--dataset", "random", "--input-len", "200", "--output-len", "48",
-            "--request-rate", "3", "--num-prompts", "200", "--window", "60s",
-            "--goodput", "ttft:3000", "--goodput", "tpot:250"]
+CPU_LOAD = ["--dataset", "random", "--input-len", "200", "--output-len", "48", "--request-rate",
+            "3", "--num-prompts", "200"]
+CPU_AB_LOAD = ["--dataset", "random", "--input-len", "256", "--output-len", "16",
+               "--request-rate", "3", "--num-prompts", "12"]
+
+
+def build(url: str, load=CPU_LOAD, extra=()):
+    args = ["--attach", url, *load, "--window", "60s",
+            "--goodput", "ttft:3000", "--goodput", "tpot:250", *extra]
     ctx = top.make_context("top", args)
     app = _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
     app.show_ui_cost = False
@@ -48,11 +56,9 @@ async def shoot(app, out: Path, seconds: float) -> None:
         app.session.close()
 
 
-def build_ab(u1: str, u2: str):
+def build_ab(u1: str, u2: str, load=CPU_AB_LOAD, extra=()):
     args = ["--attach", u1, "--attach", u2, "--ab-load", "mirrored", "--ab-repetitions", "2",
-            "--dataset", "random", "--input-len", "256", "--output-len", "16",
-            "--request-rate", "3", "--num-prompts", "12", "--goodput", "ttft:3000",
-            "--goodput", "tpot:250"]
+            *load, "--goodput", "ttft:3000", "--goodput", "tpot:250", *extra]
     ctx = top.make_context("top", args)
     app = _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
     app.show_ui_cost = False
@@ -81,7 +87,28 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--ab", action="store_true", help="the A/B screen of two attached servers")
+    ap.add_argument("--url", action="append", default=[],
+                    help="attach to this running server instead of starting gpuchef serve "
+                         "(twice with --ab)")
+    ap.add_argument("--load", default=None, help="gpuchef's load flags, one string (with --url)")
+    ap.add_argument("--trace", default=None, help="write the session trace here")
+    ap.add_argument("--timeout", type=float, default=240.0, help="--ab: seconds to wait")
     a = ap.parse_args()
+    extra = ["--trace", a.trace] if a.trace else []
+    if a.url:
+        import shlex
+
+        load = shlex.split(a.load) if a.load else (CPU_AB_LOAD if a.ab else CPU_LOAD)
+        if a.ab:
+            if len(a.url) != 2:
+                ap.error("--ab with --url takes two: --url U1 --url U2")
+            out = Path(a.out or "screenshots/attach-ab.svg")
+            asyncio.run(shoot_ab(build_ab(*a.url, load, extra), out, a.timeout))
+        else:
+            out = Path(a.out or "screenshots/attach.svg")
+            asyncio.run(shoot(build(a.url[0], load, extra), out, a.seconds))
+        print(out)
+        return
     if a.ab:
         out = Path(a.out or "screenshots/cpu-attach-ab.svg")
         with ServeProc("--max-model-len", "512", "--mode", "chunked",
