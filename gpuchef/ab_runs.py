@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from .engine_host.config import AUTO_BUDGET, ConfigError, SchedulerConfig, parse_settings
 from .engine_host.records import EngineEvent
-from .probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
+from .probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, NOT_ENOUGH, Comparison, DeltaRow, MetricSpec,
                         WindowResult, mark_name, metric_specs, pool, window_results)
 from .probes.ab import compare as _compare
 from .probes.ab import windows as ab_windows
@@ -415,15 +415,19 @@ def format_deltas(cmp: Comparison, unit_name: str = "repetition") -> str:
     lines = ["{s:-^{n}}".format(s=head, n=width),
              fmt.format("", "pooled", "", "", "", f"per {unit_name}", "", ""),
              fmt.format("metric", "A", "B", "B − A", "%", "median Δ", "Δ min..max", "verdict")]
+    short = False
     for r in cmp.rows:
         lo, hi = r.spread
         spread = f"{_num(lo)}..{_num(hi)}" if math.isfinite(lo) else "—"
         med = r.median_delta
         pct = f"{r.delta_pct:+.1f}%" if math.isfinite(r.delta_pct) else "n/a"
         delta = f"{r.delta:+.2f}" if math.isfinite(r.delta) else "n/a"
+        v = r.verdict
+        if v.startswith(NOT_ENOUGH):  # the run is over: no "yet" about it
+            v, short = "no verdict" + v[len(NOT_ENOUGH):], True
         lines.append(fmt.format(r.label[:31], _num(r.a), _num(r.b), delta, pct,
                                 f"{med:+.2f}" if math.isfinite(med) else "—", spread,
-                                r.verdict).rstrip())
+                                v).rstrip())
     lines.append("-" * width)
     lines.append(f"Pooled: all counted {unit_name}s of a setting as one set (a P99 of the pooled "
                  f"requests need not lie among the\n"
@@ -431,6 +435,11 @@ def format_deltas(cmp: Comparison, unit_name: str = "repetition") -> str:
                  f"B_n − A_n of each pair. Verdict: B better/worse when the means of the\n"
                  f"{unit_name}s differ by more than either setting's range and every pair agrees; "
                  f"it needs {cmp.min_pairs} pairs.")
+    if short:
+        lines.append(f"No verdict: {min(na, nb)} pair(s) of {unit_name}s, a verdict needs "
+                     f"{cmp.min_pairs}" + (f" (--repetitions {cmp.min_pairs} or more)"
+                                           if unit_name == "repetition" else
+                                           " (a longer run, or shorter --window)") + ".")
     if cmp.skipped:
         lines.append("Not counted: " + "; ".join(f"{r.name} ({r.why})" for r in cmp.skipped[:6])
                      + (" …" if len(cmp.skipped) > 6 else ""))

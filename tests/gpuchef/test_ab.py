@@ -91,6 +91,12 @@ def test_repetitions_give_a_spread(engine):
     assert cmp.pooled["A"].completed == cmp.pooled["B"].completed == 2 * len(specs)
     one = compare(run_sequential(engine, specs, _settings(engine.scheduler_config), 1))
     assert {r.verdict for r in one.rows} <= {"not enough windows yet (1 of 2)", "n/a"}
+    # the command's table, printed when the run is over, says so without a "yet" and how to get one
+    from gpuchef.ab_runs import format_deltas
+    text = format_deltas(one)
+    assert "not enough windows yet" not in text and "no verdict (1 of 2)" in text
+    assert "a verdict needs 2 (--repetitions 2 or more)" in text
+    assert "no verdict" not in format_deltas(cmp)
 
 
 def test_interleaved_windows_alternate_on_one_arrival_stream(engine):
