@@ -105,10 +105,7 @@ def test_flashinfer_engine_logits_match_reference(qk_layout):
                 h = eng.runner.model(batch.input_ids, batch.meta.positions, eng.kv.kv_caches,
                                      eng.attn)
                 rows.append(eng.runner.model.compute_logits(h))
-                for r in out.decodes:
-                    r.num_computed_tokens += 1
-                for r, n in out.prefills:
-                    r.num_computed_tokens += n
+                eng.scheduler.advance(out, 0, 0)  # the scheduler's own booking of the step
                 for r in out.decodes + [r for r, _ in out.prefills]:
                     if r.num_computed_tokens == r.num_tokens:
                         r.output_token_ids.append(20)

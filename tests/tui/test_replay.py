@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from click.testing import CliRunner
-from tui_fakes import T0, palette, simulate
+from tui_fakes import T0, capture_notes, palette, simulate
 
 from gpuchef.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
@@ -121,14 +121,7 @@ def test_steering_raises_read_only(trace_path):
 # -- the app under Pilot ------------------------------------------------------------------------
 def test_pilot_seeks_and_plays_the_panels_show_the_recorded_values(trace_path):
     app, s, wall = make_app(trace_path, start_s=10)
-    notes: list[str] = []
-    orig = app.notify
-
-    def notify(message, *a, **k):
-        notes.append(str(message))
-        return orig(message, *a, **k)
-
-    app.notify = notify
+    notes = capture_notes(app)
 
     async def go():
         async with app.run_test(size=(160, 48)) as pilot:
