@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention  # noqa: E402
 from gpuchef.engine_host.loader import load_model  # noqa: E402
+from paged_meta_ref import build_meta as _build_meta  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -67,33 +68,7 @@ def _save(model, path, **kw):
 
 
 def build_meta(reqs, device="cpu") -> AttentionMetadata:
-    """reqs: list of (pages, start, n_new) — the request's page list, tokens already in the KV
-    cache, and new tokens this step. Decode requests (n_new == 1 with start > 0) come first."""
-    qo, kvp, idx, last, kv_lens, qo_lens, slots, pos = [0], [0], [], [], [], [], [], []
-    num_decodes = 0
-    for pages, start, n in reqs:
-        kv_len = start + n
-        npages = -(-kv_len // BLOCK_SIZE)
-        assert npages <= len(pages)
-        qo.append(qo[-1] + n)
-        kvp.append(kvp[-1] + npages)
-        idx += pages[:npages]
-        last.append(kv_len - (npages - 1) * BLOCK_SIZE)
-        kv_lens.append(kv_len)
-        qo_lens.append(n)
-        for p in range(start, kv_len):
-            slots.append(pages[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE)
-            pos.append(p)
-        if n == 1 and start > 0 and num_decodes == len(qo_lens) - 1:
-            num_decodes += 1
-    i32 = dict(dtype=torch.int32)
-    return AttentionMetadata(
-        block_size=BLOCK_SIZE, qo_indptr=torch.tensor(qo, **i32),
-        kv_indptr=torch.tensor(kvp, **i32),
-        kv_indices=torch.tensor(idx, **i32), kv_last_page_len=torch.tensor(last, **i32),
-        kv_lens=kv_lens, qo_lens=qo_lens,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        positions=torch.tensor(pos, dtype=torch.int64, device=device), num_decodes=num_decodes)
+    return _build_meta(reqs, BLOCK_SIZE, device)
 
 
 def run_step(model, attn, kv_caches, reqs, tokens):

@@ -22,35 +22,14 @@ from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.loader import load_model
 from gpuchef.engine_host.request import SamplingParams
 from gpuchef.engine_host.runner import CudaGraphPiecewise
+from paged_meta_ref import build_meta as _build_meta
 
 BS = 4
 NB = 96
 
 
 def meta_for(reqs, device="cpu") -> AttentionMetadata:
-    """reqs: (pages, start, n_new) per request, decodes (n_new 1) first. The CSR page table and
-    slots of the step, written independently of the runner's ``prepare``."""
-    qo, kvp, idx, last, kv_lens, qo_lens, slots, pos = [0], [0], [], [], [], [], [], []
-    nd = 0
-    for pages, start, n in reqs:
-        kv_len = start + n
-        npages = -(-kv_len // BS)
-        qo.append(qo[-1] + n)
-        kvp.append(kvp[-1] + npages)
-        idx += pages[:npages]
-        last.append(kv_len - (npages - 1) * BS)
-        kv_lens.append(kv_len)
-        qo_lens.append(n)
-        slots += [pages[p // BS] * BS + p % BS for p in range(start, kv_len)]
-        pos += list(range(start, kv_len))
-        nd += n == 1 and start > 0 and nd == len(qo_lens) - 1
-    i32 = dict(dtype=torch.int32)
-    return AttentionMetadata(
-        block_size=BS, qo_indptr=torch.tensor(qo, **i32), kv_indptr=torch.tensor(kvp, **i32),
-        kv_indices=torch.tensor(idx, **i32), kv_last_page_len=torch.tensor(last, **i32),
-        kv_lens=kv_lens, qo_lens=qo_lens,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        positions=torch.tensor(pos, dtype=torch.int64, device=device), num_decodes=nd)
+    return _build_meta(reqs, BS, device)
 
 
 def pages_for(num_reqs: int, per_req: int, seed: int = 0) -> list[list[int]]:
