@@ -457,6 +457,10 @@ class CudaGraphPiecewise:
         total = len(self.sizes)
         stage = (f"capture piecewise CUDA graphs ({self.num_pieces} pieces × "
                  f"{','.join(map(str, self.sizes))} tokens)")
+        # torch.cuda.graph() empties the allocator's cache on entry: empty it first, so that
+        # the delta is what the graphs' pool holds, not minus what was cached before
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         t0, reserved0 = time.perf_counter(), torch.cuda.memory_reserved()
         for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
             stream = torch.cuda.Stream()
