@@ -21,10 +21,11 @@ CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 #: Padded token counts of the piecewise graphs (steps with prefill tokens). A bf16 GEMM of M
 #: rows does M FLOP per weight byte; an H200 gives ~990 dense TFLOP/s for 4.8 TB/s (~200 FLOP a
 #: byte), so below M ≈ 200 a step's GEMMs are bound by reading the weights and padding rows cost
-#: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 (≤ 20 %
-#: padding). The cap, 512 as vLLM's default, is where the H200 profile of 2026-12-02 sees eager
-#: steps stop being launch-bound (docs/engine-graphs.md). runner.CudaGraphPiecewise captures them.
-PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
+#: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 rows (≤ 25 %
+#: padding above 256 tokens, ≤ 7 % above 896). The cap, 1024, is where the H200 profile of 2026-12-02 (session 8,
+#: docs/engine-graphs.md) saw graphs stop paying: 1.45–1.51× over eager for 512 prefill tokens
+#: + 64 decodes, 1.16× at 1024 tokens, 1.01× at 2048. runner.CudaGraphPiecewise captures them.
+PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, *range(128, 1024 + 1, 64))
 #: the largest piecewise capture size accepted (tokens): the static buffers are this many rows
 MAX_CAPTURE_SIZE = 16384
 
@@ -467,7 +468,7 @@ class EngineConfig:
     "FULL_AND_PIECEWISE" (default) also runs steps with prefill tokens of up to the largest
     ``cudagraph_capture_sizes`` tokens through piecewise graphs (docs/engine-graphs.md);
     "FULL_DECODE_ONLY" graphs decode-only steps only. ``cudagraph_capture_sizes``: the piecewise
-    graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 512); the
+    graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 1024); the
     decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only (refused, unless
     at their defaults, with ``engine="vllm"``).
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
