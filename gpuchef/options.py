@@ -169,8 +169,81 @@ def _auto_budget(o: dict[str, Any]) -> str:
     return "" if spec is None else spec.canonical
 
 
-def engine_config(o: dict[str, Any]) -> EngineConfig:
-    """EngineConfig from the parsed options. Raises ConfigError for a value out of range."""
+def flag_given(name: str) -> bool:
+    """Whether option ``name`` (click's parameter name) was set on the current command line or
+    from the environment; False outside a click command."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or name not in ctx.params:
+        return False
+    src = ctx.get_parameter_source(name)
+    return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def flag_name(name: str) -> str:
+    """The flag spelling of option ``name`` in the current click command (its longest
+    opt), else ``--`` + the name with dashes."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        for p in ctx.command.params:
+            if p.name == name and getattr(p, "opts", None):
+                return max(p.opts, key=len)
+    return "--" + name.replace("_", "-")
+
+
+#: the graph flags and their defaults (a value other than the default counts as given when no
+#: click command is running, e.g. a benchmark script calling engine_config)
+_GRAPH_FLAGS = {"enforce_eager": False, "cudagraph_mode": CUDAGRAPH_MODES[0],
+                "cudagraph_capture_sizes": None}
+
+
+def graph_flags_warning(o: dict[str, Any], cfg: EngineConfig) -> str | None:
+    """One line naming the graph flags given (``--enforce-eager``, ``--cudagraph-mode``,
+    ``--cudagraph-capture-sizes``) that cannot change this run, and why, or None. The native
+    engine captures CUDA graphs only on CUDA with FlashInfer attention and without
+    ``--enforce-eager`` (``LLMEngine._warm_up``): on the CPU all three do nothing, with
+    ``--attention-backend reference`` too, and with ``--enforce-eager`` the other two. A warning,
+    not an error: scripts share flags between machines. Raises ConfigError for a bad
+    ``--device`` (``engine.resolve_device``)."""
+    from .engine_host.engine import resolve_device
+
+    if cfg.engine != "native":
+        return None  # vLLM: --enforce-eager is its own; the other two are refused by EngineConfig
+    given = [k for k, default in _GRAPH_FLAGS.items()
+             if flag_given(k) or (click.get_current_context(silent=True) is None
+                                  and o.get(k) not in (None, default))]
+    if not given:
+        return None
+    device = resolve_device(cfg.device)
+    if device.type != "cuda":
+        return (f"{_flags_have(given)} no effect on {device.type}: CUDA graphs are CUDA "
+                "only (every step runs eagerly)")
+    if cfg.attention_backend == "reference":
+        return (f"{_flags_have(given)} no effect with --attention-backend reference: "
+                "the native engine's CUDA graphs need FlashInfer attention (every step runs "
+                "eagerly)")
+    rest = [k for k in given if k != "enforce_eager"]
+    if cfg.enforce_eager and rest:
+        return (f"{_flags_have(rest)} no effect with --enforce-eager: no CUDA graphs "
+                "are captured")
+    return None
+
+
+def _flags_have(names: list[str]) -> str:
+    return ", ".join(flag_name(k) for k in names) + (" has" if len(names) == 1 else " have")
+
+
+def engine_config(o: dict[str, Any], warn: Callable[[str], None] | None = None) -> EngineConfig:
+    """EngineConfig from the parsed options. Raises ConfigError for a value out of range.
+    Graph flags that cannot change this run (``graph_flags_warning``) get one line to ``warn``
+    (default: ``warning: ...`` on stderr); the run goes on."""
+    cfg = _engine_config(o)
+    msg = graph_flags_warning(o, cfg)
+    if msg:
+        (warn or _warn)(msg)
+    return cfg
+
+
+def _engine_config(o: dict[str, Any]) -> EngineConfig:
     return EngineConfig(
         model=o["model"], device=o["device"], dtype=o["dtype"], seed=o["seed"],
         max_model_len=o["max_model_len"], attention_backend=o["attention_backend"],

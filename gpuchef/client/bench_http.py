@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 
 from ..engine_host.config import ConfigError
+from ..options import flag_given as _given, flag_name as _flag
 
 #: bench options that configure the hosted engine, its probes or its trace: they cannot apply to
 #: a server gpuchef does not host (set them on that server).
@@ -29,24 +30,6 @@ ENGINE_ONLY = ("engine", "tensor_parallel_size", "device", "dtype", "attention_b
 #: the options that only mean something with --base-url
 HTTP_ONLY = ("endpoint", "max_concurrency", "ramp_up_strategy", "ramp_up_start_rps",
              "ramp_up_end_rps", "api_key", "tokenizer", "vocab_size", "request_timeout")
-
-
-def _given(name: str) -> bool:
-    """Whether option ``name`` was set on the command line (or from the environment)."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return False
-    src = ctx.get_parameter_source(name)
-    return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
-
-
-def _flag(ctx_name: str) -> str:
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        for p in ctx.command.params:
-            if p.name == ctx_name and getattr(p, "opts", None):
-                return max(p.opts, key=len)
-    return "--" + ctx_name.replace("_", "-")
 
 
 def check_http_flags(o: dict[str, Any]) -> None:
