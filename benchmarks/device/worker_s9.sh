@@ -26,6 +26,8 @@ job s9_04_pytest_engine 420 "$PYT tests/engine_host tests/gpuchef --deselect tes
 # (2)
 job s9_05_offline 420 "python3 benchmarks/bench_vllm_host.py --run native --out $R/peer && cp $R/peer/native.json $R/native_offline.json"
 job s9_06_online_3x 240 "gpuchef bench $M $AZ --num-prompts 600 --trace-speed 3 --sample-hz 0 --result-json $R/native_3x.json"
+# issue 16 item 3: the decode GEMMs alone under torch's BLAS choices (o_proj ran split-K)
+job s9_07a_gemms 180 "python3 benchmarks/bench_decode_gemms.py $M --rows 1,32,64,128,256 --json $R/decode_gemms.json"
 job s9_07_profile 300 "python3 benchmarks/profile_decode.py $M --batches 32,64,128 --iters 20 --prof-iters 3 --mixed 0+128,64+128,64+512,16+112,64+448,0+1024 --json $R/profile_default.json"
 # (3)
 job s9_08_bench_ui 420 "python3 benchmarks/bench_ui.py $M --num-prompts 300 --input-len 512 --output-len 128 --request-rate 50 --reps 6 --ui-runs 2 --json $R/bench_ui.json"
