@@ -73,7 +73,8 @@ from .options import (check_output_files, check_output_path, check_sampling, eng
 @click.option("--max-probes", default=16, show_default=True, type=int,
               help="--capacity: most runs per setting.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(),
-              help="Write one session trace (JSON Lines) with a mark event at each run or window.")
+              help="Write one session trace (JSON Lines; gzip when the name ends in .gz) with a mark "
+                   "event at each run or window.")
 @click.option("--trace-prompts", is_flag=True,
               help="Also store each request's generated (output) token ids in the trace; "
                    "without it the trace holds no token ids (prompt token ids are never stored).")

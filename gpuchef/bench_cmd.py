@@ -25,7 +25,7 @@ from .options import (check_output_files, check_output_path, check_sampling, eng
 @click.option("--metric-percentiles", default="50,99", show_default=True,
               help="Comma-separated percentiles to report.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(),
-              help="Write the session trace (JSON Lines) to this file.")
+              help="Write the session trace (JSON Lines; gzip when the name ends in .gz) to this file.")
 @click.option("--trace-prompts", is_flag=True,
               help="Also store each request's generated (output) token ids in the trace; "
                    "without it the trace holds no token ids (prompt token ids are never stored).")

@@ -176,7 +176,8 @@ class _Cmd:
 class TraceRecorder:
     """Writes a session trace from any number of producer threads.
 
-    ``path``: the file (created or truncated; parent folders are created). ``meta``: JSON-able
+    ``path``: the file (created or truncated; parent folders are created; gzip when it ends in
+    ``.gz``, ``is_gzip_name``). ``meta``: JSON-able
     facts for the meta record, e.g. ``{"command": "bench", "model": ..., "config": {...},
     "gpus": {0: "NVIDIA H200"}}`` (keys ``type``/``schema``/``version`` are reserved).
     ``flush_interval_s`` in (0, 1]: the longest a written record waits for a flush (default 0.5).
@@ -248,7 +249,10 @@ class TraceRecorder:
         try:
             if path.parent and not path.parent.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "w", encoding="utf-8", newline="\n", buffering=1 << 20)
+            if is_gzip_name(path):  # each flush is a gzip sync point: readable while written
+                f = gzip.open(path, "wt", compresslevel=6, encoding="utf-8", newline="\n")
+            else:
+                f = open(path, "w", encoding="utf-8", newline="\n", buffering=1 << 20)
         except OSError as e:
             raise ConfigError(f"--trace {str(path)!r}: cannot open for writing: "
                               f"{e.strerror or e}") from None
@@ -645,11 +649,18 @@ def _numbered_lines(f: Any, path: Path,
                    "the rest of the file is not read")
 
 
+def is_gzip_name(path: str | os.PathLike[str]) -> bool:
+    """Whether a trace path names a gzip file (it ends in ``.gz``, any case): the recorder then
+    writes gzip and ``trace_name`` drops the suffix. Reading goes by the file's first bytes
+    instead (gzip's magic), so a plain trace named ``.gz`` by an older gpuchef still reads."""
+    return Path(path).suffix.lower() == ".gz"
+
+
 def trace_name(path: str | os.PathLike[str]) -> str:
     """A trace's name for titles and default outputs: its file name without ``.gz`` and then its
     last suffix (``run.jsonl.gz`` → ``run``, ``run.jsonl`` → ``run``)."""
     p = Path(path)
-    if p.suffix.lower() == ".gz":
+    if is_gzip_name(p):
         p = p.with_suffix("")
     return p.stem
 
