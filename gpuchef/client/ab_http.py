@@ -474,11 +474,25 @@ def ab_http(o: dict[str, Any], err) -> None:
               f"{'' if arms['A'].url == arms['B'].url else ' and ' + escape(arms['B'].url)} "
               f"({load})[/dim]")
 
-    def on_run(i: int, total: int, r: HttpRun) -> None:
+    def done(r: HttpRun) -> str:
         bad = sum(1 for x in r.run.results if not x.success)
-        err.print(f"[dim]run {i}/{total}: {r.label} ({escape(arms[r.label].describe())}) "
-                  f"repetition {r.rep}: {len(r.records)} requests in {r.run.duration_s:.1f} s"
-                  f"{f', {bad} failed' if bad else ''}[/dim]", highlight=False)
+        return (f"{len(r.records)} requests in {r.run.duration_s:.1f} s"
+                f"{f', {bad} failed' if bad else ''}")
+
+    pending: list[HttpRun] = []
+
+    def on_run(i: int, total: int, r: HttpRun) -> None:
+        if load != "mirrored":
+            err.print(f"[dim]run {i}/{total}: {r.label} ({escape(arms[r.label].describe())}) "
+                      f"repetition {r.rep}: {done(r)}[/dim]", highlight=False)
+            return
+        # one run per repetition, both servers at once: one line when both sides are in
+        pending.append(r)
+        if len(pending) == 2:
+            sides = "; ".join(f"{x.label} {done(x)}" for x in pending)
+            err.print(f"[dim]repetition {r.rep}/{reps}: A and B at once (mirrored): "
+                      f"{sides}[/dim]", highlight=False)
+            pending.clear()
 
     try:
         for arm in arms.values():  # a value the server refuses: refused before any request

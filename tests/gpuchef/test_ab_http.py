@@ -13,6 +13,7 @@ run against the fake aiohttp server of test_http_load.py.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.request
@@ -79,6 +80,9 @@ def test_knob_settings_of_one_server_are_patched_before_each_run(servers, tmp_pa
     assert r.exit_code == 0, r.output
     assert "A/B load: sequential" in r.output and "order A B | B A" in r.output
     assert "B − A" in r.output and "Mean TTFT (ms)" in r.output
+    prog = [ln for ln in r.stderr.splitlines() if ln.startswith(("run ", "repetition "))]
+    assert [ln.split(" (")[0] for ln in prog] == ["run 1/4: A", "run 2/4: B", "run 3/4: B",
+                                                  "run 4/4: A"], prog
     d = json.loads(rj.read_text())
     assert d["ab_load"] == "sequential" and d["servers"] == {"A": a.url, "B": a.url}
     ttft = row(d, "mean_ttft_ms")
@@ -123,6 +127,12 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
            "--result-json", str(rj), "--trace", str(tr))
     assert r.exit_code == 0, r.output
     assert "A/B load: mirrored" in r.output and "do not share a GPU" in r.output
+    # progress: one line per repetition, both servers at once (not "run 1/4: A", "run 2/4: B")
+    prog = [ln for ln in r.stderr.splitlines() if ln.startswith(("run ", "repetition "))]
+    assert len(prog) == 2, prog
+    for n, ln in enumerate(prog, 1):
+        assert re.fullmatch(rf"repetition {n}/2: A and B at once \(mirrored\): A 6 requests in "
+                            r"[\d.]+ s; B 6 requests in [\d.]+ s", ln), ln
     d = json.loads(rj.read_text())
     assert d["ab_load"] == "mirrored" and d["servers"] == {"A": a.url, "B": b.url}
     ttft = row(d, "mean_ttft_ms")
