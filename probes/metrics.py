@@ -231,6 +231,14 @@ class BenchMetrics:
     num_preemptions: int = 0
     busy_fraction: float = NAN
 
+    @property
+    def steps_measured(self) -> bool:
+        """Whether engine steps went into these figures (``summarize(steps=...)`` with some).
+        Without them — a server seen only from its client (``bench --base-url``, ``ab`` over
+        HTTP, ``top --attach``) — every step field is unknown, not 0, and the results block
+        leaves its "Engine Steps" section out."""
+        return self.num_steps > 0
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: vllm bench serve's result keys (``duration``, ``completed``,
         ``total_input_tokens``, ``mean_ttft_ms``, ``p99_ttft_ms``, ...) plus gpuchef's step and
@@ -536,13 +544,18 @@ def format_value(v: Any) -> str:
     return "{:<10.2f}".format(float(v))
 
 
+#: the results block's section of gpuchef's engine-step rows
+STEPS_SECTION = "Engine Steps (gpuchef)"
+
+
 def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
                        ) -> list[tuple[str, str, Any]]:
     """The rows of :func:`format_results_block`, unformatted: ``(section, label, value)`` in
     its order, ``section`` "" for the rows under the title, else its header's text
     ("Time to First Token", "Engine Steps (gpuchef)", ...); ``value`` as measured (int, float,
     str, None). The report's table and its B − A read these, so its differences come from the
-    figures, not from their 2-decimal cells."""
+    figures, not from their 2-decimal cells. No "Engine Steps (gpuchef)" section when no steps
+    were measured (``BenchMetrics.steps_measured``): its counts would read 0 for unknown."""
     rows: list[tuple[str, str, Any]] = []
     sec = ""
 
@@ -574,7 +587,9 @@ def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
         row("Median probe E2EL (ms):", m.median_probe_e2el_ms)
         row("P99 probe E2EL (ms):", m.p99_probe_e2el_ms)
         row("Max probe E2EL (ms):", m.max_probe_e2el_ms)
-    sec = "Engine Steps (gpuchef)"
+    if not m.steps_measured:
+        return rows
+    sec = STEPS_SECTION
     row("Engine steps:", m.num_steps)
     row("Steps per second:", m.steps_per_s)
     row("Mean step time (ms):", m.mean_step_ms)
@@ -592,7 +607,7 @@ def format_results_block(m: BenchMetrics, title: str = "Serving Benchmark Result
     """The results as text in ``vllm bench serve``'s layout (vllm/benchmarks/serve.py):
     the title centred in a line of 50 ``=``, rows ``"{:<40} {:<10}"``, one section of 50 ``-``
     per latency metric (Mean, Median, then P-x for each percentile), then gpuchef's
-    "Engine Steps" section, closed by 50 ``=``. ``extra`` rows (label -> value, e.g.
+    "Engine Steps" section (when steps were measured), closed by 50 ``=``. ``extra`` rows (label -> value, e.g.
     {"Scheduler mode:": "chunked"}) go after "Failed requests:", where vllm prints the run's
     configured rate and concurrency. A value with no data prints as "n/a". No trailing newline.
     The rows are :func:`results_block_rows`'.

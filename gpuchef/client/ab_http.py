@@ -436,7 +436,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     from ..options import check_output_files, check_output_path, write_json
     from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
     from ..probes.recorder import TraceRecorder
-    from .bench_http import _given, result_json, strip_engine_section
+    from .bench_http import _given, result_json
     from .http_load import (error_counts, error_lines, lateness_stats, peak_stats,
                             result_arrays, HttpLoadRun)
 
@@ -541,7 +541,7 @@ def ab_http(o: dict[str, Any], err) -> None:
             if arm.setting is not None:
                 extra["max_num_batched_tokens:"] = str(arm.setting.config.max_num_batched_tokens)
                 extra["Mode:"] = arm.setting.config.mode
-            blocks[k] = strip_engine_section(format_results_block(s["metrics"], extra=extra))
+            blocks[k] = format_results_block(s["metrics"], extra=extra)
         click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))
         click.echo(format_deltas(cmp, "repetition"))
     else:

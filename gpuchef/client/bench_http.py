@@ -196,7 +196,7 @@ def bench_http(o: dict[str, Any], err) -> None:
         "Client lateness p50/p99/max (ms):":
             f"{late['p50']:.2f} / {late['p99']:.2f} / {late['max']:.2f}",
     })
-    click.echo(strip_engine_section(format_results_block(m, extra=extra)))
+    click.echo(format_results_block(m, extra=extra))  # no steps: no Engine Steps section
     for line in error_lines(run.results):
         err.print(f"[yellow]failed:[/] {escape(line)}")
     if o["result_json"]:
@@ -206,16 +206,6 @@ def bench_http(o: dict[str, Any], err) -> None:
     if m.completed == 0:
         err.print("[bold red]error:[/] no request succeeded (see the lines above)")
         sys.exit(1)
-
-
-def strip_engine_section(block: str) -> str:
-    """The results block without gpuchef's "Engine Steps" section: a remote server's steps are
-    not seen from the client (its /metrics is `top --attach`'s business)."""
-    lines = block.split("\n")
-    for i, line in enumerate(lines):
-        if "Engine Steps" in line and line.startswith("-"):
-            return "\n".join(lines[:i] + [lines[-1]])
-    return block
 
 
 #: BenchMetrics.to_dict keys about engine steps: nothing measured them here.

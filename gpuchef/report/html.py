@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rules_note
-from gpuchef.probes.metrics import format_value, results_block_rows
+from gpuchef.probes.metrics import STEPS_SECTION, format_value, results_block_rows
 
 from . import plots
 from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
@@ -243,17 +243,22 @@ def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[st
     meta, tr = view.meta, view.trace
     v = meta.get("versions") or {}
     host = meta.get("host") or {}
+    # a client's trace of a server gpuchef did not host: no device, KV cache or steps in it
+    remote = isinstance(meta.get("source"), dict) and meta["source"].get("kind") == "attached" \
+        and "kv_blocks" not in meta
     rows = [
         ("File", str(view.path.name)),
         ("Recorded", str(meta.get("created", "?"))),
         ("Command", f"gpuchef {meta.get('command', '?')}"),
         ("Model", _model_text(meta)),
-        ("Device / attention", f"{meta.get('device', '?')} / {meta.get('attention_backend', '?')}"),
+        ("Device / attention", f"{meta.get('device', '?')} / {meta.get('attention_backend', '?')}"
+         if not remote else "the server's (not seen from its client)"),
         ("GPUs", _gpus_text(meta)),
         ("Scheduler at start", _sched_text(meta) if not view.capacity else
          "each probe runs its setting (A/B settings below)"),
         ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
-                     f"max_model_len {meta.get('max_model_len', '?')}"),
+                     f"max_model_len {meta.get('max_model_len', '?')}" if not remote else
+         "the server's (not seen from its client)"),
         ("Load", _capacity_load_text(view) if view.capacity else
          _load_text(meta) + _part_load(view, views)),
     ]
@@ -319,10 +324,28 @@ def results_rows(groups: Sequence[Group], delta: bool = False) -> list[Any]:
                 out.append((sec,))
             last = sec
         vals = [p.get((sec, label)) for p in per]
-        row = [label.rstrip(":")] + ["" if (sec, label) not in p else format_value(v).strip()
+        # a group without steps has no step rows: unknown there, not blank or 0
+        row = [label.rstrip(":")] + [format_value(v).strip() if (sec, label) in p else
+                                     "n/a" if sec == STEPS_SECTION else ""
                                      for p, v in zip(per, vals)]
         out.append(row + (_delta(*vals[:2]) if delta and len(vals) == 2 else []))
     return out
+
+
+def no_steps_note(groups: Sequence[Group]) -> str:
+    """Why the results table has no (or n/a) engine-step rows for some groups ("" when every
+    group's figures include steps): a server gpuchef did not host is seen from its client, which
+    sees requests, not the steps that served them."""
+    missing = [g for g in groups if not g.metrics.steps_measured]
+    if not missing:
+        return ""
+    attached = all(isinstance(g.view.meta.get("source"), dict)
+                   and g.view.meta["source"].get("kind") == "attached" for g in missing)
+    who = "" if len(missing) == len(groups) else " for " + ", ".join(g.short for g in missing)
+    why = ("the load went over HTTP to a server gpuchef did not host, and its client sees "
+           "requests, not the steps that served them (the server's own trace has those: "
+           "gpuchef serve --trace)" if attached else "no engine step was recorded in their windows")
+    return f" No engine-step rows{who}: the trace holds no steps — {why}."
 
 
 def _gpu_extra(g: Group) -> dict[str, str]:
@@ -658,6 +681,7 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             + ".") if data.goodput else "")
         if any(g.view.capacity for g in groups):
             slo += CAPACITY_POOLED_NOTE
+        slo += no_steps_note(groups)
         parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
                               "The gpuchef bench results block of each group, computed from "
                               "the trace's requests and steps (probes.metrics.summarize)." + slo))

@@ -155,11 +155,11 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
 def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
     """`gpuchef report` of an `ab` over HTTP trace: groups A and B, each with the command's
     pooled results (``--result-json``), the B − A of the command's comparison, the load stated;
-    the page's B − A column."""
-    import re
+    the page's B − A column; no engine-step rows (the client saw none)."""
+    import html
 
     from gpuchef.report.data import ab_results, build
-    from gpuchef.report.html import render, run_table
+    from gpuchef.report.html import render, results_rows, run_table
 
     data = build([tr], percentiles=(50.0, 99.0))
     assert [g.short for g in data.groups] == ["A", "B"]
@@ -188,10 +188,20 @@ def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
                                              want[r.key]["verdict"]), r.key
     rows = dict((r[0], r[1]) for r in run_table(data.views)[1])
     assert f"A/B load {load} — " in rows["Load"]
+    # the servers' steps are not in a client's trace: no engine-step rows (they read 0 before),
+    # and the page says why; the server's device and KV cache are not '?'
+    assert not data.views[0].trace.steps
+    res_rows = results_rows(data.groups, delta=True)
+    assert ("Engine Steps (gpuchef)",) not in res_rows
+    assert not {"Engine steps", "Mixed prefill+decode steps", "Preemptions",
+                "Compute busy fraction (%)"} & {r[0] for r in res_rows}
+    assert rows["KV cache"] == rows["Device / attention"] == "the server's (not seen from its client)"
     assert f"{d['results']['A']['completed'] // 2} requests per run to /v1/completions" in \
         rows["Load"]
     page = render(data)
     assert re.search(r"<th[^>]*>B − A</th>", page)
+    assert ("No engine-step rows: the trace holds no steps — the load went over HTTP to a server "
+            "gpuchef did not host") in html.unescape(page)
     # Perfetto: one slice per window; a mirrored repetition's two windows are one span
     from gpuchef.report.perfetto import trace_events
 
@@ -346,3 +356,35 @@ def test_a_setting_the_server_refuses_is_one_error_before_any_request():
         assert s.patches[-1]["max_num_batched_tokens"] == 2048
     finally:
         s.stop()
+
+
+def test_report_of_a_hosted_and_a_client_trace_says_n_a_for_the_client_groups(servers, tmp_path):
+    """One report of the server's own trace (steps) beside a client's A/B trace (none): the
+    engine-step rows hold the server's counts and "n/a" for the client's groups, not 0, and
+    the note names those groups."""
+    from gpuchef.report.data import build
+    from gpuchef.report.html import no_steps_note, results_rows
+
+    a, b = servers
+    tr = tmp_path / "c.jsonl"
+    r = ab("--a", f"url={a.url}", "--b", f"url={b.url}", "--num-prompts", "2", "--input-len",
+           "16", "--output-len", "2", "--request-rate", "8", "--trace", str(tr))
+    assert r.exit_code == 0, r.output
+    time.sleep(1.0)  # the server's trace flushes every 0.5 s
+    data = build([a.trace, tr], percentiles=(50.0, 99.0))
+    client = [g for g in data.groups if g.view.trace.path == tr]
+    hosted = [g for g in data.groups if g.view.trace.path != tr]
+    assert len(client) == 2 and hosted
+    rows = results_rows(data.groups)
+    cells = dict(zip((g.short for g in data.groups),
+                     next(x for x in rows if x[0] == "Engine steps")[1:]))
+    for g in client:
+        assert cells[g.short] == "n/a"
+    assert sum(int(cells[g.short]) for g in hosted) == len(read_trace(a.trace).steps) > 0
+    for label in ("Mixed prefill+decode steps", "Preemptions"):
+        assert [next(x for x in rows if x[0] == label)[1:][data.groups.index(g)]
+                for g in client] == ["n/a", "n/a"]
+    assert no_steps_note(data.groups).startswith(
+        f" No engine-step rows for {', '.join(g.short for g in client)}: the trace holds no "
+        "steps — the load went over HTTP")
+    assert no_steps_note(hosted) == ""

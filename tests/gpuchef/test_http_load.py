@@ -21,7 +21,6 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from gpuchef.cli import _register, cli
-from gpuchef.client.bench_http import strip_engine_section
 from gpuchef.client.http_load import (HttpLoadConfig, apply_ramp_up, error_counts, error_lines,
                                       normalize_base_url, ramp_up_rate, request_body,
                                       result_arrays, run_http_load, to_request_records)
@@ -490,10 +489,11 @@ def test_api_key_from_flag_or_environment(server, monkeypatch):
 
 
 def test_engine_section_is_left_out_of_the_http_block():
-    m = summarize([], 1.0)
-    block = format_results_block(m)
-    s = strip_engine_section(block)
-    assert "Engine steps" not in s and "Mean E2EL (ms):" in s and s.endswith("=" * 50)
+    """No steps measured (a client's view): no Engine Steps section, not rows of 0
+    (probes.metrics.results_block_rows, which the report's table reads too)."""
+    s = format_results_block(summarize([], 1.0))
+    assert "Engine" not in s and "Preemptions" not in s and "Mean E2EL (ms):" in s
+    assert s.endswith("=" * 50)
 
 
 # ---------------------------------------------------------------------------------------------
