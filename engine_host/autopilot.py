@@ -44,8 +44,15 @@ above the budget left after the decodes (``max_num_batched_tokens``, the user's 
 than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient ≤ 0)
 it learns with allowances of 1/8, 1/4 and 1/2 of the budget left in turn (within the static
 budget: the fit sees every size, and a prompt gives several prefill steps), and while its error
-is over ``ERROR_LEAVE`` (until back under ``ERROR_ENTER``) the static budget is in force;
-``notify`` is told of each change ("warning"/"notice", a message).
+is over ``ERROR_LEAVE`` (until back under ``ERROR_ENTER``) the static budget is in force.
+**Infeasible**: when the fitted model predicts the step's fixed part f (its decodes, before
+any prefill token: t̂(P=0) + θ_mixed) over ``INFEASIBLE_ENTER`` × the ITL target, no allowance
+can meet the target — shrinking the prefill only starves the queue, its TTFT growing without
+bound — so the static budget is in force (the TTFT is what can still be served) until f is
+predicted within ``INFEASIBLE_LEAVE`` × the target (hysteresis: f moves by a row or two a
+step). f, not t̂ of a decode-only step: when every step carries prefill (as it does here) the
+fit cannot split the intercept between ``1`` and ``mixed``; their sum it knows.
+``notify`` is told of each change ("warning"/"notice", a message). The states are ``STATES``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from __future__ import annotations
 import math
 import time
 from itertools import islice
+from operator import attrgetter
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable
 
@@ -85,6 +93,30 @@ LEARN_SHIFTS = (3, 2, 1)    # while fitting: the budget left / 8, / 4, / 2 in tu
 TTFT_SCAN = 32             # waiting requests looked at for TTFT risk
 TTFT_EVERY = 4             # steps between two looks (its answer holds in between)
 MIN_GOAL_SHARE = 0.5       # the headroom never takes the goal below half the target
+INFEASIBLE_ENTER = 1.10    # the fixed part f predicted over 1.1 × the ITL target: infeasible
+INFEASIBLE_LEAVE = 1.00    # and feasible again once f is predicted within the target
+
+#: The autopilot's states (``Autopilot.state``, ``StepRecord.autopilot_state``), the one
+#: spelling of each; ``STATES`` gives each its meaning: what the step's allowance was.
+OFF = ""
+LEARNING = "learning"
+STEERING = "steering"
+INFEASIBLE = "infeasible"
+FALLBACK = "fallback"
+STATES = (
+    (OFF, "off: the static budget, no allowance"),
+    (LEARNING, "the model is not fitted yet: 1/8, 1/4, 1/2 of the budget left in turn"),
+    (STEERING, "the model chose: the largest allowance within the ITL target (more for a TTFT "
+               "at risk)"),
+    (INFEASIBLE, "the model predicts the decodes alone (before any prefill) over the ITL "
+                 "target: the static budget, for TTFT"),
+    (FALLBACK, "the model is fitted but its error is too large: the static budget"),
+)
+STATE_MEANING = dict(STATES)
+#: The states in which the model did not choose the allowance (the report shades them).
+NOT_STEERING = (LEARNING, INFEASIBLE, FALLBACK)
+
+_computed = attrgetter("num_computed_tokens")
 
 Notify = Callable[[str, str], None]
 
@@ -113,14 +145,18 @@ class StepTimeModel:
         n = len(FEATURES)
         self.lam = forgetting
         self.delta = regularisation
-        self.R = np.eye(n) * regularisation
-        self.r = np.zeros(n)
+        # [R | r] in one 6×7 array, so that each step's update is three numpy calls, not nine
+        self._A = np.zeros((n, n + 1))
+        self.R = self._A[:, :n]
+        self.r = self._A[:, n]
+        self.R[:] = np.eye(n) * regularisation
         self.theta = np.zeros(n)
         self._th = [0.0] * n  # θ as floats: predict() runs twice a step, numpy scalars are slow
         self._reg = (1.0 - forgetting) * regularisation
-        self._regI = np.eye(n) * self._reg
-        self._outer = np.empty((n, n))
-        self._tmp = np.empty(n)
+        # what each step adds besides x·[x, y]: [(1−λ)δ I | (1−λ)δ θ_prev]
+        self._Z = np.zeros((n, n + 1))
+        self._Z[:, :n] = np.eye(n) * self._reg
+        self._outer = np.empty((n, n + 1))
         self.n = 0              # steps fitted
         self.n_prefill = 0      # of them, steps with prefill
         self.error = 1.0        # mean relative a-priori error (fraction); 1 until fitted
@@ -153,18 +189,15 @@ class StepTimeModel:
                 self.error = e if self._err_n == 1 else self.error + (e - self.error) / self._err_n
             else:
                 self.error += ERROR_ALPHA * (e - self.error)
-        # R ← λR + x xᵀ + (1−λ)δ I,  r ← λr + x y + (1−λ)δ θ,  θ = R⁻¹ r (in place: µs count)
-        xv = np.asarray(x, dtype=float)
-        lam = self.lam
-        R = self.R
-        R *= lam
-        R += np.multiply.outer(xv, xv, out=self._outer)
-        R += self._regI
-        r = self.r
-        r *= lam
-        r += np.multiply(xv, y_fit, out=self._tmp)
-        r += np.multiply(self.theta, self._reg, out=self._tmp)
-        self.theta = _solve(R, r)
+        # R ← λR + x xᵀ + (1−λ)δ I,  r ← λr + x y + (1−λ)δ θ,  θ = R⁻¹ r, on [R | r] in place
+        # (µs count; each element gets the same operations in the same order as written)
+        xa = np.array((*x, y_fit), dtype=float)
+        A = self._A
+        A *= self.lam
+        A += np.multiply.outer(xa[:-1], xa, out=self._outer)
+        A += self._Z
+        self.theta = _solve(self.R, self.r)
+        np.multiply(self.theta, self._reg, out=self._Z[:, -1])  # the next step's (1−λ)δ θ
         self._th = self.theta.tolist()
         self.n += 1
         if x[1]:
@@ -195,9 +228,9 @@ class Autopilot:
         self.model = model or StepTimeModel()
         self.notify = notify or _noop
         self.active = False
-        #: what the step being scheduled got: "learning" (not fitted: 1/8-1/2 of the budget
-        #: left), "fallback" (fitted, error too large: the static budget) or "steering"
-        self.state = "learning"
+        #: what the step being scheduled got: one of ``STATES`` (never ``OFF``)
+        self.state = LEARNING
+        self.infeasible = False  # the decodes alone predicted over the ITL target (hysteresis)
         self.last_allowance = -1
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
@@ -223,33 +256,39 @@ class Autopilot:
         """The prefill allowance for the step being scheduled (tokens, ≤ ``budget_left``): its
         decodes are in ``out``. Stores ``ap_decode_ctx`` on ``out`` for :meth:`finish`."""
         decodes = out.decodes
+        nd = len(decodes)
+        out.ap_decode_ctx = ctx = sum(map(_computed, decodes)) + nd
         if budget_left <= 0:
-            out.ap_decode_ctx = sum(r.num_computed_tokens for r in decodes) + len(decodes)
             return 0
-        # one pass over the running list: with budget left, every running request not in
-        # prefill got its decode (the stall-free rule), so their contexts are the decodes'
-        ctx = 0
-        line = []
-        for r in sched.running:
-            c = r.num_computed_tokens
-            if c < r.prefill_target:
-                line.append(r)
-            else:
-                ctx += c
-        out.ap_decode_ctx = ctx = ctx + len(decodes)
         self._update_status()
-        self.state = "steering" if self.active else (
-            "fallback" if self.model.fitted else "learning")
         if not self.active:
             if self.model.fitted:  # fitted, but its error is too large: the static budget
+                self.state = FALLBACK
                 return budget_left
             # learning: step sizes of 1/8, 1/4, 1/2 of the budget left in turn — every size the
             # fit needs to see, more prefill steps per prompt, never above the static budget
+            self.state = LEARNING
             self._learn_i = (self._learn_i + 1) % len(LEARN_SHIFTS)
             return max(min(MIN_PREFILL_ALLOWANCE, budget_left),
                        budget_left >> LEARN_SHIFTS[self._learn_i])
-        th = self.model.theta
-        fixed = th[0] + th[1] + th[2] * len(decodes) / 64.0 + th[4] * ctx / 65536.0
+        th = self.model._th
+        fixed = th[0] + th[1] + th[2] * nd / 64.0 + th[4] * ctx / 65536.0
+        if self._infeasible(fixed):
+            self.state = INFEASIBLE  # no allowance meets the ITL target: serve the TTFT
+            return budget_left
+        self.state = STEERING
+        # the prefills in line: with budget left, every running request not in prefill got its
+        # decode (the stall-free rule), so they are the running requests not in ``decodes``
+        # (the newest admitted, mostly: looked for from the end)
+        line = []
+        k = len(sched.running) - nd
+        if k:
+            for r in reversed(sched.running):
+                if r.num_computed_tokens < r.prefill_target:
+                    line.append(r)
+                    if len(line) == k:
+                        break
+            line.reverse()
         c = th[3] / 512.0                       # ms per prefill token
         e = max(th[5], 0.0) / 1048576.0         # ms per query-key pair
         o = line[0].num_computed_tokens if line else 0
@@ -264,6 +303,28 @@ class Autopilot:
                 p = min(self._ttft_p, _largest_p(self.spec.itl_ms - fixed, b, e / 2.0))
         floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
         return max(floor, min(int(p), budget_left))
+
+    def _infeasible(self, fixed_ms: float) -> bool:
+        """Whether the step's fixed part, predicted at ``fixed_ms`` (its decodes plus what a
+        step with prefill costs before its first prefill token), puts the ITL target out of
+        reach: entered above ``INFEASIBLE_ENTER`` × the target, left at or below
+        ``INFEASIBLE_LEAVE`` ×; each change announced."""
+        itl = self.spec.itl_ms
+        if self.infeasible:
+            if fixed_ms <= INFEASIBLE_LEAVE * itl:
+                self.infeasible = False
+                self.notify("notice", f"autopilot: the decodes are predicted at {fixed_ms:.1f} "
+                                      f"ms before any prefill, within the ITL target {itl:g} ms "
+                                      f"again: choosing the prefill allowance for "
+                                      f"{self.spec.canonical}")
+        elif fixed_ms > INFEASIBLE_ENTER * itl:
+            self.infeasible = True
+            self.notify("warning", f"autopilot: the decodes are predicted at {fixed_ms:.1f} ms "
+                                   f"before any prefill, over the ITL target {itl:g} ms: no "
+                                   "prefill allowance can meet it, so the static budget is in "
+                                   "force (for TTFT) until they are predicted within "
+                                   f"{INFEASIBLE_LEAVE * itl:g} ms")
+        return self.infeasible
 
     def _ttft_need(self, sched: "Scheduler", line: list, fixed: float, c: float,
                    cap: int) -> float:
@@ -314,6 +375,7 @@ class Autopilot:
         if self.active:
             if not m.fitted or m.error > ERROR_LEAVE:
                 self.active = False
+                self.infeasible = False  # judged afresh when it steers again
                 why = (f"error {m.error:.0%} > {ERROR_LEAVE:.0%}" if m.fitted
                        else "prefill coefficient not positive")
                 self.notify("warning", f"autopilot: step-time model {why}: the static budget is "

@@ -28,14 +28,14 @@ class StepRecord:
     figures (blocks of ``block_size`` tokens) are taken after the step, finished requests gone.
     ``prefill_allowance``: the prefill tokens the autopilot allowed this step (-1: autopilot
     off or not a chunked step; while it learns, 1/8-1/2 of the budget left after the decodes;
-    while it falls back, all of it);
+    while it falls back or the ITL target is infeasible, all of it);
     ``predicted_ms``: its step-time model's prediction for the step as scheduled (ms; -1: none
     yet), to set against ``wall_ms``. ``auto_budget``: its targets in force ("" = off).
-    ``autopilot_state``: what the allowance was ("learning": the model not fitted yet, 1/8-1/2
-    of the budget left; "fallback": fitted but its error too large, the static budget;
-    "steering": chosen by the model; "" = off). ``fit_error``: the model's tracked mean
-    relative a-priori error |wall - predicted| / wall when the step was scheduled (fraction;
-    -1: not tracked yet) — the number its status lines and fallback rule use.
+    ``autopilot_state``: what the allowance was, one of ``autopilot.STATES`` (the names and
+    their meanings: "learning", "steering", "infeasible", "fallback"; "" = off).
+    ``fit_error``: the model's tracked mean relative a-priori error |wall - predicted| / wall
+    when the step was scheduled (fraction; -1: not tracked yet) — the number its status lines
+    and fallback rule use.
     ``cuda_graph``: the step's forward ran from CUDA graphs — for a decode-only step the full
     decode graph (vLLM's FULL), for a step with prefill tokens the piecewise graphs with
     attention eager between them (vLLM's PIECEWISE; docs/engine-graphs.md); ``kind`` tells

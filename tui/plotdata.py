@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpuchef.engine_host.autopilot import ERROR_ENTER
+from gpuchef.engine_host.autopilot import ERROR_ENTER, FALLBACK, INFEASIBLE, LEARNING, STEERING
 from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
@@ -199,7 +199,7 @@ class LatestStep:
 @dataclass(frozen=True)
 class AutopilotStatus:
     """The autopilot as the newest StepRecord saw it: ``auto_budget`` (targets, "" = off),
-    ``state`` ("learning", "fallback", "steering"; "" off), ``fit_error`` (the model's tracked
+    ``state`` (one of ``engine_host.autopilot.STATES``), ``fit_error`` (the model's tracked
     mean relative error, fraction; -1 = not tracked yet), ``allowance`` (tokens; -1 none),
     ``predicted_ms`` / ``wall_ms`` (ms; predicted -1 = none) and ``budget``
     (``max_num_batched_tokens``) of that step."""
@@ -229,19 +229,23 @@ class AutopilotStatus:
         return f"{self.fit_error * 100:.0f} %" if self.fit_error >= 0 else "–"
 
     def line(self) -> str:
-        """One status line: "steering itl_p99:50ms: fitted, err 7 %", "fallback: static budget
+        """One status line: "steering itl_p99:50ms: fitted, err 7 %", "infeasible: decodes
+        alone over ITL 50 ms; static budget 2048 for TTFT (err 4 %)", "fallback: static budget
         2048 (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
         if not self.auto_budget:
             return "off: the static budget (b turns it on)"
-        if self.state == "steering":
-            return f"steering {self.auto_budget}: fitted, err {self.error_text}"
-        if self.state == "fallback":
-            return (f"fallback: static budget {self.budget} (err {self.error_text}, steers "
+        if self.state == STEERING:
+            return f"{STEERING} {self.auto_budget}: fitted, err {self.error_text}"
+        if self.state == INFEASIBLE:
+            return (f"{INFEASIBLE}: decodes alone over ITL {self.itl_target_ms:g} ms; static "
+                    f"budget {self.budget} for TTFT (err {self.error_text})")
+        if self.state == FALLBACK:
+            return (f"{FALLBACK}: static budget {self.budget} (err {self.error_text}, steers "
                     f"again at ≤ {ERROR_ENTER:.0%})")
-        if self.state == "learning":
-            return (f"learning: not fitted (err {self.error_text}); allowance 1/8–1/2 of "
+        if self.state == LEARNING:
+            return (f"{LEARNING}: not fitted (err {self.error_text}); allowance 1/8–1/2 of "
                     f"budget {self.budget}")
-        return f"{self.auto_budget}: no chunked step yet"
+        return f"{self.auto_budget}: no chunked step yet"  # on, but no step has chosen yet
 
 
 def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from typing import Any, Sequence
 
 import numpy as np
 
+from gpuchef.engine_host.autopilot import (ERROR_ENTER, ERROR_LEAVE, FALLBACK, INFEASIBLE,
+                                          LEARNING, NOT_STEERING, STATE_MEANING, STEERING)
 from gpuchef.engine_host.config import setting_label
 from gpuchef.probes.timeline import Timeline
 
@@ -402,9 +405,16 @@ def waveforms_figure(view: TraceView, span_s: float | None = None,
 
 # ---- the autopilot ---------------------------------------------------------------------------------
 
-#: The autopilot's per-step states (``StepRecord.autopilot_state``) and their colours.
-AP_STATES = {"steering": "#2A9D8F", "learning": "#E9A23B", "fallback": "#C44E52"}
+#: The autopilot's per-step states (``StepRecord.autopilot_state``, named and explained by
+#: ``engine_host.autopilot.STATES``) and their colours.
+AP_STATES = {STEERING: "#2A9D8F", LEARNING: "#E9A23B", INFEASIBLE: "#7B4FA0", FALLBACK: "#C44E52"}
 ALLOWANCE = "#5B8C2A"
+
+
+def ap_state_label(state: str) -> str:
+    """The legend's entry for a state the autopilot did not steer in: "not steering:
+    infeasible — the model predicts the decodes alone … the static budget, for TTFT"."""
+    return textwrap.fill(f"not steering: {state} — {STATE_MEANING[state]}", 44)
 
 
 def autopilot_absent(view: TraceView) -> str | None:
@@ -472,9 +482,8 @@ def autopilot_figure(view: TraceView, span_s: float | None = None) -> Any | None
     allowance it chose over the prefill tokens the steps carried and the static budget; the
     model's predicted vs the actual step time (ms); its fit error (%) against the thresholds
     at which it steers (≤ ERROR_ENTER) and falls back (> ERROR_LEAVE). Bins where it did not
-    steer are shaded by state (learning, fallback)."""
-    from gpuchef.engine_host.autopilot import ERROR_ENTER, ERROR_LEAVE
-
+    steer are shaded by state (learning, infeasible, fallback), the legend saying what each
+    means (``STATE_MEANING``)."""
     d = autopilot_series(view, span_s)
     if d is None:
         return None
@@ -487,13 +496,13 @@ def autopilot_figure(view: TraceView, span_s: float | None = None) -> Any | None
              label="prefill allowance (autopilot, mean)")
     ax1.plot(t, d["budget"], drawstyle="steps-mid", color="#B03A2E", lw=1.0, ls="--",
              label="budget (max_num_batched_tokens)")
-    for st in ("learning", "fallback"):
+    for st in NOT_STEERING:
         on = np.array([x == st for x in d["state"]])
         if on.any():
             for a in (ax1, ax2, ax3):
                 a.fill_between(t, 0, 1, where=on, step="mid", color=AP_STATES[st], alpha=0.12,
                                lw=0, transform=a.get_xaxis_transform(),
-                               label=f"not steering: {st}" if a is ax1 else None)
+                               label=ap_state_label(st) if a is ax1 else None)
     ax1.set_ylim(bottom=0)
     ax1.set_ylabel("tokens")
     ax1.set_title("Autopilot: the prefill allowance it chose per step, over the prefill the "
@@ -509,9 +518,9 @@ def autopilot_figure(view: TraceView, span_s: float | None = None) -> Any | None
     ax2.legend(**_LEGEND)
     ax3.plot(t, d["fit_error_pct"], drawstyle="steps-mid", color=INK, lw=1.0,
              label="fit error (the model's tracked mean relative error)")
-    ax3.axhline(ERROR_ENTER * 100, color=AP_STATES["steering"], lw=0.8, ls=":",
+    ax3.axhline(ERROR_ENTER * 100, color=AP_STATES[STEERING], lw=0.8, ls=":",
                 label=f"steers at ≤ {ERROR_ENTER:.0%}")
-    ax3.axhline(ERROR_LEAVE * 100, color=AP_STATES["fallback"], lw=0.8, ls=":",
+    ax3.axhline(ERROR_LEAVE * 100, color=AP_STATES[FALLBACK], lw=0.8, ls=":",
                 label=f"falls back above {ERROR_LEAVE:.0%}")
     ax3.set_ylim(0, max(60.0, float(np.nanmax(d["fit_error_pct"])) * 1.15
                         if np.isfinite(d["fit_error_pct"]).any() else 60.0))

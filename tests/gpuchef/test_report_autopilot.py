@@ -135,3 +135,65 @@ def test_autopilot_on_in_continuous_mode_is_said_idle(tmp_path):
         "--output-len", "2", "--mode", "continuous", "--auto-budget", "itl_p99:50ms",
         "--trace", t)
     assert "no chunked step ran" in plots.autopilot_absent(_view(t))
+
+
+def test_infeasible_steps_are_shaded_and_named_in_the_legend(tmp_path):
+    """The tiny engine on CPU with the autopilot's fit fed a known step time whose decodes alone
+    take over the 5 ms ITL target: the trace's steps go learning → infeasible; the figure shades
+    the infeasible bins and its legend says what the state means; the page's totals count it."""
+    import random
+
+    from gpuchef.engine_host.autopilot import INFEASIBLE, STATE_MEANING
+    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.engine import LLMEngine
+    from gpuchef.engine_host.request import SamplingParams
+    from gpuchef.probes.recorder import TraceRecorder
+    from gpuchef.report import plots
+
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=512,
+                                 cache=CacheConfig(num_gpu_blocks=256),
+                                 scheduler=SchedulerConfig(mode="chunked",
+                                                           max_num_batched_tokens=256,
+                                                           max_num_seqs=8,
+                                                           auto_budget="itl_p99:5ms")))
+    orig = eng.scheduler.observe
+    eng.scheduler.observe = lambda out, ms: orig(out, 6.0 + 0.5 * bool(out.prefills) + 0.1 * len(
+        out.decodes) + 0.01 * out.num_prefill_tokens)
+    rng = random.Random(2)
+    for i in range(24):
+        eng.add_request(f"q{i}", [rng.randrange(1, 500) for _ in range(rng.randint(60, 200))],
+                        SamplingParams(max_tokens=rng.randint(20, 40), ignore_eos=True))
+    path = tmp_path / "infeasible.jsonl"
+    with TraceRecorder(path) as tr:
+        while eng.has_unfinished():
+            res = eng.step()
+            if res.record is not None:
+                tr.record(res.record)
+    steps = read_trace(path).steps
+    n_inf = sum(s.autopilot_state == INFEASIBLE for s in steps)
+    assert n_inf > 10
+    v = _view(path)
+    d = plots.autopilot_series(v)
+    assert d["states"][INFEASIBLE] == n_inf
+    # per bin, the last step's state (by start), worked out here
+    nb = len(d["t_s"])
+    want = [""] * nb
+    for s in sorted(steps, key=lambda s: s.t_start_ns):
+        k = min(max(int((s.t_start_ns - v.origin_ns) / 1e9 / d["bin_s"]), 0), nb - 1)
+        want[k] = s.autopilot_state
+    assert d["state"] == want and INFEASIBLE in want
+    fig = plots.autopilot_figure(v)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    inf_label = [t for t in labels if t.startswith(f"not steering: {INFEASIBLE}")]
+    assert len(inf_label) == 1
+    assert " ".join(inf_label[0].split()) == f"not steering: {INFEASIBLE} — {STATE_MEANING[INFEASIBLE]}"
+    # the shading covers the infeasible bins: the band's polygons span their middles
+    shaded = [c for c in fig.axes[0].collections if c.get_label() == inf_label[0]]
+    assert len(shaded) == 1
+    xs = np.concatenate([p.vertices[:, 0] for p in shaded[0].get_paths()])
+    for t, st in zip(d["t_s"], d["state"]):
+        if st == INFEASIBLE:
+            assert xs.min() <= t <= xs.max()
+    out = tmp_path / "r.html"
+    run("report", path, "-o", out)
+    assert f"{INFEASIBLE} {n_inf}" in out.read_text(encoding="utf-8")

@@ -14,6 +14,7 @@ from textual.command import CommandPalette
 from textual.widgets import Input
 from tui_fakes import capture_notes
 
+from gpuchef.engine_host.autopilot import FALLBACK, INFEASIBLE, LEARNING, STEERING
 from gpuchef.engine_host.config import (AUTO_BUDGET, CacheConfig, EngineConfig, SchedulerConfig,
                                         parse_value)
 from gpuchef.engine_host.engine import LLMEngine
@@ -223,13 +224,14 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
             ap = f.autopilot
             assert (ap.allowance, ap.predicted_ms, ap.fit_error, ap.state) == (
                 last.prefill_allowance, last.predicted_ms, last.fit_error, last.autopilot_state)
-            assert last.autopilot_state in ("learning", "fallback", "steering")
+            assert last.autopilot_state in (LEARNING, FALLBACK, STEERING, INFEASIBLE)
             assert last.fit_error >= 0
             title = "".join(seg.text for seg in panel.render_line(0))
             err = f"{last.fit_error * 100:.0f} %"
             assert err in title, title
-            assert {"steering": "fitted", "fallback": "fallback: static budget",
-                    "learning": "learning: not fitted"}[last.autopilot_state] in title
+            assert {STEERING: "fitted", FALLBACK: "fallback: static budget",
+                    LEARNING: "learning: not fitted",
+                    INFEASIBLE: "infeasible: decodes alone"}[last.autopilot_state] in title
             btitle = "".join(seg.text for seg in batch.render_line(0))
             assert "━ autopilot allowance" in btitle, btitle
             right = "".join(seg.text for y in range(batch.size.height)
@@ -245,6 +247,8 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
 @pytest.mark.parametrize("state, fit_error, says", [
     ("steering", 0.07, ["steering itl_p99:50ms: fitted, err 7 %"]),
     ("fallback", 0.62, ["fallback: static budget 2048", "err 62 %", "≤ 30%"]),
+    ("infeasible", 0.04, ["infeasible: decodes alone over ITL 50 ms", "static budget 2048 for TTFT",
+                          "err 4 %"]),
     ("learning", -1.0, ["learning: not fitted", "err –", "budget 2048"]),
     ("", -1.0, ["off: the static budget"]),
 ])
@@ -278,3 +282,44 @@ def test_palette_ab_takes_the_autopilot_with_its_comma():
                      ("auto=itl_p99:100ms,ttft_p99:50ms vs budget=512", "below one step")):
         with pytest.raises(ConfigError, match=msg):
             parse_ab(bad)
+
+
+def test_infeasible_target_shows_its_status_line(engine, monkeypatch):
+    # the fit hears a known step time (CPU timing on a shared machine is not one) whose decodes
+    # alone take 6 ms + 0.1 ms per decode: over the 5 ms ITL target whatever the allowance
+    sched = engine.scheduler
+    sched.autopilot = None  # a fresh controller: the earlier tests fitted this one to the CPU
+    orig = sched.observe
+    monkeypatch.setattr(sched, "observe", lambda out, ms: orig(
+        out, 6.0 + 0.5 * bool(out.prefills) + 0.1 * len(out.decodes)
+        + 0.01 * out.num_prefill_tokens))
+    start = START.with_changes(auto_budget="itl_p99:5ms")
+    app, s = make_app(engine, rate=40.0, start=start, input_len=200, output_len=16,
+                      num_prompts=400)
+
+    async def go():
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: any(
+                x.autopilot_state == INFEASIBLE for x in s.timeline.snapshot().steps[-3:]), 60)
+            s.pause_engine(True)
+            await pilot.pause(0.5)
+            app.screen.tick(force=True)
+            await pilot.pause(0.2)
+            last = s.timeline.snapshot().steps[-1]
+            assert last.autopilot_state == INFEASIBLE
+            assert last.prefill_allowance == 256 - last.num_decode_reqs  # the static budget
+            panel = app.screen.query_one(StepTimePanel)
+            assert panel.display and panel._frame.autopilot.state == INFEASIBLE
+            title = "".join(seg.text for seg in panel.render_line(0))
+            want = (f"infeasible: decodes alone over ITL 5 ms; static budget 256 for TTFT (err "
+                    f"{last.fit_error * 100:.0f} %)")
+            assert want in title, title
+            warned = [e for e in s.timeline.snapshot().events
+                      if e.name == "auto_budget" and "before any prefill" in e.message]
+            assert warned and warned[0].kind == "warning"
+
+    try:
+        asyncio.run(go())
+    finally:
+        s.close()
+        sched.autopilot = None  # the next test's controller is not this one's

@@ -18,6 +18,8 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
+from gpuchef.engine_host.autopilot import FALLBACK, INFEASIBLE, STEERING
+
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
 from ..plotdata import WaveFrame, nice_max
@@ -271,8 +273,8 @@ class StepTimePanel(ChartPanel):
         parts = super().title_parts()
         ap = self._frame.autopilot if self._frame is not None else None
         if ap is not None:  # the status first: on a narrow panel the unit and source give way
-            colour = {"steering": theme.DECODE, "fallback": theme.PREEMPTED}.get(ap.state,
-                                                                                theme.WAITING)
+            colour = {STEERING: theme.DECODE, FALLBACK: theme.PREEMPTED,
+                      INFEASIBLE: theme.PREEMPTED}.get(ap.state, theme.WAITING)
             parts[2:2] = [(": ", LBL), (ap.line(), style(colour, BG, bold=True))]
         return parts
 
