@@ -22,7 +22,10 @@ For each decode batch (every request holding ``--kv-len`` tokens of KV, as in
    (weight matrices; KV read by attention; KV written by the append), achieved TB/s and % of
    ``--mem-bw``; then the kernels' busy time against the event-timed replay (the difference is
    the gaps between kernels inside the graph), and finally the ideal time per category at
-   ``--mem-bw`` next to the measured one.
+   ``--mem-bw`` next to the measured one. Some builds' CUPTI traces no kernels inside graph
+   replays (torch 2.11+cu130 on the H200): a graphed profile (full or piecewise) with (almost)
+   no forward kernels (``graph_untraced``) says so once and the tables are the eager profile's,
+   with no busy %, launch-bound verdict or ideal-vs-measured gap drawn from the empty set.
 
 3. ``--mixed D+P,...`` (issue 16): steps of D decodes (each at ``--kv-len``) plus one prefill
    chunk of P fresh tokens, run eagerly and, when D + P is within the largest capture size,
@@ -455,6 +458,35 @@ def summarize(steps: list[list[dict]]) -> dict:
                      for k, v in sorted(unknown.items(), key=lambda kv: -kv[1])[:5]])
 
 
+#: A graphed (full or piecewise) profile whose forward holds fewer kernels per step than this
+#: share of the eager forward's traced (almost) none inside its graph replays: CUPTI did not see
+#: them (torch 2.11+cu130 on the H200, benchmarks/results/2026-12-02-h200-s8/s8_05_profile.log).
+#: A graph replays the eager kernels, so a traced one holds about as many.
+GRAPH_TRACE_MIN_SHARE = 0.5
+UNTRACED_NOTE = ("CUPTI traced no kernels inside graph replays on this build: the per-kernel "
+                 "split is the eager profile's")
+
+
+def graph_untraced(graphed: dict | None, eager: dict | None) -> bool:
+    """Whether the graphed profile ``graphed`` (a :func:`summarize` dict) traced (almost) no
+    forward kernels: fewer per step than ``GRAPH_TRACE_MIN_SHARE`` of the eager profile's. Its
+    busy time, span and per-category µs then describe the few kernels outside the replays, not
+    the step. False when either profile is missing or the eager forward has no kernels."""
+    if not graphed or not eager or eager["forward_kernels_per_step"] <= 0:
+        return False
+    return graphed["forward_kernels_per_step"] < (GRAPH_TRACE_MIN_SHARE
+                                                  * eager["forward_kernels_per_step"])
+
+
+def untraced_line(said: set) -> str:
+    """The note that graph kernels were not traced: in full the first time a run says it (``said``
+    remembers), then short."""
+    if "untraced" in said:
+        return "  graph kernels not traced (see the NOTE above): the eager profile's split"
+    said.add("untraced")
+    return f"  NOTE: {UNTRACED_NOTE}"
+
+
 def category_bytes(mc, itemsize: int, batch: int, kv_len: int) -> dict[str, int]:
     """Bytes a decode step must move per category: weight matrices once, KV read/written."""
     L, H, I, V = mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size, mc.vocab_size
@@ -473,10 +505,18 @@ def category_bytes(mc, itemsize: int, batch: int, kv_len: int) -> dict[str, int]
 # ----------------------------------------------------------------------------- output
 
 
-def print_table(res: dict, mem_bw: float) -> None:
-    primary = res.get("graph_profile") or res.get("eager_profile")
+def print_table(res: dict, mem_bw: float, said: set | None = None) -> None:
+    """One decode batch's kernel tables. When the graph profile traced no forward kernels
+    (:func:`graph_untraced`) it says so once (``said``) and the tables are the eager profile's,
+    timed against the eager step: no busy time, gaps or ideal-vs-measured from an empty set."""
     eager = res.get("eager_profile")
     graph = res.get("graph_profile")
+    ph = res["phases"]
+    if graph_untraced(graph, eager):
+        print(untraced_line(set() if said is None else said))
+        graph = None
+        ph = res.get("eager_phases") or ph  # the eager kernels against the eager step's time
+    primary = graph or eager
     byt = res["bytes"]
     cats = primary["categories"]
     total = sum(v["us"] for v in cats.values()) or 1.0
@@ -503,7 +543,6 @@ def print_table(res: dict, mem_bw: float) -> None:
                   f"{p['forward_busy_us']:.1f} µs over a {p['forward_span_us']:.1f} µs span "
                   f"(gaps {p['forward_span_us'] - p['forward_busy_us']:.1f} µs); whole step "
                   f"busy {p['busy_us']:.1f} µs")
-    ph = res["phases"]
     fb = primary["forward_busy_us"]
     print(f"  event-timed {'graph replay' if graph else 'forward'}: {ph['gpu_forward_ms'] * 1e3:.1f}"
           f" µs vs forward kernels busy {fb:.1f} µs → {ph['gpu_forward_ms'] * 1e3 - fb:.1f} µs "
@@ -530,12 +569,20 @@ def print_table(res: dict, mem_bw: float) -> None:
           f"= {100 * res['roofline_ms'] / res['wall_ms']:.1f}% of roofline")
 
 
-def print_mixed(how: str, ph: dict, prof: dict, notes: list[str]) -> None:
-    """The phases and the forward's busy/span lines of one mixed step run ``how``."""
+def print_mixed(how: str, ph: dict, prof: dict, notes: list[str], eager: dict | None = None,
+                said: set | None = None) -> None:
+    """The phases and the forward's busy/span lines of one mixed step run ``how``. ``eager``: the
+    same step's eager profile; when ``prof`` (graphed) traced no forward kernels
+    (:func:`graph_untraced`), the note (once, ``said``) replaces its busy/span and verdict."""
     fb, fs = prof["forward_busy_us"], prof["forward_span_us"]
     print(f"  {how} phased: host inputs {ph['host_inputs_ms']:.3f} + plan {ph['host_plan_ms']:.3f}"
           f" + GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}, logits "
           f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
+    if graph_untraced(prof, eager):
+        print(untraced_line(set() if said is None else said))
+        for note in notes:
+            print(f"  NOTE ({how}): {note}")
+        return
     print(f"  {how} forward kernels: {prof['forward_kernels_per_step']:.0f}/step, busy "
           f"{fb / 1e3:.3f} ms of a {fs / 1e3:.3f} ms span"
           + (f" ({100 * fb / fs:.0f}% busy: {'launch-bound' if fb < 0.7 * fs else 'kernel-bound'})"
@@ -643,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         return SchedulerOutput(decodes=[make_req(eng, i, a.kv_len, 1) for i in range(b)])
 
     results = []
+    said: set = set()  # notes a run gives once
     # The decode section compares the full decode graph with eager: the piecewise path is off
     # there but for its own wall time.
     eng.runner.piecewise = None
@@ -683,12 +731,12 @@ def main(argv: list[str] | None = None) -> int:
             res["graph_alignment"] = align_graph_to_eager(graph_steps, eager_steps,
                                                           mc.num_hidden_layers)
             res["graph_profile"] = summarize(graph_steps)
-            if not any("forward" in r["labels"] for s in graph_steps for r in s):
-                graph_notes.append("no kernels traced inside the graph replay (CUPTI): the graph "
-                                   "table lacks the forward, read the eager µs column")
             res["graph_profile"]["notes"] = graph_notes
         res["eager_profile"] = summarize(eager_steps)
         res["eager_profile"]["notes"] = eager_notes
+        untraced = graph_untraced(res["graph_profile"], res["eager_profile"])
+        if res["graph_profile"] is not None:
+            res["graph_profile"]["untraced"] = untraced
         if a.trace_dir:  # one graph step then one eager step, small enough to open
             path = os.path.join(a.trace_dir, f"decode_b{b}.json")
             with profile(activities=[ProfilerActivity.CPU]
@@ -721,12 +769,12 @@ def main(argv: list[str] | None = None) -> int:
         if res.get("piecewise_wall_ms") is not None:
             print(f"  through the piecewise graphs instead of the full one: wall "
                   f"{res['piecewise_wall_ms']:.3f} ms (full graph {wall:.3f} ms)")
-        if res["graph_alignment"]:
+        if res["graph_alignment"] and not untraced:
             print(f"  graph kernels categorised: {res['graph_alignment']}")
         for mode in ("graph", "eager"):
             for note in (res[f"{mode}_profile"] or {}).get("notes", []):
                 print(f"  NOTE ({mode} profile): {note}")
-        print_table(res, a.mem_bw)
+        print_table(res, a.mem_bw, said)
 
     eng.runner.piecewise = pw
     mixed_results = []
@@ -773,11 +821,12 @@ def main(argv: list[str] | None = None) -> int:
             pnotes: list[str] = []
             with paths(eng, graphs, pw):
                 pprof = summarize(profile_steps(eng, out, a.prof_iters, pnotes))
+            pprof["untraced"] = graph_untraced(pprof, prof)
             pres.update(profile=pprof, notes=pnotes)
             print(f"  piecewise graphs ({pres['padded_tokens']} tokens padded): wall "
                   f"{pres['wall_ms']:.3f} ms ({wall / pres['wall_ms']:.2f}× eager; ideal "
                   f"{100 * ideal / pres['wall_ms']:.1f}%)")
-            print_mixed("piecewise", pres["phases"], pprof, pnotes)
+            print_mixed("piecewise", pres["phases"], pprof, pnotes, eager=prof, said=said)
     if mixed_results:
         print("\n  mixed steps, wall ms (median of --iters execute calls):")
         print(f"  {'decodes+prefill':>16} {'ideal':>8} {'eager':>8} {'piecewise':>10} "

@@ -125,3 +125,96 @@ def test_profile_decode_refuses_bad_capture_sizes(capsys):
         pd.main(["--model", "tiny", "--device", "cpu", "--cudagraph-capture-sizes", "16,x"])
     assert e.value.code == 2
     assert "--cudagraph-capture-sizes '16,x' must be comma-separated" in capsys.readouterr().err
+
+
+# ---- graphed profiles that traced no kernels inside the replays (CUPTI on torch 2.11+cu130) ----
+
+
+def _k(name, cat, start, us, *labels):
+    return dict(name=name, cat=cat, start=float(start), us=float(us), labels=[*labels, "step0"])
+
+
+def _eager_step():
+    """An eager decode step: four GEMMs in the forward, then lm_head and sampling."""
+    return [_k("gemm", "qkv_proj", 0, 30, "forward"), _k("gemm", "o_proj", 40, 20, "forward"),
+            _k("gemm", "gate_up_proj", 70, 60, "forward"), _k("gemm", "down_proj", 140, 40, "forward"),
+            _k("gemm", "lm_head", 200, 25, "logits"), _k("argmax", "sampling", 230, 5, "sample")]
+
+
+def _untraced_graph_step():
+    """What the H200 build traced of a graphed step: the kernels outside the replay only."""
+    return [_k("gemm", "lm_head", 0, 25, "logits"), _k("argmax", "sampling", 30, 5, "sample")]
+
+
+def _res(graph_steps):
+    return dict(batch=32, wall_ms=1.0, roofline_ms=0.5, bytes={"qkv_proj": 10**6, "lm_head": 10**6},
+                phases=dict(wall_ms=1.0, gpu_forward_ms=0.8),
+                eager_phases=dict(wall_ms=2.0, gpu_forward_ms=1.5),
+                graph_profile=pd.summarize(graph_steps) if graph_steps else None,
+                eager_profile=pd.summarize([_eager_step()]))
+
+
+def test_graph_untraced_rule():
+    eager = pd.summarize([_eager_step()])
+    assert eager["forward_kernels_per_step"] == 4
+    assert pd.graph_untraced(pd.summarize([_untraced_graph_step()]), eager)
+    assert not pd.graph_untraced(pd.summarize([_eager_step()]), eager)  # traced: as many kernels
+    one = _untraced_graph_step() + [_k("attn", "attention", 50, 3, "forward")]  # 1 of 4 < 50 %
+    assert pd.graph_untraced(pd.summarize([one]), eager)
+    two = one + [_k("attn", "attention", 60, 3, "forward")]  # 2 of 4: not below the share
+    assert not pd.graph_untraced(pd.summarize([two]), eager)
+    assert not pd.graph_untraced(None, eager) and not pd.graph_untraced(eager, None)
+
+
+def test_untraced_decode_table_is_the_eager_profile_said_once(capsys):
+    said: set = set()
+    pd.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
+    text = capsys.readouterr().out
+    assert text.count(pd.UNTRACED_NOTE) == 1
+    assert "per step, eager kernels:" in text and "graph kernels" not in text
+    assert "  graph: " not in text and "event-timed graph replay" not in text
+    split, ideal = text.split("ideal at")
+    # the per-category table: the eager kernels' µs per step (30 for qkv), not the graph's 0
+    assert [ln.split()[1:3] for ln in split.splitlines() if ln.startswith("  qkv_proj")] == [
+        ["1", "30.0"]]
+    rows = {ln.split()[0]: ln.split() for ln in ideal.splitlines()
+            if ln.startswith("  kernels")}
+    # ideal vs measured (eager): measured 30 µs against 10^6 B / 4.3 TB/s = 0.2 µs, no -374 gap
+    ideal_rows = [ln.split() for ln in ideal.splitlines() if ln.startswith("  qkv_proj")]
+    assert ideal_rows == [["qkv_proj", f"{1e6 / 4.3e12 * 1e6:.1f}", "30.0",
+                           f"{30 - 1e6 / 4.3e12 * 1e6:.1f}"]]
+    # kernels total: the eager step's 150 µs of forward + 30 of logits and sampling
+    assert rows["kernels"][2:4] == [f"{2 * 1e6 / 4.3e12 * 1e6:.1f}", "180.0"]
+    # the time not in kernels is against the eager step's wall (2 ms), not the graph's
+    assert "phased wall 2000.0 µs − kernels" in text and f"{2000 - 180:.1f}" in text
+    assert "event-timed forward: 1500.0 µs vs forward kernels busy 150.0 µs" in text
+    pd.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
+    again = capsys.readouterr().out
+    assert pd.UNTRACED_NOTE not in again and "see the NOTE above" in again
+
+
+def test_traced_graph_decode_table_is_the_graphs(capsys):
+    pd.print_table(_res([_eager_step()]), 4.3e12, set())
+    text = capsys.readouterr().out
+    assert pd.UNTRACED_NOTE not in text
+    assert "per step, graph kernels (eager µs alongside):" in text
+    assert "graph: 6 kernels/step (4 in the forward)" in text
+
+
+def test_untraced_piecewise_mixed_step_gives_no_busy_verdict(capsys):
+    eager = pd.summarize([_eager_step()])
+    ph = dict(host_inputs_ms=0.1, host_plan_ms=0.1, gpu_total_ms=1.0, gpu_forward_ms=0.8,
+              gpu_logits_ms=0.1, gpu_sample_ms=0.1)
+    said: set = set()
+    pd.print_mixed("piecewise", ph, pd.summarize([_untraced_graph_step()]), ["n of m outside"],
+                   eager=eager, said=said)
+    text = capsys.readouterr().out
+    assert text.count(pd.UNTRACED_NOTE) == 1 and "NOTE (piecewise): n of m outside" in text
+    assert "busy" not in text and "launch-bound" not in text and "kernel-bound" not in text
+    # a traced step: busy 2 × 10 µs of a 100 µs span → 20 % busy, launch-bound
+    traced = [_k("a", "attention", 0, 10, "forward"), _k("b", "attention", 90, 10, "forward")]
+    pd.print_mixed("piecewise", ph, pd.summarize([traced]), [], eager=pd.summarize([traced]),
+                   said=said)
+    text = capsys.readouterr().out
+    assert "forward kernels: 2/step, busy 0.020 ms of a 0.100 ms span (20% busy: launch-bound)" \
+        in text
