@@ -47,7 +47,8 @@ engine_options = _opts(
     click.option("--attention-backend", default="auto", show_default=True,
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
-    click.option("--enforce-eager", is_flag=True, help="No CUDA graphs (GPU only)."),
+    click.option("--enforce-eager", is_flag=True,
+                 help="No CUDA graphs (CUDA only; elsewhere a warning says it has no effect)."),
     click.option("--cudagraph-mode", default=CUDAGRAPH_MODES[0], show_default=True,
                  type=click.Choice(list(CUDAGRAPH_MODES)),
                  help="Native engine on CUDA (vLLM's compilation-config cudagraph_mode): "

@@ -117,3 +117,17 @@ def test_bench_on_cpu_with_graph_flags_warns_and_runs():
     assert lines == ["warning: --enforce-eager, --cudagraph-mode have no effect on cpu: CUDA "
                      "graphs are CUDA only (every step runs eagerly)"]
     assert "Successful requests:                     2" in r.stdout
+
+
+def test_serve_on_cpu_with_graph_flags_warns_and_serves():
+    import json
+    import urllib.request
+
+    from serve_proc import ServeProc
+
+    with ServeProc("--cudagraph-capture-sizes", "16,32") as s:
+        with urllib.request.urlopen(s.url + "/v1/models", timeout=30) as r:
+            assert json.loads(r.read())["data"]
+        assert [ln.strip() for ln in s.lines if ln.startswith("warning:")] == [
+            "warning: --cudagraph-capture-sizes has no effect on cpu: CUDA graphs are CUDA only "
+            "(every step runs eagerly)"]
