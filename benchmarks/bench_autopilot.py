@@ -1,7 +1,7 @@
 """The autopilot's own cost per step on the engine thread (issue 17: floor ≤ 50 µs).
 
 Run:  python benchmarks/bench_autopilot.py [--decodes 256] [--waiting 64] [--steps 5000]
-      [--json OUT]
+      [--json OUT] [--parts]
 
 A scheduler with ``--decodes`` running decodes (contexts of 500-4000 tokens), one partial prefill
 and ``--waiting`` queued prompts is scheduled over and over on a synthetic KV pool (no model);
@@ -17,6 +17,10 @@ each iteration times, with ``time.perf_counter_ns``:
 and reports the median and P99 of each, and the autopilot's cost per step as the difference of
 the two medians (and of the two P99s: a difference of tails, which noise can make negative).
 The two are timed in alternating blocks of 10 iterations, so that a neighbour's load hits both.
+With ``--parts``, a second pass times the autopilot's own calls on the engine thread one by
+one (``Autopilot.choose`` — its median is a step without the TTFT scan —, the TTFT scan
+``_ttft_need`` alone, ``finish``, ``observe`` = the model's update, and the scheduler's
+``_autopilot`` hook), each wrapped in ``perf_counter_ns`` (≈ 0.1 µs of its own per call).
 The scheduler's output is thrown away after each iteration (the same requests are scheduled
 again), so the figures are the hot path's, on whatever CPU runs this.
 """
@@ -91,6 +95,38 @@ def measure(sched: Scheduler, steps: int, with_observe: bool) -> list[int]:
     return ts
 
 
+def parts(sched: Scheduler, steps: int) -> dict[str, dict]:
+    """Time the autopilot's calls one by one over ``steps`` iterations (µs per call)."""
+    ap = sched.autopilot
+    pc = time.perf_counter_ns
+    acc: dict[str, list[int]] = {}
+
+    def wrap(obj, attr, name):
+        f = getattr(obj, attr)
+        ts = acc.setdefault(name, [])
+
+        def timed(*args):
+            t0 = pc()
+            r = f(*args)
+            ts.append(pc() - t0)
+            return r
+        setattr(obj, attr, timed)
+
+    wrap(ap, "_ttft_need", "TTFT scan (_ttft_need)")  # first: choose calls it through self
+    wrap(ap, "choose", "choose")
+    wrap(ap, "finish", "finish")
+    wrap(ap, "observe", "observe (the model's update)")
+    wrap(sched, "_autopilot", "Scheduler._autopilot")
+    try:
+        measure(sched, steps, True)
+    finally:
+        for obj in (ap, sched):  # the instance attributes go, the methods are back
+            for attr in ("_ttft_need", "choose", "finish", "observe", "_autopilot"):
+                obj.__dict__.pop(attr, None)
+    return {k: {"median_us": statistics.median(v) / 1e3, "mean_us": statistics.fmean(v) / 1e3,
+                "calls": len(v)} for k, v in acc.items() if v}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decodes", type=int, default=256, help="running decodes (1-512: the synthetic KV pool holds 512 contexts of up to 4000 tokens)")
@@ -98,6 +134,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5000,
                     help="timed iterations of each (≥ 10, a multiple of 10: blocks of 10)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time the autopilot's calls one by one (median and mean, µs)")
     a = ap.parse_args()
     for name, v, lo, hi in (("--decodes", a.decodes, 1, 512), ("--waiting", a.waiting, 0, 4096),
                             ("--steps", a.steps, 10, 10**7)):
@@ -132,16 +170,22 @@ def main() -> None:
     rows["active"] = bool(on.autopilot and on.autopilot.active)
     out = on.schedule()
     rows["allowance_in_force"] = out.prefill_allowance
+    rows["state"] = out.autopilot_state
     reset(on, out)
+    if a.parts:
+        rows["parts"] = parts(on, a.steps)
     rows["args"] = vars(a)
     print(f"schedule() with {a.decodes} decodes, 1 partial prefill, {a.waiting} waiting; "
-          f"{a.steps} iterations (autopilot active: {rows['active']}, allowance "
+          f"{a.steps} iterations (autopilot {rows['state']}, allowance "
           f"{rows['allowance_in_force']} of {2048 - a.decodes} left)")
     for name in ("off", "on", "autopilot_us"):
         r = rows[name]
         label = {"off": "schedule, autopilot off", "on": "schedule + observe, autopilot on",
                  "autopilot_us": "autopilot's cost per step"}[name]
         print(f"  {label:34s} median {r['median_us']:7.1f} µs   p99 {r['p99_us']:7.1f} µs")
+    for name, r in rows.get("parts", {}).items():
+        print(f"  part {name:29s} median {r['median_us']:7.1f} µs   mean {r['mean_us']:6.1f} µs "
+              f"({r['calls']} calls)")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2))
 

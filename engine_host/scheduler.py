@@ -227,7 +227,7 @@ class Scheduler:
         if ap is None:
             ap = self.autopilot = Autopilot(cfg.auto_budget_spec,
                                             notify=lambda k, m: self.notify(k, m))
-        elif ap.spec.canonical != cfg.auto_budget:
+        elif ap.canonical != cfg.auto_budget:
             ap.set_spec(cfg.auto_budget_spec)
         return ap
 
