@@ -241,6 +241,7 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
         runner.attn.begin_step(meta)
     h2 = time.perf_counter()
     e0 = clock.mark()
+    hf0 = time.perf_counter()
     with label("forward", labels):
         if gr is not None:
             g, hidden = gr.graphs[n]
@@ -250,6 +251,7 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
             hidden = pw.forward(runner.model, runner.attn, runner.kv.kv_caches, meta.num_tokens)
         else:
             hidden = runner.model(batch.input_ids, meta.positions, runner.kv.kv_caches, runner.attn)
+    hf1 = time.perf_counter()
     e1 = clock.mark()
     with label("logits", labels):
         if gr is None:
@@ -263,8 +265,9 @@ def phased_step(eng: LLMEngine, out: SchedulerOutput, labels: bool = False) -> d
     if runner.is_cuda:
         e3.synchronize()
     h3 = time.perf_counter()
+    host = dict(host_forward_ms=(hf1 - hf0) * 1e3) if runner.is_cuda else {}
     return dict(wall_ms=(h3 - h0) * 1e3, host_inputs_ms=(h1 - h0) * 1e3,
-                host_plan_ms=(h2 - h1) * 1e3, gpu_forward_ms=clock.ms(e0, e1),
+                host_plan_ms=(h2 - h1) * 1e3, **host, gpu_forward_ms=clock.ms(e0, e1),
                 gpu_logits_ms=clock.ms(e1, e2), gpu_sample_ms=clock.ms(e2, e3),
                 gpu_total_ms=clock.ms(e0, e3))
 
@@ -569,6 +572,23 @@ def print_table(res: dict, mem_bw: float, said: set | None = None) -> None:
           f"= {100 * res['roofline_ms'] / res['wall_ms']:.1f}% of roofline")
 
 
+#: The host's enqueue time of the forward within this share of its event-timed GPU time: the
+#: GPU waited on the launches (host-bound); a GPU-bound forward is enqueued well ahead of it.
+HOST_BOUND_SHARE = 0.9
+
+
+def enqueue_note(ph: dict) -> str:
+    """``", host enqueue X ms: host-bound"`` (or ``GPU-bound``) from a phases dict's
+    ``host_forward_ms`` (perf_counter around the forward's launches, no sync) against
+    ``gpu_forward_ms`` (CUDA events around the same); "" without the host figure (old JSON, or
+    the CPU, where the two are one clock: ``phased_step`` leaves it out there)."""
+    hf, gf = ph.get("host_forward_ms"), ph.get("gpu_forward_ms")
+    if hf is None or not gf:
+        return ""
+    verdict = "host-bound" if hf >= HOST_BOUND_SHARE * gf else "GPU-bound"
+    return f", host enqueue {hf:.3f}: {verdict}"
+
+
 def print_mixed(how: str, ph: dict, prof: dict, notes: list[str], eager: dict | None = None,
                 said: set | None = None) -> None:
     """The phases and the forward's busy/span lines of one mixed step run ``how``. ``eager``: the
@@ -576,8 +596,8 @@ def print_mixed(how: str, ph: dict, prof: dict, notes: list[str], eager: dict | 
     (:func:`graph_untraced`), the note (once, ``said``) replaces its busy/span and verdict."""
     fb, fs = prof["forward_busy_us"], prof["forward_span_us"]
     print(f"  {how} phased: host inputs {ph['host_inputs_ms']:.3f} + plan {ph['host_plan_ms']:.3f}"
-          f" + GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}, logits "
-          f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
+          f" + GPU {ph['gpu_total_ms']:.3f} [forward {ph['gpu_forward_ms']:.3f}{enqueue_note(ph)}, "
+          f"logits {ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] ms")
     if graph_untraced(prof, eager):
         print(untraced_line(set() if said is None else said))
         for note in notes:
@@ -760,12 +780,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * res['roofline_read_ms'] / wall:.1f}%) ===")
         print(f"  phased step: wall {ph['wall_ms']:.3f} ms = host inputs {ph['host_inputs_ms']:.3f}"
               f" + plan {ph['host_plan_ms']:.3f} + GPU {ph['gpu_total_ms']:.3f} "
-              f"[{'graph replay' if graphs else 'forward'} {ph['gpu_forward_ms']:.3f}, logits "
+              f"[{'graph replay' if graphs else 'forward'} {ph['gpu_forward_ms']:.3f}{enqueue_note(ph)}, logits "
               f"{ph['gpu_logits_ms']:.3f}, sample+sync {ph['gpu_sample_ms']:.3f}] + rest "
               f"{ph['wall_ms'] - ph['host_inputs_ms'] - ph['host_plan_ms'] - ph['gpu_total_ms']:.3f}")
         if res.get("eager_phases"):
             ep = res["eager_phases"]
-            print(f"  eager step:  wall {ep['wall_ms']:.3f} ms, forward {ep['gpu_forward_ms']:.3f} ms")
+            print(f"  eager step:  wall {ep['wall_ms']:.3f} ms, forward {ep['gpu_forward_ms']:.3f} ms"
+                  f"{enqueue_note(ep)}")
         if res.get("piecewise_wall_ms") is not None:
             print(f"  through the piecewise graphs instead of the full one: wall "
                   f"{res['piecewise_wall_ms']:.3f} ms (full graph {wall:.3f} ms)")

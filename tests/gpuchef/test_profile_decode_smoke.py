@@ -71,6 +71,7 @@ def test_profile_decode_cpu_smoke(tmp_path, capsys):
         for k in ("wall_ms", "host_inputs_ms", "host_plan_ms", "gpu_forward_ms", "gpu_logits_ms",
                   "gpu_sample_ms", "gpu_total_ms"):
             assert ph[k] > 0, k
+        assert "host_forward_ms" not in ph  # one clock on the CPU: no host-bound verdict
         assert b["graph_profile"] is None  # no graphs on the CPU
         ep = b["eager_profile"]
         assert ep["kernels_per_step"] > 0 and ep["busy_us"] > 0
@@ -218,3 +219,18 @@ def test_untraced_piecewise_mixed_step_gives_no_busy_verdict(capsys):
     text = capsys.readouterr().out
     assert "forward kernels: 2/step, busy 0.020 ms of a 0.100 ms span (20% busy: launch-bound)" \
         in text
+
+
+def test_enqueue_note_calls_a_forward_host_bound_only_when_the_gpu_waited_on_it():
+    # the GPU's forward took as long as the host took to enqueue it: it waited on the launches
+    assert pd.enqueue_note(dict(host_forward_ms=5.8, gpu_forward_ms=6.0)) == \
+        ", host enqueue 5.800: host-bound"
+    # enqueued well ahead of the GPU (one graph replay): GPU-bound
+    assert pd.enqueue_note(dict(host_forward_ms=0.05, gpu_forward_ms=6.2)).endswith("GPU-bound")
+    edge = pd.HOST_BOUND_SHARE * 4.0
+    assert pd.enqueue_note(dict(host_forward_ms=edge, gpu_forward_ms=4.0)).endswith("host-bound")
+    assert pd.enqueue_note(dict(host_forward_ms=edge - 0.01, gpu_forward_ms=4.0)).endswith(
+        "GPU-bound")
+    # no host figure (the CPU, old JSON) or no GPU time: nothing said
+    assert pd.enqueue_note(dict(gpu_forward_ms=6.0)) == ""
+    assert pd.enqueue_note(dict(host_forward_ms=1.0, gpu_forward_ms=0.0)) == ""
