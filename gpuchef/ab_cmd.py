@@ -231,7 +231,8 @@ def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None)
 def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
     from .ab_runs import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
                      run_sequential, side_by_side)
-    from .probes.metrics import format_results_block
+    from .ab_runs import knob_text
+    from .probes.metrics import autopilot_totals, format_results_block
 
     settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
 
@@ -272,7 +273,11 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         extra = {"Mode:": st.config.mode,
                  "max_num_batched_tokens:": str(st.config.max_num_batched_tokens)}
         for knob in named:
-            extra[f"{knob}:"] = str(getattr(st.config, knob))
+            extra[f"{knob}:"] = knob_text(knob, getattr(st.config, knob))
+        if any(settings[x].config.auto_budget for x in ("A", "B")):
+            ap = autopilot_totals(s for r in cmp.runs if r.label == k for s in r.steps)
+            extra["Autopilot steps:"] = ap.short() if ap is not None else (
+                "idle" if st.config.auto_budget else "off")
         extra["Runs pooled:"] = str(n)
         g = cmp.pooled_gpu[k]
         if any(math.isfinite(v) for v in g.values()):

@@ -52,6 +52,12 @@ STRADDLE_WARN_SHARE = 0.25
 
 # ---- settings ----------------------------------------------------------------------------------
 
+def knob_text(knob: str, value: Any) -> str:
+    """A knob's value as the A/B output shows it: as typed, except ``auto_budget`` off, which
+    SchedulerConfig stores as "" and is shown as ``off``."""
+    return "off" if knob == AUTO_BUDGET and value == "" else str(value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One arm of the experiment. ``changes``: the knobs the spec names (parsed);
@@ -66,9 +72,7 @@ class Setting:
         """The spec as given, normalised: ``mode=chunked, max_num_batched_tokens=2048``."""
         if not self.changes:
             return "the base settings"
-        # auto_budget off is stored as "" (SchedulerConfig's form): shown as typed, "off"
-        return ", ".join(f"{k}={'off' if k == AUTO_BUDGET and v == '' else v}"
-                         for k, v in self.changes.items())
+        return ", ".join(f"{k}={knob_text(k, v)}" for k, v in self.changes.items())
 
     @property
     def notes(self) -> list[str]:
@@ -357,17 +361,24 @@ COL_W = 16
 
 
 def _split_row(line: str) -> tuple[str, str] | None:
-    """A results-block row ``"{:<40} {value}"`` as (label, value); None for a header line."""
+    """A results-block row ``"{:<40} {value}"`` as (label, value); None for a header line
+    (``===…`` / ``---title---``). A row with an empty value (its trailing spaces stripped) is
+    a row with value "", not a header."""
     if len(line) > LABEL_W and line[LABEL_W] == " " and line[:LABEL_W].rstrip().endswith(":"):
         return line[:LABEL_W].rstrip(), line[LABEL_W + 1:].strip()
+    if len(line) <= LABEL_W and line.endswith(":") and not line.startswith(("=", "-")):
+        return line, ""
     return None
 
 
 def side_by_side(block_a: str, block_b: str, title: str, heads: tuple[str, str] = ("A", "B")) -> str:
     """Merge two ``format_results_block`` texts into one with two value columns. Rows are
     matched by label (a row only one block has shows "" in the other column); section headers
-    are re-centred to the wider block."""
-    width = LABEL_W + 1 + 2 * COL_W
+    are re-centred to the wider block. The value columns are COL_W wide, or wider when a value
+    needs it (two spaces at least between columns)."""
+    vals = [r[1] for blk in (block_a, block_b) for r in map(_split_row, blk.splitlines()) if r]
+    col = max([COL_W, *(len(v) + 2 for v in vals)])
+    width = LABEL_W + 1 + 2 * col
     rows_b: dict[tuple[str, str], str] = {}
     section = ""
     for line in block_b.splitlines():
@@ -377,7 +388,7 @@ def side_by_side(block_a: str, block_b: str, title: str, heads: tuple[str, str] 
         else:
             rows_b[(section, r[0])] = r[1]
     out = ["{s:=^{n}}".format(s=f" {title} ", n=width),
-           "{:<{w}} {:>{c}}{:>{c}}".format("", heads[0], heads[1], w=LABEL_W, c=COL_W)]
+           "{:<{w}} {:>{c}}{:>{c}}".format("", heads[0], heads[1], w=LABEL_W, c=col)]
     section = ""
     lines = block_a.splitlines()
     for i, line in enumerate(lines):
@@ -392,7 +403,7 @@ def side_by_side(block_a: str, block_b: str, title: str, heads: tuple[str, str] 
                 out.append("{s:{c}^{n}}".format(s=section, c=line[0], n=width))
             continue
         vb = rows_b.pop((section, r[0]), "")
-        out.append("{:<{w}} {:>{c}}{:>{c}}".format(r[0], r[1], vb, w=LABEL_W, c=COL_W).rstrip())
+        out.append("{:<{w}} {:>{c}}{:>{c}}".format(r[0], r[1], vb, w=LABEL_W, c=col).rstrip())
     return "\n".join(out)
 
 

@@ -69,7 +69,8 @@ def _bench(o: dict, err: Console) -> None:
         return bench_http(o, err)
     check_http_flags(o)
     from .engine_host.workload import generate
-    from .probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
+    from .probes.metrics import (autopilot_totals, format_results_block, parse_goodput,
+                                 parse_percentiles, summarize)
     from .session import build_engine, run_load
 
     # everything that can be refused is refused before the model loads
@@ -125,6 +126,11 @@ def _bench(o: dict, err: Console) -> None:
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
         "Load:": load_desc(wcfg),
     }
+    ap = autopilot_totals(res.steps)
+    if sc.auto_budget or ap is not None:  # on at the end, or on for part of the run
+        extra["Autopilot:"] = ap.line() if ap is not None else (
+            f"{sc.auto_budget}; idle: no chunked step asked it"
+            + (" (continuous mode)" if sc.mode == "continuous" else ""))
     extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)))
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:

@@ -544,6 +544,44 @@ def format_value(v: Any) -> str:
     return "{:<10.2f}".format(float(v))
 
 
+@dataclass
+class AutopilotTotals:
+    """What the autopilot did over a run: ``steps`` (StepRecords that ran with it: ``auto_budget``
+    set and a ``prefill_allowance`` ≥ 0, i.e. chunked steps), ``states`` (steps per
+    ``autopilot_state``, engine_host.autopilot.STATES' names), ``last`` (the newest such step)."""
+    steps: int
+    states: dict[str, int]
+    last: StepRecord
+
+    def short(self) -> str:
+        """``"steering 858/940"``: the share of steps the model chose (fits an A/B column)."""
+        from gpuchef.engine_host.autopilot import STEERING
+        return f"{STEERING} {self.states.get(STEERING, 0)}/{self.steps}"
+
+    def line(self) -> str:
+        """``"itl_p99:50ms,ttft_p99:2000ms; 940 steps: steering 858, learning 72; fit error at
+        the end 12 %"`` (the targets in force at the end)."""
+        states = ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))
+        fe = self.last.fit_error
+        err = f"{fe * 100:.0f} %" if fe is not None and fe >= 0 else "not tracked yet"
+        return (f"{self.last.auto_budget}; {self.steps} steps: {states}; fit error at the end "
+                f"{err}")
+
+
+def autopilot_totals(steps: Iterable[StepRecord]) -> AutopilotTotals | None:
+    """:class:`AutopilotTotals` of the StepRecords, in step order (by ``t_start_ns``); None when
+    no step ran with the autopilot choosing an allowance (off throughout, or idle: continuous
+    mode never asks it)."""
+    ap = sorted((x for x in steps if x.auto_budget and x.prefill_allowance >= 0),
+                key=lambda x: x.t_start_ns)
+    if not ap:
+        return None
+    states: dict[str, int] = {}
+    for x in ap:
+        states[x.autopilot_state] = states.get(x.autopilot_state, 0) + 1
+    return AutopilotTotals(len(ap), states, ap[-1])
+
+
 #: the results block's section of gpuchef's engine-step rows
 STEPS_SECTION = "Engine Steps (gpuchef)"
 

@@ -421,11 +421,7 @@ def autopilot_body(view: TraceView, span: float | None) -> str:
     if why is not None:
         return head + f'<p class="empty">No autopilot figure: {esc(why)}.</p>'
     d = plots.autopilot_series(view, span)
-    last = d["last"]
-    states = ", ".join(f"{k} {v}" for k, v in sorted(d["states"].items()))
-    err = f"{last.fit_error * 100:.0f} %" if last.fit_error >= 0 else "not tracked yet"
-    line = (f"{d['steps']} steps with the autopilot ({states}); targets at the end "
-            f"{last.auto_budget}; fit error at the end {err}.")
+    line = f"The autopilot: {d['totals'].line()}."  # as bench's and ab's results block say it
     svg = plots.autopilot(view, span)
     return head + f"<p>{esc(line)}</p>" + _figure(
         svg, f"autopilot-{plots._slug(view.name)}",

@@ -21,6 +21,7 @@ from gpuchef.engine_host.autopilot import (ERROR_ENTER, ERROR_LEAVE, FALLBACK, I
                                           LEARNING, NOT_STEERING, STATE_MEANING, STEERING)
 from gpuchef.engine_host.config import setting_label
 from gpuchef.probes.timeline import Timeline
+from gpuchef.probes.metrics import autopilot_totals
 
 from .data import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
 
@@ -461,9 +462,7 @@ def autopilot_series(view: TraceView, span_s: float | None = None) -> dict[str, 
     state = [""] * nb
     for i, s in zip(np.clip(x, 0, nb - 1), ap):
         state[int(i)] = s.autopilot_state
-    states: dict[str, int] = {}
-    for s in ap:
-        states[s.autopilot_state] = states.get(s.autopilot_state, 0) + 1
+    tot = autopilot_totals(ap)
     return {
         "t_s": np.arange(nb) * bin_s + bin_s / 2, "bin_s": bin_s,
         "allowance": _binned(x, col("prefill_allowance"), nb, "mean"),
@@ -472,7 +471,8 @@ def autopilot_series(view: TraceView, span_s: float | None = None) -> dict[str, 
         "wall_ms": _binned(x[hp], wall[hp], nb, "mean"),
         "predicted_ms": _binned(x[hp], pred[hp], nb, "mean"),
         "fit_error_pct": _binned(x[he], fe[he] * 100.0, nb, "mean"),
-        "state": state, "steps": n, "states": states, "last": ap[-1],
+        "state": state, "steps": tot.steps, "states": tot.states, "last": tot.last,
+        "totals": tot,
     }
 
 

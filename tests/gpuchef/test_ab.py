@@ -223,3 +223,19 @@ def test_cli_same_setting_twice_is_an_a_a_run_with_a_note():
                                  "--b", "mode=chunked,budget=2048"])
     assert r.exit_code == 0, r.output
     assert "an A/A run" in " ".join(r.output.split())
+
+
+def test_side_by_side_keeps_a_row_with_an_empty_value_and_widens_for_long_values():
+    """An empty value ("X:" after rstrip) is a row, not a section header (it turned B's column
+    blank below it); a value wider than the column widens both columns."""
+    long_v = "itl_p99:50ms,ttft_p99:2000ms"
+    a = ("=== T ===\nX:\n" + "Y:" + " " * 39 + "1\n--- S ---\nZ:" + " " * 39 + "5\n===")
+    b = ("=== T ===\nX:" + " " * 39 + long_v + "\nY:" + " " * 39 + "2\n--- S ---\nZ:" + " " * 39
+         + "6\n===")
+    merged = side_by_side(a, b, "AB")
+    lines = merged.splitlines()
+    assert re.search(r"^X:\s+" + re.escape(long_v) + "$", merged, re.M)
+    assert re.search(r"^Y:\s+1\s+2$", merged, re.M) and re.search(r"^Z:\s+5\s+6$", merged, re.M)
+    # the columns line up: every row ends at the same width, B's values right-aligned there
+    widths = {len(ln) for ln in lines if ln[:1] in "XYZ"}
+    assert len(widths) == 1 and widths.pop() >= 41 + 2 * (len(long_v) + 2) - 1

@@ -88,3 +88,63 @@ def test_ab_says_the_autopilot_is_idle_in_continuous_mode():
                 "mode=continuous,auto_budget=itl_p99:50ms", "--repetitions", "1")
     assert r.exit_code == 0, r.output
     assert r.output.count("note: B: the autopilot steers chunked steps only") == 1, r.output
+
+
+def _rows(text: str) -> dict[str, str]:
+    return {ln[:40].rstrip(): ln[41:].strip() for ln in text.splitlines()
+            if len(ln) > 40 and ln[:40].rstrip().endswith(":")}
+
+
+def test_bench_results_block_says_what_the_autopilot_did(tmp_path):
+    """A tester found bench's output silent on the autopilot; its row counts the trace's own
+    steps per state (read back independently from the JSONL)."""
+    import json
+    from collections import Counter
+
+    trace = tmp_path / "t.jsonl"
+    r = _invoke("bench", "--device", "cpu", "--model", "tiny", "--num-prompts", "6",
+                "--input-len", "64", "--output-len", "24", "--max-num-batched-tokens", "64",
+                "--auto-budget", "itl_p99:500ms", "--trace", str(trace))
+    assert r.exit_code == 0, r.output
+    steps = [d for d in map(json.loads, trace.read_text().splitlines())
+             if d["type"] == "step" and d["auto_budget"] and d["prefill_allowance"] >= 0]
+    want = Counter(d["autopilot_state"] for d in steps)
+    row = _rows(r.output)["Autopilot:"]
+    assert row.startswith(f"itl_p99:500ms; {len(steps)} steps: "), row
+    assert ", ".join(f"{k} {v}" for k, v in sorted(want.items())) in row
+    assert "fit error at the end" in row
+
+
+def test_bench_says_the_autopilot_is_idle_in_continuous_mode():
+    r = _invoke("bench", *BASE, "--mode", "continuous", "--auto-budget", "itl_p99:50ms")
+    assert r.exit_code == 0, r.output
+    assert _rows(r.output)["Autopilot:"] == ("itl_p99:50ms; idle: no chunked step asked it "
+                                             "(continuous mode)")
+
+
+def test_ab_with_the_autopilot_on_one_side_keeps_both_columns(tmp_path):
+    """A tester's report: with auto_budget on B only, A's empty auto_budget value made its row
+    look like a section header, and B's column stayed blank from there (its duration,
+    throughput and token counts). Every row now has both values; A's autopilot reads off."""
+    import json
+
+    trace = tmp_path / "ab.jsonl"
+    r = _invoke("ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "6",
+                "--input-len", "64", "--output-len", "16", "--request-rate", "8",
+                "--repetitions", "1", "--a", "mode=chunked,max_num_batched_tokens=512",
+                "--b", "mode=chunked,max_num_batched_tokens=2048,auto_budget=itl_p99:50ms",
+                "--trace", str(trace))
+    assert r.exit_code == 0, r.output
+    block = r.output[r.output.index("A/B Serving Benchmark Result"):]
+    block = block[:block.index("\n=====")]
+    two = [ln for ln in block.splitlines()[2:] if ln[:40].rstrip().endswith(":")]
+    assert two and all(len(ln[40:].split()) >= 2 for ln in two), "\n".join(two)
+    got = {ln[:40].rstrip(): ln[40:].split() for ln in two}
+    assert got["auto_budget:"] == ["off", "itl_p99:50ms"]
+    steps = [d for d in map(json.loads, trace.read_text().splitlines())
+             if d["type"] == "step" and d["auto_budget"] and d["prefill_allowance"] >= 0]
+    n_steer = sum(d["autopilot_state"] == "steering" for d in steps)
+    assert got["Autopilot steps:"] == ["off", "steering", f"{n_steer}/{len(steps)}"]
+    for label in ("Benchmark duration (s):", "Request throughput (req/s):",
+                  "Total input tokens:"):
+        assert len(got[label]) == 2, (label, got[label])
