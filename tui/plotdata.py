@@ -201,8 +201,8 @@ class AutopilotStatus:
     """The autopilot as the newest StepRecord saw it: ``auto_budget`` (targets, "" = off),
     ``state`` (one of ``engine_host.autopilot.STATES``), ``fit_error`` (the model's tracked
     mean relative error, fraction; -1 = not tracked yet), ``allowance`` (tokens; -1 none),
-    ``predicted_ms`` / ``wall_ms`` (ms; predicted -1 = none) and ``budget``
-    (``max_num_batched_tokens``) of that step."""
+    ``predicted_ms`` / ``wall_ms`` (ms; predicted -1 = none), ``budget``
+    (``max_num_batched_tokens``) and ``mode`` (the scheduler mode) of that step."""
 
     auto_budget: str
     state: str
@@ -211,11 +211,12 @@ class AutopilotStatus:
     predicted_ms: float
     wall_ms: float
     budget: int
+    mode: str = "chunked"
 
     @classmethod
     def of(cls, s: StepRecord) -> "AutopilotStatus":
         return cls(s.auto_budget, s.autopilot_state, s.fit_error, s.prefill_allowance,
-                   s.predicted_ms, s.wall_ms, s.max_num_batched_tokens)
+                   s.predicted_ms, s.wall_ms, s.max_num_batched_tokens, s.mode)
 
     @property
     def itl_target_ms(self) -> float:
@@ -234,6 +235,9 @@ class AutopilotStatus:
         2048 (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
         if not self.auto_budget:
             return "off: the static budget (b turns it on)"
+        if self.mode == "continuous":  # prompts are never split there: nothing to choose
+            return (f"{self.auto_budget}: idle in continuous mode (it steers chunked steps; "
+                    "m switches back)")
         if self.state == STEERING:
             return f"{STEERING} {self.auto_budget}: fitted, err {self.error_text}"
         if self.state == INFEASIBLE:

@@ -323,3 +323,30 @@ def test_infeasible_target_shows_its_status_line(engine, monkeypatch):
     finally:
         s.close()
         sched.autopilot = None  # the next test's controller is not this one's
+
+
+def test_switched_to_continuous_the_panel_says_the_autopilot_is_idle(engine):
+    """A tester pressed b, then m: the title read 'no chunked step yet' though chunked steps had
+    steered; in continuous mode the autopilot chooses nothing, and the title says so."""
+    start = START.with_changes(auto_budget="itl_p99:200ms")
+    app, s = make_app(engine, rate=20.0, start=start, num_prompts=300)
+
+    async def go():
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: any(
+                x.mode == "chunked" and x.prefill_allowance >= 0
+                for x in s.timeline.snapshot().steps), 30)
+            await pilot.press("m")
+            assert await until(pilot, lambda: s.timeline.snapshot().steps[-1].mode ==
+                               "continuous", 30)
+            app.screen.tick(force=True)
+            await pilot.pause(0.2)
+            panel = app.screen.query_one(StepTimePanel)
+            title = "".join(seg.text for seg in panel.render_line(0))
+            assert "itl_p99:200ms: idle in continuous mode" in title, title
+            assert "no chunked step yet" not in title
+
+    try:
+        asyncio.run(go())
+    finally:
+        s.close()
