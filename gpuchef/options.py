@@ -240,7 +240,7 @@ def engine_config(o: dict[str, Any], warn: Callable[[str], None] | None = None) 
     cfg = _engine_config(o)
     msg = graph_flags_warning(o, cfg)
     if msg:
-        (warn or _warn)(msg)
+        (warn or print_warning)(msg)
     return cfg
 
 
@@ -290,11 +290,12 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
         probe_interval_s=o["probe_interval_s"])
     stats = clip_stats(wcfg)  # reads a trace file through: a bad one fails here
     if stats.any:
-        (warn or _warn)(clip_warning(stats, given=o.get("max_model_len") is not None))
+        (warn or print_warning)(clip_warning(stats, given=o.get("max_model_len") is not None))
     return wcfg
 
 
-def _warn(msg: str) -> None:
+def print_warning(msg: str) -> None:
+    """``warning: MSG`` on stderr (the run goes on)."""
     click.echo(f"warning: {msg}", err=True)
 
 

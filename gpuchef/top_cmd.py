@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_files, check_output_path, engine_config, engine_options,
+from .options import (print_warning, check_output_files, check_output_path, engine_config, engine_options,
                       http_client_options, scheduler_options, workload_config, workload_options)
 from .serve_cmd import prepare_serving, serve_options
 
@@ -220,7 +220,11 @@ def _build(ctx: click.Context, o: dict, err: Console):
         o["request_rate"] = str(CPU_RANDOM_RATE if on_cpu else GPU_RANDOM_RATE)
     slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else \
         dict(DEFAULT_SLOS_CPU if on_cpu else DEFAULT_SLOS_GPU)
-    ecfg = engine_config(o)
+    def warn(msg: str) -> None:  # stderr is hidden under the dashboard: the header says it too
+        print_warning(msg)
+        note.append(msg.split(":")[0])
+
+    ecfg = engine_config(o, warn=warn)
     num_prompts, duration_s = o["num_prompts"], o["duration_s"]
     wcheck = workload_config(o, vocab_size=1 << 20, max_model_len=None)
     if wcheck.is_random and wcheck.request_rate == float("inf"):

@@ -131,3 +131,23 @@ def test_serve_on_cpu_with_graph_flags_warns_and_serves():
         assert [ln.strip() for ln in s.lines if ln.startswith("warning:")] == [
             "warning: --cudagraph-capture-sizes has no effect on cpu: CUDA graphs are CUDA only "
             "(every step runs eagerly)"]
+
+
+def test_top_on_cpu_says_the_graph_flags_warning_in_its_header_too(capsys):
+    """A tester: under the dashboard the stderr line is hidden until quitting; the header's
+    note carries it (the flags and why, without the detail after the colon)."""
+    import io
+
+    from rich.console import Console
+
+    from gpuchef.top_cmd import _build, top
+
+    ctx = top.make_context("top", ["--device", "cpu", "--model", "tiny", "--enforce-eager",
+                                   "--cudagraph-mode", "FULL_DECODE_ONLY", "--num-prompts", "4"])
+    app = _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
+    try:
+        err = capsys.readouterr().err
+        assert err.count("warning: --enforce-eager, --cudagraph-mode have no effect on cpu") == 1
+        assert "--enforce-eager, --cudagraph-mode have no effect on cpu" in app.session.info.note
+    finally:
+        app.session.close()
