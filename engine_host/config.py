@@ -504,7 +504,9 @@ class EngineConfig:
             if (isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__")
                     or not sizes or not all(isinstance(n, int) and not isinstance(n, bool)
                                             and 1 <= n <= MAX_CAPTURE_SIZE for n in sizes)):
-                raise ConfigError(f"--cudagraph-capture-sizes {sizes!r} must be a non-empty "
+                shown = (",".join(map(str, sizes)) if isinstance(sizes, (tuple, list)) and sizes
+                         else repr(sizes))  # as typed on the command line: 0,16, not (0, 16)
+                raise ConfigError(f"--cudagraph-capture-sizes {shown} must be a non-empty "
                                   f"list of token counts in [1, {MAX_CAPTURE_SIZE}]")
             self.cudagraph_capture_sizes = tuple(sorted(set(sizes)))
         if self.engine == "vllm" and (self.cudagraph_mode != CUDAGRAPH_MODES[0]

@@ -22,6 +22,17 @@ def _opts(*decorators: Callable) -> Callable:
     return apply
 
 
+class _CudagraphMode(click.Choice):
+    """click.Choice, with vLLM's ``NONE`` pointed at ``--enforce-eager`` (the native engine's
+    spelling of no graphs at all) when refused."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.upper() == "NONE":
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))} (vLLM's "
+                      "NONE, no graphs at all, is --enforce-eager here)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 engine_options = _opts(
     click.option("--engine", default="native", show_default=True,
                  type=click.Choice(["native", "vllm"]),
@@ -50,7 +61,7 @@ engine_options = _opts(
     click.option("--enforce-eager", is_flag=True,
                  help="No CUDA graphs (CUDA only; elsewhere a warning says it has no effect)."),
     click.option("--cudagraph-mode", default=CUDAGRAPH_MODES[0], show_default=True,
-                 type=click.Choice(list(CUDAGRAPH_MODES)),
+                 type=_CudagraphMode(list(CUDAGRAPH_MODES)),
                  help="Native engine on CUDA (vLLM's compilation-config cudagraph_mode): "
                       "FULL_AND_PIECEWISE also runs steps with prefill tokens through CUDA "
                       "graphs split at attention (docs/engine-graphs.md); FULL_DECODE_ONLY "

@@ -87,13 +87,13 @@ def test_outside_a_click_command_a_non_default_value_counts_as_given():
 
 
 @pytest.mark.parametrize("sizes, msg", [
-    ("-16,32", "--cudagraph-capture-sizes (-16, 32) must be a non-empty list of token counts "
+    ("-16,32", "--cudagraph-capture-sizes -16,32 must be a non-empty list of token counts "
                "in [1, 16384]"),
-    ("0", "--cudagraph-capture-sizes (0,) must be a non-empty list of token counts in "
+    ("0", "--cudagraph-capture-sizes 0 must be a non-empty list of token counts in "
           "[1, 16384]"),
     ("16,,32", "--cudagraph-capture-sizes '16,,32' must be comma-separated token counts, "
                "e.g. 16,32,64,128,256,512"),
-    ("16,99999", "--cudagraph-capture-sizes (16, 99999) must be a non-empty list of token "
+    ("16,99999", "--cudagraph-capture-sizes 16,99999 must be a non-empty list of token "
                  "counts in [1, 16384]"),
 ])
 def test_bad_capture_sizes_are_refused_on_cpu_too(sizes, msg):
@@ -151,3 +151,19 @@ def test_top_on_cpu_says_the_graph_flags_warning_in_its_header_too(capsys):
         assert "--enforce-eager, --cudagraph-mode have no effect on cpu" in app.session.info.note
     finally:
         app.session.close()
+
+
+def test_vllm_none_mode_points_at_enforce_eager():
+    """vLLM users type --cudagraph-mode NONE; the refusal says what the native engine calls it."""
+    from click.testing import CliRunner
+
+    from gpuchef.cli import _register, cli
+
+    _register()
+    r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--cudagraph-mode", "NONE"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    out = " ".join(r.output.split())
+    assert "'NONE' is not one of 'FULL_AND_PIECEWISE', 'FULL_DECODE_ONLY'" in out
+    assert "is --enforce-eager here" in out
+    r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--cudagraph-mode", "bogus"])
+    assert r.exit_code == 2 and "--enforce-eager" not in r.output
