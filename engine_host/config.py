@@ -198,7 +198,7 @@ def parse_auto_budget(spec: Any, name: str = "--auto-budget") -> AutoBudgetSpec 
     if text.lower() in AUTO_BUDGET_OFF:
         return None
     eg = "e.g. itl_p99:50ms or itl_p99:50ms,ttft_p99:2s; or off"
-    targets = parse_latency_targets(text, flag=f"{name} {text!r}:", metrics=("itl", "ttft"),
+    targets = parse_latency_targets(text, flag=name, metrics=("itl", "ttft"),
                                     example=eg, min_ms=AUTO_BUDGET_MIN_MS,
                                     max_ms=AUTO_BUDGET_MAX_MS)
     got: dict[str, tuple[str, float]] = {}
