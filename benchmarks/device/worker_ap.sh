@@ -35,7 +35,7 @@ job ap03_cap_512_1024 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_b
 job ap04_cap_2048_4096 $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b mode=chunked,max_num_batched_tokens=4096 --result-json $R/ap_cap_2048_4096.json --trace $R/ap_cap_2048_4096.jsonl; gzip -f $R/ap_cap_2048_4096.jsonl"
 job ap05_cap_2048_auto $T_CAP "$GPUCHEF ab $M $AZ $CAP --a mode=chunked,max_num_batched_tokens=2048 --b $AUTO --result-json $R/ap_cap_2048_auto.json --trace $R/ap_cap_2048_auto.jsonl; gzip -f $R/ap_cap_2048_auto.jsonl"
 # the long-prompt lane: short prompts' TTFT with and without (analyse the traces with
-# benchmarks/results/2026-12-01-cpu-autopilot/lane_ttft.py after gzip), if time is left
+# benchmarks/lane_ttft.py after gzip), if time is left
 LANE="--max-num-batched-tokens 2048 --long-prefill-token-threshold 1024 --max-num-partial-prefills 4"
 [ -n "$AP_DRY_CPU" ] && LANE="--max-num-batched-tokens 512 --long-prefill-token-threshold 256 --max-num-partial-prefills 4"
 job ap06_lane_4 240 "$GPUCHEF bench $M $AZ --duration 40 --trace-speed ${LANE_SPEED:-3} $LANE --max-long-partial-prefills 4 --trace $R/lane_long4.jsonl --sample-hz 0"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200: the tail of a lease after worker_n (session 7): waits for $F/n_done, then issue 17's
 # autopilot cost per step and the long-prompt lane with and without (short prompts' TTFT; analyse
-# the traces with benchmarks/results/2026-12-01-cpu-autopilot/lane_ttft.py). ~4 min.
+# the traces with benchmarks/lane_ttft.py). ~4 min.
 # Start beside worker_n: setsid nohup bash benchmarks/device/worker_q.sh (after setup.sh).
 WORKER=q
 source ${GDIR:-/tmp/g}/benchmarks/device/env.sh
