@@ -236,8 +236,7 @@ def test_a_truncated_trace_warns_with_line_numbers_and_still_plays(trace_path, t
     assert "line 6: not valid JSON" in out and "truncated last record" in out
     assert "no end record" in out
     assert app.session.timeline.totals["step"] > 100 and not app.session.playing
-    notes: list[str] = []
-    app.notify = lambda message, *a, **kw: notes.append(str(message))  # what the user sees
+    notes = capture_notes(app)  # what the user sees
 
     async def go():
         async with app.run_test(size=(150, 44)) as pilot:
