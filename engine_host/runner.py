@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -283,6 +284,13 @@ class ModelRunner:
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
+
+def _smallest_at_least(sizes: tuple[int, ...], n: int) -> int | None:
+    """The smallest of the sorted ``sizes`` that is ≥ ``n`` (the padded size a graph replays),
+    None when ``n`` is above them all; once per step, so a bisection."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
 class CudaGraphDecode:
     """Decode-only steps replayed from CUDA graphs, one per padded batch size.
 
@@ -337,9 +345,11 @@ class CudaGraphDecode:
         torch.cuda.synchronize()
 
     def padded_size(self, b: int) -> int:
-        for n in self.sizes:
-            if n >= b:
-                return n
+        """The captured batch a decode batch of ``b`` rows replays: the smallest size ≥ b.
+        Raises ValueError above the largest."""
+        n = _smallest_at_least(self.sizes, b)
+        if n is not None:
+            return n
         raise ValueError(f"decode batch {b} exceeds the largest captured size {self.max_batch_size}")
 
     @torch.inference_mode()
@@ -433,9 +443,9 @@ class CudaGraphPiecewise:
     def padded_size(self, num_tokens: int) -> int:
         """The captured size a step of ``num_tokens`` tokens runs at: the smallest n ≥ it.
         Raises ValueError above ``max_num_tokens`` (such a step runs eagerly)."""
-        for n in self.sizes:
-            if n >= num_tokens:
-                return n
+        n = _smallest_at_least(self.sizes, num_tokens)
+        if n is not None:
+            return n
         raise ValueError(f"a step of {num_tokens} tokens exceeds the largest piecewise size "
                          f"{self.max_num_tokens}")
 
