@@ -630,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="FULL_DECODE_ONLY: no piecewise graphs (no piecewise column)")
     ap.add_argument("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
                     help="the piecewise graphs' token counts (default: the engine's)")
+    ap.add_argument("--mixed-attention", default="split", metavar="MODE,...",
+                    help="how mixed steps attend (FlashInferAttention.mixed_attention: split, "
+                         "single); with two, the piecewise timing is repeated with each and the "
+                         "first is the one profiled")
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-dir", default=None,
                     help="write one chrome trace per batch (one graph step + one eager step)")
@@ -656,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--mixed {a.mixed!r}: expected D+P pairs (decodes ≥ 0, prefill tokens ≥ 1), "
                  "e.g. 0+128,16+112")
+    from gpuchef.engine_host.attention import MIXED_ATTENTION
+    mixed_modes = [m for m in a.mixed_attention.split(",") if m]
+    bad = [m for m in mixed_modes if m not in MIXED_ATTENTION]
+    if bad or not mixed_modes:
+        ap.error(f"--mixed-attention {a.mixed_attention!r}: allowed {', '.join(MIXED_ATTENTION)}"
+                 " (comma-separated)")
     bs = 16
     blocks = max([*batches, *(d for d, _ in mixed), 1]) * cdiv(a.kv_len + 1, bs) + 64 \
         + max((cdiv(p, bs) for _, p in mixed), default=0)
@@ -816,9 +826,22 @@ def main(argv: list[str] | None = None) -> int:
                    piecewise=None)
         if graphed:
             with paths(eng, graphs, pw):
+                by_mode = {}
+                for mode in mixed_modes:
+                    if cuda and hasattr(eng.attn, "mixed_attention"):
+                        eng.attn.mixed_attention = mode
+                    by_mode[mode] = dict(wall_ms=time_step(eng, out, a.iters),
+                                         phases=time_phases(eng, out, a.iters))
+                    if len(mixed_modes) > 1 and d:
+                        say(f"mixed {d}+{p}: piecewise, {mode} attention: "
+                            f"{by_mode[mode]['wall_ms']:.3f} ms")
+                if cuda and hasattr(eng.attn, "mixed_attention"):
+                    eng.attn.mixed_attention = mixed_modes[0]
                 res["piecewise"] = dict(padded_tokens=pw.padded_size(d + p),
-                                        wall_ms=time_step(eng, out, a.iters),
-                                        phases=time_phases(eng, out, a.iters))
+                                        mixed_attention=mixed_modes[0],
+                                        **by_mode[mixed_modes[0]])
+                if len(mixed_modes) > 1:
+                    res["piecewise_by_attention"] = by_mode
         mixed_results.append(res)
     for res in mixed_results:
         d, p = res["decodes"], res["prefill_tokens"]
@@ -859,6 +882,16 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"{pres['wall_ms']:10.3f} {pres['padded_tokens']:7d} "
                      f"{res['wall_ms'] / pres['wall_ms']:8.2f}×" if pres else
                      f"{'–':>10} {'–':>7} {'–':>9}"))
+        if len(mixed_modes) > 1:
+            print(f"\n  piecewise wall ms by mixed-step attention ({', '.join(mixed_modes)}); "
+                  "host = enqueue of the forward:")
+            for res in mixed_results:
+                by = res.get("piecewise_by_attention")
+                if by:
+                    print(f"  {str(res['decodes']) + '+' + str(res['prefill_tokens']):>16} "
+                          + "  ".join(f"{m} {v['wall_ms']:.3f} (host "
+                                      f"{v['phases'].get('host_forward_ms', float('nan')):.3f})"
+                                      for m, v in by.items()))
 
     if a.json:
         with open(a.json, "w") as f:

@@ -63,6 +63,11 @@ class AttentionMetadata:
         return self.num_decodes == self.num_reqs
 
 
+#: How a step holding decode rows and prefill chunks attends on FlashInfer
+#: (``FlashInferAttention(mixed_attention=...)``): two wrappers, or one prefill plan for all rows.
+MIXED_ATTENTION = ("split", "single")
+
+
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Scatter new K/V rows into the pages, in place.

@@ -48,7 +48,7 @@ import flashinfer
 import torch
 
 from . import ops
-from .attention import AttentionBackend, AttentionMetadata, write_kv
+from .attention import MIXED_ATTENTION, AttentionBackend, AttentionMetadata, write_kv
 
 #: Default float workspace: FlashInfer recommends 128 MiB; REFERENCE §4 shares 256 MiB between
 #: the decode and prefill wrappers.
@@ -68,9 +68,17 @@ class FlashInferAttention(AttentionBackend):
             the default because it costs less GPU and host time a layer for a dearer index
             set-up once a step (the KV-append table under "Attention kernels" in
             benchmarks/RESULTS.md), and it can be captured in a CUDA graph.
+        mixed_attention: how a step holding both decode rows and prefill chunks attends:
+            ``"split"`` (default: the decode wrapper for the decode rows, the prefill wrapper
+            for the chunks, two kernels a layer) or ``"single"`` (the prefill wrapper over all
+            rows, a decode row being a one-token causal chunk: one plan and one kernel a
+            layer, as vLLM V1's FlashAttention backend runs a mixed batch). Decode-only and
+            prefill-only steps are the same either way. Also settable on the instance
+            between steps (``benchmarks/profile_decode.py --mixed-attention`` times both).
 
     Raises:
-        ValueError: ``device`` is not CUDA or ``kv_append`` is unknown.
+        ValueError: ``device`` is not CUDA, or ``kv_append`` or ``mixed_attention`` is
+            unknown.
 
     Shapes: q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, kv_cache ``[num_blocks, 2, block_size, Hkv, D]``
     (NHD), output ``[T, Hq, D]`` in q's dtype. Softmax scale ``1/sqrt(D)``.
@@ -80,7 +88,7 @@ class FlashInferAttention(AttentionBackend):
 
     def __init__(self, device: torch.device | str,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-                 kv_append: str = "flashinfer") -> None:
+                 kv_append: str = "flashinfer", mixed_attention: str = "split") -> None:
         dev = torch.device(device)
         if dev.type != "cuda":
             raise ValueError(f"FlashInferAttention needs a CUDA device, got {dev}")
@@ -88,7 +96,11 @@ class FlashInferAttention(AttentionBackend):
             dev = torch.device("cuda", torch.cuda.current_device())
         if kv_append not in ("scatter", "flashinfer"):
             raise ValueError(f"kv_append must be 'scatter' or 'flashinfer', got {kv_append!r}")
+        if mixed_attention not in MIXED_ATTENTION:
+            raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, "
+                             f"got {mixed_attention!r}")
         self.device = dev
+        self.mixed_attention = mixed_attention
         self.kv_append = kv_append
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -185,6 +197,13 @@ class FlashInferAttention(AttentionBackend):
                       kv_data_type=self.dtype)
         hq, hkv, d, ps = self.num_qo_heads, self.num_kv_heads, self.head_dim, meta.block_size
         self._active_decode = self._decode
+        if 0 < nd < nreq and self.mixed_attention == "single":
+            # one causal prefill plan over every row: a decode row is a one-token chunk whose
+            # causal window (aligned to the KV's end) is its whole KV
+            self._prefill.plan(qo, kvp, idx, lpl, hq, hkv, d, ps, causal=True, **common)
+            self._num_decode_rows = 0
+            self._planned = True
+            return
         if nd > 0:
             if nd == nreq and nd in self._graph_decode:
                 self._active_decode = self._graph_decode[nd]

@@ -101,8 +101,10 @@ PREFILL_ONLY = [(1, 1), (48, 48), (200, 64), (1500, 300)]
 @HEADS
 @pytest.mark.parametrize("kv_append", ["scatter", "flashinfer"])
 @pytest.mark.parametrize("explicit_configure", [True, False], ids=["configure", "lazy"])
-def test_mixed_batch_matches_reference(fi_backend, hq, hkv, kv_append, explicit_configure):
-    be = fi_backend("cuda", kv_append=kv_append)
+@pytest.mark.parametrize("mixed_attention", ["split", "single"])
+def test_mixed_batch_matches_reference(fi_backend, hq, hkv, kv_append, explicit_configure,
+                                       mixed_attention):
+    be = fi_backend("cuda", kv_append=kv_append, mixed_attention=mixed_attention)
     if explicit_configure:
         be.configure(hq, hkv, 128, torch.bfloat16)
     meta, q, k, v, cache = make_batch(MIXED, num_decodes=5, hq=hq, hkv=hkv, seed=1)
@@ -253,6 +255,24 @@ def test_make_backend_picks_flashinfer(fi_backend):
     from gpuchef.engine_host.attention import make_backend
     assert make_backend("auto", "cuda").name == "flashinfer"
     assert make_backend("flashinfer", "cuda").name == "flashinfer"
+
+
+def test_single_mixed_attention_switches_per_step(fi_backend):
+    """``mixed_attention`` set on the instance between steps takes effect at the next plan; a
+    decode-only step still goes through the decode wrapper either way."""
+    be = fi_backend("cuda", mixed_attention="split")
+    for mode in ("single", "split", "single"):
+        be.mixed_attention = mode
+        meta, q, k, v, cache = make_batch(MIXED, num_decodes=5, hq=32, hkv=8, seed=3)
+        be.begin_step(meta)
+        assert be._num_decode_rows == (0 if mode == "single" else 5)
+        out, ref, _, _ = run_both(be, meta, q, k, v, cache)
+        assert rel_err(out, ref) <= RTOL
+    meta, q, k, v, cache = make_batch(DECODE_ONLY, num_decodes=len(DECODE_ONLY), hq=32, hkv=8)
+    be.begin_step(meta)
+    assert be._num_decode_rows == len(DECODE_ONLY)
+    with pytest.raises(ValueError, match="mixed_attention must be one of split, single, got 'x'"):
+        fi_backend("cuda", mixed_attention="x")
 
 
 def test_rejects_cpu_device(fi_backend):

@@ -112,6 +112,46 @@ def test_piecewise_step_logits_match_eager():
     assert checked >= 2
 
 
+def test_single_mixed_attention_logits_match_split():
+    """Mixed steps (decode rows + chunks) attended by one prefill plan over all rows
+    (``mixed_attention="single"``) against the two-wrapper split, each through the piecewise
+    graphs on the same KV state: logits within bfloat16 tolerance, the same greedy token on
+    nearly every row; then a whole greedy run with "single" finishes every request."""
+    eng = engine(sizes=(16, 48, 512))
+    pw, model, attn, kv = eng.runner.piecewise, eng.runner.model, eng.attn, eng.kv.kv_caches
+    for i, p in enumerate(PROMPTS[:6]):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
+    mixed = 0
+    with torch.inference_mode():
+        for _ in range(6):
+            out = eng.scheduler.schedule()
+            if not out.prefills:
+                break
+            batch = eng.runner.prepare(out, into=(pw.input_ids, pw.positions))
+            T = batch.meta.num_tokens
+            logits = {}
+            for mode in ("split", "single"):
+                attn.mixed_attention = mode
+                attn.begin_step(batch.meta)
+                logits[mode] = model.compute_logits(pw.forward(model, attn, kv, T)).clone()
+            want, got = logits["split"], logits["single"]
+            assert torch.isfinite(got).all()
+            assert rel_err(got, want) <= 2e-2
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+            mixed += bool(out.decodes)
+            eng.scheduler.advance(out, 0, 0)
+            for r in out.decodes + [r for r, _ in out.prefills]:
+                if r.num_computed_tokens == r.num_tokens:
+                    r.output_token_ids.append(20)
+    assert mixed >= 1
+    eng2 = engine()
+    eng2.attn.mixed_attention = "single"
+    got, recs = greedy_run(eng2)
+    assert sorted(got) == sorted(f"r{i}" for i in range(len(PROMPTS)))
+    assert all(len(t) == 24 + int(r[1:]) % 5 for r, t in got.items())
+    assert sum(r.kind == "mixed" for r in recs) >= 6
+
+
 @pytest.mark.parametrize("strided", [False, True], ids=["copied-qk", "strided-qk"])
 def test_piecewise_greedy_equals_eager(strided):
     """Chunked steps (decode rows + prefill chunks) through piecewise graphs: the eager engine's

@@ -234,3 +234,25 @@ def test_enqueue_note_calls_a_forward_host_bound_only_when_the_gpu_waited_on_it(
     # no host figure (the CPU, old JSON) or no GPU time: nothing said
     assert pd.enqueue_note(dict(gpu_forward_ms=6.0)) == ""
     assert pd.enqueue_note(dict(host_forward_ms=1.0, gpu_forward_ms=0.0)) == ""
+
+
+def test_profile_decode_times_each_mixed_attention(tmp_path, capsys):
+    """``--mixed-attention split,single``: the piecewise timing once per mode (its own entry in
+    the JSON, the first mode the one recorded as ``piecewise``) and their table."""
+    out = tmp_path / "pd.json"
+    assert pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "16",
+                    "--iters", "1", "--prof-iters", "1", "--mixed", "2+14",
+                    "--cudagraph-capture-sizes", "16", "--mixed-attention", "split,single",
+                    "--json", str(out)]) == 0
+    m = json.loads(out.read_text())["mixed"][0]
+    assert m["piecewise"]["mixed_attention"] == "split"
+    assert set(m["piecewise_by_attention"]) == {"split", "single"}
+    assert all(v["wall_ms"] > 0 for v in m["piecewise_by_attention"].values())
+    assert "by mixed-step attention (split, single)" in capsys.readouterr().out
+
+
+def test_profile_decode_refuses_unknown_mixed_attention(capsys):
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--model", "tiny", "--device", "cpu", "--mixed-attention", "split,fused"])
+    assert e.value.code == 2
+    assert "--mixed-attention 'split,fused': allowed split, single" in capsys.readouterr().err
