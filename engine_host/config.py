@@ -240,29 +240,32 @@ def parse_value(name: str, value: Any) -> Any:
 def parse_knob(name: str, value: Any) -> int:
     """Validate one knob value (int or a string of digits).
 
-    Returns the int. Raises ConfigError naming the knob, the value and the allowed range; an
-    unknown knob name is an error that lists the known ones.
+    Returns the int. Raises ConfigError naming the knob (field name and flag: the same
+    message reaches the command line, the dashboard, A/B specs and HTTP, and a user may have
+    typed either), the value and the allowed range; a name that is not a knob is
+    :func:`not_a_knob`'s error.
     """
     spec = KNOBS.get(name)
     if spec is None:
-        raise ConfigError(f"unknown knob {name!r}; knobs are: {field_names()}")
+        raise not_a_knob(name)
+    flag = f" (flag {spec.flag})"
+    not_int = f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}{flag}"
     if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}")
+        raise ConfigError(not_int)
     if isinstance(value, str):
         s = value.strip().replace("_", "")
         try:
             value = int(s)
         except ValueError:
-            raise ConfigError(
-                f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}") from None
+            raise ConfigError(not_int) from None
     elif isinstance(value, float):
         if not value.is_integer():
-            raise ConfigError(f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}")
+            raise ConfigError(not_int)
         value = int(value)
     elif not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer in [{spec.lo}, {spec.hi}], got {value!r}")
+        raise ConfigError(not_int)
     if not spec.lo <= value <= spec.hi:
-        raise ConfigError(f"{name}={value} is out of range: allowed [{spec.lo}, {spec.hi}]")
+        raise ConfigError(f"{name}={value} is out of range: allowed [{spec.lo}, {spec.hi}]{flag}")
     return value
 
 
@@ -329,6 +332,31 @@ def field_names() -> str:
     return ", ".join([*KNOBS, *SETTINGS])
 
 
+def startup_flags() -> dict[str, str]:
+    """The engine settings fixed at start-up (EngineConfig's and CacheConfig's fields, e.g.
+    ``block_size``) → their flag (``--block-size``; a field's ``metadata["flag"]`` where the
+    flag is spelt otherwise)."""
+    out = {}
+    for f in (*fields(EngineConfig), *fields(CacheConfig)):
+        if f.name not in ("cache", "scheduler"):
+            out[f.name] = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+    return out
+
+
+def not_a_knob(word: str, known: str | None = None) -> ConfigError:
+    """The error for ``word`` (as typed) that names no live setting. An engine setting fixed at
+    start-up (:func:`startup_flags`, in any spelling setting_name accepts) says so, with its
+    flag: "block_size is fixed at start-up (flag --block-size); live knobs are: …"; anything
+    else is "unknown knob 'x'; knobs are: …". ``known``: the list shown (default
+    field_names())."""
+    known = field_names() if known is None else known
+    key = str(word).strip().lstrip("-").lower().replace("-", "_")
+    flag = startup_flags().get(key)
+    if flag is not None:
+        return ConfigError(f"{key} is fixed at start-up (flag {flag}); live knobs are: {known}")
+    return ConfigError(f"unknown knob {word!r}; knobs are: {known}")
+
+
 def setting_names() -> str:
     """Every setting with its short names, for messages: ``mode, max_num_batched_tokens
     (budget), …, auto_budget (auto, autopilot)``."""
@@ -367,7 +395,7 @@ def parse_settings(text: str) -> dict[str, Any]:
             key, val = "mode", key
         name = setting_name(key)
         if name is None:
-            raise ConfigError(f"unknown knob {key!r}; knobs are: {setting_names()}")
+            raise not_a_knob(key, setting_names())
         if name in out:
             raise ConfigError(f"{name} is given twice")
         out[name] = parse_value(name, val)
@@ -407,7 +435,7 @@ class SchedulerConfig:
         """A copy with ``changes`` applied and validated (ConfigError on a bad one; self unchanged)."""
         for k in changes:
             if k not in SETTINGS and k not in KNOBS:
-                parse_knob(k, 0)  # raises with the list of knobs
+                raise not_a_knob(k)
         return replace(self, **changes)
 
     @property
@@ -432,7 +460,8 @@ class CacheConfig:
 
     block_size: int = 16
     num_gpu_blocks: int | None = None
-    kv_cache_memory_gb: float | None = None
+    kv_cache_memory_gb: float | None = field(default=None,
+                                             metadata={"flag": "--kv-cache-memory"})
     gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:

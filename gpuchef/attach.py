@@ -26,7 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, parse_value
+from .engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, not_a_knob,
+                                 parse_value)
 from .live import next_part_path
 from .probes.metrics import DEFAULT_PERCENTILES
 from .probes.nvml import NvmlSampler
@@ -686,7 +687,7 @@ class AttachSession:
             raise ConfigError(f"knobs are {reason}")
         for k, v in changes.items():  # refused here with the same words as a hosted engine
             if k != "mode" and k != AUTO_BUDGET and k not in KNOBS:
-                raise ConfigError(f"unknown knob {k!r}; knobs are: {', '.join(KNOBS)}, mode")
+                raise not_a_knob(k)
             changes[k] = parse_value(k, v)
         return self.servers[0].patch_knobs(changes)
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError, field_names,
+from ..engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError, not_a_knob,
                                   parse_value)
 from ..engine_host.records import RequestRecord, StepOutput
 from ..engine_host.request import SamplingParams
@@ -370,7 +370,7 @@ class FrontDoor:
                         "{\"max_num_batched_tokens\": 512, \"mode\": \"chunked\"}")
         for k, v in body.items():
             if k not in SETTINGS and k not in KNOBS:
-                raise P.bad(f"unknown knob {k!r}; knobs are: {field_names()}", k)
+                raise P.bad(str(not_a_knob(k)), k)  # block_size: fixed at start-up, says so
             if k in KNOBS and not P._is_int(v):  # JSON has integers: "512" is a typing slip
                 raise P.bad(f"'{k}' must be a JSON integer, got {v!r}", k)
             if k == "mode" and not isinstance(v, str):

@@ -31,6 +31,20 @@ def test_every_setting_has_its_names_and_they_do_not_clash():
     assert len(set(labels)) == len(labels)
 
 
+def test_start_up_settings_are_flags_of_bench_and_serve_and_not_live_knobs():
+    """startup_flags's flags are the ones the commands take (click's own parameter table), so
+    "block_size is fixed at start-up (flag --block-size)" names a flag that exists."""
+    from gpuchef.bench_cmd import bench
+    from gpuchef.serve_cmd import serve
+
+    flags = {o for cmd in (bench, serve) for p in cmd.params for o in p.opts}
+    got = C.startup_flags()
+    assert got["block_size"] == "--block-size"
+    assert got["kv_cache_memory_gb"] == "--kv-cache-memory"
+    assert not set(got) & ({*KNOBS, *SETTINGS})
+    assert {f for f in got.values() if f not in flags} == set(), got
+
+
 @pytest.mark.parametrize("name", [*KNOBS, *SETTINGS])
 def test_grammar_takes_every_spelling(name):
     spec = KNOBS.get(name) or SETTINGS[name]
@@ -50,11 +64,15 @@ def test_grammar_pairs_separators_and_the_autopilots_comma():
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("block_size=32", "unknown knob 'block_size'; knobs are: mode, max_num_batched_tokens (budget)"),
+    ("block_size=32", "block_size is fixed at start-up (flag --block-size); live knobs are: mode, "
+                      "max_num_batched_tokens (budget)"),
+    ("--kv-cache-memory-gb=4", "kv_cache_memory_gb is fixed at start-up (flag --kv-cache-memory)"),
     ("budgets=3", "unknown knob 'budgets'"),
     ("budget", "'budget' is not KNOB=VALUE"),
     ("budget=1,max_num_batched_tokens=2", "max_num_batched_tokens is given twice"),
-    ("seqs=lots", "max_num_seqs must be an integer in [1, 4096], got 'lots'"),
+    ("seqs=lots", "max_num_seqs must be an integer in [1, 4096], got 'lots' (flag --max-num-seqs)"),
+    ("budget=0", "max_num_batched_tokens=0 is out of range: allowed [1, 1048576] "
+                 "(flag --max-num-batched-tokens)"),
     ("auto=itl_p99:0", "out of range"),
 ])
 def test_grammar_refuses_with_a_message_naming_the_value(text, needle):

@@ -163,9 +163,11 @@ def test_cli_block_has_both_columns_and_deltas(tmp_path):
     ("--b", "max_num_batched_tokens=0",
      "max_num_batched_tokens=0 is out of range: allowed [1, 1048576]"),
     ("--b", "max_num_seqs=lots", "max_num_seqs must be an integer in [1, 4096], got 'lots'"),
-    ("--a", "block_size=32", "unknown knob 'block_size'; knobs are: mode, max_num_batched_tokens "
-                             "(budget), max_num_seqs (seqs), long_prefill_token_threshold (chunk)"),
-    ("--a", "budget=0", "--a 'budget=0': max_num_batched_tokens=0 is out of range"),
+    ("--a", "block_size=32", "block_size is fixed at start-up (flag --block-size); live knobs "
+                             "are: mode, max_num_batched_tokens (budget), max_num_seqs (seqs), "
+                             "long_prefill_token_threshold (chunk)"),
+    ("--a", "budget=0", "--a 'budget=0': max_num_batched_tokens=0 is out of range: allowed "
+                        "[1, 1048576] (flag --max-num-batched-tokens)"),
     ("--b", "Seqs=lots", "max_num_seqs must be an integer in [1, 4096], got 'lots'"),
     ("--a", "budget", "'budget' is not KNOB=VALUE"),
     ("--b", "mode=chunked,mode=continuous", "mode is given twice"),

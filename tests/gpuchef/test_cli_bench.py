@@ -46,7 +46,8 @@ def test_bench_prints_the_results_block(mode, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--max-num-batched-tokens", "0"], "max_num_batched_tokens=0 is out of range: allowed [1, "),
+    (["--max-num-batched-tokens", "0"], "max_num_batched_tokens=0 is out of range: allowed [1, "
+                                        "1048576] (flag --max-num-batched-tokens)"),
     (["--max-num-seqs", "99999"], "max_num_seqs=99999 is out of range"),
     (["--model", "llama-9b"], "llama-9b"),
     (["--model", "/no/such/folder"], "/no/such/folder"),

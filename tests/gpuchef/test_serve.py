@@ -553,3 +553,29 @@ def test_stop_prefix_len_equals_a_brute_force_search():
                  for _ in range(rng.randint(1, 3))]
         assert stop_prefix_len(t, stops) == ref(t, stops), (t, stops)
     assert stop_prefix_len("x" * 10, ["y" * 100_000]) == 0  # a long stop string, no match
+
+
+def test_patch_of_a_start_up_setting_says_it_is_fixed_and_names_the_live_knobs(server):
+    """block_size is a real engine setting, not a typo: the 400 says it is fixed at start-up
+    (with its flag) and lists the live knobs; a knob out of range names its flag too; a word
+    that is no setting stays "unknown knob"; nothing changes."""
+    u = server.url + "/gpuchef/v1/scheduler"
+    before = http("GET", u)[1]
+    st, body = http("PATCH", u, {"block_size": 32})
+    err = body["error"]
+    assert st == 400 and err["param"] == "block_size"
+    assert err["message"].startswith("block_size is fixed at start-up (flag --block-size); "
+                                     "live knobs are: max_num_batched_tokens, max_num_seqs"), err
+    assert "unknown" not in err["message"] and "mode, auto_budget" in err["message"]
+    st, body = http("PATCH", u, {"gpu_memory_utilization": 0.5})
+    assert st == 400 and "fixed at start-up (flag --gpu-memory-utilization)" in \
+        body["error"]["message"]
+    st, body = http("PATCH", u, {"max_num_batched_tokens": 0})
+    assert st == 400 and body["error"]["message"] == (
+        "max_num_batched_tokens=0 is out of range: allowed [1, 1048576] "
+        "(flag --max-num-batched-tokens)")
+    st, body = http("PATCH", u, {"block_sise": 32})
+    assert st == 400 and body["error"]["message"].startswith("unknown knob 'block_sise'")
+    after = http("GET", u)[1]
+    assert {k: v for k, v in after.items() if k != "step"} == \
+        {k: v for k, v in before.items() if k != "step"}

@@ -223,8 +223,9 @@ def test_controls_and_palette_reach_the_engine_and_bad_values_are_refused(engine
             await pilot.pause(0.5)
             await pilot.press("enter")
             await pilot.pause(0.3)
-            assert any("max_num_seqs=99999 is out of range: allowed [1, 4096]" in n
-                       for n in app.notes), app.notes
+            # the field name and the flag: either may be what the user knows
+            assert any("max_num_seqs=99999 is out of range: allowed [1, 4096] "
+                       "(flag --max-num-seqs)" in n for n in app.notes), app.notes
             assert s.scheduler_config.max_num_seqs == 256
             # typed commands win over look-alike actions, and 0 is a value, not "the default"
             w_before = app.window_s
