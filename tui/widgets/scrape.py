@@ -329,7 +329,8 @@ class BatchEstimatePanel(ScrapePanel):
 
 class ServerLatencyPanel(ScrapePanel):
     TITLE = "Server latency"
-    UNIT = "ms, interval means of the server's histograms"
+    # the server's histograms count every client's requests, not only gpuchef's load
+    UNIT = "ms, every client's requests: interval means of the server's histograms"
     SOURCE_OF = "from /metrics histograms"
     LEGEND = (("TTFT", theme.PREFILL), ("ITL", theme.DECODE))
     NEEDS = ("ttft", "itl")
@@ -392,7 +393,11 @@ def server_numbers(url: str, kind: str, status: str, deltas: Sequence[ScrapeDelt
 def attach_numbers_text(servers: Sequence[ServerNumbers], client, percentiles: tuple[float, ...],
                         window_s: float) -> Text:
     """The numbers panel of an attached session: one column per server, then the client's
-    TTFT/ITL (``client``: a probes.metrics.BenchMetrics of gpuchef's load, or None)."""
+    TTFT/ITL (``client``: a probes.metrics.BenchMetrics of gpuchef's load, or None). The two
+    blocks count different requests and each heading says which: the server's histograms hold
+    every client's requests, observed in the scrape intervals of the last ``window_s`` (TTFT
+    when the first token came); the client's figures are gpuchef's own requests that finished
+    in the last ``window_s``."""
     lo, hi = percentiles[0], percentiles[-1]
     t = Text(no_wrap=True, overflow="ellipsis")
     names = [s.url.split("//", 1)[-1] for s in servers]
@@ -424,11 +429,15 @@ def attach_numbers_text(servers: Sequence[ServerNumbers], client, percentiles: t
     row("finished/s", "requests_finished", 2)
     row("tok/iteration", "iteration_tokens", 1)
     row("iterations/s", "iter_rate", 1)
-    t.append(f" server histograms, last {window_s:g} s (ms)\n", style=theme.AXIS)
+    # the two blocks count different requests over different events: say which, and when
+    t.append(" server (ms), /metrics histograms: every client's\n", style=theme.AXIS)
+    t.append(f"  requests seen in the last {window_s:g} s (TTFT: first tokens)\n",
+             style=theme.AXIS)
     for m, label in (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E")):
         row(f"{label} p{lo:g}", f"{m}_p{lo:g}", 1)
         row(f"{label} p{hi:g}", f"{m}_p{hi:g}", 1)
-    t.append(f" client (gpuchef's load), last {window_s:g} s (ms)\n", style=theme.AXIS)
+    t.append(" client (ms): gpuchef's own load only, its\n", style=theme.AXIS)
+    t.append(f"  requests finished in the last {window_s:g} s\n", style=theme.AXIS)
     if client is None:
         t.append("  no requests finished (no load from gpuchef, or none yet)\n", style=theme.AXIS)
     else:
