@@ -330,7 +330,7 @@ class BatchEstimatePanel(ScrapePanel):
 class ServerLatencyPanel(ScrapePanel):
     TITLE = "Server latency"
     # the server's histograms count every client's requests, not only gpuchef's load
-    UNIT = "ms, every client's requests: interval means of the server's histograms"
+    UNIT = "ms, every client's requests, interval means"
     SOURCE_OF = "from /metrics histograms"
     LEGEND = (("TTFT", theme.PREFILL), ("ITL", theme.DECODE))
     NEEDS = ("ttft", "itl")
