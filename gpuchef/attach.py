@@ -93,6 +93,15 @@ def _http_json(method: str, url: str, body: dict | None, api_key: str | None,
         return status, None
 
 
+def _ask_models(url: str, api_key: str | None) -> Any:
+    """``client.http_load.fetch_server_info`` of ``url`` within KNOB_TIMEOUT_S, never raising
+    (an unreachable server is its ServerInfo's note; the scrapes say so too)."""
+    from .client.http_load import HttpLoadConfig, fetch_server_info
+
+    return fetch_server_info(HttpLoadConfig(base_url=url, api_key=api_key),
+                             timeout_s=KNOB_TIMEOUT_S, strict=False)
+
+
 def _config_from(state: Any) -> SchedulerConfig:
     """The SchedulerConfig a knob endpoint's state dict describes. Raises ConfigError / TypeError
     for one that is not gpuchef's."""
@@ -470,7 +479,9 @@ class AttachSession:
     (``client.ab_http.prepare_loads``; None: no A/B, ``a`` says why), ``ab_load`` "mirrored" or
     "sequential", ``ab_repetitions`` its repetitions; ``load_for_ab``: ``load`` is not sent at
     start, only by the A/B; ``ab_why``: why there is no A/B (the second server did not answer
-    when the load was prepared). Raises ConfigError for a bad URL or rate.
+    when the load was prepared). Attribute ``server_info``: each server's ``GET /v1/models``
+    (``client.http_load.ServerInfo`` by URL: the load's answer, else asked at start), in the
+    trace meta as ``server_models``. Raises ConfigError for a bad URL or rate.
     """
 
     def __init__(self, urls: Sequence[str], *, scrape_hz: float = 4.0,
@@ -524,7 +535,16 @@ class AttachSession:
         else:
             self.ab = NoAB("an A/B of the attached servers sends them gpuchef's load: give "
                            "--dataset or --request-rate (restart top)")
-        model = load.cfg.model if load is not None else ""
+        from .client.http_load import server_models_meta
+
+        # each server's GET /v1/models, once: the load's answer where it asked, else asked now
+        # (a short limit; never raises: what went wrong is the answer's note)
+        told = {pl.cfg.base_url: pl.info for pl in (load, *(ab_loads or {}).values())
+                if pl is not None and getattr(pl, "info", None) is not None}
+        self.server_info = {s.url: told.get(s.url) or _ask_models(s.url, api_key)
+                            for s in self.servers}
+        first = self.server_info[self.servers[0].url]
+        model = load.cfg.model if load is not None else (first.models[:1] or [""])[0]
         self.info = SessionInfo(
             model=model or "(server's model)", random_weights=False,
             device="remote", attention="(server's)", note=note,
@@ -532,7 +552,8 @@ class AttachSession:
             source=",".join(seen), per_step_records=False)
         self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=self._gpu_sample,
                                 on_event=self._event) if gpus else None
-        self._meta_extra = {"sample_hz": sample_hz if gpus else 0, "scrape_hz": self.scrape_hz}
+        self._meta_extra = {"sample_hz": sample_hz if gpus else 0, "scrape_hz": self.scrape_hz,
+                            "server_models": server_models_meta(self.server_info)}
         if load is not None:
             self._meta_extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
                                         "model": load.cfg.model,

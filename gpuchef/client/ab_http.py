@@ -369,14 +369,18 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
                pcts) -> dict[str, Any]:
     """The trace's meta: ``source`` as `top --attach` writes it (``kind`` attached, the URLs),
     ``ab`` as hosted `ab` writes it (settings, ``interleave`` false, repetitions) plus the
-    ``load`` and each side's ``url``."""
+    ``load`` and each side's ``url``; ``server_models``: what each server's /v1/models said."""
+    from .http_load import server_models_meta
+
     urls = list(dict.fromkeys(a.url for a in arms.values()))
     pa = loads["A"]
+    infos = {arms[k].url: loads[k].info for k in arms if loads[k].info is not None}
     return {
         "command": "ab",
         "model": {"name": pa.cfg.model, "random_weights": None, "source": arms["A"].url},
         "device": "remote",
         "source": {"kind": "attached", "urls": urls},
+        "server_models": server_models_meta(infos),
         "percentiles": list(pcts),
         "load": {"desc": pa.desc, "endpoint": pa.cfg.endpoint, "model": pa.cfg.model,
                  "num_requests": len(pa.specs)},

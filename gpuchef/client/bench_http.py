@@ -55,7 +55,8 @@ class PreparedLoad:
     """The HTTP load ready to send: ``cfg`` (the server and client settings, ``model`` filled
     in), ``wcfg`` the workload, ``specs`` its requests, ``body(spec)`` a request's JSON bytes,
     ``ramp`` (strategy, start, end) or None, ``tok`` the local tokenizer or None, ``desc`` one
-    line about the load."""
+    line about the load, ``info`` what the server's ``/v1/models`` said (``http_load.ServerInfo``,
+    for the trace meta)."""
 
     cfg: Any
     wcfg: Any
@@ -64,6 +65,7 @@ class PreparedLoad:
     ramp: tuple[str, int, int] | None
     tok: Any
     desc: str
+    info: Any = None
 
 
 def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
@@ -102,23 +104,24 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
         check_output_path(o["result_json"], "--result-json")
 
     info = fetch_server_info(cfg)  # ConfigError when nothing answers
-    if info is not None and info.models:
+    if info.models:
         if not cfg.model:
             cfg.model = info.models[0]
         elif cfg.model not in info.models:
             raise ConfigError(f"--model {cfg.model!r} is not served at {cfg.base_url} "
                               f"(it serves: {', '.join(info.models)})")
     if not cfg.model:
-        raise ConfigError(f"{cfg.base_url} did not list its models (GET /v1/models): give --model "
-                          "NAME, the server's --served-model-name")
+        why = info.note or "GET /v1/models"
+        raise ConfigError(f"{cfg.base_url} did not list its models ({why}): give --model NAME, "
+                          "the server's --served-model-name")
     # vocabulary for the random prompt ids: the flag, else the tokenizer's, else the server's
     vocab = o.get("vocab_size") or (tokenizer_vocab_size(tok) if tok is not None else None) or \
-        (info.vocab_size if info is not None else None)
+        info.vocab_size
     if vocab is None:
         raise ConfigError(f"token-id prompts need the model's vocabulary size and {cfg.base_url} "
                           "does not say it: give --vocab-size N (e.g. 128256 for Llama 3) or "
                           "--tokenizer PATH")
-    max_len = o["max_model_len"] or (info.max_model_len if info is not None else None)
+    max_len = o["max_model_len"] or info.max_model_len
     wcfg = workload_config(o, vocab_size=vocab, max_model_len=max_len)
     specs = generate(wcfg)
     if not specs:
@@ -137,7 +140,7 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     def body(spec):
         return request_body(spec, cfg, tok)
 
-    return PreparedLoad(cfg, wcfg, specs, body, ramp, tok, desc)
+    return PreparedLoad(cfg, wcfg, specs, body, ramp, tok, desc, info)
 
 
 def bench_http(o: dict[str, Any], err) -> None:

@@ -98,7 +98,55 @@ def _pct_value(m: Any, stem: str, q: float) -> float:
 
 # ---- pieces ---------------------------------------------------------------------------------------
 
-def _model_text(meta: dict[str, Any]) -> str:
+#: what an attached trace's meta named the model before /v1/models was asked (older traces)
+_UNNAMED = "(server's model)"
+
+
+def _server_models(meta: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(URL, what its GET /v1/models said) of an attached trace's servers (meta
+    ``server_models``, written by `top --attach` and `ab` over HTTP); [] for other traces.
+    Entries that are not objects are left out (a hand-edited trace: the fields read "?")."""
+    sm = meta.get("server_models")
+    if not isinstance(sm, dict):
+        return []
+    return [(str(u), d) for u, d in sm.items() if isinstance(d, dict)]
+
+
+def _served_text(meta: dict[str, Any], notes: bool) -> str:
+    """The Model row of an attached trace from its servers' /v1/models: the id with its root and
+    owned_by, e.g. "tiny-served (root tiny, owned_by gpuchef; GET /v1/models)"; "?" where the
+    server did not say, with its note once (``notes``). "" when the meta has none."""
+    servers = _server_models(meta)
+    m = meta.get("model")
+    sent = m.get("name") if isinstance(m, dict) else None  # the name the load sent, if any
+    parts = []
+    for url, d in servers:
+        name = d.get("id") if isinstance(d.get("id"), str) else None
+        name = name or (sent if isinstance(sent, str) and sent != _UNNAMED else None) or "?"
+        extra = [f"{k} {d[k]}" for k in ("root", "owned_by")
+                 if isinstance(d.get(k), str) and d[k] != name]
+        t = name + (f" ({', '.join(extra)}; GET /v1/models)" if extra else "")
+        if notes and isinstance(d.get("note"), str) and d["note"]:
+            t += f" — {d['note']}"
+        parts.append(f"{url}: {t}" if len(servers) > 1 else t)
+    return "; ".join(parts)
+
+
+def _served_max_len(meta: dict[str, Any]) -> str:
+    """max_model_len as each attached server's /v1/models said it ("?" where it did not)."""
+    servers = _server_models(meta)
+    vals = [(u, d.get("max_model_len")) for u, d in servers]
+    vals = [(u, str(v) if isinstance(v, int) and not isinstance(v, bool) else "?")
+            for u, v in vals]
+    if len(vals) == 1:
+        return vals[0][1]
+    return ", ".join(f"{u}: {v}" for u, v in vals) or "?"
+
+
+def _model_text(meta: dict[str, Any], notes: bool = True) -> str:
+    served = _served_text(meta, notes)
+    if served:
+        return served
     m = meta.get("model")
     if isinstance(m, dict):
         s = str(m.get("name", "?"))
@@ -258,7 +306,9 @@ def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[st
          "each probe runs its setting (A/B settings below)"),
         ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
                      f"max_model_len {meta.get('max_model_len', '?')}" if not remote else
-         "the server's (not seen from its client)"),
+         "the server's (not seen from its client)" + (
+             f"; max_model_len {_served_max_len(meta)} (GET /v1/models)"
+             if _server_models(meta) else "")),
         ("Load", _capacity_load_text(view) if view.capacity else
          _load_text(meta) + _part_load(view, views)),
     ]
@@ -518,7 +568,10 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     hi = max(pcts) if pcts else 99.0
     first = views[0].meta if views else {}
     sub = " · ".join(x for x in [
-        _model_text(first), f"{first.get('device', '?')} / {first.get('attention_backend', '?')}",
+        _model_text(first, notes=False),
+        "a remote server" if first.get("device") == "remote" and
+        "attention_backend" not in first else
+        f"{first.get('device', '?')} / {first.get('attention_backend', '?')}",
         _gpus_text(first) if first.get("gpus") else "",
         f"{len(views)} trace{'s' if len(views) != 1 else ''}: " + ", ".join(v.name for v in views),
     ] if x)

@@ -195,7 +195,12 @@ def report_agrees_with_result_json(tr, d: dict, load: str) -> None:
     assert ("Engine Steps (gpuchef)",) not in res_rows
     assert not {"Engine steps", "Mixed prefill+decode steps", "Preemptions",
                 "Compute busy fraction (%)"} & {r[0] for r in res_rows}
-    assert rows["KV cache"] == rows["Device / attention"] == "the server's (not seen from its client)"
+    assert rows["Device / attention"] == "the server's (not seen from its client)"
+    # what each server's /v1/models said (urls of the command's own --result-json)
+    urls = list(dict.fromkeys(d["servers"].values()))
+    lens = ", ".join(rf"{re.escape(u)}: \d+" for u in urls) if len(urls) > 1 else r"\d+"
+    assert re.fullmatch(rf"the server's \(not seen from its client\); max_model_len {lens} "
+                        r"\(GET /v1/models\)", rows["KV cache"]), rows["KV cache"]
     assert f"{d['results']['A']['completed'] // 2} requests per run to /v1/completions" in \
         rows["Load"]
     page = render(data)

@@ -39,11 +39,15 @@ def _value(text: str, name: str) -> float:
 
 class FakeServer:
     """An aiohttp server on a free loopback port. ``text``: what /metrics answers now;
-    ``status``: its HTTP status; ``routes``: extra handlers."""
+    ``status``: its HTTP status; ``routes``: extra handlers. ``models``: True (a /v1/models
+    list), False (no such route: 404) or "garbage" (200 with an HTML page); ``model_gets``
+    counts its GETs."""
 
     def __init__(self, text: str = LOAD, status: int = 200, metrics: bool = True,
-                 knobs: bool = False) -> None:
+                 knobs: bool = False, models: bool | str = True) -> None:
         self.text, self.status, self.metrics, self.knobs = text, status, metrics, knobs
+        self.models = models
+        self.model_gets = 0
         self.state = {"mode": "chunked", "max_num_batched_tokens": 512, "max_num_seqs": 64}
         self.scrapes = 0
         self.patches: list[dict] = []
@@ -68,6 +72,9 @@ class FakeServer:
         return web.json_response({"accepted": body, "scheduler": self.state})
 
     async def _models(self, request):
+        self.model_gets += 1
+        if self.models == "garbage":
+            return web.Response(text="<html>models</html>", content_type="text/html")
         return web.json_response({"object": "list", "data": [
             {"id": "fake", "object": "model", "max_model_len": 4096, "vocab_size": 1000}]})
 
@@ -87,7 +94,8 @@ class FakeServer:
         app = web.Application()
         if self.metrics:
             app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/models", self._models)
+        if self.models:
+            app.router.add_get("/v1/models", self._models)
         if self.knobs:
             app.router.add_get("/gpuchef/v1/scheduler", self._get_knobs)
             app.router.add_patch("/gpuchef/v1/scheduler", self._patch_knobs)
