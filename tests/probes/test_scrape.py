@@ -215,3 +215,24 @@ def test_a_family_with_no_sample_yet_is_exported_not_absent():
     s = parse_metrics(text)
     assert "iteration_tokens" in s.exported and "iteration_tokens" not in s.hists
     assert "waiting" not in s.exported
+
+
+def test_vllm_024_h200_scrapes_around_a_bench_match_its_client():
+    """vLLM 0.24's /metrics on the H200 right before and right after `gpuchef bench --base-url`
+    (600 Azure requests at 3×, session 9, results/2026-12-02-h200-s9): the interval's counter
+    deltas equal what the client sent and got (its result JSON: 553,386 prompt and 156,892
+    generated tokens, 600 requests), and the server's TTFT/ITL interval means lie just under
+    the client's (73.6 / 9.49 ms: the client adds its HTTP round trip to TTFT)."""
+    a = parse_metrics((DATA / "vllm_0.24_h200_before_bench.txt").read_text(), t_ns=0)
+    b = parse_metrics((DATA / "vllm_0.24_h200_after_bench.txt").read_text(), t_ns=10**9)
+    assert a.server == b.server == "vllm" and not a.error and not b.error
+    d = delta(a, b)
+    assert d.rates["prompt_tokens"] == 553386
+    assert d.rates["generation_tokens"] == 156892
+    assert d.rates["requests_finished"] == 600
+    assert d.hist_count["ttft"] == d.hist_count["e2e"] == 600
+    # one ITL per generated token after the first of each request
+    assert d.hist_count["itl"] == 156892 - 600
+    assert 0.060 < d.hist_mean["ttft"] < 0.0736
+    assert 0.0090 < d.hist_mean["itl"] < 0.0095
+    assert d.gauges["running"] == d.gauges["waiting"] == 0
