@@ -16,7 +16,7 @@ from .capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
-                      workload_options, write_json)
+                      workload_options, write_json, print_warning, trace_flags_warning)
 
 
 @click.command("ab")
@@ -156,6 +156,8 @@ def _check(o: dict) -> dict[str, Any]:
     elif o["slo_spec"]:
         raise ConfigError("--slo is for --capacity; for goodput under SLOs use --goodput ttft:MS")
     workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
+    if (w := trace_flags_warning(o)):
+        print_warning(w)
     c["sample_hz"], c["gpus"] = check_sampling(o["sample_hz"], o["gpus"])
     check_output_files(o)  # ~, a folder-style path, one file named twice
     check_output_path(o["trace_path"], "--trace", make_parents=True)

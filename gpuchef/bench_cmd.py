@@ -11,7 +11,7 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
-                      write_json, http_load_options)
+                      write_json, http_load_options, print_warning, trace_flags_warning)
 
 
 @click.command("bench")
@@ -80,6 +80,8 @@ def _bench(o: dict, err: Console) -> None:
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
     ecfg = engine_config(o)
     workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
+    if (w := trace_flags_warning(o)):
+        print_warning(w)
     check_output_path(o["trace_path"], "--trace", make_parents=True)
     check_output_path(o["result_json"], "--result-json")
     engine = build_engine(ecfg, err)

@@ -305,6 +305,26 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
     return wcfg
 
 
+#: random-load flags a trace replay does not read (``workload.generate``: a trace brings its
+#: own arrival times and lengths)
+_RANDOM_ONLY_FLAGS = ("request_rate", "burstiness", "arrival", "input_len", "output_len",
+                      "range_ratio")
+
+
+def trace_flags_warning(o: dict[str, Any]) -> str | None:
+    """One line naming the random-load flags given on the command line (``--request-rate``,
+    ``--burstiness``, ``--arrival``, ``--input-len``, ``--output-len``, ``--range-ratio``) that a
+    trace replay (``--dataset`` other than random) ignores, or None. A warning, not an error:
+    vLLM's own bench ignores them the same way."""
+    if o.get("dataset", "random") == "random":
+        return None
+    given = [k for k in _RANDOM_ONLY_FLAGS if flag_given(k)]
+    if not given:
+        return None
+    return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: a trace brings its "
+            "own arrival times and lengths (--trace-speed scales the times)")
+
+
 def print_warning(msg: str) -> None:
     """``warning: MSG`` on stderr (the run goes on)."""
     click.echo(f"warning: {msg}", err=True)

@@ -13,7 +13,8 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
 from .options import (print_warning, check_output_files, check_output_path, engine_config, engine_options,
-                      http_client_options, scheduler_options, workload_config, workload_options)
+                      http_client_options, scheduler_options, trace_flags_warning, workload_config,
+                      workload_options)
 from .serve_cmd import prepare_serving, serve_options
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
@@ -227,6 +228,8 @@ def _build(ctx: click.Context, o: dict, err: Console):
     ecfg = engine_config(o, warn=warn)
     num_prompts, duration_s = o["num_prompts"], o["duration_s"]
     wcheck = workload_config(o, vocab_size=1 << 20, max_model_len=None)
+    if (w := trace_flags_warning(o)):
+        warn(w)
     if wcheck.is_random and wcheck.request_rate == float("inf"):
         raise ConfigError("gpuchef top sends load live: --request-rate must be a finite number "
                           "of req/s (inf = all at once only suits `bench`)")

@@ -75,7 +75,7 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     (default ``o["base_url"]``); ``model``: the name to send ("" = the server's first model).
     Raises ConfigError for bad input or an unreachable server, before any request is sent."""
     from ..engine_host.workload import generate
-    from ..options import workload_config
+    from ..options import print_warning, trace_flags_warning, workload_config
     from ..session import load_desc
     from .http_load import (HttpLoadConfig, apply_ramp_up, check_ramp_up, fetch_server_info,
                             load_tokenizer, request_body, tokenizer_vocab_size)
@@ -99,6 +99,8 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
                           "(a local tokenizer.json or model folder) to make the prompts")
     # the load flags and the trace file, checked before anything is sent
     workload_config(o, vocab_size=1 << 20, max_model_len=None, warn=lambda m: None)
+    if (w := trace_flags_warning(o)):
+        print_warning(w)
     if o.get("result_json"):
         from ..options import check_output_path
         check_output_path(o["result_json"], "--result-json")

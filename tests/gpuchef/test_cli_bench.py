@@ -91,3 +91,26 @@ def test_bench_sampler_off_and_bad_rate():
     assert r.exit_code == 0 and "NVML sampler off (--sample-hz 0)" in r.output
     r = invoke([*base, "--sample-hz", "500"])
     assert r.exit_code == 2 and "500" in r.output and "Traceback" not in r.output
+
+
+def test_random_load_flags_with_a_trace_get_one_warning_and_the_trace_times(tmp_path):
+    """``--request-rate`` / ``--input-len`` beside a trace replay: one warning line naming both
+    (the trace brings its own times and lengths), and the run equals the one without them."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    r = invoke([*SMALL, "--request-rate", "5", "--input-len", "64", "--result-json", str(a)])
+    assert r.exit_code == 0, r.output
+    line = ("warning: --request-rate, --input-len have no effect with --dataset azure-conv: a "
+            "trace brings its own arrival times and lengths (--trace-speed scales the times)")
+    assert r.output.count(line) == 1, r.output
+    r2 = invoke([*SMALL, "--result-json", str(b)])
+    assert r2.exit_code == 0 and "warning: --request-rate" not in r2.output
+    ja, jb = json.loads(a.read_text()), json.loads(b.read_text())
+    for k in ("completed", "total_input_tokens", "total_output_tokens"):
+        assert ja[k] == jb[k], k
+
+
+def test_random_load_flags_without_a_trace_get_no_warning():
+    r = invoke(["--device", "cpu", "--model", "tiny", "--num-prompts", "3", "--input-len", "8",
+                "--output-len", "2", "--request-rate", "50"])
+    assert r.exit_code == 0, r.output
+    assert "no effect with --dataset" not in r.output
