@@ -78,6 +78,22 @@ def check_labels(recs, cap=SIZES[-1]):
     return sum(r.cuda_graph for r in with_prefill)
 
 
+def prefill_steps(eng, pw, max_steps):
+    """Schedule up to ``max_steps`` steps with prefill tokens by hand, yielding each step's
+    (SchedulerOutput, prepared batch in the pieces' static buffers) and then booking it as the
+    engine would (the scheduler's advance, a dummy token for each request that finished its
+    prompt); stops at the first step without prefill tokens."""
+    for _ in range(max_steps):
+        out = eng.scheduler.schedule()
+        if not out.prefills:
+            return
+        yield out, eng.runner.prepare(out, into=(pw.input_ids, pw.positions))
+        eng.scheduler.advance(out, 0, 0)  # the scheduler's own booking of the step
+        for r in out.decodes + [r for r, _ in out.prefills]:
+            if r.num_computed_tokens == r.num_tokens:
+                r.output_token_ids.append(20)
+
+
 def test_piecewise_step_logits_match_eager():
     """Each of the first steps (prefill chunks, then decode rows + chunks), run eagerly and then
     through the replayed pieces on the same KV state: logits within bfloat16 tolerance, the same
@@ -90,11 +106,7 @@ def test_piecewise_step_logits_match_eager():
     model, attn, kv = eng.runner.model, eng.attn, eng.kv.kv_caches
     checked = 0
     with torch.inference_mode():
-        for _ in range(4):
-            out = eng.scheduler.schedule()
-            if not out.prefills:
-                break
-            batch = eng.runner.prepare(out, into=(pw.input_ids, pw.positions))
+        for out, batch in prefill_steps(eng, pw, 4):
             T = batch.meta.num_tokens
             attn.begin_step(batch.meta)
             want = model.compute_logits(model(batch.input_ids, batch.meta.positions, kv, attn))
@@ -105,10 +117,6 @@ def test_piecewise_step_logits_match_eager():
             assert rel_err(got, want) <= 2e-2
             assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
             checked += 1
-            eng.scheduler.advance(out, 0, 0)  # the scheduler's own booking of the step
-            for r in out.decodes + [r for r, _ in out.prefills]:
-                if r.num_computed_tokens == r.num_tokens:
-                    r.output_token_ids.append(20)
     assert checked >= 2
 
 
@@ -123,11 +131,7 @@ def test_single_mixed_attention_logits_match_split():
         eng.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
     mixed = 0
     with torch.inference_mode():
-        for _ in range(6):
-            out = eng.scheduler.schedule()
-            if not out.prefills:
-                break
-            batch = eng.runner.prepare(out, into=(pw.input_ids, pw.positions))
+        for out, batch in prefill_steps(eng, pw, 6):
             T = batch.meta.num_tokens
             logits = {}
             for mode in ("split", "single"):
@@ -139,10 +143,6 @@ def test_single_mixed_attention_logits_match_split():
             assert rel_err(got, want) <= 2e-2
             assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
             mixed += bool(out.decodes)
-            eng.scheduler.advance(out, 0, 0)
-            for r in out.decodes + [r for r, _ in out.prefills]:
-                if r.num_computed_tokens == r.num_tokens:
-                    r.output_token_ids.append(20)
     assert mixed >= 1
     eng2 = engine()
     eng2.attn.mixed_attention = "single"
