@@ -2,13 +2,14 @@
 responses and errors it writes (OpenAI's shapes, as vLLM implements them).
 
 ``parse_completion`` / ``parse_chat`` turn a JSON body into a ``GenRequest`` or raise
-``APIError`` naming the field (``param``) and what is allowed. Fields OpenAI defines that
-gpuchef does not implement are refused when set to anything but their default (docs/serve.md
-lists them); fields nobody defines are ignored, as vLLM does.
+``APIError`` naming the field (``param``) and what is allowed. Fields OpenAI or vLLM define
+that gpuchef does not implement (``UNSUPPORTED``) are refused when set to anything but their
+"off" value (docs/serve.md lists them); fields nobody defines are ignored, as vLLM does.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +81,30 @@ EXACT_FLOAT_INT = 2 ** 53
 def shown(v: Any, limit: int = 40) -> str:
     """``repr(v)`` for an error message, cut in the middle when longer than ``limit``
     characters (a 309-digit number is named by its ends and its length)."""
-    r = repr(v)
+    return _cut(repr(v), limit)
+
+
+def shown_json(v: Any, limit: int = 60) -> str:
+    """``v`` as the client wrote it (JSON: ``true``, ``{"type": "json_object"}``), cut as
+    ``shown`` cuts."""
+    try:
+        r = json.dumps(v, ensure_ascii=False)
+    except (TypeError, ValueError):
+        r = repr(v)
+    return _cut(r, limit)
+
+
+def _json_type(v: Any) -> str:
+    """The JSON type of a parsed value, for a message: "an object", "a string", ..."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    return {dict: "an object", list: "an array", str: "a string"}.get(
+        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+def _cut(r: str, limit: int) -> str:
     if len(r) <= limit:
         return r
     return f"{r[:limit // 2]}…{r[-8:]} ({len(r)} characters)"
@@ -121,12 +145,60 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def _unsupported(body: dict, defaults: dict[str, Any]) -> None:
-    for key, ok in defaults.items():
+#: The request fields OpenAI or vLLM define and gpuchef serve does not implement, one table:
+#: ``(field, endpoint, values that mean "off", the allowed values as the error says them)``;
+#: endpoint "" = both. A value that means "off" (the default a client such as the openai SDK,
+#: guidellm or ``vllm bench serve`` may send) is accepted; null is accepted for every field;
+#: anything else is a 400 naming the field, its value and what is allowed (docs/serve.md).
+#: ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``, ``top_k``, ``seed``
+#: are implemented, so not here.
+UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
+    # vLLM: completions' logprobs=0 returns the sampled token's logprob; chat's is a bool
+    ("logprobs", "completions", (), "absent or null"),
+    ("logprobs", "chat", (False,), "false or absent"),
+    ("top_logprobs", "", (0,), "0 or absent"),
+    ("prompt_logprobs", "", (), "absent or null"),
+    ("echo", "", (False,), "false or absent"),
+    ("best_of", "", (1,), "1 or absent"),
+    ("suffix", "", ("",), '"" or absent'),
+    ("use_beam_search", "", (False,), "false or absent"),
+    ("presence_penalty", "", (0,), "0 or absent"),
+    ("frequency_penalty", "", (0,), "0 or absent"),
+    ("repetition_penalty", "", (1,), "1 or absent"),
+    ("min_p", "", (0,), "0 or absent"),
+    ("min_tokens", "", (0,), "0 or absent"),
+    ("logit_bias", "", ({},), "{} or absent"),
+    ("bad_words", "", ([],), "[] or absent"),
+    # vLLM refuses an empty list too: it would allow no token
+    ("allowed_token_ids", "", (), "absent or null"),
+    ("skip_special_tokens", "", (True,), "true or absent"),
+    ("truncate_prompt_tokens", "", (), "absent or null"),
+    ("response_format", "", ({"type": "text"},), '{"type": "text"} or absent'),
+    ("structured_outputs", "", (), "absent or null"),
+    ("guided_json", "", (), "absent or null"),
+    ("guided_regex", "", (), "absent or null"),
+    ("guided_choice", "", (), "absent or null"),
+    ("guided_grammar", "", (), "absent or null"),
+    ("guided_decoding_backend", "", (), "absent or null"),
+    ("tools", "", ([],), "[] or absent"),
+)
+
+
+def _is_off(v: Any, off: Any) -> bool:
+    """``v`` equals the "off" value ``off`` as JSON compares them: ``true`` is not 1, 0.0 is 0."""
+    if isinstance(off, bool) or isinstance(v, bool):
+        return v is off
+    return v == off
+
+
+def _unsupported(body: dict, kind: str) -> None:
+    for key, where, off, allowed in UNSUPPORTED:
+        if where and where != kind:
+            continue
         v = body.get(key)
-        if v is not None and v != ok and not (isinstance(ok, tuple) and v in ok):
-            raise bad(f"'{key}' is not supported by gpuchef's server (got {v!r}); leave it out",
-                      key)
+        if v is not None and not any(_is_off(v, o) for o in off):
+            raise bad(f"{key}={shown_json(v)} is not supported by gpuchef serve "
+                      f"(allowed: {allowed})", key)
 
 
 def _common(body: Any, kind: str) -> dict[str, Any]:
@@ -139,12 +211,7 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
     if n is not None and (not _is_int(n) or n != 1):
         raise bad(f"'n' = {n!r}: gpuchef's server returns one choice per prompt; allowed n=1",
                   "n")
-    _unsupported(body, {"logprobs": (None, False, 0), "top_logprobs": (None, 0),
-                        "echo": False, "best_of": (None, 1), "suffix": ("",),
-                        "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-                        "repetition_penalty": (1, 1.0), "logit_bias": ({},),
-                        "response_format": ({"type": "text"},), "tools": (None, []),
-                        "use_beam_search": False})
+    _unsupported(body, kind)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad("'stream_options' must be an object like {\"include_usage\": true}",
@@ -246,8 +313,14 @@ def parse_chat(body: Any) -> GenRequest:
     string or a list of ``{"type": "text", "text"}`` parts. Raises APIError (400)."""
     c = _common(body, "chat")
     msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
+    if msgs is None:
         raise bad("'messages' is required: a non-empty list of {\"role\", \"content\"}",
+                  "messages")
+    if not isinstance(msgs, list):
+        raise bad(f"'messages' must be a list of {{\"role\", \"content\"}} objects, got "
+                  f"{_json_type(msgs)} {shown_json(msgs)}", "messages")
+    if not msgs:
+        raise bad("'messages' is empty: give at least one {\"role\", \"content\"}",
                   "messages")
     out = []
     for i, m in enumerate(msgs):

@@ -456,13 +456,20 @@ class FrontDoor:
             mt = gen.max_tokens if gen.max_tokens is not None else L - len(ids)
             if len(ids) + mt > L or mt < 1:
                 where = "messages" if gen.kind == "chat" else "prompt"
-                mt = max(mt, 1)
                 # the prompt alone fills the context: it is at fault, else the token count asked
                 param = where if len(ids) >= L else (gen.max_tokens_param or where)
-                raise P.bad(f"This model's maximum context length is {L} tokens. However, you "
-                            f"requested {P.shown(len(ids) + mt)} tokens ({len(ids)} in the {where}, "
-                            f"{P.shown(mt)} in the completion). Please reduce the length of the "
-                            f"{where} or completion.", param, "context_length_exceeded")
+                if gen.max_tokens is None:  # chat, no token count: it gets what the context leaves
+                    msg = (f"This model's maximum context length is {L} tokens. However, the "
+                           f"{where} hold {len(ids)} tokens, which leaves no room for a "
+                           f"completion (it needs at least 1 token). Please reduce the length "
+                           f"of the {where}.")
+                else:
+                    default = "" if gen.max_tokens_given else ": the default max_tokens"
+                    msg = (f"This model's maximum context length is {L} tokens. However, you "
+                           f"requested {P.shown(len(ids) + mt)} tokens ({len(ids)} in the "
+                           f"{where}, {P.shown(mt)} in the completion{default}). Please reduce "
+                           f"the length of the {where} or completion.")
+                raise P.bad(msg, param, "context_length_exceeded")
             try:
                 params.append(SamplingParams(
                     max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
