@@ -304,6 +304,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         "pooled": {k: cmp.pooled[k].to_dict() for k in ("A", "B")},
         "min_pairs": cmp.min_pairs,
         "deltas": [r.as_dict() for r in cmp.rows],
+        "requests": cmp.requests_dict(),
     }
 
 

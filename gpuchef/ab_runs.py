@@ -34,8 +34,9 @@ from typing import Any, Callable, Sequence
 
 from .engine_host.config import AUTO_BUDGET, ConfigError, SchedulerConfig, parse_settings
 from .engine_host.records import EngineEvent
-from .probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, NOT_ENOUGH, Comparison, DeltaRow, MetricSpec,
-                        WindowResult, mark_name, metric_specs, pool, window_results)
+from .probes.ab import (FAILED_ROW, LABELS, MIN_REPETITIONS, MIN_WINDOWS, NOT_ENOUGH, Comparison,
+                        DeltaRow, MetricSpec, WindowResult, mark_name, metric_specs, pool,
+                        window_results)
 from .probes.ab import compare as _compare
 from .probes.ab import windows as ab_windows
 
@@ -416,7 +417,10 @@ def _num(v: float, digits: int = 2) -> str:
 def format_deltas(cmp: Comparison, unit_name: str = "repetition") -> str:
     """The B − A table. Pooled columns (A, B, B − A, %): each setting's counted windows as one
     set of requests and steps. Per-window columns: the median and the min..max of the paired
-    deltas B_n − A_n, computed from the same windows. Then the verdict (``probes.ab.verdict``)."""
+    deltas B_n − A_n, computed from the same windows. Then the verdict (``probes.ab.verdict``).
+    The first row counts failed requests; when A's and B's shares of failed requests differ the
+    judged rows read "not comparable" and a line under the table says why
+    (``Comparison.not_comparable``)."""
     na, nb = cmp.count("A"), cmp.count("B")
     plural = lambda n: f"{n} {unit_name}{'s' if n != 1 else ''}"  # noqa: E731
     head = (f" B − A: pooled over {plural(na)} of A and {plural(nb)} of B; "
@@ -428,18 +432,21 @@ def format_deltas(cmp: Comparison, unit_name: str = "repetition") -> str:
              fmt.format("metric", "A", "B", "B − A", "%", "median Δ", "Δ min..max", "verdict")]
     short = False
     for r in cmp.rows:
+        nd = 0 if r.key == FAILED_ROW else 2  # a count
         lo, hi = r.spread
-        spread = f"{_num(lo)}..{_num(hi)}" if math.isfinite(lo) else "—"
+        spread = f"{_num(lo, nd)}..{_num(hi, nd)}" if math.isfinite(lo) else "—"
         med = r.median_delta
         pct = f"{r.delta_pct:+.1f}%" if math.isfinite(r.delta_pct) else "n/a"
-        delta = f"{r.delta:+.2f}" if math.isfinite(r.delta) else "n/a"
+        delta = f"{r.delta:+.{nd}f}" if math.isfinite(r.delta) else "n/a"
         v = r.verdict
         if v.startswith(NOT_ENOUGH):  # the run is over: no "yet" about it
             v, short = "no verdict" + v[len(NOT_ENOUGH):], True
-        lines.append(fmt.format(r.label[:31], _num(r.a), _num(r.b), delta, pct,
-                                f"{med:+.2f}" if math.isfinite(med) else "—", spread,
+        lines.append(fmt.format(r.label[:31], _num(r.a, nd), _num(r.b, nd), delta, pct,
+                                f"{med:+.{nd}f}" if math.isfinite(med) else "—", spread,
                                 v).rstrip())
     lines.append("-" * width)
+    if cmp.not_comparable:
+        lines.append(f"Not comparable: {cmp.not_comparable}.")
     lines.append(f"Pooled: all counted {unit_name}s of a setting as one set (a P99 of the pooled "
                  f"requests need not lie among the\n"
                  f"per-{unit_name} P99s). Per {unit_name}: "

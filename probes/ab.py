@@ -44,6 +44,16 @@ windows and every pair (A_n, B_n) differs in that direction; else "within spread
 which are short and noisy (with 2 windows each, two settings that do not differ at all have a
 1-in-3 chance that every B window beats every A window or loses to it), ``MIN_REPETITIONS`` (2)
 for whole sequential runs.
+
+**Failed requests.** A side that lost requests answered a smaller load, and the requests that
+failed fast are the ones it did not have to serve: its latency and throughput are not those of
+the same work. Each setting's requests sent / completed / failed per counted window
+(:class:`RequestCounts`, from ``BenchMetrics.completed``/``failed``: a request is failed when it
+did not finish normally) go with the comparison and make its first row ("failed", vLLM's key).
+When the share of requests that failed differs between A and B — in any pair (A_n, B_n) or
+pooled; no tolerance: one request lost on one side only is enough — every row with a better
+direction but the failed row gets the verdict ``NOT_COMPARABLE`` and
+``Comparison.not_comparable`` says why in one line (:func:`failures_differ`).
 """
 
 from __future__ import annotations
@@ -64,6 +74,10 @@ MIN_WINDOW_SHARE = 0.5
 MIN_WINDOWS = 4
 MIN_REPETITIONS = 2
 NOT_ENOUGH = "not enough windows yet"
+#: The verdict of a judged row when A and B lost different shares of their requests.
+NOT_COMPARABLE = "not comparable"
+#: The key of the failed-requests row (vllm bench serve's result key).
+FAILED_ROW = "failed"
 #: Rows of :func:`metric_specs` about engine steps: a client does not see a server's steps (an
 #: A/B of servers gpuchef does not host leaves them out).
 STEP_ROWS = ("steps_per_s", "mean_tokens_per_step", "num_preemptions", "busy_fraction_pct")
@@ -377,8 +391,10 @@ def _pw(p: float) -> str:
 
 
 def metric_specs(percentiles: Sequence[float], goodput: bool, gpu: bool) -> list[MetricSpec]:
-    """The rows compared, in vllm bench serve's order, then gpuchef's step and GPU figures."""
-    out = [MetricSpec("request_throughput", "Request throughput (req/s)", "higher",
+    """The rows compared, in vllm bench serve's order (failed requests first), then gpuchef's
+    step and GPU figures."""
+    out = [MetricSpec(FAILED_ROW, "Failed requests", "lower", lambda m, g: float(m.failed)),
+           MetricSpec("request_throughput", "Request throughput (req/s)", "higher",
                       lambda m, g: m.request_throughput, "req/s")]
     if goodput:
         out.append(MetricSpec("request_goodput", "Request goodput (req/s)", "higher",
@@ -485,11 +501,59 @@ def verdict(spec: MetricSpec, a_runs: Sequence[float], b_runs: Sequence[float],
     return "within spread"
 
 
+@dataclass(frozen=True)
+class RequestCounts:
+    """One window's (or a setting's pooled) requests: ``sent`` = ``completed`` + ``failed``
+    (``BenchMetrics``' counts; probe requests are in neither)."""
+
+    sent: int
+    completed: int
+    failed: int
+
+    @classmethod
+    def of(cls, m: BenchMetrics) -> "RequestCounts":
+        return cls(m.completed + m.failed, m.completed, m.failed)
+
+    @classmethod
+    def total(cls, counts: Sequence["RequestCounts"]) -> "RequestCounts":
+        return cls(*(sum(getattr(c, k) for c in counts) for k in ("sent", "completed", "failed")))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"sent": self.sent, "completed": self.completed, "failed": self.failed}
+
+
+def failures_differ(a: Sequence[RequestCounts], b: Sequence[RequestCounts]) -> str:
+    """Why A's and B's figures are not comparable, or "" when they are: the share of requests
+    that failed differs between A and B in a pair of windows (``a[n]``, ``b[n]``: window n+1 of
+    each, in window order) or pooled (every window of each). No tolerance — one request lost by
+    one side only differs. One line: ``"B failed 100 of 200 requests, A 0 of 200: latency and
+    throughput rows are not compared"``."""
+    def share_differs(x: RequestCounts, y: RequestCounts) -> bool:
+        return x.failed * y.sent != y.failed * x.sent  # exact: x.failed/x.sent vs y's
+
+    pa, pb = RequestCounts.total(a), RequestCounts.total(b)
+    bad = [(n, x, y) for n, (x, y) in enumerate(zip(a, b), start=1) if share_differs(x, y)]
+    if not bad and not share_differs(pa, pb):
+        return ""
+    first, second = (("B", pb), ("A", pa)) if pb.failed * pa.sent > pa.failed * pb.sent \
+        else (("A", pa), ("B", pb))
+    text = (f"{first[0]} failed {first[1].failed} of {first[1].sent} requests, "
+            f"{second[0]} {second[1].failed} of {second[1].sent}")
+    if not share_differs(pa, pb):  # the same pooled, not in the same windows
+        n, x, y = bad[0]
+        text += (f", not in the same pairs (A{n} {x.failed} of {x.sent}, "
+                 f"B{n} {y.failed} of {y.sent})")
+    return text + ": latency and throughput rows are not compared"
+
+
 @dataclass
 class Comparison:
     """The counted windows of both settings (``runs``, time order), each setting's pooled
     figures (``pooled[label]``, ``pooled_gpu[label]``), the B − A rows and ``skipped``: the
-    complete windows not counted (each with its ``why``)."""
+    complete windows not counted (each with its ``why``). ``counts[label]``: each counted
+    window's :class:`RequestCounts`, in window order (the order of a row's ``a_runs`` /
+    ``b_runs``); ``not_comparable``: why the judged rows have no verdict (the module
+    docstring, "Failed requests"), "" when they have one."""
 
     runs: list[WindowResult]
     pooled: dict[str, BenchMetrics]
@@ -497,15 +561,31 @@ class Comparison:
     rows: list[DeltaRow]
     skipped: list[WindowResult] = field(default_factory=list)
     min_pairs: int = MIN_WINDOWS
+    counts: dict[str, list[RequestCounts]] = field(default_factory=dict)
+    not_comparable: str = ""
 
     def count(self, label: str) -> int:
         return sum(1 for r in self.runs if r.label == label)
 
+    def requests(self, label: str) -> RequestCounts:
+        """``label``'s requests over its counted windows."""
+        return RequestCounts.total(self.counts.get(label, []))
+
+    def requests_dict(self) -> dict[str, Any]:
+        """JSON-ready: per setting its pooled counts and ``per_window`` (each counted window's),
+        and ``not_comparable`` (None when the rows were judged)."""
+        return {**{k: {**self.requests(k).as_dict(),
+                       "per_window": [c.as_dict() for c in self.counts.get(k, [])]}
+                   for k in LABELS},
+                "not_comparable": self.not_comparable or None}
+
 
 def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 99.0),
             goodput: dict[str, float] | None = None, min_pairs: int = MIN_WINDOWS) -> Comparison:
-    """Pool each setting's counted windows and compute B − A per metric. Raises ValueError
-    when a setting has no counted window."""
+    """Pool each setting's counted windows and compute B − A per metric; with each setting's
+    requests sent / completed / failed per window, and no verdict on the judged rows when the
+    shares that failed differ (:func:`failures_differ`). Raises ValueError when a setting has no
+    counted window."""
     counted = [r for r in results if r.counted]
     by = {k: sorted([r for r in counted if r.label == k], key=lambda r: (r.rep, r.t0_ns))
           for k in LABELS}
@@ -516,6 +596,8 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
     for k in LABELS:
         pooled[k], pooled_gpu[k] = pool(by[k], percentiles, goodput)
     has_gpu = any(math.isfinite(v) for g in pooled_gpu.values() for v in g.values())
+    counts = {k: [RequestCounts.of(r.metrics) for r in by[k]] for k in LABELS}
+    why = failures_differ(counts["A"], counts["B"])
     rows = []
     for spec in metric_specs(percentiles, bool(goodput), has_gpu):
         a = spec.get(pooled["A"], pooled_gpu["A"])
@@ -524,11 +606,14 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
         b_runs = [spec.get(r.metrics, r.gpu) for r in by["B"]]
         d = b - a
         dp = d / a * 100.0 if math.isfinite(a) and a != 0 else math.nan
+        v = verdict(spec, a_runs, b_runs, min_pairs)
+        if why and spec.better and spec.key != FAILED_ROW and v != "n/a":
+            v = NOT_COMPARABLE
         rows.append(DeltaRow(spec.key, spec.label, spec.better, a, b, d, dp,
                              [y - x for x, y in zip(a_runs, b_runs)], a_runs, b_runs,
-                             verdict(spec, a_runs, b_runs, min_pairs), spec.unit))
+                             v, spec.unit))
     return Comparison(sorted(counted, key=lambda r: r.t0_ns), pooled, pooled_gpu, rows,
-                      [r for r in results if not r.counted], min_pairs)
+                      [r for r in results if not r.counted], min_pairs, counts, why)
 
 
 def analyse(events: Sequence[Any], requests: Sequence[Any], steps: Sequence[Any], *,

@@ -583,7 +583,8 @@ def ab_http(o: dict[str, Any], err) -> None:
                                      if r.label == w.label and r.rep == w.rep), []))})
         if cmp is not None:
             out["comparison"] = {"min_pairs": cmp.min_pairs,
-                                 "deltas": [r.as_dict() for r in cmp.rows]}
+                                 "deltas": [r.as_dict() for r in cmp.rows],
+                                 "requests": cmp.requests_dict()}
         write_json(o["result_json"], out, "--result-json")
     for k in ("A", "B"):
         if not any(x.success for x in side[k]["results"]):

@@ -315,6 +315,56 @@ def test_a_server_whose_every_request_fails_exits_1_after_the_table(fakes):
         in r.output and "Traceback" not in r.output
 
 
+def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_path):
+    """B answers 10x faster than A but fails half of each repetition's requests (HTTP 500 at
+    once): B's surviving requests' latency is lower, and the plain verdict rule on the same
+    per-repetition values (the reference) would call B better; `gpuchef ab` prints the failed
+    row and says the rest are not compared. The same failures on both sides keep the verdict."""
+    rj = tmp_path / "r.json"
+
+    def run(plan_a, plan_b):
+        s1, s2 = FakeServer(ttft_s=0.08, itl_s=0.01).start(), \
+            FakeServer(ttft_s=0.008, itl_s=0.01).start()
+        try:
+            s1.plan.update(plan_a)
+            s2.plan.update(plan_b)
+            r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST, "--repetitions", "2",
+                   "--result-json", str(rj))
+            return r, json.loads(rj.read_text()), (s1.url, s2.url)
+        finally:
+            s1.stop()
+            s2.stop()
+
+    half = {"req-0": "500", "req-1": "500"}
+    r, d, (ua, ub) = run({}, half)
+    assert r.exit_code == 0, r.output
+    ttft = row(d, "mean_ttft_ms")
+    assert all(y < x for x, y in zip(ttft["a_runs"], ttft["b_runs"])), ttft
+    assert verdict_of(ttft) == "B better"  # what the plain rule says of these values
+    assert ttft["verdict"] == abdef.NOT_COMPARABLE
+    for key in ("request_throughput", "output_throughput", "p99_e2el_ms", "mean_itl_ms"):
+        assert row(d, key)["verdict"] == abdef.NOT_COMPARABLE, key
+    f = row(d, "failed")
+    assert (f["a"], f["b"], f["a_runs"], f["b_runs"]) == (0, 4, [0, 0], [2, 2])
+    assert d["results"]["B"]["failed"] == 4  # the results block's own count agrees
+    why = "B failed 4 of 8 requests, A 0 of 8: latency and throughput rows are not compared"
+    assert d["comparison"]["requests"]["not_comparable"] == why
+    assert d["comparison"]["requests"]["B"]["per_window"] == [
+        {"sent": 4, "completed": 2, "failed": 2}] * 2
+    table = r.stdout[r.stdout.index(" B − A: "):]
+    line = next(x for x in table.splitlines() if x.startswith("Failed requests"))
+    assert line.split()[2:5] == ["0", "4", "+4"], line
+    assert f"Not comparable: {why}." in table
+    assert not [x for x in table.splitlines() if x.endswith(("B better", "B worse"))
+                and not x.startswith("Failed requests")]
+    # the same requests fail on both servers: judged as before
+    r, d, _ = run(half, half)
+    assert r.exit_code == 0, r.output
+    assert d["comparison"]["requests"]["not_comparable"] is None
+    assert row(d, "mean_ttft_ms")["verdict"] == verdict_of(row(d, "mean_ttft_ms")) == "B better"
+    assert "Not comparable" not in r.stdout
+
+
 class KnobFake(FakeServer):
     """FakeServer with a knob endpoint that refuses a budget of 16 (as a server with a limit of
     its own would), in its own words; ``patches``: the bodies it got."""

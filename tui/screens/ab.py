@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 from gpuchef.engine_host.config import setting_short
 
 from .. import theme
-from gpuchef.probes.ab import pool
+from gpuchef.probes.ab import FAILED_ROW, pool
 
 from ..ab_live import ABResult, ABWindow
 from ..chart import GUTTER_L, GUTTER_R
@@ -260,7 +260,8 @@ class ABScreen(Screen):
     def _table(self, res: ABResult, st) -> Text:
         """The A/B table as fixed-width lines (cheap to redraw twice a second): pooled A, B and
         B − A, then the per-window paired deltas' median and range, and the verdict — the rows
-        of ``probes.ab.compare``, as ``gpuchef ab`` prints them."""
+        of ``probes.ab.compare``, as ``gpuchef ab`` prints them (failed requests first; when A
+        and B lost different shares of their requests, one line why the rest are not compared)."""
         t = Text(no_wrap=True, overflow="crop")
         head = f"bold {theme.TITLE}"
         if not res.rows:
@@ -277,7 +278,7 @@ class ABScreen(Screen):
         for r in res.rows:
             if r.verdict == "n/a":  # e.g. SM active without NVML
                 continue
-            nd = 2 if r.unit in ("req/s",) else 1
+            nd = 0 if r.key == FAILED_ROW else 2 if r.unit in ("req/s",) else 1
             colour = {"B better": theme.RUNNING, "B worse": theme.PREEMPTED,
                       "differs": theme.WAITING}.get(r.verdict, theme.AXIS)
             lo, hi = r.spread
@@ -287,6 +288,9 @@ class ABScreen(Screen):
             rng = f"{_f(lo, nd)}..{_f(hi, nd)}" if lo == lo else "–"
             t.append(f"{_f(r.median_delta, nd, sign=True):>11} {rng:>20}  ", style=theme.LABEL)
             t.append(r.verdict + "\n", style=colour)
+        why = res.comparison.not_comparable if res.comparison is not None else ""
+        if why:  # the judged rows read "not comparable": say why
+            t.append(f"Not comparable: {why}.", style=theme.PREEMPTED)
         t.rstrip()
         return t
 
