@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .config import ConfigError
@@ -66,6 +67,38 @@ class AttentionMetadata:
 #: How a step holding decode rows and prefill chunks attends on FlashInfer
 #: (``FlashInferAttention(mixed_attention=...)``): two wrappers, or one prefill plan for all rows.
 MIXED_ATTENTION = ("split", "single")
+
+#: Which kernel attends a step's decode rows on FlashInfer (``FlashInferAttention(decode_attention=
+#: ...)``): FlashInfer's own decode wrapper, or TensorRT-LLM's XQA decode kernel as FlashInfer
+#: ships it (``flashinfer.decode.xqa_batch_decode_with_kv_cache``; page sizes 16/32/64/128, head
+#: dim ≤ 256, fp16/bf16). "auto": XQA on SM90 where it applies, else FlashInfer's wrapper (the
+#: measurement that chose it: benchmarks/RESULTS.md, bench_decode_attention.py).
+DECODE_ATTENTION = ("auto", "flashinfer", "xqa")
+XQA_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def padded_block_table(kv_indptr: np.ndarray, kv_indices: np.ndarray,
+                       width: int | None = None) -> np.ndarray:
+    """The CSR page table (``kv_indptr`` [B+1], ``kv_indices`` [nnz], int) as the padded table
+    XQA and FlashAttention-style kernels read: int32 ``[B, width]``, row b holding request b's
+    pages in order then zeros (never read: a kernel stops at the request's KV length).
+
+    ``width`` None = the most pages any request holds. Raises ValueError when a request holds
+    more than ``width`` pages.
+    """
+    ptr = np.asarray(kv_indptr, dtype=np.int64)
+    counts = np.diff(ptr)
+    B = counts.shape[0]
+    need = int(counts.max()) if B else 0
+    width = need if width is None else int(width)
+    if need > width:
+        raise ValueError(f"a request holds {need} pages; the page table holds {width} a request")
+    table = np.zeros((B, width), dtype=np.int32)
+    total = int(ptr[-1]) - int(ptr[0])
+    rows = np.repeat(np.arange(B), counts)
+    cols = np.arange(total) - np.repeat(ptr[:-1] - ptr[0], counts)
+    table[rows, cols] = np.asarray(kv_indices)[int(ptr[0]):int(ptr[-1])]
+    return table
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -185,12 +218,14 @@ def check_backend(name: str, device: torch.device | str) -> None:
                               "install the [gpu] extra or use reference")
 
 
-def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
+def make_backend(name: str, device: torch.device | str,
+                 decode_attention: str = "auto") -> AttentionBackend:
     """Return the attention backend ``name`` ("auto", "reference", "flashinfer").
 
-    "auto" picks "flashinfer" on CUDA when it imports, else "reference". Raises ConfigError (a
-    ValueError) for an unknown name or when "flashinfer" is asked for where it cannot run (no
-    CUDA device, flashinfer does not import).
+    "auto" picks "flashinfer" on CUDA when it imports, else "reference". ``decode_attention``
+    (``DECODE_ATTENTION``): FlashInfer's kernel for decode rows (the reference has one path).
+    Raises ConfigError (a ValueError) for an unknown name or when "flashinfer" is asked for
+    where it cannot run (no CUDA device, flashinfer does not import).
     """
     dev = torch.device(device)
     if name == "auto":
@@ -211,5 +246,5 @@ def make_backend(name: str, device: torch.device | str) -> AttentionBackend:
         except ImportError as e:
             raise ConfigError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
                                "install the [gpu] extra or use reference") from e
-        return FlashInferAttention(dev)
+        return FlashInferAttention(dev, decode_attention=decode_attention)
     raise AssertionError(name)  # check_backend refused every other name

@@ -500,6 +500,9 @@ class EngineConfig:
     graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 1024); the
     decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only (refused, unless
     at their defaults, with ``engine="vllm"``).
+    ``decode_attention`` (``attention.DECODE_ATTENTION``): the kernel for decode rows on
+    FlashInfer — "auto" (XQA on SM90 where it applies, else FlashInfer's decode wrapper),
+    "flashinfer" or "xqa" (``FlashInferAttention``); the native engine's only.
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
     than True, False or None, an unknown ``cudagraph_mode`` or a capture size outside
     [1, MAX_CAPTURE_SIZE].
@@ -519,8 +522,17 @@ class EngineConfig:
     async_scheduling: bool | None = None
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     cudagraph_capture_sizes: tuple[int, ...] | None = None
+    decode_attention: str = "auto"
 
     def __post_init__(self) -> None:
+        from .attention import DECODE_ATTENTION
+
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ConfigError(f"--decode-attention {self.decode_attention!r} is not one of "
+                              f"{', '.join(DECODE_ATTENTION)}")
+        if self.engine == "vllm" and self.decode_attention != "auto":
+            raise ConfigError("--decode-attention picks the native engine's decode kernel; "
+                              "--engine vllm chooses its own (vLLM's --attention-backend)")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:

@@ -125,7 +125,7 @@ class LLMEngine:
         self.num_blocks = self._num_blocks()
         self.kv = KVCacheManager(mc.num_hidden_layers, self.num_blocks, bs,
                                  mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
-        self.attn = make_backend(config.attention_backend, self.device)
+        self.attn = make_backend(config.attention_backend, self.device, config.decode_attention)
         self.attn.configure(num_qo_heads=mc.num_attention_heads,
                             num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
                             dtype=self.dtype)
@@ -196,6 +196,14 @@ class LLMEngine:
     @property
     def async_scheduling(self) -> bool:
         return self.config.async_scheduling
+
+    @property
+    def decode_attention(self) -> str:
+        """The kernel decode rows run on: "xqa" or "flashinfer" (FlashInfer's decode wrapper)
+        on FlashInfer, else the backend's name ("reference"); ``config.decode_attention``
+        resolved."""
+        kernel = getattr(self.attn, "decode_kernel", None)
+        return kernel(self.kv.block_size) if kernel is not None else self.attn.name
 
     def set_scheduler_config(self, cfg: SchedulerConfig) -> None:
         """Put ``cfg`` in force from the next step on."""

@@ -27,9 +27,10 @@ blocking copy, so under async scheduling the indices are handed over on the devi
 CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 
 1. At start-up, for each padded batch size ``n`` to capture, call
-   ``graph_decode_wrapper(n, max_pages)``: a decode wrapper built with ``use_cuda_graph=True`` and
-   fixed device buffers for the page table (FlashInfer freezes the batch size of such a wrapper,
-   hence one per size, as vLLM does).
+   ``graph_decode_wrapper(n, max_pages, block_size)``: a decode wrapper built with
+   ``use_cuda_graph=True`` and fixed device buffers for the page table (FlashInfer freezes the
+   batch size of such a wrapper, hence one per size, as vLLM does), or for XQA
+   (``decode_attention``) a fixed ``[n, max_pages_per_req]`` page table and KV lengths.
 2. Keep ``q``, ``k``, ``v`` and ``meta.slot_mapping`` in static device tensors of ``n`` rows; pad a
    smaller decode batch up to ``n`` with dummy requests (e.g. kv_len 1 on a scratch page).
 3. Each step: ``begin_step(meta)`` **outside** the graph (``plan`` copies the page table into the
@@ -44,15 +45,24 @@ CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import flashinfer
 import torch
+from flashinfer.decode import xqa_batch_decode_with_kv_cache
 
 from . import ops
-from .attention import MIXED_ATTENTION, AttentionBackend, AttentionMetadata, write_kv
+from .attention import (DECODE_ATTENTION, MIXED_ATTENTION, XQA_PAGE_SIZES, AttentionBackend,
+                        AttentionMetadata, padded_block_table, write_kv)
 
 #: Default float workspace: FlashInfer recommends 128 MiB; REFERENCE §4 shares 256 MiB between
 #: the decode and prefill wrappers.
 DEFAULT_WORKSPACE_BYTES = 256 * 1024 * 1024
+#: XQA's own workspace (zeros at first use): its semaphores take the first 8 MiB
+#: (``xqa_batch_decode_with_kv_cache``), the rest is its multi-block scratch. Not shared with the
+#: wrappers' float workspace, whose contents they overwrite.
+XQA_WORKSPACE_BYTES = 72 * 1024 * 1024
 
 
 class FlashInferAttention(AttentionBackend):
@@ -75,10 +85,17 @@ class FlashInferAttention(AttentionBackend):
             layer, as vLLM V1's FlashAttention backend runs a mixed batch). Decode-only and
             prefill-only steps are the same either way. Also settable on the instance
             between steps (``benchmarks/profile_decode.py --mixed-attention`` times both).
+        decode_attention: the kernel for decode rows (``attention.DECODE_ATTENTION``):
+            ``"flashinfer"`` (``BatchDecodeWithPagedKVCacheWrapper`` with tensor cores, planned
+            per step), ``"xqa"`` (TensorRT-LLM's XQA decode kernel as FlashInfer ships it: no
+            plan, a padded page table ``[B, max_pages]`` int32 and the KV lengths on the device)
+            or ``"auto"`` (default: XQA on SM90 where it applies — page size in
+            ``XQA_PAGE_SIZES``, head dim ≤ 256, fp16/bf16 — else FlashInfer's wrapper). Prefill
+            chunks always use the prefill wrapper. Fixed once CUDA graphs are captured.
 
     Raises:
-        ValueError: ``device`` is not CUDA, or ``kv_append`` or ``mixed_attention`` is
-            unknown.
+        ValueError: ``device`` is not CUDA, or ``kv_append``, ``mixed_attention`` or
+            ``decode_attention`` is unknown.
 
     Shapes: q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, kv_cache ``[num_blocks, 2, block_size, Hkv, D]``
     (NHD), output ``[T, Hq, D]`` in q's dtype. Softmax scale ``1/sqrt(D)``.
@@ -88,7 +105,8 @@ class FlashInferAttention(AttentionBackend):
 
     def __init__(self, device: torch.device | str,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-                 kv_append: str = "flashinfer", mixed_attention: str = "split") -> None:
+                 kv_append: str = "flashinfer", mixed_attention: str = "split",
+                 decode_attention: str = "auto") -> None:
         dev = torch.device(device)
         if dev.type != "cuda":
             raise ValueError(f"FlashInferAttention needs a CUDA device, got {dev}")
@@ -99,8 +117,19 @@ class FlashInferAttention(AttentionBackend):
         if mixed_attention not in MIXED_ATTENTION:
             raise ValueError(f"mixed_attention must be one of {', '.join(MIXED_ATTENTION)}, "
                              f"got {mixed_attention!r}")
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, "
+                             f"got {decode_attention!r}")
         self.device = dev
         self.mixed_attention = mixed_attention
+        self.decode_attention = decode_attention
+        self._sm_major = torch.cuda.get_device_capability(dev)[0]
+        self._xqa_ws: torch.Tensor | None = None
+        # XQA's CUDA-graph buffers per captured batch size: page table [n, W] int32 (W pages, the
+        # most a request can hold) and KV lengths [n] int32; plan copies the step's into them
+        self._xqa_graph: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._xqa_step: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        self._decode_kernels: dict[int, str] = {}  # block size → kernel, once configured
         self.kv_append = kv_append
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -143,20 +172,91 @@ class FlashInferAttention(AttentionBackend):
                              f"num_kv_heads {num_kv_heads}")
         self.num_qo_heads, self.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
         self.head_dim, self.dtype = int(head_dim), dtype
+        self._decode_kernels = {}  # the shape decides whether XQA applies
 
     @property
     def configured(self) -> bool:
         return self.dtype is not None
 
-    def graph_decode_wrapper(self, batch_size: int, max_pages: int
-                             ) -> flashinfer.BatchDecodeWithPagedKVCacheWrapper:
-        """Return (creating once) the CUDA-graph decode wrapper for exactly ``batch_size`` rows.
+    def decode_kernel(self, block_size: int) -> str:
+        """The kernel decode rows use with pages of ``block_size`` tokens: "flashinfer" or
+        "xqa" (``decode_attention`` resolved; see the class docstring). The first call for a
+        page size after ``configure`` builds or loads XQA's module for the shape; "auto" falls
+        back to FlashInfer's wrapper, with one warning, when that fails.
 
-        ``max_pages``: capacity of its fixed page-index buffer (int32 entries), i.e. the most
-        pages that ``batch_size`` requests may hold together. While it exists, ``begin_step``
-        plans it instead of the eager decode wrapper for decode-only steps of ``batch_size``
-        requests. See the module docstring for the capture recipe.
+        Raises ValueError when ``decode_attention`` is "xqa" and XQA does not take this page
+        size, head dim, dtype or GPU, or its module does not build.
         """
+        if self.decode_attention == "flashinfer":
+            return "flashinfer"
+        got = self._decode_kernels.get(block_size)
+        if got is not None:
+            return got
+        why = None
+        if block_size not in XQA_PAGE_SIZES:
+            why = f"block size {block_size} (XQA takes {', '.join(map(str, XQA_PAGE_SIZES))})"
+        elif self._sm_major not in (9, 10, 12):
+            why = f"compute capability {self._sm_major}.x (XQA runs on SM90, SM100, SM120)"
+        elif not self.configured:
+            if self.decode_attention == "auto":
+                return "flashinfer"  # not decided before the shape is known
+            return "xqa"
+        elif self.head_dim > 256 or self.head_dim % 16:
+            why = f"head dim {self.head_dim} (XQA takes multiples of 16 up to 256)"
+        elif self.dtype not in (torch.float16, torch.bfloat16):
+            why = f"KV dtype {self.dtype} (XQA takes float16, bfloat16)"
+        elif self.decode_attention == "auto" and self._sm_major != 9:
+            why = "auto picks XQA on SM90 only (where it was measured)"
+        else:
+            why = self._load_xqa(block_size)
+        if self.decode_attention == "xqa" and why:
+            raise ValueError(f"decode_attention 'xqa' does not apply: {why}; use "
+                             "'flashinfer' or 'auto'")
+        if why and self.decode_attention == "auto" and block_size in XQA_PAGE_SIZES \
+                and self._sm_major == 9 and why.startswith("XQA's module"):
+            warnings.warn(f"decode attention: {why}; using FlashInfer's decode wrapper",
+                          RuntimeWarning, stacklevel=2)
+        got = self._decode_kernels[block_size] = "flashinfer" if why else "xqa"
+        return got
+
+    def _load_xqa(self, block_size: int) -> str | None:
+        """Build or load XQA's module for this shape (a JIT compile on first use, minutes);
+        None when it loads, else why not."""
+        try:
+            from flashinfer.xqa import get_xqa_module
+
+            get_xqa_module(self.dtype, self.dtype, block_size, self.head_dim,
+                           self.num_qo_heads // self.num_kv_heads, False, self.dtype, 1)
+        except Exception as e:  # a build that fails must not take the engine down with it
+            msg = str(e).strip().splitlines()
+            return f"XQA's module did not build or load ({type(e).__name__}: " \
+                   f"{msg[0][:200] if msg else ''})"
+        return None
+
+    def graph_decode_wrapper(self, batch_size: int, max_pages: int,
+                             block_size: int | None = None, max_pages_per_req: int | None = None):
+        """Return (creating once) what a CUDA graph of exactly ``batch_size`` decode rows reads.
+
+        ``max_pages``: capacity of the fixed page-index buffer (int32 entries), i.e. the most
+        pages that ``batch_size`` requests may hold together; ``max_pages_per_req`` the most one
+        request may hold (default ``ceil(max_pages / batch_size)``). With ``block_size`` given
+        and ``decode_kernel(block_size)`` "xqa": XQA's fixed page table ``[batch_size,
+        max_pages_per_req]`` int32 and KV lengths ``[batch_size]`` int32 (a tuple); otherwise a
+        decode wrapper built with ``use_cuda_graph=True``. While it exists, ``begin_step``
+        plans it for decode-only steps of ``batch_size`` requests instead of the eager path. See
+        the module docstring for the capture recipe.
+        """
+        xqa = (self.decode_kernel(block_size) == "xqa" if block_size is not None
+               else self.decode_attention != "flashinfer")  # page size unknown: ready for both
+        if xqa:
+            e = self._xqa_graph.get(batch_size)
+            if e is None:
+                width = max_pages_per_req or -(-max_pages // batch_size)
+                i32 = dict(dtype=torch.int32, device=self.device)
+                e = (torch.zeros(batch_size, width, **i32), torch.ones(batch_size, **i32))
+                self._xqa_graph[batch_size] = e
+            if block_size is not None:
+                return e
         w = self._graph_decode.get(batch_size)
         if w is None:
             i32 = dict(dtype=torch.int32, device=self.device)
@@ -197,6 +297,7 @@ class FlashInferAttention(AttentionBackend):
                       kv_data_type=self.dtype)
         hq, hkv, d, ps = self.num_qo_heads, self.num_kv_heads, self.head_dim, meta.block_size
         self._active_decode = self._decode
+        self._xqa_step = None
         if 0 < nd < nreq and self.mixed_attention == "single":
             # one causal prefill plan over every row: a decode row is a one-token chunk whose
             # causal window (aligned to the KV's end) is its whole KV
@@ -204,7 +305,9 @@ class FlashInferAttention(AttentionBackend):
             self._num_decode_rows = 0
             self._planned = True
             return
-        if nd > 0:
+        if nd > 0 and self.decode_kernel(ps) == "xqa":
+            self._plan_xqa(kvp, idx, meta.kv_lens, nd, ps, graph=nd == nreq)
+        elif nd > 0:
             if nd == nreq and nd in self._graph_decode:
                 self._active_decode = self._graph_decode[nd]
             p = int(kvp[nd])
@@ -221,6 +324,32 @@ class FlashInferAttention(AttentionBackend):
                                causal=True, **common)
         self._num_decode_rows = nd
         self._planned = True
+
+    def _plan_xqa(self, kvp: torch.Tensor, idx: torch.Tensor, kv_lens: list[int], nd: int,
+                  ps: int, graph: bool) -> None:
+        """XQA's inputs for the first ``nd`` requests: the CSR page table padded to a table
+        ``[nd, W]`` and the KV lengths, copied to the device without waiting (pinned); into the
+        CUDA-graph buffers of ``nd`` rows when they exist and ``graph``."""
+        if self._xqa_ws is None:
+            self._xqa_ws = torch.zeros(XQA_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        table = padded_block_table(kvp[:nd + 1].numpy(), idx.numpy())
+        need = table.shape[1]
+        table_h = torch.from_numpy(table).pin_memory()
+        lens_h = torch.tensor(kv_lens[:nd], dtype=torch.int32).pin_memory()
+        bufs = self._xqa_graph.get(nd) if graph else None
+        if bufs is not None:
+            tdev, ldev = bufs
+            if need > tdev.shape[1]:
+                raise ValueError(f"a decode request holds {need} pages; the CUDA-graph page "
+                                 f"table holds {tdev.shape[1]} a request")
+            # only the columns in use: the rest is never read (the kernel stops at each
+            # request's KV length)
+            tdev[:, :need].copy_(table_h, non_blocking=True)
+            ldev.copy_(lens_h, non_blocking=True)
+            self._xqa_step = (tdev, ldev, tdev.shape[1] * ps)
+        else:
+            self._xqa_step = (table_h.to(self.device, non_blocking=True),
+                              lens_h.to(self.device, non_blocking=True), need * ps)
 
     # ---- per layer ----------------------------------------------------------------------------
 
@@ -310,7 +439,14 @@ class FlashInferAttention(AttentionBackend):
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = self._num_decode_rows
         T = q.shape[0]
-        if nd > 0:
+        if nd > 0 and self._xqa_step is not None:
+            table, lens, max_seq = self._xqa_step
+            # XQA reads q and writes out as dense [B, 1, Hq, D]
+            xqa_batch_decode_with_kv_cache(q[:nd].contiguous(), kv_cache, self._xqa_ws, table,
+                                           lens.view(torch.uint32), max_seq,
+                                           bmm1_scale=1.0 / math.sqrt(self.head_dim),
+                                           out=out[:nd], kv_layout="NHD")
+        elif nd > 0:
             self._active_decode.run(q[:nd], kv_cache, out=out[:nd])
         if nd < T:
             self._prefill.run(q[nd:], kv_cache, out=out[nd:])

@@ -326,7 +326,8 @@ class CudaGraphDecode:
         attn, model, kv = runner.attn, runner.model, runner.kv
         total = len(self.sizes)
         for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
-            attn.graph_decode_wrapper(n, n * self.max_pages_per_req)
+            attn.graph_decode_wrapper(n, n * self.max_pages_per_req, block_size=kv.block_size,
+                                      max_pages_per_req=self.max_pages_per_req)
             meta = runner.scratch_meta(n, 1, self.positions[:n], self.slot_mapping[:n])
             ids = self.input_ids[:n]
             stream = torch.cuda.Stream()

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
+from .options import (attention_label, check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json, http_load_options, print_warning, trace_flags_warning)
 
@@ -122,7 +122,7 @@ def _bench(o: dict, err: Console) -> None:
         "Engine:": (ecfg.engine if ecfg.engine == "native" else
                     f"{engine.engine_name} "
                     f"(tensor parallel {ecfg.tensor_parallel_size})"),
-        "Device / attention:": f"{engine.device} / {engine.attn.name}",
+        "Device / attention:": f"{engine.device} / {attention_label(engine)}",
         "Scheduling:": scheduling,
         "Mode:": sc.mode,
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),

@@ -24,6 +24,7 @@ from .engine_host.host import EngineHost
 from .engine_host.records import RequestRecord, StepRecord
 from .engine_host.workload import WorkloadConfig
 from .load import LiveLoad
+from .options import attention_label
 from .probes.ab import mark_name
 from .probes.sampler import HostSampler
 from .probes.metrics import DEFAULT_PERCENTILES
@@ -197,7 +198,7 @@ class LiveSession:
         engine_name, tp, engine_gpus = engine_identity(engine)
         self.info = SessionInfo(
             model=lm.name, random_weights=lm.random_weights, device=str(engine.device),
-            attention=engine.attn.name, dtype=str(engine.dtype).replace("torch.", ""),
+            attention=attention_label(engine), dtype=str(engine.dtype).replace("torch.", ""),
             kv_blocks=engine.num_blocks, block_size=engine.kv.block_size,
             max_model_len=engine.max_model_len, note=note, engine=engine_name,
             tensor_parallel_size=tp, gpus=engine_gpus,

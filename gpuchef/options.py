@@ -58,6 +58,11 @@ engine_options = _opts(
     click.option("--attention-backend", default="auto", show_default=True,
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
+    click.option("--decode-attention", default="auto", show_default=True,
+                 type=click.Choice(["auto", "flashinfer", "xqa"]),
+                 help="Native engine on FlashInfer: the kernel for decode rows. auto = XQA "
+                      "(TensorRT-LLM's decode kernel as FlashInfer ships it) on SM90 GPUs where "
+                      "it applies, else FlashInfer's decode wrapper."),
     click.option("--enforce-eager", is_flag=True,
                  help="No CUDA graphs (CUDA only; elsewhere a warning says it has no effect)."),
     click.option("--cudagraph-mode", default=CUDAGRAPH_MODES[0], show_default=True,
@@ -260,6 +265,7 @@ def _engine_config(o: dict[str, Any]) -> EngineConfig:
         model=o["model"], device=o["device"], dtype=o["dtype"], seed=o["seed"],
         max_model_len=o["max_model_len"], attention_backend=o["attention_backend"],
         enforce_eager=o["enforce_eager"],
+        decode_attention=o.get("decode_attention") or "auto",
         async_scheduling=o.get("async_scheduling"),
         cudagraph_mode=o.get("cudagraph_mode") or CUDAGRAPH_MODES[0],
         cudagraph_capture_sizes=parse_capture_sizes(o.get("cudagraph_capture_sizes")),
@@ -465,11 +471,20 @@ def scheduling_desc(engine: Any) -> str:
     return "async (step N+1 launched while N runs)"
 
 
+def attention_label(engine: Any) -> str:
+    """The attention backend as the headers show it: its name, and the decode kernel where it
+    is not the backend's own (``flashinfer (decode xqa)``); vLLM's engine: its backend name."""
+    name = engine.attn.name
+    dec = getattr(engine, "decode_attention", None)
+    return name if not dec or dec == name else f"{name} (decode {dec})"
+
+
 def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
     """The ``config`` section of a headless command's ``--result-json``: what the engine ran
     with, beyond the scheduler knobs."""
     return {"engine": ecfg.engine, "device": str(engine.device),
             "attention_backend": engine.attn.name, "dtype": str(engine.dtype).replace("torch.", ""),
+            "decode_attention": getattr(engine, "decode_attention", None),
             "max_model_len": engine.max_model_len, "enforce_eager": ecfg.enforce_eager,
             "cudagraph_mode": ecfg.cudagraph_mode,
             "async_scheduling": runs_async(engine),

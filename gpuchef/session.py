@@ -21,6 +21,7 @@ from .engine_host.engine import LLMEngine
 from .engine_host.factory import make_engine
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
+from .options import attention_label
 from .probes.metrics import gpu_means
 
 
@@ -48,7 +49,7 @@ def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine
     console.print(f"[dim]loaded {lm.name} ({kind}, {lm.num_params / 1e6:.1f} M params, "
                   f"{engine.dtype}) on {engine.device} in {time.perf_counter() - t0:.1f} s; "
                   f"KV cache {engine.num_blocks} blocks × {engine.kv.block_size} tokens; "
-                  f"attention {engine.attn.name}[/dim]")
+                  f"attention {attention_label(engine)}[/dim]")
     return engine
 
 
@@ -146,6 +147,7 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
         "model": {"name": lm.name, "random_weights": lm.random_weights, "source": lm.source,
                   "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
         "device": str(engine.device), "attention_backend": engine.attn.name,
+        "decode_attention": getattr(engine, "decode_attention", None),
         # async scheduling as run: the flag's default (None) resolved by the engine
         "engine_config": {**asdict(ecfg), "async_scheduling": bool(engine.async_scheduling)},
         **({"workload": asdict(wcfg)} if wcfg is not None else {}),

@@ -144,7 +144,7 @@ def _is_default(ctx: click.Context, name: str) -> bool:
 #: top options that configure a hosted engine or its front door: meaningless with --attach
 #: (the server runs its own engine; its knobs are PATCHed live when it has gpuchef's endpoint)
 ATTACH_REFUSES = ("engine", "tensor_parallel_size", "model", "device", "dtype",
-                  "attention_backend", "enforce_eager", "cudagraph_mode",
+                  "attention_backend", "decode_attention", "enforce_eager", "cudagraph_mode",
                   "cudagraph_capture_sizes", "async_scheduling", "block_size",
                   "num_gpu_blocks", "kv_cache_memory_gb", "gpu_memory_utilization", "mode",
                   "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",

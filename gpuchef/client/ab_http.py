@@ -425,6 +425,18 @@ def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[s
     return loads
 
 
+def header_lines(arms: dict[str, Arm], loads: dict[str, Any]) -> list[str]:
+    """The lines above the results: the model (one server: one ``Model:`` line; two: each
+    side's own, on its ``A:``/``B:`` line with its URL and settings), then the load."""
+    pa = loads["A"]
+    two = arms["A"].url != arms["B"].url
+    load = (f"Load: {pa.desc}; {len(pa.specs)} requests, seed {pa.wcfg.seed}; prompts as "
+            f"{'text' if pa.tok is not None else 'token ids'}")
+    sides = [f"{k}: {arms[k].url} — " + (f"model {loads[k].cfg.model} — " if two else "")
+             + arms[k].describe() for k in ("A", "B")]
+    return ([] if two else [f"Model: {pa.cfg.model} (the server's)"]) + [load, *sides]
+
+
 def ab_http(o: dict[str, Any], err) -> None:
     """Run `gpuchef ab` against servers (the module docstring): options ``o`` as `ab` parsed
     them, ``err`` a rich Console on stderr. Prints both results blocks side by side, B − A and
@@ -461,11 +473,7 @@ def ab_http(o: dict[str, Any], err) -> None:
                   "show the run-to-run noise")
     pa = loads["A"]
     n = len(pa.specs)
-    lines = [f"Model: {pa.cfg.model} (the server's)",
-             f"Load: {pa.desc}; {n} requests, seed {pa.wcfg.seed}; prompts as "
-             f"{'text' if pa.tok is not None else 'token ids'}",
-             f"A: {arms['A'].url} — {arms['A'].describe()}",
-             f"B: {arms['B'].url} — {arms['B'].describe()}"]
+    lines = header_lines(arms, loads)
     if load == "mirrored":
         lines.append(f"A/B load: mirrored — every request sent to both servers at the same "
                      f"arrival time, {reps} repetition{'s' if reps > 1 else ''}; fair only when "

@@ -22,6 +22,7 @@ from ..options import flag_given as _given, flag_name as _flag
 #: bench options that configure the hosted engine, its probes or its trace: they cannot apply to
 #: a server gpuchef does not host (set them on that server).
 ENGINE_ONLY = ("engine", "tensor_parallel_size", "device", "dtype", "attention_backend",
+               "decode_attention",
                "enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes",
                "async_scheduling", "block_size", "num_gpu_blocks",
                "kv_cache_memory_gb", "gpu_memory_utilization", "mode", "max_num_batched_tokens",

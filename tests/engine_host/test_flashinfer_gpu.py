@@ -20,6 +20,8 @@ pytestmark = pytest.mark.gpu
 BLOCK = 16
 RTOL = 1e-2
 HEADS = pytest.mark.parametrize("hq,hkv", [(32, 8), (32, 32)], ids=["gqa32-8", "mha32"])
+#: both kernels for decode rows (FlashInferAttention.decode_attention); "auto" is one of them
+DECODE = pytest.mark.parametrize("decode_attention", ["flashinfer", "xqa"])
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +104,11 @@ PREFILL_ONLY = [(1, 1), (48, 48), (200, 64), (1500, 300)]
 @pytest.mark.parametrize("kv_append", ["scatter", "flashinfer"])
 @pytest.mark.parametrize("explicit_configure", [True, False], ids=["configure", "lazy"])
 @pytest.mark.parametrize("mixed_attention", ["split", "single"])
+@DECODE
 def test_mixed_batch_matches_reference(fi_backend, hq, hkv, kv_append, explicit_configure,
-                                       mixed_attention):
-    be = fi_backend("cuda", kv_append=kv_append, mixed_attention=mixed_attention)
+                                       mixed_attention, decode_attention):
+    be = fi_backend("cuda", kv_append=kv_append, mixed_attention=mixed_attention,
+                    decode_attention=decode_attention)
     if explicit_configure:
         be.configure(hq, hkv, 128, torch.bfloat16)
     meta, q, k, v, cache = make_batch(MIXED, num_decodes=5, hq=hq, hkv=hkv, seed=1)
@@ -120,8 +124,9 @@ def test_mixed_batch_matches_reference(fi_backend, hq, hkv, kv_append, explicit_
 
 
 @HEADS
-def test_decode_only(fi_backend, hq, hkv):
-    be = fi_backend("cuda")
+@DECODE
+def test_decode_only(fi_backend, hq, hkv, decode_attention):
+    be = fi_backend("cuda", decode_attention=decode_attention)
     be.configure(hq, hkv, 128, torch.bfloat16)
     meta, q, k, v, cache = make_batch(DECODE_ONLY, num_decodes=len(DECODE_ONLY),
                                       hq=hq, hkv=hkv, seed=2)
@@ -142,9 +147,10 @@ def test_prefill_only(fi_backend, hq, hkv):
     assert torch.equal(fi_cache, ref_cache)
 
 
-def test_plan_reused_across_layers_and_steps(fi_backend):
+@DECODE
+def test_plan_reused_across_layers_and_steps(fi_backend, decode_attention):
     """One plan serves every layer of a step; the next step's plan replaces it."""
-    be = fi_backend("cuda")
+    be = fi_backend("cuda", decode_attention=decode_attention)
     be.configure(32, 8, 128, torch.bfloat16)
     for step, (reqs, nd) in enumerate([(MIXED, 5), (DECODE_ONLY, 6), (PREFILL_ONLY, 0)]):
         meta, q, k, v, cache0 = make_batch(reqs, nd, 32, 8, seed=10 + step)
@@ -182,15 +188,16 @@ def test_output_dtype_follows_q(fi_backend):
 
 @pytest.mark.parametrize("kv_append", ["flashinfer", "scatter"])
 @pytest.mark.parametrize("device_page_indices", [False, True])
-def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices):
+@DECODE
+def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices, decode_attention):
     """The CUDA-graph seam: capture one decode forward, re-plan, replay with new lengths (page
     indices given to the graph wrapper's plan on the host, or on the device as under async
-    scheduling)."""
+    scheduling; XQA's page table copied into its fixed buffer)."""
     hq, hkv, n = 32, 8, 4
-    be = fi_backend("cuda", kv_append=kv_append)
+    be = fi_backend("cuda", kv_append=kv_append, decode_attention=decode_attention)
     be.device_page_indices = device_page_indices
     be.configure(hq, hkv, 128, torch.bfloat16)
-    be.graph_decode_wrapper(n, max_pages=256)
+    be.graph_decode_wrapper(n, max_pages=512, block_size=BLOCK, max_pages_per_req=128)
     metas = [make_batch([(kv, 1) for kv in kvs], n, hq, hkv, seed=20 + i)
              for i, kvs in enumerate([(5, 16, 300, 1024), (1, 33, 2000, 17), (64, 64, 64, 64)])]
     cache = metas[0][4]
@@ -211,7 +218,7 @@ def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     be.begin_step(m0)
-    assert be._active_decode is be._graph_decode[n]
+    assert_graph_inputs(be, n, decode_attention)
     with torch.cuda.graph(graph):
         out_s = be.forward(0, q_s, k_s, v_s, cache)
 
@@ -230,13 +237,23 @@ def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices):
         assert torch.equal(cache, ref_cache)
 
 
-def test_graph_plan_with_device_page_indices_does_not_wait(fi_backend):
+def assert_graph_inputs(be, n, decode_attention):
+    """The step just planned feeds the CUDA-graph inputs of ``n`` rows of its kernel."""
+    if decode_attention == "xqa":
+        assert be._xqa_step[0] is be._xqa_graph[n][0] and be._xqa_step[1] is be._xqa_graph[n][1]
+    else:
+        assert be._active_decode is be._graph_decode[n]
+
+
+@DECODE
+def test_graph_plan_with_device_page_indices_does_not_wait(fi_backend, decode_attention):
     """Under async scheduling the next step is planned while the previous one runs: with
-    ``device_page_indices`` a graph wrapper's plan returns without waiting for queued GPU work."""
+    ``device_page_indices`` a graph wrapper's plan (or XQA's page-table copy) returns without
+    waiting for queued GPU work."""
     hq, hkv, n = 32, 8, 4
-    be = fi_backend("cuda")
+    be = fi_backend("cuda", decode_attention=decode_attention)
     be.configure(hq, hkv, 128, torch.bfloat16)
-    be.graph_decode_wrapper(n, max_pages=256)
+    be.graph_decode_wrapper(n, max_pages=256, block_size=BLOCK)
     be.device_page_indices = True
     meta = make_batch([(kv, 1) for kv in (5, 16, 300, 1024)], n, hq, hkv)[0]
     be.begin_step(meta)  # first plan: JIT and allocations outside the timed part
@@ -247,7 +264,7 @@ def test_graph_plan_with_device_page_indices_does_not_wait(fi_backend):
     planned_ms = (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
     waited_ms = (time.perf_counter() - t0) * 1e3
-    assert be._active_decode is be._graph_decode[n]
+    assert_graph_inputs(be, n, decode_attention)
     assert planned_ms < 0.2 * waited_ms, (planned_ms, waited_ms)
 
 
@@ -273,6 +290,25 @@ def test_single_mixed_attention_switches_per_step(fi_backend):
     assert be._num_decode_rows == len(DECODE_ONLY)
     with pytest.raises(ValueError, match="mixed_attention must be one of split, single, got 'x'"):
         fi_backend("cuda", mixed_attention="x")
+
+
+def test_decode_attention_choice(fi_backend):
+    """"auto" takes XQA on an SM90 GPU for the page sizes XQA has, FlashInfer's wrapper
+    otherwise; "xqa" where XQA does not apply is refused naming why; an unknown name is
+    refused naming the allowed ones."""
+    be = fi_backend("cuda")
+    be.configure(32, 8, 128, torch.bfloat16)
+    sm90 = torch.cuda.get_device_capability()[0] == 9
+    assert be.decode_kernel(16) == ("xqa" if sm90 else "flashinfer")
+    assert be.decode_kernel(8) == "flashinfer"
+    assert fi_backend("cuda", decode_attention="flashinfer").decode_kernel(16) == "flashinfer"
+    x = fi_backend("cuda", decode_attention="xqa")
+    x.configure(32, 8, 128, torch.bfloat16)
+    with pytest.raises(ValueError, match="block size 8 .XQA takes 16, 32, 64, 128"):
+        x.decode_kernel(8)
+    with pytest.raises(ValueError, match="decode_attention must be one of auto, flashinfer, "
+                                         "xqa, got 'trtllm'"):
+        fi_backend("cuda", decode_attention="trtllm")
 
 
 def test_rejects_cpu_device(fi_backend):

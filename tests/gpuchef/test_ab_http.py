@@ -315,6 +315,24 @@ def test_a_server_whose_every_request_fails_exits_1_after_the_table(fakes):
         in r.output and "Traceback" not in r.output
 
 
+def test_two_servers_header_names_each_sides_url_model_and_settings():
+    """Each server serves its own model: the header names both (not A's alone)."""
+    s1, s2 = FakeServer(models=("model-a",)).start(), FakeServer(models=("model-b",)).start()
+    try:
+        r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST)
+    finally:
+        s1.stop()
+        s2.stop()
+    assert r.exit_code == 0, r.output
+    head = r.stdout.splitlines()
+    assert f"A: {s1.url} — model model-a — the server's own settings" in head
+    assert f"B: {s2.url} — model model-b — the server's own settings" in head
+    assert not [x for x in head if x.startswith("Model:")]
+    # the bodies each server got name its own model (what the header says was asked)
+    assert {b["model"] for b in s1.bodies.values()} == {"model-a"}
+    assert {b["model"] for b in s2.bodies.values()} == {"model-b"}
+
+
 def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_path):
     """B answers 10x faster than A but fails half of each repetition's requests (HTTP 500 at
     once): B's surviving requests' latency is lower, and the plain verdict rule on the same
