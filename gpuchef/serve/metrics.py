@@ -7,7 +7,8 @@ server's thread (``drain``, at each scrape and a few times a second), so that /m
 the engine thread one append per record.
 
 vLLM names, labels (``model_name``, ``engine``) and bucket boundaries are vLLM V1's
-(vllm/v1/metrics/loggers.py), so Grafana boards built for vLLM work unchanged. Deviations:
+(vllm/v1/metrics/loggers.py) for the families of ``VLLM_METRICS``, a subset of vLLM's
+(docs/serve.md lists the ones not exported: a Grafana panel on those stays empty). Deviations:
 ``vllm:iteration_tokens_total`` counts every token of a step (prefill chunk + decode rows),
 which is what vLLM PR #51261 makes it count. ``gpuchef:`` series are what no peer exports: the
 per-step split by step kind, the knobs in force, and GPM saturation per GPU (docs/serve.md).
@@ -37,6 +38,21 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """vLLM's buckets for per-request token counts (``build_1_2_5_buckets(max_model_len)``):
+    1, 2, 5, 10, 20, 50, … up to and including ``max_value`` tokens."""
+    out, exp = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_value:
+                return tuple(out)
+            out.append(v)
+        exp += 1
+
+
 # gpuchef's step series: step durations from a graphed decode (ms) to a long prefill (s)
 STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                         0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -78,7 +94,8 @@ def _fmt(b: float) -> str:
 class ServeMetrics:
     """Prometheus series over the host's records.
 
-    ``model_name``: the ``model_name`` label (``--served-model-name``). Listeners to give the
+    ``model_name``: the ``model_name`` label (``--served-model-name``). ``max_model_len``
+    (tokens) sets the per-request token histograms' buckets, as in vLLM. Listeners to give the
     EngineHost / samplers: ``on_step``, ``on_output``, ``on_request``, ``on_gpu_sample``.
     ``render()`` returns the text exposition (bytes; ``CONTENT_TYPE``). ``state``: a callable
     giving ``EngineHost.state`` (running, waiting, KV used, KV total), read at each scrape so
@@ -89,7 +106,8 @@ class ServeMetrics:
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
     def __init__(self, model_name: str, engine_label: str = "0",
-                 kv_blocks_total: int | None = None, state: Any = None) -> None:
+                 kv_blocks_total: int | None = None, state: Any = None,
+                 max_model_len: int = 8192) -> None:
         self.labels = {"model_name": model_name, "engine": engine_label}
         # () -> EngineHost.state: the gauges after an abort with no step since (KV freed)
         self._state = state
@@ -111,6 +129,8 @@ class ServeMetrics:
         self.prefill_time = _Hist(REQUEST_LATENCY_BUCKETS)
         self.decode_time = _Hist(REQUEST_LATENCY_BUCKETS)
         self.iteration_tokens = _Hist(ITERATION_TOKEN_BUCKETS)
+        self.request_prompt_tokens = _Hist(build_1_2_5_buckets(max_model_len))
+        self.request_generation_tokens = _Hist(build_1_2_5_buckets(max_model_len))
         self.step_seconds = {k: _Hist(STEP_SECONDS_BUCKETS) for k in STEP_KINDS}
         self.step_prefill = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
         self.step_decode = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
@@ -186,6 +206,9 @@ class ServeMetrics:
             self.errors += 1
             return
         self.success[r.finish_reason] += 1
+        # per finished request, as vLLM observes them beside request_success (aborts too)
+        self.request_prompt_tokens.observe(r.prompt_len)
+        self.request_generation_tokens.observe(r.output_len)
         t = r.token_times_ns
         if not t:
             return
@@ -254,6 +277,8 @@ class ServeMetrics:
         for key, h in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e),
                        ("queue_time", self.queue), ("prefill_time", self.prefill_time),
                        ("decode_time", self.decode_time),
+                       ("request_prompt_tokens", self.request_prompt_tokens),
+                       ("request_generation_tokens", self.request_generation_tokens),
                        ("iteration_tokens", self.iteration_tokens)):
             yield hist(V[key].name, V[key].help, h)
         # gpuchef's own

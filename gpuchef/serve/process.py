@@ -295,7 +295,8 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
         return
     remote = RemoteHost(conn, facts)
     name = a.served_model_name or a.model
-    metrics = ServeMetrics(name, kv_blocks_total=facts.num_blocks, state=lambda: remote.state)
+    metrics = ServeMetrics(name, kv_blocks_total=facts.num_blocks, state=lambda: remote.state,
+                           max_model_len=facts.max_model_len)
     metrics.set_scheduler(facts.scheduler)
     front = FrontDoor(remote, tokenizer=tok, model_name=name, model_root=a.model,
                       max_model_len=facts.max_model_len, vocab_size=facts.vocab_size,

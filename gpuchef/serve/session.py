@@ -38,7 +38,8 @@ def make_front_door(host: Any, engine: Any, *, tokenizer: Any, served_model_name
                     max_body_bytes: int) -> tuple[FrontDoor, ServeMetrics]:
     """The FrontDoor and ServeMetrics for ``host``/``engine`` (not yet started or wired)."""
     name = served_model_name or model
-    metrics = ServeMetrics(name, kv_blocks_total=engine.num_blocks, state=lambda: host.state)
+    metrics = ServeMetrics(name, kv_blocks_total=engine.num_blocks, state=lambda: host.state,
+                           max_model_len=engine.max_model_len)
     metrics.set_scheduler(engine.scheduler_config)
     front = FrontDoor(host, tokenizer=tokenizer, model_name=name, model_root=model,
                       max_model_len=engine.max_model_len,
