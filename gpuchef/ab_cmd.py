@@ -298,10 +298,10 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         "repetitions": c["reps"], "straddle_share": straddle,
         "runs": [{"label": r.label, "rep": r.rep, "duration_s": r.duration_s,
                   "counted": r.counted, "not_counted_why": r.why or None,
-                  "metrics": r.metrics.to_dict(),
+                  "metrics": r.metrics.to_dict(empty_as_zero=True),
                   "gpu": {k: (v if math.isfinite(v) else None) for k, v in r.gpu.items()}}
                  for r in runs],
-        "pooled": {k: cmp.pooled[k].to_dict() for k in ("A", "B")},
+        "pooled": {k: cmp.pooled[k].to_dict(empty_as_zero=True) for k in ("A", "B")},
         "min_pairs": cmp.min_pairs,
         "deltas": [r.as_dict() for r in cmp.rows],
         "requests": cmp.requests_dict(),

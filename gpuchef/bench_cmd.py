@@ -136,7 +136,7 @@ def _bench(o: dict, err: Console) -> None:
     extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)))
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
-        d = m.to_dict()
+        d = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)
         d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
                  engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
                  config=run_config(ecfg, engine), nvml_sampler=samplers.sampler_cost())

@@ -239,10 +239,13 @@ class BenchMetrics:
         leaves its "Engine Steps" section out."""
         return self.num_steps > 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, empty_as_zero: bool = False) -> dict[str, Any]:
         """A JSON-ready dict: vllm bench serve's result keys (``duration``, ``completed``,
         ``total_input_tokens``, ``mean_ttft_ms``, ``p99_ttft_ms``, ...) plus gpuchef's step and
-        probe keys. NaN becomes None (strict JSON has no NaN)."""
+        probe keys. NaN becomes None (strict JSON has no NaN). ``empty_as_zero``: a TTFT, TPOT,
+        ITL or E2EL statistic (mean, median, std, P-x) over no request — none completed, or
+        none with two output tokens for TPOT — is 0.0 instead, as in ``vllm bench serve``'s
+        result JSON (``np.mean(ttfts or 0)``): what ``--result-json`` writes."""
         d = asdict(self)
         out: dict[str, Any] = {
             "duration": d.pop("duration_s"),
@@ -255,6 +258,12 @@ class BenchMetrics:
             for p, v in d.pop(f"percentiles_{stem}_ms"):
                 d[f"p{_pw(p)}_{stem}_ms"] = v
         d["percentiles"] = list(d["percentiles"])
+        if empty_as_zero:
+            stats = [*("mean", "median", "std"), *(f"p{_pw(p)}" for p in self.percentiles)]
+            for stem, _, _ in _METRICS:
+                for k in (f"{x}_{stem}_ms" for x in stats):
+                    if isinstance(d.get(k), float) and math.isnan(d[k]):
+                        d[k] = 0.0
         out.update(d)
         return {k: _json_safe(v) for k, v in out.items()}
 

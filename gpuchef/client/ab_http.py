@@ -585,7 +585,8 @@ def ab_http(o: dict[str, Any], err) -> None:
         for w in results:
             out["runs"].append({"label": w.label, "rep": w.rep, "duration_s": w.duration_s,
                                 "counted": w.counted, "not_counted_why": w.why or None,
-                                "metrics": w.metrics.to_dict() if w.metrics else None,
+                                "metrics": w.metrics.to_dict(empty_as_zero=True)
+                                if w.metrics else None,
                                 "error_counts": error_counts(next(
                                     (r.run.results for r in runs
                                      if r.label == w.label and r.rep == w.rep), []))})

@@ -240,7 +240,7 @@ def result_json(m, run, cfg, wcfg, o, text_prompts: bool, ramp, late, peak_tok, 
     }
     if ramp:
         d.update(ramp_up_strategy=ramp[0], ramp_up_start_rps=ramp[1], ramp_up_end_rps=ramp[2])
-    md = m.to_dict()
+    md = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)
     for k in _STEP_KEYS:
         md.pop(k, None)
     d.update({k: md.pop(k) for k in ("duration", "completed", "failed", "total_input_tokens",
