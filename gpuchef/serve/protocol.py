@@ -180,7 +180,19 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
     ("guided_choice", "", (), "absent or null"),
     ("guided_grammar", "", (), "absent or null"),
     ("guided_decoding_backend", "", (), "absent or null"),
+    ("guided_whitespace_pattern", "", (), "absent or null"),
     ("tools", "", ([],), "[] or absent"),
+    ("priority", "", (0,), "0 or absent"),
+    ("length_penalty", "", (1,), "1 or absent"),
+    # the prompt as gpuchef builds it: completions' text with the BOS, chat's through the
+    # model folder's template with the generation prompt and no more special tokens (vLLM's
+    # defaults)
+    ("add_special_tokens", "completions", (True,), "true or absent"),
+    ("add_special_tokens", "chat", (False,), "false or absent"),
+    ("add_generation_prompt", "chat", (True,), "true or absent"),
+    ("continue_final_message", "chat", (False,), "false or absent"),
+    ("chat_template", "chat", (), "absent or null: the model folder's template is used"),
+    ("chat_template_kwargs", "chat", ({},), "{} or absent"),
 )
 
 

@@ -8,8 +8,12 @@ The server is test_serve's module fixture (a `gpuchef serve` subprocess, tiny, C
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from gpuchef.serve.protocol import UNSUPPORTED
 from test_serve import MAX_MODEL_LEN, client, http, server  # noqa: F401  (server: the fixture)
 
 openai = pytest.importorskip("openai")
@@ -102,6 +106,25 @@ def test_prompt_and_detokenisation_fields_are_refused(server):
                             "(allowed: true or absent)")
 
 
+def test_prompt_building_fields_are_refused(server):
+    # the chat prompt is the model folder's template with the generation prompt, no BOS added
+    for field, value, shown in [("add_generation_prompt", False, "false"),
+                                ("continue_final_message", True, "true"),
+                                ("chat_template", "{{ messages }}", '"{{ messages }}"'),
+                                ("chat_template_kwargs", {"enable_thinking": False},
+                                 '{"enable_thinking": false}'),
+                                ("add_special_tokens", True, "true")]:
+        e = chat_refused(server, extra_body={field: value})
+        assert e["param"] == field and e["message"].startswith(
+            f"{field}={shown} is not supported by gpuchef serve (allowed: "), e
+    e = completion_refused(server, extra_body={"add_special_tokens": False})
+    assert e["message"] == ("add_special_tokens=false is not supported by gpuchef serve "
+                            "(allowed: true or absent)")
+    for field, value in [("priority", 1), ("length_penalty", 0.5),
+                         ("guided_whitespace_pattern", " ")]:
+        assert completion_refused(server, extra_body={field: value})["param"] == field
+
+
 #: the "off" value of every refused field, as clients send them by default
 OFF_COMMON = {"min_p": 0, "min_tokens": 0, "skip_special_tokens": True, "bad_words": [],
               "logit_bias": {}, "top_logprobs": 0, "prompt_logprobs": None,
@@ -110,7 +133,10 @@ OFF_COMMON = {"min_p": 0, "min_tokens": 0, "skip_special_tokens": True, "bad_wor
               "guided_decoding_backend": None, "structured_outputs": None,
               "response_format": {"type": "text"}, "presence_penalty": 0.0,
               "frequency_penalty": 0, "repetition_penalty": 1.0, "best_of": 1, "echo": False,
-              "use_beam_search": False, "tools": [], "stop_token_ids": []}
+              "use_beam_search": False, "tools": [], "stop_token_ids": [], "priority": 0,
+              "length_penalty": 1.0, "guided_whitespace_pattern": None}
+OFF_CHAT = {"add_special_tokens": False, "add_generation_prompt": True,
+            "continue_final_message": False, "chat_template": None, "chat_template_kwargs": {}}
 
 
 def test_defaults_are_accepted_and_change_nothing(server):
@@ -118,12 +144,13 @@ def test_defaults_are_accepted_and_change_nothing(server):
     base = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     ref = c.completions.create(prompt="the knob", **base)
     r = c.completions.create(prompt="the knob", logprobs=None, **{
-        **base, "extra_body": {**OFF_COMMON, "ignore_eos": True}})
+        **base, "extra_body": {**OFF_COMMON, "add_special_tokens": True, "ignore_eos": True}})
     assert r.choices[0].text == ref.choices[0].text and r.usage.completion_tokens == 6
     ref = c.chat.completions.create(messages=CHAT, **base)
     r = c.chat.completions.create(messages=CHAT, logprobs=False, top_logprobs=0,
                                   response_format={"type": "text"}, logit_bias={},
-                                  **{**base, "extra_body": {**OFF_COMMON, "ignore_eos": True}})
+                                  **{**base, "extra_body": {**OFF_COMMON, **OFF_CHAT,
+                                                            "ignore_eos": True}})
     assert r.choices[0].message.content == ref.choices[0].message.content
     assert r.usage.completion_tokens == 6
     # null for every field, as some clients write "not set"
@@ -166,3 +193,16 @@ def test_context_length_errors_name_the_tokens_that_were_asked(server):
     st, resp = http("POST", server.url + "/v1/completions", {"prompt": [1] * 500,
                                                               "max_tokens": 20})
     assert "(500 in the prompt, 20 in the completion)" in resp["error"]["message"], resp
+
+
+def test_docs_table_lists_the_fields_refused():
+    """docs/serve.md's table of refused fields names exactly protocol.UNSUPPORTED's."""
+    doc = (Path(__file__).resolve().parents[2] / "docs/serve.md").read_text()
+    table = doc[doc.index("  | field | accepted |"):doc.index("  A JSON `true` is not `1`")]
+    listed = set()
+    for row in table.splitlines()[2:]:
+        if not row.strip():
+            continue
+        first = row.split("|")[1]
+        listed |= set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", first)))
+    assert listed == {f for f, *_ in UNSUPPORTED}
