@@ -634,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="how mixed steps attend (FlashInferAttention.mixed_attention: split, "
                          "single); with two, the piecewise timing is repeated with each and the "
                          "first is the one profiled")
+    ap.add_argument("--decode-attention", default="auto",
+                    help="the kernel for decode rows (EngineConfig.decode_attention: auto, "
+                         "flashinfer, xqa); fixed for the run, since the graphs capture it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-dir", default=None,
                     help="write one chrome trace per batch (one graph step + one eager step)")
@@ -674,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         ecfg = EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
                             attention_backend=a.attention_backend, max_model_len=max_len,
                             cache=CacheConfig(block_size=bs, num_gpu_blocks=blocks),
-                            cudagraph_mode=a.cudagraph_mode,
+                            cudagraph_mode=a.cudagraph_mode, decode_attention=a.decode_attention,
                             cudagraph_capture_sizes=parse_capture_sizes(
                                 a.cudagraph_capture_sizes))
     except ConfigError as e:
@@ -694,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "
             f"{eng.dtype}, {eng.device}"
             f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if cuda else ''}, "
-            f"attention {eng.attn.name}, fused ops {'on' if getattr(eng, 'fused_ops', False) else 'off'}, "
+            f"attention {eng.attn.name} (decode {eng.decode_attention}), fused ops {'on' if getattr(eng, 'fused_ops', False) else 'off'}, "
             f"CUDA graphs {'on' if graphs is not None else 'off'}"
             f"{', piecewise ' + ','.join(map(str, pw.sizes)) + ' tokens' if pw else ''}"
             f"{' (CPU: pieces run eagerly, padded)' if pw and not pw.graphed else ''}, "

@@ -256,3 +256,10 @@ def test_profile_decode_refuses_unknown_mixed_attention(capsys):
         pd.main(["--model", "tiny", "--device", "cpu", "--mixed-attention", "split,fused"])
     assert e.value.code == 2
     assert "--mixed-attention 'split,fused': allowed split, single" in capsys.readouterr().err
+
+
+def test_profile_decode_refuses_unknown_decode_attention(capsys):
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--model", "tiny", "--device", "cpu", "--decode-attention", "fast"])
+    assert e.value.code == 2
+    assert "--decode-attention 'fast' is not one of auto, flashinfer, xqa" in capsys.readouterr().err
