@@ -38,6 +38,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_N_BUCKETS = (1, 2, 5, 10, 20)
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
@@ -95,7 +96,8 @@ class ServeMetrics:
     """Prometheus series over the host's records.
 
     ``model_name``: the ``model_name`` label (``--served-model-name``). ``max_model_len``
-    (tokens) sets the per-request token histograms' buckets, as in vLLM. Listeners to give the
+    (tokens) sets the per-request token histograms' buckets (1, 2, 5, 10, … up to it), as in
+    vLLM. Listeners to give the
     EngineHost / samplers: ``on_step``, ``on_output``, ``on_request``, ``on_gpu_sample``.
     ``render()`` returns the text exposition (bytes; ``CONTENT_TYPE``). ``state``: a callable
     giving ``EngineHost.state`` (running, waiting, KV used, KV total), read at each scrape so
@@ -129,8 +131,14 @@ class ServeMetrics:
         self.prefill_time = _Hist(REQUEST_LATENCY_BUCKETS)
         self.decode_time = _Hist(REQUEST_LATENCY_BUCKETS)
         self.iteration_tokens = _Hist(ITERATION_TOKEN_BUCKETS)
-        self.request_prompt_tokens = _Hist(build_1_2_5_buckets(max_model_len))
-        self.request_generation_tokens = _Hist(build_1_2_5_buckets(max_model_len))
+        tokens = build_1_2_5_buckets(max_model_len)
+        self.request_prompt_tokens = _Hist(tokens)
+        self.request_generation_tokens = _Hist(tokens)
+        self.request_max_generation = _Hist(tokens)
+        self.request_max_tokens = _Hist(tokens)
+        self.request_n = _Hist(REQUEST_N_BUCKETS)
+        self.inference_time = _Hist(REQUEST_LATENCY_BUCKETS)
+        self.request_tpot = _Hist(ITL_BUCKETS)
         self.step_seconds = {k: _Hist(STEP_SECONDS_BUCKETS) for k in STEP_KINDS}
         self.step_prefill = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
         self.step_decode = {k: _Hist(ITERATION_TOKEN_BUCKETS) for k in STEP_KINDS}
@@ -206,9 +214,14 @@ class ServeMetrics:
             self.errors += 1
             return
         self.success[r.finish_reason] += 1
-        # per finished request, as vLLM observes them beside request_success (aborts too)
+        # per finished request, as vLLM observes them beside request_success (aborts too);
+        # n is always 1, so the most tokens of its sequences are its tokens
         self.request_prompt_tokens.observe(r.prompt_len)
         self.request_generation_tokens.observe(r.output_len)
+        self.request_max_generation.observe(r.output_len)
+        self.request_n.observe(1)
+        if r.max_tokens:  # vLLM: only when the request has one
+            self.request_max_tokens.observe(r.max_tokens)
         t = r.token_times_ns
         if not t:
             return
@@ -216,7 +229,11 @@ class ServeMetrics:
         if r.first_scheduled_ns:
             self.queue.observe(max(0, r.first_scheduled_ns - r.arrival_ns) / 1e9)
             self.prefill_time.observe(max(0, t[0] - r.first_scheduled_ns) / 1e9)
+            self.inference_time.observe(max(0, t[-1] - r.first_scheduled_ns) / 1e9)
         self.decode_time.observe(max(0, t[-1] - t[0]) / 1e9)
+        # vLLM: decode time / (tokens - 1), 0 for a one-token request
+        self.request_tpot.observe(
+            max(0, t[-1] - t[0]) / 1e9 / (len(t) - 1) if len(t) > 1 else 0.0)
 
     def _gpu(self, s: Any) -> None:
         g = self.gpu.setdefault(str(s.gpu), {})
@@ -277,8 +294,13 @@ class ServeMetrics:
         for key, h in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e),
                        ("queue_time", self.queue), ("prefill_time", self.prefill_time),
                        ("decode_time", self.decode_time),
+                       ("inference_time", self.inference_time),
+                       ("request_tpot", self.request_tpot),
                        ("request_prompt_tokens", self.request_prompt_tokens),
                        ("request_generation_tokens", self.request_generation_tokens),
+                       ("request_max_num_generation_tokens", self.request_max_generation),
+                       ("request_params_n", self.request_n),
+                       ("request_params_max_tokens", self.request_max_tokens),
                        ("iteration_tokens", self.iteration_tokens)):
             yield hist(V[key].name, V[key].help, h)
         # gpuchef's own

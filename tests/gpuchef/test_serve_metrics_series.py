@@ -1,8 +1,8 @@
-"""`gpuchef serve`'s /metrics against vLLM's: the per-request token histograms
-(`vllm:request_prompt_tokens`, `vllm:request_generation_tokens`) read back with prometheus_client's
-parser after requests sent with the openai client, their buckets against a real vLLM 0.24
-/metrics, and docs/serve.md's lists of the vLLM series exported and not exported against the
-exporter and those real captures.
+"""`gpuchef serve`'s /metrics against vLLM's: the per-request histograms (token counts,
+`max_tokens`, `n`, inference time, time per output token) read back with prometheus_client's
+parser after requests sent with the openai client and held against the trace; every vLLM
+histogram's buckets against a real vLLM 0.24 /metrics; and docs/serve.md's lists of the vLLM
+series exported and not exported against the exporter and those real captures.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve_proc import ServeProc, wait_until
 from test_serve import client, http
 
+from gpuchef.probes.recorder import read_trace
 from gpuchef.probes.scrape import VLLM_METRICS
 from gpuchef.serve.metrics import ServeMetrics, build_1_2_5_buckets
 
@@ -34,9 +36,10 @@ def hist(fam) -> tuple[list[tuple[str, float]], float, float]:
     return b, count, total
 
 
-def test_request_token_histograms_count_each_finished_request():
+def test_per_request_histograms_count_each_finished_request(tmp_path):
     prompts = [(list(range(3, 3 + n)), k) for n, k in [(1, 1), (7, 3), (40, 12), (130, 2)]]
-    with ServeProc("--max-model-len", "512") as s:
+    trace = tmp_path / "t.jsonl"
+    with ServeProc("--max-model-len", "512", "--trace", str(trace)) as s:
         c = client(s)
         for ids, k in prompts:
             r = c.completions.create(model="tiny", prompt=ids, max_tokens=k,
@@ -49,19 +52,34 @@ def test_request_token_histograms_count_each_finished_request():
 
         fams = wait_until(scraped, timeout=10)
     assert fams, "the 4 requests never showed on /metrics"
-    for name, values in [("vllm:request_prompt_tokens", [len(p) for p, _ in prompts]),
-                         ("vllm:request_generation_tokens", [k for _, k in prompts])]:
+    les = [1, 2, 5, 10, 20, 50, 100, 200, 500]  # vLLM's 1-2-5 layout up to max_model_len 512
+    outs = [k for _, k in prompts]
+    for name, values, bounds in [
+            ("vllm:request_prompt_tokens", [len(p) for p, _ in prompts], les),
+            ("vllm:request_generation_tokens", outs, les),
+            ("vllm:request_max_num_generation_tokens", outs, les),  # n = 1
+            ("vllm:request_params_max_tokens", outs, les),
+            ("vllm:request_params_n", [1] * 4, [1, 2, 5, 10, 20])]:
         assert fams[name].type == "histogram"
         b, count, total = hist(fams[name])
         assert count == len(prompts) and total == sum(values), name
-        # vLLM's 1-2-5 layout up to max_model_len 512, each bucket counting the values <= le
-        les = [1, 2, 5, 10, 20, 50, 100, 200, 500]
-        assert [le for le, _ in b] == [repr(float(x)) for x in les] + ["+Inf"], name
-        assert [n for _, n in b] == [sum(v <= le for v in values) for le in les] + [count]
+        assert [le for le, _ in b] == [repr(float(x)) for x in bounds] + ["+Inf"], name
+        assert [n for _, n in b] == [sum(v <= le for v in values) for le in bounds] + [count]
+    # the timings are the trace's RequestRecords', as vLLM defines them
+    reqs = read_trace(trace).requests
+    assert len(reqs) == 4
+    _, count, total = hist(fams["vllm:request_inference_time_seconds"])
+    assert count == 4 and total == pytest.approx(
+        sum(r.token_times_ns[-1] - r.first_scheduled_ns for r in reqs) / 1e9, rel=1e-6)
+    _, count, total = hist(fams["vllm:request_time_per_output_token_seconds"])
+    assert count == 4 and total == pytest.approx(  # a one-token request counts 0, as in vLLM
+        sum((r.tpot_ms or 0.0) / 1e3 for r in reqs), rel=1e-6)
+    assert sum(r.tpot_ms is None for r in reqs) == 1
 
 
 def test_buckets_are_vllms_for_its_max_model_len():
-    """The H200 capture's own max_model_len (KV tokens / max concurrency) gives its buckets."""
+    """Every vLLM histogram gpuchef exports has the buckets of the H200 capture's, whose
+    max_model_len (KV tokens / max concurrency) sets the token-count ones."""
     text = (ROOT / "tests/probes/data/vllm_0.24_h200_after_bench.txt").read_text()
     fams = families(text)
     info = fams["vllm:cache_config_info"].samples[0].labels
@@ -69,10 +87,13 @@ def test_buckets_are_vllms_for_its_max_model_len():
                           / float(info["kv_cache_max_concurrency"]))
     assert max_model_len == 8192
     ours = families(ServeMetrics("m", max_model_len=max_model_len).render().decode())
-    for name in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
-        vllm_les = [le for le, _ in hist(fams[name])[0]]
-        assert vllm_les == [le for le, _ in hist(ours[name])[0]], name
-        assert vllm_les[:-1] == [repr(float(x)) for x in build_1_2_5_buckets(max_model_len)]
+    hists = [m.name for m in VLLM_METRICS.values() if m.kind == "hist"]
+    assert "vllm:request_prompt_tokens" in hists and "vllm:request_params_n" in hists
+    for name in hists:
+        assert [le for le, _ in hist(fams[name])[0]] == [le for le, _ in hist(ours[name])[0]], \
+            name
+    les = [le for le, _ in hist(fams["vllm:request_prompt_tokens"])[0]]
+    assert les[:-1] == [repr(float(x)) for x in build_1_2_5_buckets(max_model_len)]
 
 
 def exposed(name: str, kind: str) -> str:
