@@ -113,6 +113,7 @@ def _engine_config(a: argparse.Namespace, engine: str):
     return EngineConfig(
         engine=engine, model=a.model, dtype="auto", seed=a.seed, max_model_len=a.max_model_len,
         enforce_eager=eager, tensor_parallel_size=a.tensor_parallel_size if engine == "vllm" else 1,
+        decode_attention=a.decode_attention if engine == "native" else "auto",
         cache=CacheConfig(gpu_memory_utilization=a.gpu_memory_utilization),
         scheduler=SchedulerConfig(mode=a.mode, max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs))
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--enforce-eager", action="store_true", help="every arm: no CUDA graphs")
+    ap.add_argument("--decode-attention", default="auto", choices=["auto", "flashinfer", "xqa"],
+                    help="the native arm's decode kernel (EngineConfig.decode_attention)")
     ap.add_argument("--native-enforce-eager", action="store_true",
                     help="the native arm only: no CUDA graphs (its graph capture at large "
                          "--max-num-seqs can outlast a short device lease)")

@@ -4,17 +4,20 @@
 # cache and never calls ninja for it (flashinfer/jit/core.py: JitSpec.try_load / is_aot); the JIT
 # cache under $FLASHINFER_WORKSPACE_BASE is rebuilt on a fresh install because ninja compares the
 # freshly installed headers' mtimes with the carried objects'.
-# pack FIC OUTDIR: every compiled module under FIC's cached_ops → OUTDIR/aot.tar.xz.NN (15 MiB parts,
-# the device's return limit is 16 MiB a file) and OUTDIR/aot.list (uri, bytes).
+# pack FIC OUTDIR [AOTDIR]: every compiled module under FIC's cached_ops (and, given AOTDIR, the
+# modules of an installed set, e.g. SITE/flashinfer/data/aot, so that a new set keeps the old
+# one's) → OUTDIR/aot.tar.xz.NN (15 MiB parts, the device's return limit is 16 MiB a file) and
+# OUTDIR/aot.list (uri, bytes).
 # install PARTSDIR SITE: unpack the parts into SITE/flashinfer/data/aot.
 set -e
 cmd=$1; shift
 case "$cmd" in
   pack)
-    fic=$1; out=$2; tmp=$(mktemp -d); mkdir -p "$out"
-    for so in "$fic"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+    fic=$1; out=$2; aot=${3:-}; tmp=$(mktemp -d); mkdir -p "$out"
+    for so in "$fic"/.cache/flashinfer/*/*/cached_ops/*/*.so ${aot:+"$aot"/*/*.so}; do
       [ -e "$so" ] || continue
       uri=$(basename "$(dirname "$so")"); [ "$(basename "$so" .so)" = "$uri" ] || continue
+      [ -e "$tmp/$uri/$uri.so" ] && continue  # the JIT cache's copy first
       mkdir -p "$tmp/$uri" && cp "$so" "$tmp/$uri/"
       echo "$uri $(stat -c %s "$so")"
     done > "$out/aot.list"
