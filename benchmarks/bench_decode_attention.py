@@ -134,7 +134,8 @@ def make_kernel(name: str, batch: Batch, workspace: torch.Tensor, xqa_ws: torch.
         table = batch.block_table if name == "xqa_wide" else \
             batch.block_table[:, :int((batch.indptr[1:] - batch.indptr[:-1]).max())]
         table = table.contiguous().to(dev, non_blocking=True)
-        lens = torch.tensor(batch.kv_lens, dtype=torch.int32).to(dev).view(torch.uint32)
+        # int32: XQA reads the lengths as uint32 through a raw pointer (xqa_wrapper.cu)
+        lens = torch.tensor(batch.kv_lens, dtype=torch.int32).to(dev)
         host = time.perf_counter() - t0
         max_seq = table.shape[1] * batch.bs
         scale = 1.0 / math.sqrt(batch.d)

@@ -441,9 +441,10 @@ class FlashInferAttention(AttentionBackend):
         T = q.shape[0]
         if nd > 0 and self._xqa_step is not None:
             table, lens, max_seq = self._xqa_step
-            # XQA reads q and writes out as dense [B, 1, Hq, D]
+            # XQA reads q and writes out as dense [B, 1, Hq, D]; it reads the lengths as uint32
+            # through a raw pointer (xqa_wrapper.cu), which int32 lengths ≥ 1 equal bit for bit
             xqa_batch_decode_with_kv_cache(q[:nd].contiguous(), kv_cache, self._xqa_ws, table,
-                                           lens.view(torch.uint32), max_seq,
+                                           lens, max_seq,
                                            bmm1_scale=1.0 / math.sqrt(self.head_dim),
                                            out=out[:nd], kv_layout="NHD")
         elif nd > 0:
