@@ -36,7 +36,7 @@ from .engine_host.config import AUTO_BUDGET, ConfigError, SchedulerConfig, parse
 from .engine_host.records import EngineEvent
 from .probes.ab import (FAILED_ROW, LABELS, MIN_REPETITIONS, MIN_WINDOWS, NOT_ENOUGH, Comparison,
                         DeltaRow, MetricSpec, WindowResult, mark_name, metric_specs, pool,
-                        window_results)
+                        rep_request_id, window_results)
 from .probes.ab import compare as _compare
 from .probes.ab import windows as ab_windows
 
@@ -143,6 +143,15 @@ class Run(WindowResult):
     load_t0_ns: int = 0
 
 
+def rep_specs(specs: Sequence[Any], rep: int, run_id: int = 1) -> list[Any]:
+    """``specs`` as repetition ``rep`` of run ``run_id`` sends them: the same requests, each id
+    suffixed (``probes.ab.rep_request_id``) so that the trace's records of two repetitions do
+    not share ids."""
+    from dataclasses import replace
+
+    return [replace(s, request_id=rep_request_id(s.request_id, rep, run_id)) for s in specs]
+
+
 def _assert_idle(engine: Any) -> None:
     """Each run must start with no requests and an empty KV cache (else it inherits load)."""
     if engine.has_unfinished():
@@ -203,8 +212,9 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                    ) -> list[Run]:
     """Run ``specs`` once per setting per repetition on ``engine``, in :func:`run_orders`.
 
-    Each run gets the same specs (identical arrival offsets, lengths and token ids), starts on
-    an idle engine with an empty KV cache, and has the setting in force from its first step.
+    Each run gets the same specs (identical arrival offsets, lengths and token ids; the ids
+    suffixed by repetition, :func:`rep_specs`), starts on an idle engine with an empty KV
+    cache, and has the setting in force from its first step.
     ``on_run(i, total, run)`` is called after each run. Returns every complete window (one per
     run, in execution order; figures by ``probes.ab``: a run's span ends at its last token).
     Raises RuntimeError if the engine is not idle between runs, and what ``run_load`` raises.
@@ -224,7 +234,8 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                 host.set_config(**st.knobs())
 
             first = _mark(engine, mark_name(run_id, label, rep), listeners)
-            res = run_load(engine, specs, listeners=listeners, console=console, on_start=on_start)
+            res = run_load(engine, rep_specs(specs, rep, run_id), listeners=listeners,
+                           console=console, on_start=on_start)
             rec.add(res, first)
             rec.load_t0.append((first.t_ns, res.t0_ns))
             i += 1
@@ -317,8 +328,8 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
         sw = _Switcher(engine, settings, order, window_s, run_id, listeners)
         sw.counts = dict(counts)  # window numbers go on across repetitions
         try:
-            res = run_load(engine, specs, listeners=listeners, console=console,
-                           on_start=sw.on_start)
+            res = run_load(engine, rep_specs(specs, rep, run_id), listeners=listeners,
+                           console=console, on_start=sw.on_start)
         finally:
             sw.close()
         counts = dict(sw.counts)

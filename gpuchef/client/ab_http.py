@@ -14,7 +14,8 @@ The load is `bench --base-url`'s (``bench_http.prepare_http_load``, the same fla
 (``http_load.to_request_records``). The windows, their figures, the pooled results, B − A and the
 verdict are ``probes.ab.analyse``'s of the runs' marks — ``ab:1:<A|B>:<n>`` per sequential run,
 ``ab:1:AB:<n>`` per mirrored repetition (A's and B's window *n* over one span, each holding its
-server's requests, ids ``A/…``/``B/…``) — and requests: the records the trace receives, so
+server's requests, ids ``A/…``/``B/…``) — and requests (ids suffixed ``#<rep>``:
+``probes.ab.rep_request_id``): the records the trace receives, so
 ``gpuchef report`` of the trace gives the same table. `top --attach U1 --attach U2` runs the same
 :func:`run_ab` for its A/B screen, its marks and requests going to the dashboard's timeline as
 they happen (``on_event``/``on_result``).
@@ -194,22 +195,24 @@ class HttpRun:
     t0_ns: int = 0
 
 
-def records_of(results: list, prefix: str = "") -> list:
-    """ClientResults as RequestRecords (``http_load.to_request_records``); ``prefix`` ("A/",
-    "B/") on each id — a mirrored run's trace holds both servers' copies of each request, told
-    apart by it (``probes.ab.side_of``)."""
+def records_of(results: list, prefix: str = "", rep: int = 1, run_id: int = 1) -> list:
+    """ClientResults as RequestRecords (``http_load.to_request_records``), each id as
+    ``probes.ab.rep_request_id`` spells it for repetition ``rep`` of run ``run_id`` (every
+    repetition sends the same ids: the records' stay unique); ``prefix`` ("A/", "B/") before
+    it — a mirrored run's trace holds both servers' copies of each request, told apart by it
+    (``probes.ab.side_of``). The ids sent (``x-request-id``) are the load's own."""
     from dataclasses import replace
 
+    from ..probes.ab import rep_request_id
     from .http_load import to_request_records
 
-    recs = to_request_records(results)
-    if prefix:
-        recs = [replace(r, request_id=f"{prefix}{r.request_id}") for r in recs]
-    return recs
+    return [replace(r, request_id=f"{prefix}{rep_request_id(r.request_id, rep, run_id)}")
+            for r in to_request_records(results)]
 
 
-def _as_run(label: str, rep: int, run: Any, t0_ns: int, prefix: str = "") -> HttpRun:
-    return HttpRun(label, rep, run, records_of(run.results, prefix), t0_ns)
+def _as_run(label: str, rep: int, run: Any, t0_ns: int, prefix: str = "",
+            run_id: int = 1) -> HttpRun:
+    return HttpRun(label, rep, run, records_of(run.results, prefix, rep, run_id), t0_ns)
 
 
 def _mark(run_id: int, label: str, rep: int | None, t_ns: int) -> Any:
@@ -264,12 +267,12 @@ def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_ru
             if on_event is not None:
                 on_event(_mark(run_id, label, rep, t0))
             cb = None if on_result is None else \
-                (lambda r, k=label, n=rep: on_result(k, n, records_of([r])[0]))
+                (lambda r, k=label, n=rep: on_result(k, n, records_of([r], "", n, run_id)[0]))
             run = _run_async(lambda: run_http_load_async(pl.specs, pl.cfg, pl.body, ramp=pl.ramp,
                                                          t0_ns=t0, on_result=cb), cancel)
             if run is None:
                 return out
-            r = _as_run(label, rep, run, t0)
+            r = _as_run(label, rep, run, t0, run_id=run_id)
             out.append(r)
             if on_run is not None:
                 on_run(len(out), 2 * reps, r)
@@ -280,9 +283,9 @@ def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=
                  run_id: int = 1, on_event=None, on_result=None, cancel=None
                  ) -> list[HttpRun]:
     """Per repetition, the load sent to both servers on one clock: request *i* to A and to B at
-    the same ``t0 + arrival_s``; request ids ``A/…`` and ``B/…``. ``on_event``: each
-    repetition's ``ab:<run_id>:AB:<n>`` mark (``probes.ab.MIRRORED``) at its t0; the rest as
-    :func:`run_sequential`."""
+    the same ``t0 + arrival_s``; request ids ``A/…#<rep>`` and ``B/…#<rep>``. ``on_event``:
+    each repetition's ``ab:<run_id>:AB:<n>`` mark (``probes.ab.MIRRORED``) at its t0; the rest
+    as :func:`run_sequential`."""
     from ..probes.ab import MIRRORED
     from .http_load import run_http_load_async
 
@@ -299,7 +302,7 @@ def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=
         def cb(k: str, n: int):
             if on_result is None:
                 return None
-            return lambda r: on_result(k, n, records_of([r], f"{k}/")[0])
+            return lambda r: on_result(k, n, records_of([r], f"{k}/", n, run_id)[0])
 
         async def both(t0=t0, rep=rep):
             return await asyncio.gather(*(run_http_load_async(
@@ -310,7 +313,7 @@ def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=
         if got is None:
             return out
         for label, run in zip(("A", "B"), got):
-            out.append(_as_run(label, rep, run, t0, prefix=f"{label}/"))
+            out.append(_as_run(label, rep, run, t0, prefix=f"{label}/", run_id=run_id))
             if on_run is not None:
                 on_run(len(out), 2 * reps, out[-1])
     return out
@@ -530,9 +533,8 @@ def ab_http(o: dict[str, Any], err) -> None:
             for q in r.records:
                 rec.record(q)
         rec.close()
-        err.print(f"[dim]trace: {escape(o['trace_path'])}"
-                  f"{' (mirrored: request ids A/… and B/…)' if load == 'mirrored' else ''}"
-                  "[/dim]")
+        err.print(f"[dim]trace: {escape(o['trace_path'])} (request ids "
+                  f"{'A/…#n and B/…#n' if load == 'mirrored' else '…#n'}: repetition n)[/dim]")
 
     side: dict[str, Any] = {}
     for k in ("A", "B"):

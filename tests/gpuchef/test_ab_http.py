@@ -141,10 +141,14 @@ def test_two_servers_mirrored_get_each_request_at_the_same_time(servers, tmp_pat
     ct = read_trace(tr)
     assert ct.meta["source"]["urls"] == [a.url, b.url] and ct.meta["ab"]["load"] == "mirrored"
     by = {q.request_id: q for q in ct.requests}
-    assert len(by) == 12  # 6 ids per server; the second repetition reuses them (kept last)
+    # 6 requests per server per repetition, each id once: the side, the load's id, #repetition
+    assert len(by) == len(ct.requests) == 24
+    assert set(by) == {f"{k}/req-{i}#{n}" for k in "AB" for i in range(6) for n in (1, 2)}
     for i in range(6):  # sent on one clock: the POSTs of a pair close (2 shared cores: not µs)
-        qa, qb = by[f"A/req-{i}"], by[f"B/req-{i}"]
-        assert abs(qa.arrival_ns - qb.arrival_ns) < 100e6, (i, qa.arrival_ns - qb.arrival_ns)
+        for n in (1, 2):
+            qa, qb = by[f"A/req-{i}#{n}"], by[f"B/req-{i}#{n}"]
+            assert abs(qa.arrival_ns - qb.arrival_ns) < 100e6, (i, n, qa.arrival_ns - qb.arrival_ns)
+    assert "(request ids A/…#n and B/…#n: repetition n)" in r.stderr
     # the trace's windows: one AB mark per repetition (both servers' window n at once)
     _, wins, ended = abdef.windows(ct.events, 1)
     assert ended and [(w.name, w.mirrored) for w in wins] == [
@@ -229,6 +233,12 @@ def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
     assert ttft["verdict"] == verdict_of(ttft) != "B better"
     assert knobs(a.url)["max_num_batched_tokens"] == 16
     assert knobs(b.url)["max_num_batched_tokens"] == 2048
+    # the trace's ids: unique per side, each repetition's suffixed (#rep)
+    ct = read_trace(tmp_path / "t.jsonl")
+    res = abdef.analyse(ct.events, ct.requests, [], whole_loads=True)[3]
+    for k in "AB":
+        ids = [q.request_id for w in res if w.label == k for q in w.requests]
+        assert sorted(ids) == sorted(f"req-{i}#{n}" for i in range(6) for n in (1, 2)), ids
     report_agrees_with_result_json(tmp_path / "t.jsonl", d, "sequential")
 
 
@@ -363,6 +373,7 @@ def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_p
     for key in ("request_throughput", "output_throughput", "p99_e2el_ms", "mean_itl_ms"):
         assert row(d, key)["verdict"] == abdef.NOT_COMPARABLE, key
     f = row(d, "failed")
+    # req-0 and req-1 failed in both repetitions: the ids sent are the load's own, unsuffixed
     assert (f["a"], f["b"], f["a_runs"], f["b_runs"]) == (0, 4, [0, 0], [2, 2])
     assert d["results"]["B"]["failed"] == 4  # the results block's own count agrees
     why = "B failed 4 of 8 requests, A 0 of 8: latency and throughput rows are not compared"

@@ -199,3 +199,19 @@ def test_a_side_whose_requests_failed_is_timed_to_its_failures():
     m = w.metrics
     assert m.completed == 8 and m.failed == 12
     assert m.request_throughput == pytest.approx(8 / (2.01 + 0.25 * 11), rel=1e-3)
+
+
+def test_rep_request_id_is_a_suffix_that_keeps_probe_and_side_prefixes():
+    from gpuchef.probes.metrics import summarize
+
+    assert ab.rep_request_id("req-3", 2) == "req-3#2"
+    assert ab.rep_request_id("req-3", 2, run=3) == "req-3#3.2"  # a later run of one session
+    assert len({ab.rep_request_id("req-0", n, r) for n in (1, 2, 12) for r in (1, 2, 21)}) == 9
+    assert ab.side_of("A/" + ab.rep_request_id("req-0", 2)) == "A"
+    probe = ab.rep_request_id("probe-1", 2)
+    m = summarize([req(probe, 0.0, [0.1]), req(ab.rep_request_id("req-0", 2), 0.0, [0.1, 0.2])],
+                  1.0)
+    assert (m.probe_completed, m.completed) == (1, 1)  # still a probe: left out of the load
+    for bad in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            ab.rep_request_id("req-0", *bad)
