@@ -278,8 +278,16 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
+def is_probe_id(request_id: str) -> bool:
+    """Whether ``request_id`` is a probe request's: it starts with ``PROBE_ID_PREFIX``, after a
+    mirrored A/B's side prefix (``A/``, ``B/``: ``probes.ab.side_of``) where it has one."""
+    rid = str(request_id)
+    return rid.startswith(PROBE_ID_PREFIX) or (rid[:2] in ("A/", "B/")
+                                               and rid[2:].startswith(PROBE_ID_PREFIX))
+
+
 def _is_probe(r: RequestRecord) -> bool:
-    return r.request_id.startswith(PROBE_ID_PREFIX)
+    return is_probe_id(r.request_id)
 
 
 class RequestTable:

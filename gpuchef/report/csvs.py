@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpuchef.engine_host.records import StepRecord
 
+from gpuchef.probes.metrics import is_probe_id
 from gpuchef.probes.nvml import GpuSample
 
 from .data import ReportData, TraceView, segment_finder
@@ -101,6 +102,6 @@ def write(data: ReportData, prefix: str | Path) -> list[tuple[Path, int, str]]:
                              r.prompt_len, r.output_len, r.finish_reason, r.num_preemptions,
                              _f(r.ttft_ms), _f(r.tpot_ms), _f(r.e2el_ms),
                              _f(sum(itl) / len(itl)) if itl else "", _f(max(itl)) if itl else "",
-                             int(r.request_id.startswith("probe-"))])
+                             int(is_probe_id(r.request_id))])
                 nr += 1
     return [(sp, ns, "steps"), (rp, nr, "requests"), (gp, ng, "GPU samples")]

@@ -325,6 +325,28 @@ def test_a_server_whose_every_request_fails_exits_1_after_the_table(fakes):
         in r.output and "Traceback" not in r.output
 
 
+def test_mirrored_probe_requests_stay_probes(fakes, tmp_path):
+    """--probe-interval over a mirrored A/B: the probes (ids A/probe-…, B/probe-…) are left out
+    of the load's figures, as `bench --base-url` leaves them out (they were counted as load)."""
+    from gpuchef.probes.metrics import is_probe_id
+
+    s1, s2 = fakes
+    rj, tr = tmp_path / "r.json", tmp_path / "t.jsonl"
+    r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST, "--probe-interval", "0.05",
+           "--result-json", str(rj), "--trace", str(tr))
+    assert r.exit_code == 0, r.output
+    d = json.loads(rj.read_text())
+    probes = [q for q in read_trace(tr).requests if is_probe_id(q.request_id)]
+    assert probes and {q.request_id[:8] for q in probes} == {"A/probe-", "B/probe-"}
+    for k in "AB":
+        res = d["results"][k]
+        assert res["completed"] == res["num_prompts"] == 4, (k, res["completed"])
+        assert res["probe_completed"] == sum(q.request_id[0] == k for q in probes)
+    assert [is_probe_id(x) for x in ("probe-1", "A/probe-1#2", "B/probe-0", "req-1",
+                                     "A/req-1", "C/probe-1", "")] == \
+        [True, True, True, False, False, False, False]
+
+
 def test_two_servers_header_names_each_sides_url_model_and_settings():
     """Each server serves its own model: the header names both (not A's alone)."""
     s1, s2 = FakeServer(models=("model-a",)).start(), FakeServer(models=("model-b",)).start()
