@@ -103,6 +103,8 @@ class TraceView:
     capacity: bool = False
     #: capacity_probes' result, computed once (the Run table and the Capacity section read it)
     _probes: Any = field(default=None, repr=False, compare=False)
+    #: :func:`ab_results` of an A/B trace (run id → its probes.ab.Comparison or None)
+    comparisons: dict = field(default_factory=dict, repr=False, compare=False)
 
     def t(self, t_ns: float) -> float:
         """Seconds since ``origin_ns``."""
@@ -535,7 +537,7 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     for v in views:
         by: dict[str, list[Segment]] = {}
         if v.ab:
-            ab_results(v, percentiles, goodput)
+            v.comparisons = ab_results(v, percentiles, goodput)
             for s in v.segments:
                 if s.counted:  # the windows gpuchef ab and the live screen count
                     by.setdefault(s.label, []).append(s)

@@ -382,6 +382,19 @@ def results_rows(groups: Sequence[Group], delta: bool = False) -> list[Any]:
     return out
 
 
+def failures_note(groups: Sequence[Group]) -> str:
+    """One sentence per A/B run of the groups' traces whose two settings lost different shares
+    of their requests (``probes.ab.Comparison.not_comparable``): their B − A of latency and
+    throughput compares different loads. "" when there is none."""
+    out = []
+    for v in {id(g.view): g.view for g in groups}.values():
+        runs = {rid: c for rid, c in v.comparisons.items() if c is not None and c.not_comparable}
+        for rid, c in runs.items():
+            where = v.name + (f" A/B run {rid}" if len(v.comparisons) > 1 else "")
+            out.append(f" Not comparable ({where}): {c.not_comparable}.")
+    return "".join(out)
+
+
 def no_steps_note(groups: Sequence[Group]) -> str:
     """Why the results table has no (or n/a) engine-step rows for some groups ("" when every
     group's figures include steps): a server gpuchef did not host is seen from its client, which
@@ -730,7 +743,7 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             + ".") if data.goodput else "")
         if any(g.view.capacity for g in groups):
             slo += CAPACITY_POOLED_NOTE
-        slo += no_steps_note(groups)
+        slo += no_steps_note(groups) + failures_note(groups)
         parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
                               "The gpuchef bench results block of each group, computed from "
                               "the trace's requests and steps (probes.metrics.summarize)." + slo))

@@ -370,7 +370,12 @@ def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_p
     once): B's surviving requests' latency is lower, and the plain verdict rule on the same
     per-repetition values (the reference) would call B better; `gpuchef ab` prints the failed
     row and says the rest are not compared. The same failures on both sides keep the verdict."""
-    rj = tmp_path / "r.json"
+    import html
+
+    from gpuchef.report.data import build
+    from gpuchef.report.html import render
+
+    rj, tr = tmp_path / "r.json", tmp_path / "t.jsonl"
 
     def run(plan_a, plan_b):
         s1, s2 = FakeServer(ttft_s=0.08, itl_s=0.01).start(), \
@@ -379,7 +384,7 @@ def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_p
             s1.plan.update(plan_a)
             s2.plan.update(plan_b)
             r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST, "--repetitions", "2",
-                   "--result-json", str(rj))
+                   "--result-json", str(rj), "--trace", str(tr))
             return r, json.loads(rj.read_text()), (s1.url, s2.url)
         finally:
             s1.stop()
@@ -408,12 +413,17 @@ def test_a_faster_server_that_fails_half_its_requests_is_not_called_better(tmp_p
     assert f"Not comparable: {why}." in table
     assert not [x for x in table.splitlines() if x.endswith(("B better", "B worse"))
                 and not x.startswith("Failed requests")]
+    # the report of the trace: the same comparison, and the results table says it
+    data = build([tr], percentiles=(50.0, 99.0))
+    assert data.views[0].comparisons[1].not_comparable == why
+    assert f"Not comparable (t): {why}." in html.unescape(render(data))
     # the same requests fail on both servers: judged as before
     r, d, _ = run(half, half)
     assert r.exit_code == 0, r.output
     assert d["comparison"]["requests"]["not_comparable"] is None
     assert row(d, "mean_ttft_ms")["verdict"] == verdict_of(row(d, "mean_ttft_ms")) == "B better"
     assert "Not comparable" not in r.stdout
+    assert "Not comparable" not in html.unescape(render(build([tr], percentiles=(50.0, 99.0))))
 
 
 class KnobFake(FakeServer):
