@@ -71,8 +71,8 @@ MIXED_ATTENTION = ("split", "single")
 #: Which kernel attends a step's decode rows on FlashInfer (``FlashInferAttention(decode_attention=
 #: ...)``): FlashInfer's own decode wrapper, or TensorRT-LLM's XQA decode kernel as FlashInfer
 #: ships it (``flashinfer.decode.xqa_batch_decode_with_kv_cache``; page sizes 16/32/64/128, head
-#: dim ≤ 256, fp16/bf16). "auto": XQA on SM90 where it applies, else FlashInfer's wrapper (the
-#: measurement that chose it: benchmarks/RESULTS.md, bench_decode_attention.py).
+#: dim ≤ 256, fp16/bf16). "auto": FlashInfer's wrapper (measured faster in the whole decode step
+#: on the H200: benchmarks/RESULTS.md, session 10).
 DECODE_ATTENTION = ("auto", "flashinfer", "xqa")
 XQA_PAGE_SIZES = (16, 32, 64, 128)
 

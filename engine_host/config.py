@@ -501,8 +501,8 @@ class EngineConfig:
     decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only (refused, unless
     at their defaults, with ``engine="vllm"``).
     ``decode_attention`` (``attention.DECODE_ATTENTION``): the kernel for decode rows on
-    FlashInfer — "auto" (XQA on SM90 where it applies, else FlashInfer's decode wrapper),
-    "flashinfer" or "xqa" (``FlashInferAttention``); the native engine's only.
+    FlashInfer — "auto" (FlashInfer's decode wrapper), "flashinfer" or "xqa"
+    (``FlashInferAttention``); the native engine's only.
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
     than True, False or None, an unknown ``cudagraph_mode`` or a capture size outside
     [1, MAX_CAPTURE_SIZE].

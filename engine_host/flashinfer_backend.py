@@ -46,7 +46,6 @@ CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 from __future__ import annotations
 
 import math
-import warnings
 
 import flashinfer
 import torch
@@ -89,8 +88,9 @@ class FlashInferAttention(AttentionBackend):
             ``"flashinfer"`` (``BatchDecodeWithPagedKVCacheWrapper`` with tensor cores, planned
             per step), ``"xqa"`` (TensorRT-LLM's XQA decode kernel as FlashInfer ships it: no
             plan, a padded page table ``[B, max_pages]`` int32 and the KV lengths on the device)
-            or ``"auto"`` (default: XQA on SM90 where it applies — page size in
-            ``XQA_PAGE_SIZES``, head dim ≤ 256, fp16/bf16 — else FlashInfer's wrapper). Prefill
+            or ``"auto"`` (default: FlashInfer's wrapper; XQA's kernel alone is within ±5 % of
+            it at batch 32-128, but the decode step through it measured 7 % slower on the
+            H200). XQA takes page sizes ``XQA_PAGE_SIZES``, head dim ≤ 256, fp16/bf16. Prefill
             chunks always use the prefill wrapper. Fixed once CUDA graphs are captured.
 
     Raises:
@@ -180,14 +180,15 @@ class FlashInferAttention(AttentionBackend):
 
     def decode_kernel(self, block_size: int) -> str:
         """The kernel decode rows use with pages of ``block_size`` tokens: "flashinfer" or
-        "xqa" (``decode_attention`` resolved; see the class docstring). The first call for a
-        page size after ``configure`` builds or loads XQA's module for the shape; "auto" falls
-        back to FlashInfer's wrapper, with one warning, when that fails.
+        "xqa" (``decode_attention`` resolved: "auto" is FlashInfer's wrapper, which measured
+        faster in the whole decode step on the H200 — benchmarks/RESULTS.md, session 10). The
+        first call for a page size with "xqa" after ``configure`` builds or loads XQA's module
+        for the shape.
 
         Raises ValueError when ``decode_attention`` is "xqa" and XQA does not take this page
         size, head dim, dtype or GPU, or its module does not build.
         """
-        if self.decode_attention == "flashinfer":
+        if self.decode_attention != "xqa":
             return "flashinfer"
         got = self._decode_kernels.get(block_size)
         if got is not None:
@@ -198,25 +199,17 @@ class FlashInferAttention(AttentionBackend):
         elif self._sm_major not in (9, 10, 12):
             why = f"compute capability {self._sm_major}.x (XQA runs on SM90, SM100, SM120)"
         elif not self.configured:
-            if self.decode_attention == "auto":
-                return "flashinfer"  # not decided before the shape is known
-            return "xqa"
+            return "xqa"  # the shape is checked once it is known
         elif self.head_dim > 256 or self.head_dim % 16:
             why = f"head dim {self.head_dim} (XQA takes multiples of 16 up to 256)"
         elif self.dtype not in (torch.float16, torch.bfloat16):
             why = f"KV dtype {self.dtype} (XQA takes float16, bfloat16)"
-        elif self.decode_attention == "auto" and self._sm_major != 9:
-            why = "auto picks XQA on SM90 only (where it was measured)"
         else:
             why = self._load_xqa(block_size)
-        if self.decode_attention == "xqa" and why:
+        if why:
             raise ValueError(f"decode_attention 'xqa' does not apply: {why}; use "
                              "'flashinfer' or 'auto'")
-        if why and self.decode_attention == "auto" and block_size in XQA_PAGE_SIZES \
-                and self._sm_major == 9 and why.startswith("XQA's module"):
-            warnings.warn(f"decode attention: {why}; using FlashInfer's decode wrapper",
-                          RuntimeWarning, stacklevel=2)
-        got = self._decode_kernels[block_size] = "flashinfer" if why else "xqa"
+        got = self._decode_kernels[block_size] = "xqa"
         return got
 
     def _load_xqa(self, block_size: int) -> str | None:
@@ -247,7 +240,7 @@ class FlashInferAttention(AttentionBackend):
         the module docstring for the capture recipe.
         """
         xqa = (self.decode_kernel(block_size) == "xqa" if block_size is not None
-               else self.decode_attention != "flashinfer")  # page size unknown: ready for both
+               else self.decode_attention == "xqa")  # page size unknown: ready for both
         if xqa:
             e = self._xqa_graph.get(batch_size)
             if e is None:

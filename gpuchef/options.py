@@ -60,9 +60,9 @@ engine_options = _opts(
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
     click.option("--decode-attention", default="auto", show_default=True,
                  type=click.Choice(["auto", "flashinfer", "xqa"]),
-                 help="Native engine on FlashInfer: the kernel for decode rows. auto = XQA "
-                      "(TensorRT-LLM's decode kernel as FlashInfer ships it) on SM90 GPUs where "
-                      "it applies, else FlashInfer's decode wrapper."),
+                 help="Native engine on FlashInfer: the kernel for decode rows. auto = "
+                      "FlashInfer's decode wrapper; xqa = TensorRT-LLM's XQA decode kernel as "
+                      "FlashInfer ships it (SM90+, block size 16/32/64/128)."),
     click.option("--enforce-eager", is_flag=True,
                  help="No CUDA graphs (CUDA only; elsewhere a warning says it has no effect)."),
     click.option("--cudagraph-mode", default=CUDAGRAPH_MODES[0], show_default=True,

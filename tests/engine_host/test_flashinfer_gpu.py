@@ -293,17 +293,15 @@ def test_single_mixed_attention_switches_per_step(fi_backend):
 
 
 def test_decode_attention_choice(fi_backend):
-    """"auto" takes XQA on an SM90 GPU for the page sizes XQA has, FlashInfer's wrapper
-    otherwise; "xqa" where XQA does not apply is refused naming why; an unknown name is
-    refused naming the allowed ones."""
+    """"auto" is FlashInfer's wrapper; "xqa" is XQA where it applies and refused naming why
+    elsewhere; an unknown name is refused naming the allowed ones."""
     be = fi_backend("cuda")
     be.configure(32, 8, 128, torch.bfloat16)
-    sm90 = torch.cuda.get_device_capability()[0] == 9
-    assert be.decode_kernel(16) == ("xqa" if sm90 else "flashinfer")
-    assert be.decode_kernel(8) == "flashinfer"
+    assert be.decode_kernel(16) == "flashinfer" and be.decode_kernel(8) == "flashinfer"
     assert fi_backend("cuda", decode_attention="flashinfer").decode_kernel(16) == "flashinfer"
     x = fi_backend("cuda", decode_attention="xqa")
     x.configure(32, 8, 128, torch.bfloat16)
+    assert x.decode_kernel(16) == "xqa"
     with pytest.raises(ValueError, match="block size 8 .XQA takes 16, 32, 64, 128"):
         x.decode_kernel(8)
     with pytest.raises(ValueError, match="decode_attention must be one of auto, flashinfer, "

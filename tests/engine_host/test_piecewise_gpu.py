@@ -31,12 +31,13 @@ def _flashinfer():
 
 
 def engine(eager=False, mode="chunked", blocks=512, max_model_len=2048, async_scheduling=False,
-           cudagraph_mode="FULL_AND_PIECEWISE", sizes=SIZES, progress=None):
+           cudagraph_mode="FULL_AND_PIECEWISE", sizes=SIZES, progress=None,
+           decode_attention="auto"):
     return LLMEngine(EngineConfig(
         model="tiny", device="cuda", dtype="bfloat16", attention_backend="flashinfer",
         enforce_eager=eager, max_model_len=max_model_len, async_scheduling=async_scheduling,
         cudagraph_mode=cudagraph_mode, cudagraph_capture_sizes=sizes,
-        cache=CacheConfig(num_gpu_blocks=blocks),
+        decode_attention=decode_attention, cache=CacheConfig(num_gpu_blocks=blocks),
         scheduler=SchedulerConfig(mode=mode, max_num_batched_tokens=512)), progress=progress)
 
 
@@ -120,36 +121,61 @@ def test_piecewise_step_logits_match_eager():
     assert checked >= 2
 
 
+def logits_agree_per_step(attr: str, ref: str, other: str) -> int:
+    """Six steps with prefill tokens of a fresh engine, each run through the piecewise graphs
+    twice on the same KV state with the attention backend's ``attr`` set to ``ref`` then
+    ``other``: logits within bfloat16 tolerance, the same greedy token on nearly every row.
+    Returns how many of the steps were mixed (decode rows + chunks)."""
+    eng = engine(sizes=(16, 48, 512))
+    pw, model, attn, kv = eng.runner.piecewise, eng.runner.model, eng.attn, eng.kv.kv_caches
+    for i, p in enumerate(PROMPTS[:6]):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
+    mixed, before = 0, getattr(attn, attr)
+    with torch.inference_mode():
+        for out, batch in prefill_steps(eng, pw, 6):
+            T = batch.meta.num_tokens
+            logits = {}
+            for value in (ref, other):
+                setattr(attn, attr, value)
+                attn.begin_step(batch.meta)
+                logits[value] = model.compute_logits(pw.forward(model, attn, kv, T)).clone()
+            setattr(attn, attr, before)
+            want, got = logits[ref], logits[other]
+            assert torch.isfinite(got).all()
+            assert rel_err(got, want) <= 2e-2
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+            mixed += bool(out.decodes)
+    return mixed
+
+
 def test_single_mixed_attention_logits_match_split():
     """Mixed steps (decode rows + chunks) attended by one prefill plan over all rows
     (``mixed_attention="single"``) against the two-wrapper split, each through the piecewise
     graphs on the same KV state: logits within bfloat16 tolerance, the same greedy token on
     nearly every row; then a whole greedy run with "single" finishes every request."""
-    eng = engine(sizes=(16, 48, 512))
-    pw, model, attn, kv = eng.runner.piecewise, eng.runner.model, eng.attn, eng.kv.kv_caches
-    for i, p in enumerate(PROMPTS[:6]):
-        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
-    mixed = 0
-    with torch.inference_mode():
-        for out, batch in prefill_steps(eng, pw, 6):
-            T = batch.meta.num_tokens
-            logits = {}
-            for mode in ("split", "single"):
-                attn.mixed_attention = mode
-                attn.begin_step(batch.meta)
-                logits[mode] = model.compute_logits(pw.forward(model, attn, kv, T)).clone()
-            want, got = logits["split"], logits["single"]
-            assert torch.isfinite(got).all()
-            assert rel_err(got, want) <= 2e-2
-            assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
-            mixed += bool(out.decodes)
-    assert mixed >= 1
+    assert logits_agree_per_step("mixed_attention", "split", "single") >= 1
     eng2 = engine()
     eng2.attn.mixed_attention = "single"
     got, recs = greedy_run(eng2)
     assert sorted(got) == sorted(f"r{i}" for i in range(len(PROMPTS)))
     assert all(len(t) == 24 + int(r[1:]) % 5 for r, t in got.items())
     assert sum(r.kind == "mixed" for r in recs) >= 6
+
+
+def test_xqa_decode_logits_match_flashinfer_and_its_graphs_run():
+    """Decode rows attended by XQA (``decode_attention="xqa"``) against FlashInfer's decode
+    wrapper on the same KV state, through the piecewise graphs: logits within bfloat16
+    tolerance, the same greedy token on nearly every row; then an engine built with XQA (its
+    decode graphs read XQA's fixed page tables) finishes a greedy run, async equal to sync."""
+    assert logits_agree_per_step("decode_attention", "flashinfer", "xqa") >= 1
+    x_sync = engine(decode_attention="xqa")
+    assert x_sync.decode_attention == "xqa"
+    got, recs = greedy_run(x_sync)
+    assert sorted(got) == sorted(f"r{i}" for i in range(len(PROMPTS)))
+    assert all(len(t) == 24 + int(r[1:]) % 5 for r, t in got.items())
+    assert any(r.kind == "decode_only" and r.cuda_graph for r in recs)
+    got_async, _ = greedy_run(engine(decode_attention="xqa", async_scheduling=True))
+    assert got_async == got
 
 
 @pytest.mark.parametrize("strided", [False, True], ids=["copied-qk", "strided-qk"])
