@@ -46,6 +46,7 @@ CUDA graphs (decode-only steps; the capture itself belongs to the runner):
 from __future__ import annotations
 
 import math
+import os
 
 import flashinfer
 import torch
@@ -130,6 +131,10 @@ class FlashInferAttention(AttentionBackend):
         self._xqa_graph: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._xqa_step: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self._decode_kernels: dict[int, str] = {}  # block size → kernel, once configured
+        # Experiment (profile_decode.py): XQA with programmatic dependent launch off
+        # (GPUCHEF_XQA_PDL=0); unset = FlashInfer's choice (on where the GPU supports it).
+        pdl = os.environ.get("GPUCHEF_XQA_PDL")
+        self.xqa_enable_pdl: bool | None = None if pdl in (None, "") else pdl != "0"
         self.kv_append = kv_append
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -439,7 +444,8 @@ class FlashInferAttention(AttentionBackend):
             xqa_batch_decode_with_kv_cache(q[:nd].contiguous(), kv_cache, self._xqa_ws, table,
                                            lens, max_seq,
                                            bmm1_scale=1.0 / math.sqrt(self.head_dim),
-                                           out=out[:nd], kv_layout="NHD")
+                                           out=out[:nd], kv_layout="NHD",
+                                           enable_pdl=self.xqa_enable_pdl)
         elif nd > 0:
             self._active_decode.run(q[:nd], kv_cache, out=out[:nd])
         if nd < T:
