@@ -141,9 +141,11 @@ def check_options(o: dict[str, Any]) -> None:
                               "A/B)")
     # --trace is ours here (the client's requests); the rest of bench's rule holds
     ua, ub = split_url(o["spec_a"], "--a")[0], split_url(o["spec_b"], "--b")[0]
-    urls = ", ".join(dict.fromkeys(u for u in (o.get("base_url"), ua, ub) if u))
+    urls = list(dict.fromkeys(u for u in (o.get("base_url"), ua, ub) if u))
+    via = " and ".join(f for f, u in (("--base-url", o.get("base_url")),
+                                      ("--a url=/--b url=", ua or ub)) if u)
     check_http_flags({**{k: v for k, v in o.items() if k != "trace_path"},
-                      "base_url": urls})
+                      "base_url": ", ".join(urls)}, via=via or "--base-url", servers=urls)
 
 
 def knob_state(arm: Arm, api_key: str | None) -> None:

@@ -33,16 +33,22 @@ HTTP_ONLY = ("endpoint", "max_concurrency", "ramp_up_strategy", "ramp_up_start_r
              "ramp_up_end_rps", "api_key", "tokenizer", "vocab_size", "request_timeout")
 
 
-def check_http_flags(o: dict[str, Any]) -> None:
+def check_http_flags(o: dict[str, Any], *, via: str = "--base-url",
+                     servers: list[str] | None = None) -> None:
     """Refuse engine-only options with ``--base-url`` and HTTP-only options without it, naming
-    every such flag given. Raises ConfigError."""
+    every such flag given. ``via``: the flag(s) that named the server(s) (``ab``'s two servers:
+    ``--a url=/--b url=``); ``servers``: their URLs (default: ``o["base_url"]``). Raises
+    ConfigError."""
     if o.get("base_url"):
         bad = [_flag(k) for k in ENGINE_ONLY if k in o and _given(k)]
         if bad:
             verb = "does" if len(bad) == 1 else "do"
-            raise ConfigError(f"{', '.join(bad)} {verb} not apply with "
-                              f"--base-url: the server at {o['base_url']} runs its own engine "
-                              "(set such options on that server)")
+            urls = servers or [o["base_url"]]
+            where = (f"the server at {urls[0]} runs its own engine (set such options on that "
+                     "server)" if len(urls) == 1 else
+                     f"the servers at {' and '.join(urls)} run their own engines (set such "
+                     "options on those servers)")
+            raise ConfigError(f"{', '.join(bad)} {verb} not apply with {via}: {where}")
     else:
         bad = [_flag(k) for k in HTTP_ONLY if k in o and _given(k)]
         if bad:
