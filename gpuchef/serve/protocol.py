@@ -197,9 +197,13 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
 
 
 def _is_off(v: Any, off: Any) -> bool:
-    """``v`` equals the "off" value ``off`` as JSON compares them: ``true`` is not 1, 0.0 is 0."""
+    """``v`` equals the "off" value ``off`` as JSON compares them: ``true`` is not 1, 0.0 is 0;
+    an object off value (``{"type": "text"}``) also matches with other keys null, as clients
+    that write every field of their model send it (vLLM's model has those keys, null)."""
     if isinstance(off, bool) or isinstance(v, bool):
         return v is off
+    if isinstance(off, dict) and off and isinstance(v, dict):
+        v = {k: x for k, x in v.items() if x is not None}
     return v == off
 
 
@@ -220,6 +224,8 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise bad(f"'model' must be a string, got {model!r}", "model")
     n = body.get("n", 1)
+    if isinstance(n, float) and n == 1:  # 1.0, as some clients send it (max_tokens: the same)
+        n = 1
     if n is not None and (not _is_int(n) or n != 1):
         raise bad(f"'n' = {n!r}: gpuchef's server returns one choice per prompt; allowed n=1",
                   "n")
