@@ -52,6 +52,7 @@ labels, timed on the CPU, so the bookkeeping is exercised; the numbers mean noth
 from __future__ import annotations
 
 import argparse
+import bisect
 import faulthandler
 import json
 import os
@@ -377,6 +378,17 @@ def profile_steps(eng: LLMEngine, out: SchedulerOutput, iters: int, notes: list[
         step = next((int(lab[4:]) for lab in r["labels"] if re.fullmatch(r"step\d+", lab)), None)
         r["cat"] = categorize(r["name"], r["labels"])
         (unlinked if step is None else steps[step]).append(r)
+    if cuda and unlinked and len(unlinked) < len(recs):
+        # Kernels launched outside any torch op (FlashInfer's TVM-FFI calls: attention, norms,
+        # RoPE, the append) have no CPU op to tie them to; a phased step ends in a sync, so each
+        # ran between its step's start and the next one's: place them by their GPU start.
+        starts = sorted((e.time_range.start, int(e.name[len(P) + 4:])) for e in prof.events()
+                        if e.device_type == DeviceType.CPU
+                        and re.fullmatch(re.escape(P) + r"step\d+", e.name))
+        placed, unlinked = place_by_start(unlinked, starts, steps)
+        if placed:
+            notes.append(f"{placed} kernels launched outside torch ops (FlashInfer's) placed in "
+                         "their step by GPU start time, categorised by name")
     if recs and len(unlinked) == len(recs):
         # The profiler did not tie kernels to the CPU ops that launched them: pool them all (the
         # per-step means stay right; busy/span then cover every step and the gaps between them).
@@ -389,6 +401,23 @@ def profile_steps(eng: LLMEngine, out: SchedulerOutput, iters: int, notes: list[
     for s in steps:
         s.sort(key=lambda r: r["start"])
     return steps
+
+
+def place_by_start(recs: list[dict], starts: list[tuple[float, int]],
+                   steps: list[list[dict]]) -> tuple[int, list[dict]]:
+    """Put each kernel record (``start`` µs) into ``steps[i]`` for the step whose CPU range
+    began last at or before it (``starts``: sorted ``(start µs, step index)``); a record before
+    the first step stays out. Returns (records placed, records left)."""
+    times = [t for t, _ in starts]
+    left, placed = [], 0
+    for r in recs:
+        k = bisect.bisect_right(times, r["start"]) - 1
+        if k < 0:
+            left.append(r)
+            continue
+        steps[starts[k][1]].append(r)
+        placed += 1
+    return placed, left
 
 
 def align_graph_to_eager(graph_steps: list[list[dict]], eager_steps: list[list[dict]],

@@ -263,3 +263,14 @@ def test_profile_decode_refuses_unknown_decode_attention(capsys):
         pd.main(["--model", "tiny", "--device", "cpu", "--decode-attention", "fast"])
     assert e.value.code == 2
     assert "--decode-attention 'fast' is not one of auto, flashinfer, xqa" in capsys.readouterr().err
+
+
+def test_kernels_without_a_launching_op_are_placed_in_their_step_by_start_time():
+    # FlashInfer's kernels come through TVM-FFI, not a torch op: the profiler cannot tie them
+    # to a step, so they go to the step whose CPU range began last before them
+    steps = [[], [], []]
+    recs = [dict(name="BatchPrefillWithPagedKVCacheKernel", start=s, us=1.0)
+            for s in (5.0, 10.0, 10.5, 29.9, 30.0, 99.0)]
+    placed, left = pd.place_by_start(recs, [(10.0, 0), (20.0, 1), (30.0, 2)], steps)
+    assert placed == 5 and [r["start"] for r in left] == [5.0]
+    assert [[r["start"] for r in s] for s in steps] == [[10.0, 10.5], [29.9], [30.0, 99.0]]
