@@ -402,11 +402,14 @@ def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[s
     """Each side's ``PreparedLoad`` (``bench_http.prepare_http_load``) on the same requests: A's
     arrivals, lengths and token ids, drawn below both servers' vocabularies and within both
     context lengths; each side its own model name. Raises ConfigError naming the side's flag."""
-    from .bench_http import prepare_http_load
+    from .bench_http import check_load_flags, http_config, prepare_http_load
+
+    # the load flags are both sides': checked once, in their own words (no side named)
+    tok = check_load_flags(o, http_config(o, arms["A"].url))
 
     def prep(oo: dict[str, Any], k: str) -> Any:
         try:
-            return prepare_http_load(oo, base_url=arms[k].url, model=model)
+            return prepare_http_load(oo, base_url=arms[k].url, model=model, tok=tok)
         except ConfigError as e:
             msg, head = str(e), "--base-url "
             if o.get("base_url"):

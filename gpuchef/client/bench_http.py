@@ -75,22 +75,29 @@ class PreparedLoad:
     info: Any = None
 
 
-def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
-                      model: str = "") -> PreparedLoad:
-    """Parse the load flags of ``o`` (as `bench --base-url` and `top --attach` take them),
-    ask the server for its models once, and build the requests. ``base_url``: the server
-    (default ``o["base_url"]``); ``model``: the name to send ("" = the server's first model).
-    Raises ConfigError for bad input or an unreachable server, before any request is sent."""
-    from ..engine_host.workload import generate
-    from ..options import print_warning, trace_flags_warning, workload_config
-    from ..session import load_desc
-    from .http_load import (HttpLoadConfig, apply_ramp_up, check_ramp_up, fetch_server_info,
-                            load_tokenizer, request_body, tokenizer_vocab_size)
+#: ``prepare_http_load``'s ``tok`` when the load flags are still to be checked
+UNCHECKED: Any = object()
 
-    cfg = HttpLoadConfig(base_url=base_url or o["base_url"], endpoint=o["endpoint"],
-                         model=model, api_key=o.get("api_key"),
-                         max_concurrency=o.get("max_concurrency"),
-                         request_timeout_s=o["request_timeout"])
+
+def http_config(o: dict[str, Any], base_url: str | None = None, model: str = "") -> Any:
+    """The client settings of ``o`` for one server (``http_load.HttpLoadConfig``; ``base_url``
+    default ``o["base_url"]``). Raises ConfigError for a bad endpoint, concurrency or timeout."""
+    from .http_load import HttpLoadConfig
+
+    return HttpLoadConfig(base_url=base_url or o["base_url"], endpoint=o["endpoint"],
+                          model=model, api_key=o.get("api_key"),
+                          max_concurrency=o.get("max_concurrency"),
+                          request_timeout_s=o["request_timeout"])
+
+
+def check_load_flags(o: dict[str, Any], cfg: Any) -> Any:
+    """The load flags of ``o`` and its ``--result-json`` path, checked before any server is
+    asked (two-server ``ab`` checks them once, for both sides), and the warning for random-load
+    flags a trace ignores. ``cfg``: ``http_config``'s. Returns the local tokenizer
+    (``--tokenizer``) or None. Raises ConfigError naming the flag."""
+    from ..options import print_warning, trace_flags_warning, workload_config
+    from .http_load import check_ramp_up, load_tokenizer
+
     try:
         rate = float(o["request_rate"])
     except ValueError:
@@ -111,6 +118,24 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     if o.get("result_json"):
         from ..options import check_output_path
         check_output_path(o["result_json"], "--result-json")
+    return tok
+
+
+def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
+                      model: str = "", tok: Any = UNCHECKED) -> PreparedLoad:
+    """Parse the load flags of ``o`` (as `bench --base-url` and `top --attach` take them),
+    ask the server for its models once, and build the requests. ``base_url``: the server
+    (default ``o["base_url"]``); ``model``: the name to send ("" = the server's first model);
+    ``tok``: ``check_load_flags``' answer when the flags were checked already.
+    Raises ConfigError for bad input or an unreachable server, before any request is sent."""
+    from ..engine_host.workload import generate
+    from ..options import workload_config
+    from ..session import load_desc
+    from .http_load import apply_ramp_up, fetch_server_info, request_body, tokenizer_vocab_size
+
+    cfg = http_config(o, base_url, model)
+    if tok is UNCHECKED:
+        tok = check_load_flags(o, cfg)
 
     info = fetch_server_info(cfg)  # ConfigError when nothing answers
     if info.models:

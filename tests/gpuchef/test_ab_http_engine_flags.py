@@ -1,6 +1,7 @@
-"""`gpuchef ab` over HTTP refuses the hosted engine's flags in one line that names the flag that
-named the servers (`--a url=/--b url=`, not a `--base-url` that was never given) and every
-server, as a tester found with `--decode-attention` (HD's report)."""
+"""`gpuchef ab` over two servers and its flags (HD's report): the hosted engine's flags are refused
+in one line that names the flag that named the servers (`--a url=/--b url=`, not a `--base-url`
+that was never given) and every server; a bad load flag is one line in its own words, not
+blamed on server A; the warning for flags a trace ignores comes once, not once per side."""
 
 from __future__ import annotations
 
@@ -21,3 +22,30 @@ def test_engine_flag_with_one_server_keeps_base_url_wording(fakes):
            "--decode-attention", "xqa", *FAST)
     one_error(r, "--device, --decode-attention do not apply with --base-url",
               f"the server at {u} runs its own engine")
+
+
+def test_a_load_flag_error_names_no_side(fakes):
+    """A bad load flag or --result-json path is both sides': its own words, no `--a url=U:` in
+    front (which read as server A's fault); a server's own fault still names its side."""
+    u1, u2 = fakes[0].url, fakes[1].url
+    two = ("--a", f"url={u1}", "--b", f"url={u2}")
+    cases = [(["--input-len", "0"], "error: --input-len=0 is out of range"),
+             (["--result-json", "/nonexistent-hd/x.json"],
+              "error: --result-json '/nonexistent-hd/x.json': folder '/nonexistent-hd' does "
+              "not exist")]
+    for extra, words in cases:
+        i = FAST.index("--input-len")
+        fast = FAST[:i] + FAST[i + 2:] if "--input-len" in extra else FAST
+        r = ab(*two, *fast, *extra)
+        one_error(r, words)
+        assert "url=" not in r.output, r.output
+
+
+def test_the_trace_ignores_flags_warning_comes_once(fakes):
+    u1, u2 = fakes[0].url, fakes[1].url
+    r = ab("--a", f"url={u1}", "--b", f"url={u2}", "--dataset", "azure-conv", "--num-prompts",
+           "2", "--trace-speed", "inf", "--max-input-len", "8", "--max-output-len", "2",
+           "--input-len", "5", "--vocab-size", "100")
+    assert r.exit_code == 0, r.output
+    warned = [x for x in r.output.splitlines() if x.startswith("warning: --input-len")]
+    assert len(warned) == 1, r.output
