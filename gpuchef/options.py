@@ -245,18 +245,38 @@ def graph_flags_warning(o: dict[str, Any], cfg: EngineConfig) -> str | None:
     return None
 
 
+def decode_attention_warning(cfg: EngineConfig) -> str | None:
+    """One line when ``--decode-attention`` names a kernel this run cannot use (the CPU, or
+    ``--attention-backend reference``: decode rows run on the PyTorch reference), else None.
+    Raises ConfigError for a bad ``--device``."""
+    from .engine_host.engine import resolve_device
+
+    if cfg.engine != "native" or cfg.decode_attention == "auto":
+        return None
+    device = resolve_device(cfg.device)
+    if device.type != "cuda":
+        where = f"on {device.type}"
+    elif cfg.attention_backend == "reference":
+        where = "with --attention-backend reference"
+    else:
+        return None
+    return (f"--decode-attention {cfg.decode_attention} has no effect {where}: decode rows run "
+            "on the PyTorch reference attention")
+
+
 def _flags_have(names: list[str]) -> str:
     return ", ".join(flag_name(k) for k in names) + (" has" if len(names) == 1 else " have")
 
 
 def engine_config(o: dict[str, Any], warn: Callable[[str], None] | None = None) -> EngineConfig:
     """EngineConfig from the parsed options. Raises ConfigError for a value out of range.
-    Graph flags that cannot change this run (``graph_flags_warning``) get one line to ``warn``
+    Graph flags and a decode kernel that cannot change this run (``graph_flags_warning``,
+    ``decode_attention_warning``) get one line each to ``warn``
     (default: ``warning: ...`` on stderr); the run goes on."""
     cfg = _engine_config(o)
-    msg = graph_flags_warning(o, cfg)
-    if msg:
-        (warn or print_warning)(msg)
+    for msg in (graph_flags_warning(o, cfg), decode_attention_warning(cfg)):
+        if msg:
+            (warn or print_warning)(msg)
     return cfg
 
 

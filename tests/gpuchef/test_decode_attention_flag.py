@@ -51,3 +51,11 @@ def test_what_ran_is_in_the_result_json_and_the_trace(tmp_path):
     assert meta["decode_attention"] == "reference"
     assert meta["engine_config"]["decode_attention"] == "flashinfer"  # as asked
     assert "Device / attention:                      cpu / reference" in r.output
+    # the kernel asked for cannot run here: one warning says so, the run goes on
+    assert ("warning: --decode-attention flashinfer has no effect on cpu: decode rows run on "
+            "the PyTorch reference attention") in " ".join(r.output.split())
+
+
+def test_no_warning_for_the_default():
+    r = CliRunner().invoke(cli, ["bench", *SMALL], catch_exceptions=False)
+    assert r.exit_code == 0 and "--decode-attention" not in r.output
