@@ -54,7 +54,10 @@ did not finish normally) go with the comparison and make its first row ("failed"
 When the share of requests that failed differs between A and B — in any pair (A_n, B_n) or
 pooled; no tolerance: one request lost on one side only is enough — every row with a better
 direction but the failed row gets the verdict ``NOT_COMPARABLE`` and
-``Comparison.not_comparable`` says why in one line (:func:`failures_differ`).
+``Comparison.not_comparable`` says why in one line (:func:`failures_differ`); so they do when
+the shares are equal but, over the same load (a pair of windows holding the same requests),
+the two sides failed different requests (:func:`failed_requests_differ`). The failed row itself
+is then judged on its counts: the side that lost more requests is worse, whatever the spread.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from gpuchef.probes.metrics import BenchMetrics, summarize
+from gpuchef.probes.metrics import COMPLETED_REASONS, BenchMetrics, is_probe_id, summarize
 
 LABELS = ("A", "B")
 #: A window shorter than this share of its run's median window length is not counted.
@@ -558,6 +561,37 @@ def failures_differ(a: Sequence[RequestCounts], b: Sequence[RequestCounts]) -> s
     return text + ": latency and throughput rows are not compared"
 
 
+def load_id(request_id: Any) -> str:
+    """A request's id in its load: without a mirrored run's side prefix (``A/``) and the
+    repetition suffix (``#n``, :func:`rep_request_id`), so that A's and B's copies of one load
+    request share it."""
+    rid = str(request_id)
+    if side_of(rid):
+        rid = rid[2:]
+    return rid.split("#", 1)[0]
+
+
+def failed_requests_differ(a: Sequence[WindowResult], b: Sequence[WindowResult]) -> str:
+    """Why A's and B's figures are not comparable although the same shares failed, or "": in a
+    pair of windows (``a[n]``, ``b[n]``) that hold the same load (the same :func:`load_id` set:
+    a mirrored repetition, or sequential runs of one seeded load) the two sides failed
+    different requests — A losing the short ones and B the long ones leaves each a different
+    load to be timed on. Windows of different requests (the live screen's alternating windows
+    on one arrival stream) are compared by shares alone (:func:`failures_differ`)."""
+    for n, (x, y) in enumerate(zip(a, b), start=1):
+        loads = [{load_id(r.request_id): r.finish_reason in COMPLETED_REASONS
+                  for r in w.requests if not is_probe_id(r.request_id)} for w in (x, y)]
+        if not loads[0] or loads[0].keys() != loads[1].keys():
+            continue
+        only_a = sum(1 for k, done in loads[0].items() if not done and loads[1][k])
+        only_b = sum(1 for k, done in loads[1].items() if not done and loads[0][k])
+        if only_a or only_b:
+            return (f"A and B failed different requests of the same load (pair {n}: "
+                    f"{only_a} failed on A only, {only_b} on B only): latency and throughput "
+                    "rows are not compared")
+    return ""
+
+
 @dataclass
 class Comparison:
     """The counted windows of both settings (``runs``, time order), each setting's pooled
@@ -596,7 +630,8 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
             goodput: dict[str, float] | None = None, min_pairs: int = MIN_WINDOWS) -> Comparison:
     """Pool each setting's counted windows and compute B − A per metric; with each setting's
     requests sent / completed / failed per window, and no verdict on the judged rows when the
-    shares that failed differ (:func:`failures_differ`). Raises ValueError when a setting has no
+    shares that failed differ (:func:`failures_differ`) or, over the same load, the requests
+    that failed (:func:`failed_requests_differ`). Raises ValueError when a setting has no
     counted window."""
     counted = [r for r in results if r.counted]
     by = {k: sorted([r for r in counted if r.label == k], key=lambda r: (r.rep, r.t0_ns))
@@ -609,7 +644,7 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
         pooled[k], pooled_gpu[k] = pool(by[k], percentiles, goodput)
     has_gpu = any(math.isfinite(v) for g in pooled_gpu.values() for v in g.values())
     counts = {k: [RequestCounts.of(r.metrics) for r in by[k]] for k in LABELS}
-    why = failures_differ(counts["A"], counts["B"])
+    why = failures_differ(counts["A"], counts["B"]) or failed_requests_differ(by["A"], by["B"])
     rows = []
     for spec in metric_specs(percentiles, bool(goodput), has_gpu):
         a = spec.get(pooled["A"], pooled_gpu["A"])
@@ -621,6 +656,8 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
         v = verdict(spec, a_runs, b_runs, min_pairs)
         if why and spec.better and spec.key != FAILED_ROW and v != "n/a":
             v = NOT_COMPARABLE
+        elif why and spec.key == FAILED_ROW and d != 0:
+            v = "B worse" if d > 0 else "B better"  # counts, not a noisy figure
         rows.append(DeltaRow(spec.key, spec.label, spec.better, a, b, d, dp,
                              [y - x for x, y in zip(a_runs, b_runs)], a_runs, b_runs,
                              v, spec.unit))
