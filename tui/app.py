@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App
+from textual.app import App, ScreenStackError
 from textual.css.query import NoMatches
 from textual.message import Message
 
@@ -82,7 +82,10 @@ class GpuchefApp(App):
 
     def _tick(self) -> None:
         c0 = time.thread_time()
-        scr = self.screen
+        try:
+            scr = self.screen
+        except ScreenStackError:  # a tick racing the app's teardown: no screen left to draw
+            return
         if getattr(scr, "ready", False):  # set once the screen has mounted its widgets
             try:
                 scr.tick()
