@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--enforce-eager", action="store_true", help="every arm: no CUDA graphs")
-    ap.add_argument("--decode-attention", default="auto", choices=["auto", "flashinfer", "xqa"],
+    from gpuchef.engine_host.attention import DECODE_ATTENTION
+
+    ap.add_argument("--decode-attention", default="auto", choices=DECODE_ATTENTION,
                     help="the native arm's decode kernel (EngineConfig.decode_attention)")
     ap.add_argument("--native-enforce-eager", action="store_true",
                     help="the native arm only: no CUDA graphs (its graph capture at large "

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import click
 
+from .engine_host.attention import DECODE_ATTENTION
 from .engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
                                  PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig, ConfigError,
                                  parse_capture_sizes,
@@ -59,7 +60,7 @@ engine_options = _opts(
                  type=click.Choice(["auto", "reference", "flashinfer"]),
                  help="auto = flashinfer on CUDA when it imports, else the PyTorch reference."),
     click.option("--decode-attention", default="auto", show_default=True,
-                 type=click.Choice(["auto", "flashinfer", "xqa"]),
+                 type=click.Choice(list(DECODE_ATTENTION)),
                  help="Native engine on FlashInfer: the kernel for decode rows. auto = "
                       "FlashInfer's decode wrapper; xqa = TensorRT-LLM's XQA decode kernel as "
                       "FlashInfer ships it (SM90+, block size 16/32/64/128)."),
