@@ -234,12 +234,12 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
     from .ab_runs import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
                      run_sequential, side_by_side)
     from .ab_runs import knob_text
-    from .probes.metrics import autopilot_totals, format_results_block
+    from .probes.metrics import autopilot_totals, format_results_block, is_probe_id
 
     settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
 
     def on_run(i: int, total: int, run) -> None:
-        n = len(run.requests)
+        n = sum(1 for r in run.requests if not is_probe_id(r.request_id))  # the results' count
         of = f"/{total}" if total else ""
         kind = "window" if o["interleave"] else "repetition"
         err.print(f"[dim]run {i}{of}: {run.label} ({settings[run.label].describe()}) {kind} "

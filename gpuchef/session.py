@@ -22,7 +22,7 @@ from .engine_host.factory import make_engine
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
 from .options import attention_label
-from .probes.metrics import gpu_means
+from .probes.metrics import gpu_means, is_probe_id
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine:
@@ -89,8 +89,9 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
 
     def on_request(r: RequestRecord) -> None:
         res.requests.append(r)
-        with lock:
-            done_count[0] += 1
+        if not is_probe_id(r.request_id):  # the bar counts the load, as the results do
+            with lock:
+                done_count[0] += 1
         for f in listeners:
             f("request", r)
 
@@ -102,7 +103,7 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
     host = EngineHost(engine, on_step=on_step, on_request=on_request, on_event=on_event)
     host.set_workload(specs)
     console = console or Console(stderr=True, soft_wrap=True)
-    total = len(specs)
+    total = sum(1 for s in specs if not is_probe_id(s.request_id))
     with Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=not console.is_terminal) as progress:

@@ -458,6 +458,7 @@ def ab_http(o: dict[str, Any], err) -> None:
 
     from ..ab_runs import check_repetitions, format_deltas, run_orders, side_by_side
     from ..options import check_output_files, check_output_path, write_json
+    from ..probes.metrics import is_probe_id
     from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
     from ..probes.recorder import TraceRecorder
     from .bench_http import _given, result_json
@@ -495,9 +496,12 @@ def ab_http(o: dict[str, Any], err) -> None:
               f"({load})[/dim]")
 
     def done(r: HttpRun) -> str:
-        bad = sum(1 for x in r.run.results if not x.success)
-        return (f"{len(r.records)} requests in {r.run.duration_s:.1f} s"
-                f"{f', {bad} failed' if bad else ''}")
+        # the load's requests only, as the results block counts them (probes named apart)
+        load = [x for x in r.run.results if not is_probe_id(x.request_id)]
+        bad = sum(1 for x in load if not x.success)
+        probes = len(r.run.results) - len(load)
+        return (f"{len(load)} requests in {r.run.duration_s:.1f} s"
+                f"{f', {bad} failed' if bad else ''}{f' (+{probes} probes)' if probes else ''}")
 
     pending: list[HttpRun] = []
 

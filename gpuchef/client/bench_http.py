@@ -185,7 +185,8 @@ def bench_http(o: dict[str, Any], err) -> None:
     from rich.markup import escape
 
     from ..options import check_output_files, write_json
-    from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles, summarize
+    from ..probes.metrics import (format_results_block, is_probe_id, parse_goodput,
+                                   parse_percentiles, summarize)
     from .http_load import (error_counts, error_lines, lateness_stats, peak_stats, result_arrays,
                             run_http_load, to_request_records)
 
@@ -207,9 +208,11 @@ def bench_http(o: dict[str, Any], err) -> None:
         with Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=True,
                       disable=not err.is_terminal) as progress:
-            bar = progress.add_task("requests", total=len(specs))
-            run = run_http_load(specs, cfg, body, ramp=ramp,
-                                on_done=lambda: progress.advance(bar))
+            # the load's requests only, as the results block counts them (not the probes)
+            bar = progress.add_task("requests", total=sum(
+                1 for s in specs if not is_probe_id(s.request_id)))
+            run = run_http_load(specs, cfg, body, ramp=ramp, on_result=lambda r: None
+                                if is_probe_id(r.request_id) else progress.advance(bar))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/] the run was stopped; no results (requests in flight "
                   "were cancelled)")

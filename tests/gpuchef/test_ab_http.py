@@ -504,3 +504,21 @@ def test_report_of_a_hosted_and_a_client_trace_says_n_a_for_the_client_groups(se
         f" No engine-step rows for {', '.join(g.short for g in client)}: the trace holds no "
         "steps — the load went over HTTP")
     assert no_steps_note(hosted) == ""
+
+
+def test_progress_lines_count_load_requests_not_probes(fakes, tmp_path):
+    """With --probe-interval the progress line of each repetition counts the load's requests
+    (the results' ``completed``), the probes named apart; they were counted as load."""
+    s1, s2 = fakes
+    rj = tmp_path / "r.json"
+    r = ab("--a", f"url={s1.url}", "--b", f"url={s2.url}", *FAST, "--probe-interval", "0.05",
+           "--result-json", str(rj))
+    assert r.exit_code == 0, r.output
+    d = json.loads(rj.read_text())
+    prog = [ln for ln in r.stderr.splitlines() if ln.startswith("repetition ")]
+    assert prog
+    for ln in prog:
+        for k in "AB":
+            m = re.search(rf"{k} (\d+) requests in [\d.]+ s \(\+(\d+) probes\)", ln)
+            assert m, ln
+            assert int(m.group(1)) == d["results"][k]["completed"] == 4
