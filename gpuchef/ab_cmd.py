@@ -14,7 +14,7 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
-from .options import (check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
+from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
                       workload_options, write_json, print_warning, trace_flags_warning)
 
@@ -160,8 +160,6 @@ def _check(o: dict) -> dict[str, Any]:
         print_warning(w)
     c["sample_hz"], c["gpus"] = check_sampling(o["sample_hz"], o["gpus"])
     check_output_files(o)  # ~, a folder-style path, one file named twice
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
-    check_output_path(o["result_json"], "--result-json")
     return c
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (attention_label, check_output_files, check_output_path, check_sampling, engine_config, engine_options, run_config,
+from .options import (attention_label, check_output_files, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json, http_load_options, print_warning, trace_flags_warning)
 
@@ -82,8 +82,6 @@ def _bench(o: dict, err: Console) -> None:
     workload_config(o, vocab_size=1 << 20, max_model_len=None)  # load flags and trace file
     if (w := trace_flags_warning(o)):
         print_warning(w)
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
-    check_output_path(o["result_json"], "--result-json")
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)

@@ -372,11 +372,12 @@ def clip_warning(stats: Any, *, given: bool) -> str:
             "or shorten the load (--max-input-len, --max-output-len)")
 
 
-def check_output_path(path: str | None, flag: str, *, make_parents: bool = False) -> None:
-    """Refuse, before any work, a file path that cannot be written: a folder, a missing
-    parent folder (created instead with ``make_parents``, as the trace recorder does), or a
-    place where no file can be created (tried: the file is opened for append, and removed
-    again if it was not there). Raises ConfigError naming the flag and the path."""
+def check_output_path(path: str | None, flag: str) -> None:
+    """The one check of every output-path flag (``--trace``, ``--result-json``, ``--json``,
+    ``report -o``), before any work: a missing parent folder is created (as ``vllm bench
+    serve --result-dir`` does); a path that is a folder, whose parent is a file, or where no
+    file can be created (tried: the file is opened for append, and removed again if it was not
+    there) is refused. Raises ConfigError naming the flag and the path."""
     import os
     from pathlib import Path
 
@@ -386,15 +387,17 @@ def check_output_path(path: str | None, flag: str, *, make_parents: bool = False
     if p.is_dir():
         raise ConfigError(f"{flag} {path!r} is a folder: give a file path")
     parent = p.parent
-    if make_parents and not parent.exists():
+    up = parent
+    while not up.exists() and up != up.parent:  # the nearest folder that exists, or a file
+        up = up.parent
+    if up.exists() and not up.is_dir():
+        raise ConfigError(f"{flag} {path!r}: {str(up)!r} is a file, not a folder")
+    if not parent.exists():
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"{flag} {path!r}: cannot create folder {str(parent)!r} "
                               f"({e.strerror or e})") from None
-    if not parent.is_dir():
-        what = "is a file, not a folder" if parent.exists() else "does not exist"
-        raise ConfigError(f"{flag} {path!r}: folder {str(parent)!r} {what}")
     existed = p.exists()
     try:
         with open(p, "a"):
@@ -414,8 +417,8 @@ def check_output_files(o: dict) -> None:
     optional): expand ``~`` in ``--trace`` / ``--result-json`` (the shell leaves
     ``--trace=~/t.jsonl`` alone; the check and the writer must see the same file) and refuse a
     folder-style path, one file named twice (the results would overwrite the trace) or an output
-    that is the ``--dataset`` CSV (it would be overwritten after it was read). Raises
-    ConfigError."""
+    that is the ``--dataset`` CSV (it would be overwritten after it was read); then each goes
+    through :func:`check_output_path`. Raises ConfigError."""
     import os
 
     outs = []
@@ -442,6 +445,8 @@ def check_output_files(o: dict) -> None:
                         f"{fa} would overwrite the dataset it reads")
                 raise ConfigError(f"{fa} {a!r} and {fb} {b!r} are the same file: {what}; "
                                   "give another path")
+    for flag, path in outs:  # missing folders made, a folder or unwritable place refused
+        check_output_path(path, flag)
 
 
 def write_json(path: str, data: Any, flag: str) -> None:

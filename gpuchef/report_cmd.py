@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .engine_host.config import ConfigError
+from .options import check_output_path
 
 MATPLOTLIB_HINT = ("the HTML report draws its plots with matplotlib, which is not installed: "
                    "pip install 'gpuchef[report]' (or pip install matplotlib). "
@@ -41,6 +42,7 @@ def _output(output: str | None, paths: list[str], fmt: str) -> str:
     for o in outs:
         if any(Path(o).resolve() == Path(t).resolve() for t in paths) or is_trace_file(o):
             raise ConfigError(f"-o {output!r} would overwrite the trace {o!r}: give another path")
+        check_output_path(o, "-o")  # the one check of output paths: folder made, bad refused
     return out
 
 

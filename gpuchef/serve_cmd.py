@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .engine_host.config import ConfigError
-from .options import (_opts, check_output_files, check_output_path, check_sampling,
+from .options import (_opts, check_output_files, check_sampling,
                       engine_config, engine_options, scheduler_options)
 from .serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
 
@@ -151,7 +151,6 @@ def _build(o: dict, err: Console):
     check_output_files(o)
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
     ecfg = engine_config(o)
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
     server = prepare_serving(o)
     try:
         engine = build_engine(ecfg, err)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (print_warning, check_output_files, check_output_path, engine_config, engine_options,
+from .options import (print_warning, check_output_files, engine_config, engine_options,
                       http_client_options, scheduler_options, trace_flags_warning, workload_config,
                       workload_options)
 from .serve_cmd import prepare_serving, serve_options
@@ -242,7 +242,6 @@ def _build(ctx: click.Context, o: dict, err: Console):
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
     check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
     check_output_files(o)  # ~, a folder-style path, one file named twice
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
     serve_only = {"http_host": "--host", "port": "--port", "api_key": "--api-key",
                   "served_model_name": "--served-model-name", "tokenizer": "--tokenizer",
                   "max_concurrent_requests": "--max-concurrent-requests",
@@ -318,7 +317,6 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
                           "[1, 3600] s")
     check_screenshot_dir(o["screenshot_dir"])
     check_output_files(o)
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
     load = None
     load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
     if load_given:  # the load of `bench --base-url`, refused before anything is sent

@@ -457,7 +457,7 @@ def ab_http(o: dict[str, Any], err) -> None:
     from rich.markup import escape
 
     from ..ab_runs import check_repetitions, format_deltas, run_orders, side_by_side
-    from ..options import check_output_files, check_output_path, write_json
+    from ..options import check_output_files, write_json
     from ..probes.metrics import is_probe_id
     from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
     from ..probes.recorder import TraceRecorder
@@ -468,7 +468,6 @@ def ab_http(o: dict[str, Any], err) -> None:
     check_options(o)
     arms, load = parse_arms(o)
     check_output_files(o)
-    check_output_path(o["trace_path"], "--trace", make_parents=True)
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
     pcts = parse_percentiles(o["metric_percentiles"])
     reps = check_repetitions(o["repetitions"])

@@ -45,7 +45,8 @@ def _bad_csv(tmp_path):
 
 @pytest.mark.parametrize("cmd", ["bench", "ab"])
 @pytest.mark.parametrize("case", [
-    "result_json_unwritable", "result_json_no_folder", "result_json_is_folder", "trace_unwritable",
+    "result_json_unwritable", "result_json_is_folder", "trace_unwritable", "trace_is_folder",
+    "result_json_under_a_file", "trace_under_a_file",
     "sample_hz", "sample_hz_negative", "gpus", "dataset_missing", "dataset_contents",
     "kv_cache_memory_neg", "kv_cache_memory_zero", "num_gpu_blocks_zero", "num_gpu_blocks_neg",
     "gpu_mem_util_zero", "gpu_mem_util_high", "trace_is_result_json", "trace_is_dataset",
@@ -54,8 +55,11 @@ def test_refused_before_loading(cmd, case, tmp_path):
     args, needle = {
         "result_json_unwritable": (["--result-json", "/proc/r.json"],
                                    "--result-json '/proc/r.json': cannot write a file there"),
-        "result_json_no_folder": (["--result-json", str(tmp_path / "no" / "r.json")],
-                                  "does not exist"),
+        "trace_is_folder": (["--trace", str(tmp_path)], "is a folder: give a file path"),
+        "result_json_under_a_file": (["--result-json", str(_good_csv(tmp_path) / "no" / "r.json")],
+                                     "is a file, not a folder"),
+        "trace_under_a_file": (["--trace", str(_good_csv(tmp_path) / "t.jsonl")],
+                               "is a file, not a folder"),
         "result_json_is_folder": (["--result-json", str(tmp_path)], "is a folder"),
         "trace_unwritable": (["--trace", "/proc/t.jsonl"], "--trace '/proc/t.jsonl'"),
         "sample_hz": (["--sample-hz", "1000"],
@@ -92,10 +96,35 @@ def test_result_json_check_leaves_no_file(tmp_path):
     p.write_text("keep")
     check_output_path(str(p), "--result-json")
     assert p.read_text() == "keep"  # an existing file is not truncated by the check
-    check_output_path(str(tmp_path / "a" / "t.jsonl"), "--trace", make_parents=True)
+    check_output_path(str(tmp_path / "a" / "t.jsonl"), "--trace")
     assert (tmp_path / "a").is_dir()
     with pytest.raises(ConfigError, match="is a folder"):
-        check_output_path(str(tmp_path), "--trace", make_parents=True)
+        check_output_path(str(tmp_path), "--trace")
+
+
+def test_every_output_flag_creates_a_missing_folder(tmp_path):
+    """--trace, --result-json (bench, ab) and report -o into folders that do not exist yet: each
+    is created and the file written there (--result-json refused a missing folder while --trace
+    made it; `vllm bench serve --result-dir` makes it)."""
+    from gpuchef.probes.recorder import read_trace
+
+    t, rj = tmp_path / "a" / "b" / "t.jsonl", tmp_path / "c" / "r.json"
+    r = invoke("bench", *BASE, "--trace", str(t), "--result-json", str(rj))
+    assert r.exit_code == 0, r.output
+    assert json.loads(rj.read_text())["completed"] == 2
+    assert len(read_trace(str(t)).requests) == 2
+    t2, rj2 = tmp_path / "d" / "t.jsonl", tmp_path / "e" / "r.json"
+    r = invoke("ab", *BASE, "--trace", str(t2), "--result-json", str(rj2))
+    assert r.exit_code == 0, r.output
+    assert json.loads(rj2.read_text()) and read_trace(str(t2)).requests
+    out = tmp_path / "f" / "g" / "run.perfetto.json"
+    r = invoke("report", str(t), "--format", "perfetto", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())
+    # report -o under a file: one clear message, before the trace is read
+    r = invoke("report", str(t), "--format", "perfetto", "-o", str(rj / "x.json"))
+    assert r.exit_code != 0 and "is a file, not a folder" in r.output, r.output
+    assert "Traceback" not in r.output
 
 
 def test_bench_shows_async_scheduling_and_clipping(tmp_path):
