@@ -143,13 +143,16 @@ class Run(WindowResult):
     load_t0_ns: int = 0
 
 
-def rep_specs(specs: Sequence[Any], rep: int, run_id: int = 1) -> list[Any]:
-    """``specs`` as repetition ``rep`` of run ``run_id`` sends them: the same requests, each id
-    suffixed (``probes.ab.rep_request_id``) so that the trace's records of two repetitions do
-    not share ids."""
+def rep_specs(specs: Sequence[Any], rep: int, run_id: int = 1,
+              side: str | None = None) -> list[Any]:
+    """``specs`` as repetition ``rep`` of run ``run_id`` sends them (to ``side`` "A"/"B" in a
+    sequential run): the same requests, each id as ``probes.ab.rep_request_id`` spells it
+    (``A/req-0#1``) so that the trace's records of two repetitions, or of A's and B's runs of
+    one repetition, do not share ids."""
     from dataclasses import replace
 
-    return [replace(s, request_id=rep_request_id(s.request_id, rep, run_id)) for s in specs]
+    return [replace(s, request_id=rep_request_id(s.request_id, rep, run_id, side))
+            for s in specs]
 
 
 def _assert_idle(engine: Any) -> None:
@@ -234,7 +237,7 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                 host.set_config(**st.knobs())
 
             first = _mark(engine, mark_name(run_id, label, rep), listeners)
-            res = run_load(engine, rep_specs(specs, rep, run_id), listeners=listeners,
+            res = run_load(engine, rep_specs(specs, rep, run_id, label), listeners=listeners,
                            console=console, on_start=on_start)
             rec.add(res, first)
             rec.load_t0.append((first.t_ns, res.t0_ns))

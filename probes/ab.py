@@ -11,7 +11,8 @@ mode) opens with an ``EngineEvent("mark")`` named ``ab:<run>:<A|B>:<n>`` (run id
 span, each holding only its own server's requests — told apart by the request id's prefix
 ``A/`` or ``B/`` (:func:`side_of`). :func:`mark_name` writes them, :func:`parse_mark` reads them;
 nothing else spells the format. A load sent again (each repetition of ``gpuchef ab``) gives its
-requests the suffix ``#<rep>`` (:func:`rep_request_id`): ids are unique in a trace.
+requests the suffix ``#<rep>``, and a load sent to each side (mirrored, or `gpuchef ab`'s
+sequential runs) the side prefix (:func:`rep_request_id`): ids are unique in a trace.
 
 **Windows.** A window runs from its mark to the next mark of the same run (or the end mark).
 It is *counted* when it is complete (closed by a later mark), at least
@@ -124,15 +125,21 @@ def parse_mark(name: Any) -> Mark | None:
     return Mark(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
-def rep_request_id(request_id: str, rep: int, run: int = 1) -> str:
+def rep_request_id(request_id: str, rep: int, run: int = 1, side: str | None = None) -> str:
     """A request's id in repetition ``rep`` (>= 1) of A/B run ``run`` that sends the same load
     again: ``<id>#<rep>``, or ``<id>#<run>.<rep>`` for a later run of the same session (the
     attached dashboard's ``r``), so that no two records of a trace share an id. A suffix: the
-    probe prefix (``probe-``) and a mirrored run's side prefix (``A/``, :func:`side_of`) stay
-    in front. Raises ValueError for ``rep`` or ``run`` < 1."""
+    probe prefix (``probe-``) stays in front. ``side`` ("A"/"B"): the load is sent to each side
+    (a mirrored run, or a sequential one: A's and B's copies of repetition n), whose copies
+    are told apart by the prefix ``A/`` / ``B/`` (:func:`side_of`). Raises ValueError for
+    ``rep`` or ``run`` < 1, or a ``side`` other than A, B or None."""
     if int(rep) < 1 or int(run) < 1:
         raise ValueError(f"rep_request_id: rep {rep!r} and run {run!r} must be >= 1")
-    return f"{request_id}#{int(rep)}" if int(run) == 1 else f"{request_id}#{int(run)}.{int(rep)}"
+    if side is not None and side not in LABELS:
+        raise ValueError(f"rep_request_id: side {side!r}: allowed A, B or None")
+    head = f"{side}/" if side else ""
+    return (f"{head}{request_id}#{int(rep)}" if int(run) == 1
+            else f"{head}{request_id}#{int(run)}.{int(rep)}")
 
 
 def side_of(request_id: Any) -> str | None:

@@ -208,7 +208,8 @@ def records_of(results: list, prefix: str = "", rep: int = 1, run_id: int = 1) -
     from ..probes.ab import rep_request_id
     from .http_load import to_request_records
 
-    return [replace(r, request_id=f"{prefix}{rep_request_id(r.request_id, rep, run_id)}")
+    side = prefix.rstrip("/") or None
+    return [replace(r, request_id=rep_request_id(r.request_id, rep, run_id, side))
             for r in to_request_records(results)]
 
 
@@ -250,7 +251,8 @@ def _run_async(make, cancel) -> Any:
 def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=None, *,
                    run_id: int = 1, on_event=None, on_result=None, cancel=None
                    ) -> list[HttpRun]:
-    """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first.
+    """Each side's whole load, in ``ab.run_orders(reps)``; the side's setting PATCHed first;
+    request ids ``A/…#<rep>`` and ``B/…#<rep>`` in the records (as the hosted sequential A/B).
     ``on_event(EngineEvent)``: each run's ``ab:<run_id>:<A|B>:<n>`` mark as the run starts (at
     arrival 0's clock); ``on_result(label, rep, RequestRecord)`` for each request as it
     finishes; ``on_run(i, total, HttpRun)`` after each run. ``cancel`` (threading.Event): stop
@@ -269,12 +271,13 @@ def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_ru
             if on_event is not None:
                 on_event(_mark(run_id, label, rep, t0))
             cb = None if on_result is None else \
-                (lambda r, k=label, n=rep: on_result(k, n, records_of([r], "", n, run_id)[0]))
+                (lambda r, k=label, n=rep: on_result(k, n, records_of([r], f"{k}/", n,
+                                                                      run_id)[0]))
             run = _run_async(lambda: run_http_load_async(pl.specs, pl.cfg, pl.body, ramp=pl.ramp,
                                                          t0_ns=t0, on_result=cb), cancel)
             if run is None:
                 return out
-            r = _as_run(label, rep, run, t0, run_id=run_id)
+            r = _as_run(label, rep, run, t0, prefix=f"{label}/", run_id=run_id)
             out.append(r)
             if on_run is not None:
                 on_run(len(out), 2 * reps, r)

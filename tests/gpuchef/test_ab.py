@@ -43,8 +43,11 @@ def _load(engine, n=6, rate=30.0, **kw):
 
 def _fingerprint(run):
     """Per request: (the load's id, prompt length, output length, arrival offset from the
-    load's start); each id carries its repetition (``<id>#<rep>``), the load's id before it."""
-    base, rep = zip(*(r.request_id.rsplit("#", 1) for r in run.requests))
+    load's start); each id carries its side and repetition (``<side>/<id>#<rep>``), the load's
+    id between them."""
+    side, rest = zip(*(r.request_id.split("/", 1) for r in run.requests))
+    assert set(side) == {run.label}, (run.name, side)
+    base, rep = zip(*(x.rsplit("#", 1) for x in rest))
     assert set(rep) == {str(run.rep)}, (run.name, rep)
     return sorted((b, r.prompt_len, r.output_len, r.arrival_ns - run.load_t0_ns)
                   for b, r in zip(base, run.requests))
@@ -157,13 +160,14 @@ def test_cli_block_has_both_columns_and_deltas(tmp_path):
     assert [e.name for e in tr.events if e.kind == "mark"] == \
         ["ab:1:A:1", "ab:1:B:1", "ab:1:B:2", "ab:1:A:2", "ab:1:end"]
     assert len(tr.requests) == 4 * 6
-    # the trace's ids: each repetition's suffixed (#rep), unique per side, the load's before it
+    # the trace's ids: each side's prefixed (A/), each repetition's suffixed (#rep), unique in
+    # the whole trace, the load's between them
     from gpuchef.probes import ab as abdef
     res = abdef.analyse(tr.events, tr.requests, tr.steps, whole_loads=True)[3]
     for k in "AB":
         ids = [q.request_id for w in res if w.label == k for q in w.requests]
         assert len(ids) == len(set(ids)) == 12, (k, ids)
-        assert sorted(ids) == sorted(f"req-{i}#{n}" for i in range(6) for n in (1, 2))
+        assert sorted(ids) == sorted(f"{k}/req-{i}#{n}" for i in range(6) for n in (1, 2))
         assert all(q.request_id.endswith(f"#{w.rep}") for w in res if w.label == k
                    for q in w.requests)
     assert {e.name for e in tr.events if e.kind in ("knob", "mode")} >= \

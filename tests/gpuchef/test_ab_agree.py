@@ -99,3 +99,35 @@ def test_ab_report_and_live_screen_agree_on_one_trace(ab_run):
     v = data.views[0]
     assert sorted(s.name for s in v.segments if s.counted) == \
         sorted(f"{x['label']}{x['rep']}" for x in counted)
+
+
+def test_sequential_ab_trace_has_unique_ids_and_the_report_agrees(tmp_path):
+    """A hosted sequential A/B sends one load to A and to B per repetition: their records were
+    both ``req-0#1``. Now ``A/req-0#1`` and ``B/req-0#1`` (the mirrored A/B's naming), unique in
+    the trace; ``load_id`` still pairs the two copies, and the report's pooled figures are
+    ab's own (counted from the trace, not echoed)."""
+    from gpuchef.probes.ab import load_id, side_of
+    from gpuchef.probes.recorder import read_trace
+    from gpuchef.report.data import build
+
+    trace, out = tmp_path / "ab.jsonl", tmp_path / "ab.json"
+    r = CliRunner().invoke(cli, [
+        "ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "6", "--input-len", "16",
+        "--output-len", "4", "--repetitions", "2", "--b", "mode=chunked,max_num_batched_tokens=32",
+        "--sample-hz", "0", "--trace", str(trace), "--result-json", str(out)],
+        catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    ids = [q.request_id for q in read_trace(str(trace)).requests]
+    assert len(ids) == 2 * 2 * 6 and len(set(ids)) == len(ids), ids
+    assert {side_of(i) for i in ids} == {"A", "B"}
+    for rep in (1, 2):  # both sides of a repetition hold the same load
+        loads = {k: {load_id(i) for i in ids if side_of(i) == k and i.endswith(f"#{rep}")}
+                 for k in "AB"}
+        assert loads["A"] == loads["B"] == {f"req-{n}" for n in range(6)}
+    groups = {g.short: g for g in build([trace], percentiles=(50.0, 99.0)).groups}
+    for k in "AB":
+        ref, rep = res["pooled"][k], groups[k].metrics.to_dict()
+        assert ref["completed"] == 12
+        for key in ref:
+            assert _same(ref[key], rep[key]), (k, key, ref[key], rep[key])

@@ -233,12 +233,13 @@ def test_two_servers_sequential_with_knobs_after_url(servers, tmp_path):
     assert ttft["verdict"] == verdict_of(ttft) != "B better"
     assert knobs(a.url)["max_num_batched_tokens"] == 16
     assert knobs(b.url)["max_num_batched_tokens"] == 2048
-    # the trace's ids: unique per side, each repetition's suffixed (#rep)
+    # the trace's ids: each side's prefixed (A/, as the hosted A/B), each repetition's suffixed
+    # (#rep): unique in the trace
     ct = read_trace(tmp_path / "t.jsonl")
     res = abdef.analyse(ct.events, ct.requests, [], whole_loads=True)[3]
     for k in "AB":
         ids = [q.request_id for w in res if w.label == k for q in w.requests]
-        assert sorted(ids) == sorted(f"req-{i}#{n}" for i in range(6) for n in (1, 2)), ids
+        assert sorted(ids) == sorted(f"{k}/req-{i}#{n}" for i in range(6) for n in (1, 2)), ids
     report_agrees_with_result_json(tmp_path / "t.jsonl", d, "sequential")
 
 

@@ -24,15 +24,18 @@ def test_engine_flag_with_one_server_keeps_base_url_wording(fakes):
               f"the server at {u} runs its own engine")
 
 
-def test_a_load_flag_error_names_no_side(fakes):
+def test_a_load_flag_error_names_no_side(fakes, tmp_path):
     """A bad load flag or --result-json path is both sides': its own words, no `--a url=U:` in
-    front (which read as server A's fault); a server's own fault still names its side."""
+    front (which read as server A's fault); a server's own fault still names its side. (A
+    missing folder is created, options.check_output_path; one under a file is refused.)"""
     u1, u2 = fakes[0].url, fakes[1].url
     two = ("--a", f"url={u1}", "--b", f"url={u2}")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    bad = str(blocker / "x.json")
     cases = [(["--input-len", "0"], "error: --input-len=0 is out of range"),
-             (["--result-json", "/nonexistent-hd/x.json"],
-              "error: --result-json '/nonexistent-hd/x.json': folder '/nonexistent-hd' does "
-              "not exist")]
+             (["--result-json", bad],
+              f"error: --result-json {bad!r}: {str(blocker)!r} is a file, not a folder")]
     for extra, words in cases:
         i = FAST.index("--input-len")
         fast = FAST[:i] + FAST[i + 2:] if "--input-len" in extra else FAST
