@@ -237,6 +237,9 @@ class LLMEngine:
                               f"{usable} usable")
         req = Request(request_id, prompt, sampling,
                       arrival_ns if arrival_ns is not None else time.monotonic_ns())
+        if sampling.min_tokens:  # the ids it masks: vLLM's all_stop_token_ids, EOS included
+            req.min_tokens_stop_ids = tuple(sorted(
+                set(self.model_config.eos_token_ids) | set(sampling.stop_token_ids)))
         self.requests[request_id] = req
         self.scheduler.add(req)
         return req

@@ -21,7 +21,11 @@ class SamplingParams:
     (vLLM's conventions). ``seed`` (an integer torch's generator takes) makes a request's samples reproducible whatever it is batched with (each request
     draws from its own generator). ``ignore_eos`` with ``max_tokens`` forces the output length,
     as trace replay needs (``vllm bench``'s ``ignore_eos``). ``stop_token_ids`` end the request
-    when sampled (finish reason "stop"), ``ignore_eos`` or not, as in vLLM.
+    when sampled (finish reason "stop"), ``ignore_eos`` or not, as in vLLM. ``min_tokens``
+    (vLLM's SamplingParams field, 0 = off, at most ``max_tokens``): until the request has that
+    many output tokens, its EOS ids and ``stop_token_ids`` are masked out of the logits (vLLM's
+    ``MinTokensLogitsProcessor``; ``ignore_eos`` or not: vLLM masks its ``all_stop_token_ids``)
+    and stop strings do not end it (the front door's stop check).
     """
 
     max_tokens: int = 16
@@ -31,6 +35,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -49,6 +54,12 @@ class SamplingParams:
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
             raise ConfigError(f"stop_token_ids={ids!r} must be a tuple of integer token ids")
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ConfigError(f"min_tokens={m!r} must be an integer >= 0 (0 = off)")
+        if m > self.max_tokens:  # vLLM's SamplingParams._verify_args
+            raise ConfigError(f"min_tokens={m} must be less than or equal to "
+                              f"max_tokens={self.max_tokens}: allowed 0 to {self.max_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -56,8 +67,6 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
 
-#: Stands in ``output_token_ids`` for a token that a launched, not yet completed step samples
-#: (async scheduling). Never reaches the model: the runner reads it on the device instead.
 def check_prompt(request_id: str, prompt: list[int], vocab_size: int, max_model_len: int) -> None:
     """The checks every engine makes before queueing a prompt (token ids, int).
 
@@ -76,6 +85,8 @@ def check_prompt(request_id: str, prompt: list[int], vocab_size: int, max_model_
                           f"prompt ≤ {max_model_len - 1}")
 
 
+#: Stands in ``output_token_ids`` for a token that a launched, not yet completed step samples
+#: (async scheduling). Never reaches the model: the runner reads it on the device instead.
 PLACEHOLDER_TOKEN = -1
 
 
@@ -111,6 +122,16 @@ class Request:
     generator: object = None  # torch.Generator, created lazily by the sampler
     last_step: int = -1  # id of the latest step with this request in it (Scheduler.advance)
     first_scheduled_ns: int = 0  # start of the first step that computed any of it (queue time)
+    #: the ids ``sampling.min_tokens`` masks: the model's EOS ids and ``stop_token_ids`` (vLLM's
+    #: ``all_stop_token_ids``), set by the engine when it queues the request
+    min_tokens_stop_ids: tuple[int, ...] = ()
+
+    def needs_min_tokens_mask(self) -> bool:
+        """Whether the token sampled next must not be a stop id: fewer than ``min_tokens``
+        outputs before it. ``output_token_ids`` holds a placeholder for each token a launched
+        step samples (async scheduling), so the count is right while that step is in flight."""
+        return (bool(self.min_tokens_stop_ids)
+                and len(self.output_token_ids) < self.sampling.min_tokens)
 
     @property
     def prompt_len(self) -> int:

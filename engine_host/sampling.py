@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with a generator per request.
+"""Token sampling: greedy, temperature, top-k, top-p, with a generator per request; stop ids
+masked out for a request short of its ``min_tokens`` (vLLM's ``MinTokensLogitsProcessor``).
 
 Each request draws from its own ``torch.Generator`` (seeded from its ``seed``, or from the
 engine seed and its arrival order), so its samples do not depend on what it is batched with —
@@ -30,6 +31,25 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+def mask_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """Set to -inf, in place, the logits of each stop id (``Request.min_tokens_stop_ids``) in
+    the rows of the requests short of their ``min_tokens`` (``Request.needs_min_tokens_mask``),
+    as vLLM's ``MinTokensLogitsProcessor`` does before any sampling. Nothing to do (no device
+    work) when no row needs it; the indices go to the device without a host sync."""
+    rows: list[int] = []
+    cols: list[int] = []
+    V = logits.shape[-1]
+    for i, r in enumerate(reqs):
+        if r.needs_min_tokens_mask():
+            ids = [t for t in r.min_tokens_stop_ids if 0 <= t < V]
+            rows += [i] * len(ids)
+            cols += ids
+    if rows:
+        idx = torch.tensor([rows, cols], dtype=torch.int64).to(logits.device, non_blocking=True)
+        logits.index_put_((idx[0], idx[1]),
+                          torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
+
+
 def sample(logits: torch.Tensor, reqs: list[Request], engine_seed: int = 0) -> list[int]:
     """Pick one token per row.
 
@@ -46,6 +66,7 @@ def sample_tensor(logits: torch.Tensor, reqs: list[Request], engine_seed: int = 
     multinomial draw is copied into its slot on the device. The same ops in the same order as
     the host path, so the same tokens (and the same generator state) come out.
     """
+    mask_min_tokens(logits, reqs)
     out = logits.argmax(dim=-1)
     if all(r.sampling.greedy for r in reqs):
         return out

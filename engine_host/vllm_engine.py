@@ -49,7 +49,7 @@ from .request import SamplingParams, check_prompt
 from .vllm_env import (INSTALL_HINT, VLLM_TESTED, check_vllm_environment, first_line, import_vllm,
                        use_spawn_for_workers)
 from .vllm_mapping import (StepSplit, cdiv, check_live_knobs, check_startup_knobs,
-                           record_from_split, split_scheduler_output)
+                           record_from_split, split_scheduler_output, vllm_sampling_kwargs)
 from .vllm_models import VllmModelSource, model_info, resolve_vllm_model
 
 ProgressFn = Callable[[str, int, int], None]
@@ -396,12 +396,11 @@ class VllmEngine:
     def _vllm_sampling(self, s: SamplingParams) -> Any:
         from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
-        sp = VllmSamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                seed=s.seed, max_tokens=s.max_tokens, ignore_eos=s.ignore_eos,
-                                stop_token_ids=list(s.stop_token_ids) or None, detokenize=False)
+        sp = VllmSamplingParams(**vllm_sampling_kwargs(s))
         eos = tuple(getattr(self.model_config, "eos_token_ids", ()) or ())
-        if eos and not s.ignore_eos:
-            # what vLLM's InputProcessor does with the model's generation config
+        if eos:
+            # what vLLM's InputProcessor does with the model's generation config, ignore_eos or
+            # not (then EOS does not stop, but min_tokens still masks it: all_stop_token_ids)
             sp.update_from_generation_config({"eos_token_id": list(eos)}, eos[0])
         return sp
 

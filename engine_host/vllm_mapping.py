@@ -21,10 +21,12 @@ and duck-typed objects); ``vllm_scheduler.py`` is the thin glue that feeds them 
    ``_check_feature_supported``): ``chunked_admission_limit`` caps the new prompts vLLM may admit
    in a step so that at most that many prompts are left mid-prefill (vLLM V0's meaning).
 
-Plus the live-knob limits: vLLM sizes its model runner's persistent buffers and CUDA graphs for the
-start-up ``max_num_batched_tokens`` and ``max_num_seqs`` (vllm/v1/worker/gpu/model_runner.py
-``GPUModelRunner.__init__``: ``max_num_tokens``, ``max_num_reqs``), so those two may move live only
-within ``[1, start-up value]``; ``check_live_knobs`` refuses the rest with a message that says so.
+Plus a request's sampling parameters as vLLM's ``SamplingParams`` takes them
+(``vllm_sampling_kwargs``), and the live-knob limits: vLLM sizes its model runner's persistent
+buffers and CUDA graphs for the start-up ``max_num_batched_tokens`` and ``max_num_seqs``
+(vllm/v1/worker/gpu/model_runner.py ``GPUModelRunner.__init__``: ``max_num_tokens``,
+``max_num_reqs``), so those two may move live only within ``[1, start-up value]``;
+``check_live_knobs`` refuses the rest with a message that says so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, NamedTuple
 
 from .config import ConfigError, SchedulerConfig
 from .records import StepRecord
+from .request import SamplingParams
 
 
 def cdiv(a: int, b: int) -> int:
@@ -308,6 +311,20 @@ def chunked_admission_limit(prefilling_remaining: Sequence[int], num_decodes: in
         admit += 1
         left -= n
     return admit
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+def vllm_sampling_kwargs(s: SamplingParams) -> dict[str, Any]:
+    """``s`` as keyword arguments of vLLM 0.24's ``vllm.sampling_params.SamplingParams``: one
+    sequence, no detokenisation (gpuchef's front door detokenises), every field gpuchef's
+    SamplingParams has under vLLM's name and convention (``top_k`` 0 = off in both).
+    ``min_tokens`` masks the EOS ids and ``stop_token_ids`` in vLLM too once the engine adds
+    the model's EOS ids (``update_from_generation_config``, as vLLM's InputProcessor does)."""
+    return dict(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
+                max_tokens=s.max_tokens, min_tokens=s.min_tokens, ignore_eos=s.ignore_eos,
+                stop_token_ids=list(s.stop_token_ids) or None, detokenize=False)
 
 
 # ------------------------------------------------------------------------------ knob limits
