@@ -117,8 +117,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strided-qk", action="store_true",
                     help="experiment: q/k reach FlashInfer as strided views, not copies "
                          "(ops.use_strided_qk)")
+    ap.add_argument("--rope-append", choices=ops.ROPE_APPEND, default=ops.rope_append_mode(),
+                    help="RoPE and the K/V append in one Triton kernel, in every forward or "
+                         "all but the piecewise one, or separate kernels (ops.set_rope_append; "
+                         "default: GPUCHEF_ROPE_APPEND or fused)")
+    ap.add_argument("--tunableop", default=None, metavar="CSV",
+                    help="experiment: PyTorch TunableOp picks each GEMM's kernel during the "
+                         "warm-up (before capture), results written to CSV")
+    ap.add_argument("--blas", choices=("default", "cublas", "cublaslt"), default="default",
+                    help="experiment: torch.backends.cuda.preferred_blas_library for the GEMMs")
     a = ap.parse_args(argv)
+    if a.blas != "default":
+        torch.backends.cuda.preferred_blas_library(a.blas)
     ops.use_strided_qk(a.strided_qk)  # before the engine: its CUDA graphs capture the path
+    ops.set_rope_append(a.rope_append)
+    if a.tunableop:
+        # torch.cuda.tunable: tuning happens on each GEMM shape's first call (the engine's
+        # eager warm-up, before CUDA graphs capture); the file keeps the choices
+        import torch.cuda.tunable as tunable
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        tunable.set_filename(a.tunableop)
+        tunable.set_max_tuning_duration(30)
     # a run stopped by `timeout` says where it was (the start-up once seemed to hang on the H200)
     faulthandler.register(signal.SIGTERM, all_threads=True)
 
@@ -161,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{eng.dtype}, {eng.device}"
             f"{' (' + torch.cuda.get_device_name(eng.device) + ')' if eng.device.type == 'cuda' else ''}, "
             f"attention {eng.attn.name}, CUDA graphs {'on' if graphs else 'off'}"
-            f"{', strided q/k' if a.strided_qk else ''}")
+            f"{', strided q/k' if a.strided_qk else ''}"
+            f", RoPE + K/V append {a.rope_append}"
+            f"{', TunableOp' if a.tunableop else ''}"
+            f"{', BLAS ' + a.blas if a.blas != 'default' else ''}")
     print(head)
     rows = []
 

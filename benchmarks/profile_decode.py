@@ -71,6 +71,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine_step import make_req, time_step  # noqa: E402
 
+from gpuchef.engine_host import ops  # noqa: E402
 from gpuchef.engine_host.attention import AttentionMetadata  # noqa: E402
 from gpuchef.engine_host.config import (CUDAGRAPH_MODES, PIECEWISE_CAPTURE_SIZES,  # noqa: E402
                                         CacheConfig, ConfigError, EngineConfig,
@@ -88,7 +89,7 @@ NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
 
 #: Print order of the categories.
 CATEGORIES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attention", "kv_append", "rope",
-              "rmsnorm", "silu_and_mul", "embedding", "copies/elementwise", "attn_other",
+              "rope_kv_append", "rmsnorm", "silu_and_mul", "embedding", "copies/elementwise", "attn_other",
               "lm_head", "logits_gather_cast", "sampling", "input_h2d", "plan_h2d",
               "gemm (unattributed)", "other")
 
@@ -100,6 +101,7 @@ CATEGORIES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attention", "k
 #:   "MergeStatesKernel" when the KV is split; K/V append: "AppendPagedKVCacheKernel".
 #: - FlashInfer fused ops: "RMSNormKernel", "FusedAddRMSNormKernel", "act_and_mul_kernel"
 #:   (silu_and_mul), "BatchQKApplyRotaryPosIdsCosSinCache*" (RoPE).
+#: - Ours (Triton): "rope_append_kernel" (RoPE on q, k and the K/V append in one).
 #: - PyTorch: "indexSelectLargeIndex"/"indexSelectSmallIndex" (embedding, row gather),
 #:   "*elementwise_kernel*" (casts, .contiguous() copies, the append's index set-up),
 #:   "*reduce_kernel*ArgMaxOps*" (greedy sampling), "Memcpy HtoD/DtoH", "Memset".
@@ -108,6 +110,7 @@ NAME_RULES = (
     ("copies/elementwise", r"^memcpy|^memset"),
     ("attention", r"batchdecode|batchprefill|singledecode|singleprefill|persistentvariable|"
                   r"mergestates|fmha|flash_?attn|scaled_dot_product"),
+    ("rope_kv_append", r"rope_append"),  # engine_host.rope_append's Triton kernel
     ("kv_append", r"appendpaged|append_paged"),
     ("rope", r"rope|rotary"),
     ("rmsnorm", r"rmsnorm|rms_norm"),
@@ -531,6 +534,8 @@ def category_bytes(mc, itemsize: int, batch: int, kv_len: int) -> dict[str, int]
         "lm_head": H * V * itemsize,
         "attention": L * batch * (kv_len + 1) * 2 * kv * itemsize,
         "kv_append": L * batch * 2 * kv * itemsize,
+        # q, k, v read; q, k, v written (q contiguous, k and v into the pages)
+        "rope_kv_append": L * batch * 2 * (q + 2 * kv) * itemsize,
     }
 
 
@@ -667,9 +672,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the kernel for decode rows (EngineConfig.decode_attention: auto, "
                          "flashinfer, xqa); fixed for the run, since the graphs capture it")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--rope-append", choices=ops.ROPE_APPEND, default=ops.rope_append_mode(),
+                    help="RoPE and the K/V append in one Triton kernel, in every forward or "
+                         "all but the piecewise one, or separate kernels (ops.set_rope_append; "
+                         "default: GPUCHEF_ROPE_APPEND or fused)")
     ap.add_argument("--trace-dir", default=None,
                     help="write one chrome trace per batch (one graph step + one eager step)")
     a = ap.parse_args(argv)
+    ops.set_rope_append(a.rope_append)  # before the engine captures graphs
     # a run stopped by `timeout` says where it was
     try:
         faulthandler.register(signal.SIGTERM, all_threads=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import ops
 from .config import ConfigError
 
 
@@ -131,12 +132,16 @@ class AttentionBackend:
         self.meta = meta
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+                kv_cache: torch.Tensor, out: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Append k, v at ``meta.slot_mapping`` then attend.
 
         q: [T, Hq, D]; k, v: [T, Hkv, D]; kv_cache: [num_blocks, 2, block_size, Hkv, D].
         ``out``: optional [T, Hq, D] tensor of q's dtype to write the result into (the
         piecewise-graph runner's static buffer); it is then the tensor returned.
+        ``rope``: ``(positions int64 [T], cos_sin_cache float32 [max_pos, D])`` when q and k
+        arrive unrotated (``ops.fused_rope_append``): the backend rotates them first
+        (``ops.apply_rope``), or fused with the append where it has a kernel for that.
         Returns [T, Hq, D] in q's dtype. Softmax scale is 1/sqrt(D).
         """
         raise NotImplementedError
@@ -169,8 +174,10 @@ class ReferenceAttention(AttentionBackend):
             self._mask_cache[key] = m
         return m
 
-    def forward(self, layer, q, k, v, kv_cache, out=None):
+    def forward(self, layer, q, k, v, kv_cache, out=None, rope=None):
         meta = self.meta
+        if rope is not None:
+            q, k = ops.apply_rope(q, k, *rope)
         write_kv(kv_cache, k, v, meta.slot_mapping)
         T, hq, d = q.shape
         hkv = kv_cache.shape[3]

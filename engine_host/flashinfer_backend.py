@@ -52,7 +52,7 @@ import flashinfer
 import torch
 from flashinfer.decode import xqa_batch_decode_with_kv_cache
 
-from . import ops
+from . import ops, rope_append
 from .attention import (DECODE_ATTENTION, MIXED_ATTENTION, XQA_PAGE_SIZES, AttentionBackend,
                         AttentionMetadata, padded_block_table, write_kv)
 
@@ -352,10 +352,14 @@ class FlashInferAttention(AttentionBackend):
     # ---- per layer ----------------------------------------------------------------------------
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+                kv_cache: torch.Tensor, out: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Append ``k``, ``v`` at ``meta.slot_mapping``, then attend (see the class docstring).
 
         ``out``: optional ``[T, Hq, D]`` tensor in the cache dtype to write into (``attend``).
+        ``rope``: ``(positions, cos_sin_cache)`` for unrotated q and k: rotated and appended by
+        one kernel (``rope_append.rope_append_kv``) where Triton and the dtypes allow, else
+        ``ops.apply_rope`` then the append.
         Raises ValueError when the cache's page size differs from ``meta.block_size``.
         """
         meta = self.meta
@@ -366,6 +370,13 @@ class FlashInferAttention(AttentionBackend):
             if not self.configured:
                 self.configure(q.shape[1], kv_cache.shape[3], q.shape[2], kv_cache.dtype)
             self._plan(meta)
+        if rope is not None:
+            if (rope_append.available() and kv_cache.stride(-1) == 1 and q.dtype == k.dtype
+                    == v.dtype == kv_cache.dtype):
+                q = rope_append.rope_append_kv(q, k, v, rope[0], rope[1], kv_cache,
+                                               meta.slot_mapping)
+                return self.attend(q, kv_cache, out=out)
+            q, k = ops.apply_rope(q, k, *rope)
         self.append_kv(k, v, kv_cache)
         return self.attend(q, kv_cache, out=out)
 

@@ -263,20 +263,24 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
-        q, k, v = self.qkv(positions, x)
-        o = attn.forward(self.layer_idx, q, k, v, kv_cache)  # [T, Hq, D]
+        rope = self.rotary.rope_args(positions)
+        q, k, v = self.qkv(positions, x, rotate=rope is None)
+        o = attn.forward(self.layer_idx, q, k, v, kv_cache, rope=rope)  # [T, Hq, D]
         return self.o_proj(o.reshape(x.shape[0], self.q_size))
 
-    def qkv(self, positions: torch.Tensor, x: torch.Tensor
+    def qkv(self, positions: torch.Tensor, x: torch.Tensor, rotate: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The projection and RoPE before attention: x [T, H] → q [T, Hq, D], k and v
-        [T, Hkv, D] (v a view of the fused projection's output)."""
+        [T, Hkv, D] (views of the fused projection's output where not rotated). ``rotate``
+        False: q and k are returned unrotated, for an attention backend that rotates them
+        (``forward(rope=self.rotary.rope_args(positions))``, ``ops.fused_rope_append``)."""
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(q, k, positions)
+        if rotate:
+            q, k = self.rotary(q, k, positions)
         return q, k, v
 
 
@@ -392,8 +396,16 @@ class LlamaForCausalLM(nn.Module):
                 x, _ = self.model.norm(x, residual)
                 return (x,)
             x, residual = layers[j].input_layernorm(x, residual)
-        q, k, v = layers[j].self_attn.qkv(positions, x)
+        q, k, v = layers[j].self_attn.qkv(positions, x,
+                                          rotate=not ops.fused_rope_append(piecewise=True))
         return q, k, v, residual
+
+    def rope_args(self, positions: torch.Tensor, piecewise: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``ops.RotaryEmbedding.rope_args`` of the model's one rotary table (every layer
+        shares it); ``piecewise=True``: what the piecewise runner hands attention between the
+        pieces (``piece`` then returns q and k unrotated)."""
+        return self.model.layers[0].self_attn.rotary.rope_args(positions, piecewise)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden_size] → logits [S, vocab_size], float32 (float64 for a float64 model).

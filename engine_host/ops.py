@@ -19,6 +19,7 @@ Sources of the formulas:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -70,6 +71,54 @@ def use_strided_qk(on: bool) -> bool:
 
 def strided_qk() -> bool:
     return _strided_qk
+
+
+# On by default: RoPE moves from the model's qkv into the attention backend's K/V append, where
+# the FlashInfer backend runs both as one Triton kernel (``rope_append.rope_append_kv``) instead
+# of four (q and k copies, RoPE, append); other backends (and FlashInfer without Triton) rotate
+# first, then append, with the same arithmetic as before. The piecewise-graph forward has its own
+# setting: there attention runs eagerly between the graphs, so fusing moves RoPE out of a graph
+# into an eager launch. GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-
+# piecewise, separate (neither); ``bench_engine_step.py --rope-append`` measures them.
+ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
+_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused")
+if _rope_append_env not in ROPE_APPEND:
+    raise ConfigError(f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
+                      f"{', '.join(ROPE_APPEND)}")
+_fused_rope_append = _rope_append_env != "separate"
+_fused_rope_piecewise = _rope_append_env == "fused"
+
+
+def use_fused_rope_append(on: bool, piecewise: bool | None = None) -> bool:
+    """Turn the fused RoPE + K/V append on or off (process-wide; set it before an engine is
+    built, since CUDA graphs capture whichever path is in force); ``piecewise``: the setting
+    for the piecewise-graph forward (default: the same as ``on``). Returns ``on``."""
+    global _fused_rope_append, _fused_rope_piecewise
+    _fused_rope_append = bool(on)
+    _fused_rope_piecewise = bool(on if piecewise is None else piecewise)
+    return _fused_rope_append
+
+
+def set_rope_append(mode: str) -> None:
+    """``use_fused_rope_append`` by name: one of ``ROPE_APPEND``. Raises ConfigError."""
+    if mode not in ROPE_APPEND:
+        raise ConfigError(f"rope append {mode!r}: allowed {', '.join(ROPE_APPEND)}")
+    use_fused_rope_append(mode != "separate", piecewise=mode == "fused")
+
+
+def rope_append_mode() -> str:
+    """The setting in force, as ``ROPE_APPEND`` names it (an ``on=False, piecewise=True`` mix
+    reads as its piecewise part only: "fused")."""
+    if _fused_rope_append:
+        return "fused" if _fused_rope_piecewise else "fused-except-piecewise"
+    return "fused" if _fused_rope_piecewise else "separate"
+
+
+def fused_rope_append(piecewise: bool = False) -> bool:
+    """Whether RoPE is applied by the attention backend (``forward(..., rope=...)``) rather
+    than by ``model.Attention.qkv``: in the monolithic forward, or (``piecewise``) in the
+    piecewise-graph forward."""
+    return _fused_rope_piecewise if piecewise else _fused_rope_append
 
 
 def _fused(x: torch.Tensor) -> bool:
@@ -245,6 +294,15 @@ class RotaryEmbedding:
         if t is None:
             t = self._on_device[device] = self.cos_sin_cache.to(device)
         return t
+
+    def rope_args(self, positions: torch.Tensor, piecewise: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What ``AttentionBackend.forward(rope=...)`` takes when the backend rotates q and k
+        (``fused_rope_append(piecewise)`` on): ``(positions, cos_sin_cache on their device)``;
+        None when the model rotates them itself."""
+        if not fused_rope_append(piecewise):
+            return None
+        return positions, self.cache_on(positions.device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor,
                  positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -504,9 +504,10 @@ class CudaGraphPiecewise:
         gs = self.graphs.get(n) if self.graphed else None
         q, k, v = self.q[:T], self.k[:T], self.v[:T]
         o = self.attn_out[:T].view(T, self.hq, self.d)
+        rope = model.rope_args(self.positions[:T], piecewise=True)  # None: pieces rotated
         for j in range(self.num_pieces):
             if j:
-                attn.forward(j - 1, q, k, v, kv_caches[j - 1], out=o)
+                attn.forward(j - 1, q, k, v, kv_caches[j - 1], out=o, rope=rope)
             if gs is not None:
                 gs[j].replay()
             else:

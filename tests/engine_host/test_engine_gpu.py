@@ -79,13 +79,17 @@ PROMPTS = [[11 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in
            enumerate([5, 130, 17, 64, 1, 300, 33, 16])]
 
 
-@pytest.fixture(params=[False, True], ids=["copied-qk", "strided-qk"])
+@pytest.fixture(params=["copied-qk", "strided-qk", "fused-rope-append"])
 def qk_layout(request):
-    """Both ways of handing q/k to FlashInfer (ops.use_strided_qk): the default copies, and the
-    experiment that passes strided views of the fused qkv output."""
-    ops.use_strided_qk(request.param)
+    """The ways of handing q/k to FlashInfer: copies before FlashInfer's RoPE, the experiment
+    that passes strided views of the fused qkv output (ops.use_strided_qk), and RoPE fused with
+    the K/V append in one Triton kernel (ops.use_fused_rope_append, the default)."""
+    prev = ops.rope_append_mode()
+    ops.use_strided_qk(request.param == "strided-qk")
+    ops.set_rope_append("fused" if request.param == "fused-rope-append" else "separate")
     yield request.param
     ops.use_strided_qk(False)
+    ops.set_rope_append(prev)
 
 
 def test_flashinfer_engine_logits_match_reference(qk_layout):

@@ -176,6 +176,46 @@ def test_scatter_append_equals_write_kv(fi_backend):
         assert torch.equal(got, expect), mode
 
 
+@DECODE
+def test_fused_rope_append_equals_flashinfer_rope_then_append(fi_backend, decode_attention):
+    """RoPE in the append (``forward(rope=...)``, engine_host.rope_append's Triton kernel,
+    compiled) against FlashInfer's own RoPE kernel on q and k and then write_kv: the pages bit
+    for bit (within one bf16 step where the two kernels' float32 FMAs round apart), q as
+    rotated, and the attention output as the reference attends the rotated q, k."""
+    from gpuchef.engine_host import ops, rope_append
+    if not rope_append.available():
+        pytest.skip("triton does not import")
+    meta, q, k, v, cache = make_batch(MIXED, 5, 32, 8, seed=6)
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)  # strided views, as
+    qs, ks, vs = qkv.split([q[0].numel(), k[0].numel(), v[0].numel()], dim=1)  # the model's
+    qs, ks, vs = qs.view(q.shape), ks.view(k.shape), vs.view(v.shape)
+    cs = ops.rope_cos_sin_cache(128, 500000.0, None, 4096).cuda()
+    assert ops.use_flashinfer_ops(True)
+    try:
+        rq, rk = ops.apply_rope(qs, ks, meta.positions, cs)  # FlashInfer's kernel
+    finally:
+        ops.use_flashinfer_ops(False)
+    want = cache.clone()
+    write_kv(want, rk, vs, meta.slot_mapping)
+    got = cache.clone()
+    got_q = rope_append.rope_append_kv(qs, ks, vs, meta.positions, cs, got, meta.slot_mapping)
+    torch.cuda.synchronize()
+    for a, b in ((got_q, rq), (got, want)):
+        d = (a.float() - b.float()).abs()
+        assert (d <= 2 ** -7 * b.float().abs() + 1e-6).all()
+        assert (d > 0).float().mean().item() < 1e-3  # all but a few elements bit-identical
+    be = fi_backend("cuda", decode_attention=decode_attention)
+    be.begin_step(meta)
+    ref_backend = ReferenceAttention()
+    ref_backend.begin_step(meta)
+    ref = ref_backend.forward(0, rq, rk, vs, cache.clone())
+    fi_cache = cache.clone()
+    out = be.forward(0, qs, ks, vs, fi_cache, rope=(meta.positions, cs))
+    torch.cuda.synchronize()
+    assert rel_err(out, ref) <= RTOL
+    assert torch.equal(fi_cache, got)  # forward(rope=...) ran the same kernel
+
+
 def test_output_dtype_follows_q(fi_backend):
     """An fp32 q is run in the cache dtype and returned as fp32."""
     be = fi_backend("cuda")

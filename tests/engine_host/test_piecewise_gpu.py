@@ -25,9 +25,11 @@ SIZES = (16, 48, 128)
 @pytest.fixture(autouse=True)
 def _flashinfer():
     pytest.importorskip("flashinfer")
+    prev = ops.rope_append_mode()
     yield
     ops.use_flashinfer_ops(False)
     ops.use_strided_qk(False)
+    ops.set_rope_append(prev)
 
 
 def engine(eager=False, mode="chunked", blocks=512, max_model_len=2048, async_scheduling=False,
@@ -178,17 +180,25 @@ def test_xqa_decode_logits_match_flashinfer_and_its_graphs_run():
     assert got_async == got
 
 
-@pytest.mark.parametrize("strided", [False, True], ids=["copied-qk", "strided-qk"])
-def test_piecewise_greedy_equals_eager(strided):
+@pytest.mark.parametrize("layout", ["copied-qk", "strided-qk", "fused-rope-append",
+                                    "fused-except-piecewise"])
+def test_piecewise_greedy_equals_eager(layout):
     """Chunked steps (decode rows + prefill chunks) through piecewise graphs: the eager engine's
-    greedy tokens; steps above the largest size ran eagerly."""
-    ops.use_strided_qk(strided)
+    greedy tokens; steps above the largest size ran eagerly. With RoPE fused into the append,
+    also the separate kernels' tokens (the same float32 RoPE arithmetic)."""
+    ops.use_strided_qk(layout == "strided-qk")
+    ops.set_rope_append({"fused-rope-append": "fused", "fused-except-piecewise":
+                         "fused-except-piecewise"}.get(layout, "separate"))
     eager, recs0 = greedy_run(engine(eager=True))
     got, recs = greedy_run(engine())
     assert not any(r.cuda_graph for r in recs0)
     assert check_labels(recs) >= 8
     assert sum(r.kind == "mixed" and r.cuda_graph for r in recs) >= 6
     assert got == eager
+    if layout.startswith("fused"):  # the same tokens as the separate kernels
+        ops.set_rope_append("separate")
+        separate, _ = greedy_run(engine())
+        assert got == separate
 
 
 @pytest.mark.parametrize("mode", ["chunked", "continuous"])

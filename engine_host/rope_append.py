@@ -1,0 +1,134 @@
+"""RoPE on q and k and the paged K/V append in one Triton kernel (``ops.use_fused_rope_append``).
+
+The unfused path runs four kernels a layer for this work on CUDA: the copies that make q and k
+contiguous (they are strided views of the fused qkv projection), FlashInfer's
+``apply_rope_with_cos_sin_cache_inplace``, and ``append_paged_kv_cache`` (issue 16's decode
+profile). FlashInfer 0.6.18 has no half-precision kernel that does both (its
+``rope_quantize_fp8_append_paged_kv_cache`` writes FP8 only), so this is ours: one program per
+(token, group of ``_HEADS`` heads) reads q, k or v straight from the strided views, rotates q and
+k in float32, and writes q contiguous and rotated, k rotated and v as they are into the pages at
+the token's slot.
+
+Numerics equal FlashInfer's RoPE kernel: ``x·cos − x₂·sin`` / ``x₂·cos + x·sin`` on the
+float32 ``[cos | sin]`` table (``ops.rope_cos_sin_cache``'s layout), rounded once to the output
+dtype; the pages receive what ``attention.write_kv`` writes.
+
+Triton is imported only when the kernel is first used (the CPU build of torch has none), and
+``TRITON_INTERPRET=1`` runs it on the CPU for the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: heads per program (a power of two): 4 × 128 dims keeps each program a few hundred bytes
+_HEADS = 4
+
+
+@functools.cache
+def available() -> bool:
+    """Whether triton imports (it ships with CUDA builds of torch, not with the CPU build)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_append_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, qo_ptr, cache_ptr,
+                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h,
+                           sc_blk, sc_kv, sc_off, sc_h, cs_t,
+                           HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+                           HALF_P: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr):
+        t = tl.program_id(0)
+        g = tl.program_id(1)
+        nqb = (HQ + HB - 1) // HB
+        nkb = (HKV + HB - 1) // HB
+        hh = tl.arange(0, HB)[:, None]
+        dd = tl.arange(0, HALF_P)[None, :]
+        dm = dd < HALF
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        blk = slot // BS
+        page_row = cache_ptr + blk * sc_blk + (slot - blk * BS) * sc_off
+        out_ty = cache_ptr.dtype.element_ty
+        if g < nqb + nkb:
+            cos = tl.load(cs_ptr + pos * cs_t + dd, mask=dm, other=0.0)
+            sin = tl.load(cs_ptr + pos * cs_t + HALF + dd, mask=dm, other=0.0)
+            if g < nqb:
+                h = g * HB + hh
+                m = (h < HQ) & dm
+                src = q_ptr + t.to(tl.int64) * sq_t + h * sq_h + dd
+                dst = qo_ptr + t.to(tl.int64) * sqo_t + h * sqo_h + dd
+            else:
+                h = (g - nqb) * HB + hh
+                m = (h < HKV) & dm
+                src = k_ptr + t.to(tl.int64) * sk_t + h * sk_h + dd
+                dst = page_row + h * sc_h + dd
+            x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+            tl.store(dst, (x1 * cos - x2 * sin).to(out_ty), mask=m)
+            tl.store(dst + HALF, (x2 * cos + x1 * sin).to(out_ty), mask=m)
+        else:
+            h = (g - nqb - nkb) * HB + hh
+            m = (h < HKV) & dm
+            src = v_ptr + t.to(tl.int64) * sv_t + h * sv_h + dd
+            dst = page_row + sc_kv + h * sc_h + dd
+            tl.store(dst, tl.load(src, mask=m, other=0.0).to(out_ty), mask=m)
+            tl.store(dst + HALF, tl.load(src + HALF, mask=m, other=0.0).to(out_ty), mask=m)
+
+    return rope_append_kernel, triton.next_power_of_2
+
+
+def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor, q_out: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """Rotate q and k by position, write k (rotated) and v into the pages, return rotated q.
+
+    q: [T, Hq, D], k and v: [T, Hkv, D], any row/head strides with the last dim contiguous (the
+    views ``qkv_proj(x).split(...)`` gives); positions, slot_mapping: int64 (or int32) [T] on
+    the same device, slot = ``block * block_size + offset``; cos_sin_cache: float32
+    [max_position, D] (``ops.rope_cos_sin_cache``); kv_cache: [num_blocks, 2, block_size, Hkv,
+    D] with the last dim contiguous. ``q_out``: optional [T, Hq, D] in kv_cache's dtype, last
+    dim contiguous, to write the rotated q into. Returns q_out (a new contiguous tensor in
+    kv_cache's dtype when not given). Raises ValueError on shapes that do not fit.
+    """
+    T, hq, d = q.shape
+    hkv = k.shape[1]
+    if (k.shape != (T, hkv, d) or v.shape != k.shape or d % 2 or kv_cache.dim() != 5
+            or kv_cache.shape[1] != 2 or tuple(kv_cache.shape[3:]) != (hkv, d)
+            or positions.shape != (T,) or slot_mapping.shape != (T,)
+            or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != d):
+        raise ValueError(f"rope_append_kv: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+                         f"{tuple(v.shape)}, kv_cache {tuple(kv_cache.shape)}, positions "
+                         f"{tuple(positions.shape)}, slot_mapping {tuple(slot_mapping.shape)}, "
+                         f"cos_sin_cache {tuple(cos_sin_cache.shape)} do not fit")
+    if any(t.stride(-1) != 1 for t in (q, k, v, kv_cache)) or cos_sin_cache.stride(-1) != 1:
+        raise ValueError("rope_append_kv: the last dim of q, k, v, kv_cache and cos_sin_cache "
+                         "must be contiguous")
+    if q_out is None:
+        q_out = torch.empty((T, hq, d), dtype=kv_cache.dtype, device=q.device)
+    if T == 0:
+        return q_out
+    kernel, next_pow2 = _kernel()
+    hb = _HEADS
+    groups = -(-hq // hb) + 2 * -(-hkv // hb)
+    half = d // 2
+    kernel[(T, groups)](q, k, v, positions, slot_mapping, cos_sin_cache, q_out, kv_cache,
+                        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                        v.stride(1), q_out.stride(0), q_out.stride(1),
+                        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+                        kv_cache.stride(3), cos_sin_cache.stride(0),
+                        HQ=hq, HKV=hkv, HALF=half, HALF_P=next_pow2(half), HB=hb,
+                        BS=kv_cache.shape[2])
+    return q_out
