@@ -43,6 +43,10 @@ source $R/pick.sh
 echo "$(date +%T) floor runs with GPUCHEF_ROPE_APPEND=$GPUCHEF_ROPE_APPEND TORCH_BLAS_PREFER_CUBLASLT=$TORCH_BLAS_PREFER_CUBLASLT" >> $R/status.txt
 job s12_09_online_3x 300 "gpuchef bench $M $AZ --num-prompts 600 --trace-speed 3 --sample-hz 0 --result-json $R/native_3x.json"
 job s12_10_offline 420 "python3 benchmarks/bench_vllm_host.py --run native --out $R/peer && cp $R/peer/native.json $R/native_offline.json"
+# the offline run again with the other BLAS preference (offline steps are large, compute-bound
+# GEMMs: the steady decode step does not speak for them)
+ALT=$(( 1 - ${TORCH_BLAS_PREFER_CUBLASLT:-0} ))
+job s12_10b_offline_blas$ALT 420 "TORCH_BLAS_PREFER_CUBLASLT=$ALT python3 benchmarks/bench_vllm_host.py --run native --out $R/peer_blas$ALT"
 # (5) with the defaults (the env choices off again)
 unset GPUCHEF_ROPE_APPEND TORCH_BLAS_PREFER_CUBLASLT
 job s12_11_pytest_rest 720 "$PYT tests/engine_host tests/gpuchef tests/probes tests/tui --deselect tests/engine_host/test_flashinfer_gpu.py --deselect tests/engine_host/test_piecewise_gpu.py --deselect tests/engine_host/test_engine_gpu.py"
