@@ -67,6 +67,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False
+    min_tokens: int = 0
     messages: list[dict[str, Any]] | None = None
 
 
@@ -150,8 +151,8 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
 #: endpoint "" = both. A value that means "off" (the default a client such as the openai SDK,
 #: guidellm or ``vllm bench serve`` may send) is accepted; null is accepted for every field;
 #: anything else is a 400 naming the field, its value and what is allowed (docs/serve.md).
-#: ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``, ``top_k``, ``seed``
-#: are implemented, so not here.
+#: ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``, ``top_k``, ``seed``,
+#: ``min_tokens`` are implemented, so not here.
 UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
     # vLLM: completions' logprobs=0 returns the sampled token's logprob; chat's is a bool
     ("logprobs", "completions", (), "absent or null"),
@@ -166,7 +167,6 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
     ("frequency_penalty", "", (0,), "0 or absent"),
     ("repetition_penalty", "", (1,), "1 or absent"),
     ("min_p", "", (0,), "0 or absent"),
-    ("min_tokens", "", (0,), "0 or absent"),
     ("logit_bias", "", ({},), "{} or absent"),
     ("bad_words", "", ([],), "[] or absent"),
     # vLLM refuses an empty list too: it would allow no token
@@ -184,6 +184,10 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
     ("tools", "", ([],), "[] or absent"),
     ("priority", "", (0,), "0 or absent"),
     ("length_penalty", "", (1,), "1 or absent"),
+    # vLLM's per-request logits processors (qualified names or constructor specs) and its
+    # custom-processor arguments: code gpuchef does not load
+    ("logits_processors", "", ([],), "[] or absent"),
+    ("vllm_xargs", "", ({},), "{} or absent"),
     # the prompt as gpuchef builds it: completions' text with the BOS, chat's through the
     # model folder's template with the generation prompt and no more special tokens (vLLM's
     # defaults)
@@ -252,6 +256,7 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
         raise bad(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {sti!r}",
                   "stop_token_ids")
     seed = _int(body, "seed")
+    min_tokens = _count(body, "min_tokens", 0)
     include_usage = _bool(so, "include_usage")
     return dict(
         model=model, stream=stream,
@@ -262,7 +267,8 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
         top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=_top_k(body),
         seed=seed, ignore_eos=_bool(body, "ignore_eos"), stop=stop, stop_token_ids=sti,
-        include_stop_str_in_output=_bool(body, "include_stop_str_in_output"))
+        include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
+        min_tokens=0 if min_tokens is None else min_tokens)
 
 
 def _top_k(body: dict) -> int:
@@ -274,19 +280,27 @@ def _top_k(body: dict) -> int:
     return v
 
 
+def _count(body: dict, key: str, lo: int) -> int | None:
+    """A token count ``body[key]`` (None when absent or null): an integer >= ``lo``, or an
+    integral float (``4.0``, as some clients send it; pydantic's lax int in vLLM takes it)."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer() and abs(v) <= EXACT_FLOAT_INT:
+        v = int(v)
+    if not _is_int(v):
+        raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
+    if v < lo:
+        raise bad(f"'{key}' = {shown(v)} must be >= {lo}", key)
+    return v
+
+
 def _max_tokens(body: dict, *keys: str) -> tuple[int | None, str | None]:
     """(the first of ``keys`` set, its name), or (None, None)."""
     for key in keys:
-        v = body.get(key)
-        if v is None:
-            continue
-        if isinstance(v, float) and v.is_integer() and abs(v) <= EXACT_FLOAT_INT:
-            v = int(v)  # 4.0, as some clients send it
-        if not _is_int(v):
-            raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
-        if v < 1:
-            raise bad(f"'{key}' = {shown(v)} must be >= 1", key)
-        return v, key
+        v = _count(body, key, 1)
+        if v is not None:
+            return v, key
     return None, None
 
 

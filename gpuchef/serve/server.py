@@ -116,6 +116,9 @@ class _Stream:
     finish: str | None = None
     stop_reason: Any = None
     stopped: bool = False  # a stop string was found: the rest is cut
+    #: characters of ``text`` made by the first ``min_tokens`` tokens: a stop string must end
+    #: after them (vLLM's detokenizer moves its stop-check offset past those tokens' text)
+    stop_floor: int = 0
 
 
 class FrontDoor:
@@ -474,7 +477,7 @@ class FrontDoor:
                 params.append(SamplingParams(
                     max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
                     seed=gen.seed, ignore_eos=gen.ignore_eos,
-                    stop_token_ids=tuple(gen.stop_token_ids)))
+                    stop_token_ids=tuple(gen.stop_token_ids), min_tokens=gen.min_tokens))
             except ConfigError as e:  # "seed=... must be ...": name the field
                 field_name = str(e).split("=", 1)[0]
                 raise P.bad(str(e), field_name if field_name.isidentifier() else None) from None
@@ -525,7 +528,9 @@ class FrontDoor:
                 s.ids.append(it[1])
                 before = len(s.text)
                 s.text += s.decoder.step(it[1])
-                if maxlen and len(s.text) > before:
+                if s.n_tokens <= gen.min_tokens:  # vLLM: no stop string before min_tokens
+                    s.stop_floor = len(s.text)
+                elif maxlen and len(s.text) > before:
                     self._find_stop(s, gen, max(0, before - maxlen + 1))
             elif s.record is None:
                 r = s.record = it[1]
@@ -543,7 +548,7 @@ class FrontDoor:
                     full = self.tokenizer.decode(ids)
                     if full.startswith(s.text[:s.sent]):
                         s.text = full
-                    if maxlen:
+                    if maxlen and s.n_tokens > gen.min_tokens:
                         self._find_stop(s, gen, max(0, s.sent - maxlen))
         if maxlen and not s.stopped and s.record is None:
             # hold back only what could be the start of a stop string
@@ -555,7 +560,10 @@ class FrontDoor:
         return delta
 
     def _find_stop(self, s: _Stream, gen: P.GenRequest, start: int) -> None:
-        hits = [(i, x) for x in gen.stop if (i := s.text.find(x, start)) >= 0]
+        """Cut ``s.text`` at the first stop string found from ``start`` on that ends after
+        ``s.stop_floor`` (the text of the first ``min_tokens`` tokens)."""
+        hits = [(i, x) for x in gen.stop
+                if (i := s.text.find(x, max(start, s.stop_floor - len(x) + 1))) >= 0]
         if not hits:
             return
         i, x = min(hits)

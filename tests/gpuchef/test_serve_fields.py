@@ -63,8 +63,7 @@ def test_logprobs_family_is_refused_and_completions_logprobs_0_is_not_off(server
 
 @pytest.mark.parametrize("field,value,shown,allowed", [
     ("min_p", 0.1, "0.1", "0 or absent"),
-    ("min_tokens", 3, "3", "0 or absent"),
-    ("min_tokens", True, "true", "0 or absent"),  # JSON true is not 0 or 1
+    ("presence_penalty", True, "true", "0 or absent"),  # JSON true is not 0 or 1
     ("logit_bias", {"5": 10}, '{"5": 10}', "{} or absent"),
     ("bad_words", ["noise"], '["noise"]', "[] or absent"),
     ("allowed_token_ids", [1, 2], "[1, 2]", "absent or null"),
@@ -94,6 +93,23 @@ def test_structured_output_fields_are_refused(server, field, value):
     e = chat_refused(server, response_format={"type": "json_object"})
     assert e["message"] == ('response_format={"type": "json_object"} is not supported by '
                             'gpuchef serve (allowed: {"type": "text"} or absent)')
+
+
+def test_vllm_logits_processor_fields_are_refused(server):
+    # vLLM's per-request logits processors (qualified names / constructor specs) and the
+    # arguments of custom processors: code gpuchef would have to load, so refused
+    for refuse in (completion_refused, chat_refused):
+        e = refuse(server, extra_body={"logits_processors": ["my_pkg.Proc"]})
+        assert e["param"] == "logits_processors"
+        assert e["message"] == ('logits_processors=["my_pkg.Proc"] is not supported by gpuchef '
+                                'serve (allowed: [] or absent)')
+        e = refuse(server, extra_body={"logits_processors": [{"qualname": "my_pkg.Proc",
+                                                              "args": [1]}]})
+        assert e["param"] == "logits_processors", e
+        e = refuse(server, extra_body={"vllm_xargs": {"target_token": 5}})
+        assert e["param"] == "vllm_xargs"
+        assert e["message"] == ('vllm_xargs={"target_token": 5} is not supported by gpuchef '
+                                'serve (allowed: {} or absent)')
 
 
 def test_prompt_and_detokenisation_fields_are_refused(server):
@@ -126,7 +142,7 @@ def test_prompt_building_fields_are_refused(server):
 
 
 #: the "off" value of every refused field, as clients send them by default
-OFF_COMMON = {"min_p": 0, "min_tokens": 0, "skip_special_tokens": True, "bad_words": [],
+OFF_COMMON = {"min_p": 0, "skip_special_tokens": True, "bad_words": [],
               "logit_bias": {}, "top_logprobs": 0, "prompt_logprobs": None,
               "allowed_token_ids": None, "truncate_prompt_tokens": None, "guided_json": None,
               "guided_regex": None, "guided_choice": None, "guided_grammar": None,
@@ -134,7 +150,8 @@ OFF_COMMON = {"min_p": 0, "min_tokens": 0, "skip_special_tokens": True, "bad_wor
               "response_format": {"type": "text"}, "presence_penalty": 0.0,
               "frequency_penalty": 0, "repetition_penalty": 1.0, "best_of": 1, "echo": False,
               "use_beam_search": False, "tools": [], "stop_token_ids": [], "priority": 0,
-              "length_penalty": 1.0, "guided_whitespace_pattern": None}
+              "length_penalty": 1.0, "guided_whitespace_pattern": None,
+              "logits_processors": [], "vllm_xargs": {}}
 OFF_CHAT = {"add_special_tokens": False, "add_generation_prompt": True,
             "continue_final_message": False, "chat_template": None, "chat_template_kwargs": {}}
 
