@@ -278,6 +278,19 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
+def is_completed(finish_reason: str) -> bool:
+    """Whether a request ended in the engine ("length" or "stop": ``COMPLETED_REASONS``), the
+    one rule for "a finished request": ``vllm bench serve``'s *completed* here, and the requests
+    vLLM's per-request /metrics series observe (``vllm:request_success_total`` and every
+    per-request histogram, gpuchef/serve/metrics.py). An aborted request is in neither, however
+    far it got: vLLM 0.24 records ``FinishedRequestStats`` only for requests that finish in its
+    output processor, and its abort path (``AsyncLLM.abort`` → ``OutputProcessor.
+    abort_requests``) drops the request with none, queued or running (vLLM issues #31503,
+    #55634). Its tokens still count where vLLM counts them per step (prompt and generation
+    token counters, TTFT, ITL)."""
+    return finish_reason in COMPLETED_REASONS
+
+
 def is_probe_id(request_id: str) -> bool:
     """Whether ``request_id`` is a probe request's: it starts with ``PROBE_ID_PREFIX``, after a
     mirrored A/B's side prefix (``A/``, ``B/``: ``probes.ab.side_of``) where it has one."""
@@ -344,7 +357,7 @@ class RequestTable:
         timed_rows: list[int] = []
         for i, r in enumerate(recs):
             probe = _is_probe(r)
-            done = r.finish_reason in COMPLETED_REASONS
+            done = is_completed(r.finish_reason)
             t = r.token_times_ns
             counted = done and not probe
             ttft = e2el = tpot = nan

@@ -10,8 +10,11 @@ vLLM names, labels (``model_name``, ``engine``) and bucket boundaries are vLLM V
 (vllm/v1/metrics/loggers.py) for the families of ``VLLM_METRICS``, a subset of vLLM's
 (docs/serve.md lists the ones not exported: a Grafana panel on those stays empty). Deviations:
 ``vllm:iteration_tokens_total`` counts every token of a step (prefill chunk + decode rows),
-which is what vLLM PR #51261 makes it count. ``gpuchef:`` series are what no peer exports: the
-per-step split by step kind, the knobs in force, and GPM saturation per GPU (docs/serve.md).
+which is what vLLM PR #51261 makes it count. A request aborted (client gone, shutdown), queued
+or running, is in none of vLLM's per-request series, as in vLLM 0.24 (``probes.metrics.
+is_completed`` owns the rule); ``gpuchef:request_aborted_total`` counts it. ``gpuchef:`` series
+are what no peer exports: the per-step split by step kind, the knobs in force, aborts, and GPM
+saturation per GPU (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.config import KNOBS, MODES
 from ..engine_host.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
+from ..probes.metrics import is_completed
 from ..probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
 
 # vLLM V1's buckets (vllm/v1/metrics/loggers.py)
@@ -57,7 +61,9 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
 # gpuchef's step series: step durations from a graphed decode (ms) to a long prefill (s)
 STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                         0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+#: the finished_reason labels of vllm:request_success_total ("abort" stays 0, as in vLLM 0.24)
 FINISHED_REASONS = ("stop", "length", "abort")
+ABORT_REASON = "abort"
 #: GpuSample field → gpuchef gauge name (percent unless the name says otherwise)
 GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
               "sm_occupancy": "gpuchef:gpu_sm_occupancy_percent",
@@ -124,6 +130,7 @@ class ServeMetrics:
         self.generation_tokens = 0
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
         self.errors = 0
+        self.aborted = 0
         self.ttft = _Hist(TTFT_BUCKETS)
         self.itl = _Hist(ITL_BUCKETS)
         self.e2e = _Hist(REQUEST_LATENCY_BUCKETS)
@@ -210,11 +217,14 @@ class ServeMetrics:
 
     def _request(self, r: RequestRecord) -> None:
         self._last_token_ns.pop(r.request_id, None)
-        if r.finish_reason not in self.success:
-            self.errors += 1
+        if not is_completed(r.finish_reason):  # vLLM records no FinishedRequestStats for it
+            if r.finish_reason == ABORT_REASON:
+                self.aborted += 1
+            else:
+                self.errors += 1
             return
         self.success[r.finish_reason] += 1
-        # per finished request, as vLLM observes them beside request_success (aborts too);
+        # per finished request, as vLLM observes them beside request_success;
         # n is always 1, so the most tokens of its sequences are its tokens
         self.request_prompt_tokens.observe(r.prompt_len)
         self.request_generation_tokens.observe(r.output_len)
@@ -306,6 +316,9 @@ class ServeMetrics:
         # gpuchef's own
         yield counter("gpuchef:request_errors", "Requests refused by the engine (bad prompt, too "
                       "long for the KV cache).", self.errors)
+        yield counter("gpuchef:request_aborted", "Requests aborted before they finished (client "
+                      "gone, shutdown), queued or running; vLLM's per-request series leave them "
+                      "out.", self.aborted)
         for key, h in (("step_duration", self.step_seconds), ("step_prefill_tokens",
                                                               self.step_prefill),
                        ("step_decode_rows", self.step_decode)):

@@ -42,8 +42,7 @@ def test_sigterm_ends_streams_and_whole_requests_with_abort_then_exits(tmp_path)
         assert wait_until(lambda: one(metrics(s), "vllm:num_requests_running") == 1)
         gone.sock.shutdown(socket.SHUT_RDWR)
         gone.close()
-        assert wait_until(lambda: one(metrics(s), "vllm:request_success_total",
-                                      finished_reason="abort") == 1)
+        assert wait_until(lambda: one(metrics(s), "gpuchef:request_aborted_total") == 1)
         # in flight at the signal: one stream, one whole request
         conn = _post(u, {**BODY, "stream": True})
         resp = conn.getresponse()
