@@ -96,6 +96,32 @@ def steady_decode(eng: LLMEngine, b: int, kv_len: int, steps: int, async_on: boo
                 graphs=all(r.cuda_graph for r in recs))
 
 
+def per_proj_blas(model: torch.nn.Module, choice: dict[str, str], lib=None) -> None:
+    """Forward hooks that set ``torch.backends.cuda.preferred_blas_library`` (``lib``) to
+    ``choice[leaf]`` around each Linear whose name ends in a key of ``choice`` (and put it back
+    after); the engine's warm-up and capture run after this, so the graphs hold the chosen
+    kernels. The logits projection is not a module call (``compute_logits``): "lm_head" wraps
+    that."""
+    lib = lib or torch.backends.cuda.preferred_blas_library
+
+    def around(fn, want):
+        def call(*args, **kw):
+            prev = lib()
+            lib(want)
+            try:
+                return fn(*args, **kw)
+            finally:
+                lib(prev)
+        return call
+
+    for name, mod in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in choice and leaf != "lm_head":
+            mod.forward = around(mod.forward, choice[leaf])
+    if "lm_head" in choice:
+        model.compute_logits = around(model.compute_logits, choice["lm_head"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3-8b")
@@ -126,9 +152,23 @@ def main(argv: list[str] | None = None) -> int:
                          "warm-up (before capture), results written to CSV")
     ap.add_argument("--blas", choices=("default", "cublas", "cublaslt"), default="default",
                     help="experiment: torch.backends.cuda.preferred_blas_library for the GEMMs")
+    ap.add_argument("--blas-proj", default="", metavar="PROJ=LIB,...",
+                    help="experiment: the BLAS library per projection (qkv_proj, o_proj, "
+                         "gate_up_proj, down_proj, lm_head = cublas|cublaslt), set around each "
+                         "call by forward hooks, so CUDA graphs capture the choice")
     a = ap.parse_args(argv)
     if a.blas != "default":
         torch.backends.cuda.preferred_blas_library(a.blas)
+    try:
+        blas_proj = dict(kv.split("=") for kv in a.blas_proj.split(",") if kv)
+    except ValueError:
+        ap.error(f"--blas-proj {a.blas_proj!r}: expected PROJ=LIB pairs, e.g. o_proj=cublaslt")
+    bad = {k: v for k, v in blas_proj.items()
+           if k not in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+           or v not in ("cublas", "cublaslt")}
+    if bad:
+        ap.error(f"--blas-proj: {bad}: projections qkv_proj, o_proj, gate_up_proj, down_proj, "
+                 "lm_head; libraries cublas, cublaslt")
     ops.use_strided_qk(a.strided_qk)  # before the engine: its CUDA graphs capture the path
     ops.set_rope_append(a.rope_append)
     if a.tunableop:
@@ -159,6 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.steady:
         max_len = a.kv_len + a.steady_steps + 48
         blocks = max(batches) * cdiv(max_len, bs) + 64
+    if blas_proj:  # hooks on the model as loaded, before the engine warms up and captures
+        import gpuchef.engine_host.engine as engine_mod
+        inner_load = engine_mod.load_model
+
+        def load_model(*args, **kw):
+            loaded = inner_load(*args, **kw)
+            per_proj_blas(loaded.model, blas_proj)
+            return loaded
+        engine_mod.load_model = load_model
     eng = LLMEngine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype,
                                  enforce_eager=a.enforce_eager,
                                  attention_backend=a.attention_backend,
@@ -184,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{', strided q/k' if a.strided_qk else ''}"
             f", RoPE + K/V append {a.rope_append}"
             f"{', TunableOp' if a.tunableop else ''}"
-            f"{', BLAS ' + a.blas if a.blas != 'default' else ''}")
+            f"{', BLAS ' + a.blas if a.blas != 'default' else ''}"
+            f"{', BLAS per projection ' + a.blas_proj if a.blas_proj else ''}")
     print(head)
     rows = []
 
