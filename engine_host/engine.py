@@ -136,6 +136,9 @@ class LLMEngine:
         # FlashInfer's fused norm/RoPE/activation kernels go with its attention (process-wide
         # switch: the engine last built decides).
         self.fused_ops = ops.use_flashinfer_ops(self.attn.name == "flashinfer")
+        #: the kernel choices this engine's graphs capture (the trace's meta, --result-json)
+        self.kernels = {"blas": ops.prefer_blas(self.device),
+                        "rope_append": ops.rope_append_mode()}
         if self.device.type == "cuda":
             self._warm_up(progress)
         self.requests: dict[str, Request] = {}

@@ -73,15 +73,18 @@ def strided_qk() -> bool:
     return _strided_qk
 
 
-# On by default: RoPE moves from the model's qkv into the attention backend's K/V append, where
-# the FlashInfer backend runs both as one Triton kernel (``rope_append.rope_append_kv``) instead
-# of four (q and k copies, RoPE, append); other backends (and FlashInfer without Triton) rotate
+# RoPE can move from the model's qkv into the attention backend's K/V append, where the
+# FlashInfer backend runs both as one Triton kernel (``rope_append.rope_append_kv``) instead of
+# four (q and k copies, RoPE, append); other backends (and FlashInfer without Triton) rotate
 # first, then append, with the same arithmetic as before. The piecewise-graph forward has its own
 # setting: there attention runs eagerly between the graphs, so fusing moves RoPE out of a graph
-# into an eager launch. GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-
-# piecewise, separate (neither); ``bench_engine_step.py --rope-append`` measures them.
+# into an eager Triton launch (host time a layer). Default fused-except-piecewise: on the H200
+# the fused kernel took 0.25 ms off the graphed decode step and piecewise mixed steps were
+# fastest with RoPE left in their graphs (RESULTS.md, session 12). GPUCHEF_ROPE_APPEND (read
+# once, here): fused (both), fused-except-piecewise, separate (neither);
+# ``bench_engine_step.py --rope-append`` measures them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
-_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused")
+_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
 if _rope_append_env not in ROPE_APPEND:
     raise ConfigError(f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
                       f"{', '.join(ROPE_APPEND)}")
@@ -119,6 +122,20 @@ def fused_rope_append(piecewise: bool = False) -> bool:
     than by ``model.Attention.qkv``: in the monolithic forward, or (``piecewise``) in the
     piecewise-graph forward."""
     return _fused_rope_piecewise if piecewise else _fused_rope_append
+
+
+def prefer_blas(device: torch.device) -> str | None:
+    """The BLAS library the engine's GEMMs use on ``device``: on CUDA cuBLASLt
+    (``torch.backends.cuda.preferred_blas_library``, process-wide), which made the decode step
+    faster on the H200 (RESULTS.md, session 12), unless the user chose with torch's own
+    TORCH_BLAS_PREFER_CUBLASLT (then left as torch set it). Returns "cublaslt" or "cublas";
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
+    lib = torch.backends.cuda.preferred_blas_library
+    if os.environ.get("TORCH_BLAS_PREFER_CUBLASLT") is None:
+        lib("cublaslt")
+    return "cublaslt" if "lt" in str(lib()).lower() else "cublas"
 
 
 def _fused(x: torch.Tensor) -> bool:

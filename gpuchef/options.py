@@ -511,6 +511,7 @@ def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
     return {"engine": ecfg.engine, "device": str(engine.device),
             "attention_backend": engine.attn.name, "dtype": str(engine.dtype).replace("torch.", ""),
             "decode_attention": getattr(engine, "decode_attention", None),
+            "kernels": getattr(engine, "kernels", None),
             "max_model_len": engine.max_model_len, "enforce_eager": ecfg.enforce_eager,
             "cudagraph_mode": ecfg.cudagraph_mode,
             "async_scheduling": runs_async(engine),

@@ -149,6 +149,7 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
                   "num_params": lm.num_params, "dtype": str(engine.dtype).replace("torch.", "")},
         "device": str(engine.device), "attention_backend": engine.attn.name,
         "decode_attention": getattr(engine, "decode_attention", None),
+        "kernels": getattr(engine, "kernels", None),  # BLAS library, RoPE + K/V append
         # async scheduling as run: the flag's default (None) resolved by the engine
         "engine_config": {**asdict(ecfg), "async_scheduling": bool(engine.async_scheduling)},
         **({"workload": asdict(wcfg)} if wcfg is not None else {}),

@@ -584,7 +584,7 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
     "session_id": (str,), "part": (int,), "previous_part": (str,), "created": (str,),
     "clock": (dict,), "versions": (dict,), "host": (dict,), "trace_prompts": (bool,),
     "flush_interval_s": (int, float), "command": (str,), "model": (dict, str), "device": (str,),
-    "attention_backend": (str,), "decode_attention": (str,), "engine_config": (dict,), "config": (dict,), "workload": (dict,),
+    "attention_backend": (str,), "decode_attention": (str,), "kernels": (dict,), "engine_config": (dict,), "config": (dict,), "workload": (dict,),
     "max_model_len": (int,), "kv_blocks": (int,), "block_size": (int,), "gpus": (dict,),
 }
 _JSON_NAMES = {dict: "an object", str: "a string", int: "an integer", float: "a number",

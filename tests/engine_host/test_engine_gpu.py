@@ -83,7 +83,7 @@ PROMPTS = [[11 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in
 def qk_layout(request):
     """The ways of handing q/k to FlashInfer: copies before FlashInfer's RoPE, the experiment
     that passes strided views of the fused qkv output (ops.use_strided_qk), and RoPE fused with
-    the K/V append in one Triton kernel (ops.use_fused_rope_append, the default)."""
+    the K/V append in one Triton kernel (ops.set_rope_append("fused"))."""
     prev = ops.rope_append_mode()
     ops.use_strided_qk(request.param == "strided-qk")
     ops.set_rope_append("fused" if request.param == "fused-rope-append" else "separate")

@@ -181,3 +181,22 @@ def test_qkv_returns_unrotated_q_k_when_told(tiny):
                             attn.rotary.cache_on(torch.device("cpu")))
     assert torch.equal(rq, q0) and torch.equal(rk, k0)
 
+
+
+def test_prefer_blas_takes_cublaslt_unless_the_user_chose(monkeypatch):
+    """ops.prefer_blas: cuBLASLt on CUDA unless TORCH_BLAS_PREFER_CUBLASLT is set (torch's own
+    switch, then left alone); nothing off CUDA. torch's setter is replaced by a recorder (the
+    CPU build refuses cuBLASLt)."""
+    state = {"lib": "_BlasBackend.Cublas", "set": []}
+
+    def lib(backend=None):
+        if backend is not None:
+            state["set"].append(backend)
+            state["lib"] = "_BlasBackend.Cublaslt" if backend == "cublaslt" else state["lib"]
+        return state["lib"]
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lib)
+    assert ops.prefer_blas(torch.device("cpu")) is None and state["set"] == []
+    monkeypatch.setenv("TORCH_BLAS_PREFER_CUBLASLT", "0")
+    assert ops.prefer_blas(torch.device("cuda")) == "cublas" and state["set"] == []
+    monkeypatch.delenv("TORCH_BLAS_PREFER_CUBLASLT")
+    assert ops.prefer_blas(torch.device("cuda")) == "cublaslt" and state["set"] == ["cublaslt"]

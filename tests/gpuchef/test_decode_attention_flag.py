@@ -50,6 +50,10 @@ def test_what_ran_is_in_the_result_json_and_the_trace(tmp_path):
         meta = json.loads(f.readline())
     assert meta["decode_attention"] == "reference"
     assert meta["engine_config"]["decode_attention"] == "flashinfer"  # as asked
+    # the other kernel choices: no BLAS library off CUDA, the RoPE + K/V append mode in force
+    from gpuchef.engine_host import ops
+    want = {"blas": None, "rope_append": ops.rope_append_mode()}
+    assert cfg["kernels"] == meta["kernels"] == want
     assert "Device / attention:                      cpu / reference" in r.output
     # the kernel asked for cannot run here: one warning says so, the run goes on
     assert ("warning: --decode-attention flashinfer has no effect on cpu: decode rows run on "
