@@ -69,8 +69,8 @@ def _bench(o: dict, err: Console) -> None:
         return bench_http(o, err)
     check_http_flags(o)
     from .engine_host.workload import generate
-    from .probes.metrics import (autopilot_totals, format_results_block, parse_goodput,
-                                 parse_percentiles, summarize)
+    from .probes.metrics import (autopilot_totals, benchmark_duration_s, format_results_block,
+                                 load_start_event, parse_goodput, parse_percentiles, summarize)
     from .session import build_engine, run_load
 
     # everything that can be refused is refused before the model loads
@@ -92,17 +92,23 @@ def _bench(o: dict, err: Console) -> None:
 
     listeners = []
     recorder = None
+    started: list = []  # the host, until its load-start event is in the trace
     if o["trace_path"]:
         recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
                               trace_prompts=o["trace_prompts"])
-        listeners.append(recorder.listener)
+
+        def record(kind: str, r: object) -> None:  # the engine thread, after host.start()
+            if started:  # first: the load's start, that the report's duration counts from
+                recorder.record(load_start_event(started.pop().t0_ns))
+            recorder.record(r)
+        listeners.append(record)
     samplers = Samplers(gpus, sample_hz, sink=recorder.record if recorder else None)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
     samplers.start()
     try:
-        res = run_load(engine, specs, listeners=listeners, console=err)
+        res = run_load(engine, specs, listeners=listeners, console=err, on_start=started.append)
     finally:
         samplers.stop()
         if recorder is not None:
@@ -112,7 +118,10 @@ def _bench(o: dict, err: Console) -> None:
         why = (f"{recorder.error}; the trace stops where that happened" if recorder.error else
                f"{recorder.dropped} record(s) dropped (the writer fell behind)")
         err.print(f"[yellow]warning:[/] --trace {escape(repr(o['trace_path']))}: {escape(why)}")
-    m = summarize(res.requests, res.duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
+    # vllm bench serve's duration (probes.metrics owns it; gpuchef report reads the same)
+    duration_s = benchmark_duration_s(res.t0_ns, res.requests,
+                                      end_ns=res.t0_ns + int(res.duration_s * 1e9))
+    m = summarize(res.requests, duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
     lm = engine.loaded
     scheduling = scheduling_desc(engine)
     extra = {
@@ -131,7 +140,7 @@ def _bench(o: dict, err: Console) -> None:
         extra["Autopilot:"] = ap.line() if ap is not None else (
             f"{sc.auto_budget}; idle: no chunked step asked it"
             + (" (continuous mode)" if sc.mode == "continuous" else ""))
-    extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(res.duration_s * 1e9)))
+    extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(duration_s * 1e9)))
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
         d = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 
 COMPLETED_REASONS = ("length", "stop")
@@ -490,6 +490,42 @@ def window_metrics(table: RequestTable, i: int, j: int, duration_s: float, *,
     if steps is not None and len(steps.t_end_ns):
         _add_steps(m, steps)
     return m
+
+
+#: the trace event that marks the load's start (``kind``, ``name``): its ``t_ns`` is arrival 0's
+#: time (``EngineHost.t0_ns``), which ``gpuchef bench`` writes and ``gpuchef report`` counts
+#: the benchmark duration from (docs/trace-format.md)
+LOAD_START = ("load", "start")
+
+
+def load_start_event(t0_ns: int) -> EngineEvent:
+    """The trace event recording the load's start at ``t0_ns`` (monotonic ns), step -1."""
+    return EngineEvent(LOAD_START[0], -1, int(t0_ns), LOAD_START[1],
+                       message="the load's start: the benchmark duration counts from here")
+
+
+def load_start_ns(events: Iterable[Any]) -> int | None:
+    """The load's start (monotonic ns) from a trace's events (the first :data:`LOAD_START`
+    event), or None when the trace has none (not a ``gpuchef bench`` trace, one written before
+    2026-12-03, or one cut short before the bench ended)."""
+    for e in events:
+        if (getattr(e, "kind", None), getattr(e, "name", None)) == LOAD_START:
+            return int(e.t_ns)
+    return None
+
+
+def benchmark_duration_s(t0_ns: int, requests: Iterable[RequestRecord],
+                         end_ns: int | None = None) -> float:
+    """``vllm bench serve``'s benchmark duration (s, > 0): from the load's start ``t0_ns``
+    (arrival 0's due time; vLLM reads ``benchmark_start_time`` before its first request's
+    delay, so the first inter-arrival gap counts) to the last token of ``requests``;
+    ``end_ns`` (default: now) when none has a token. The one definition: ``gpuchef bench``'s
+    results and ``gpuchef report``'s mode stretches."""
+    import time
+
+    ends = [r.token_times_ns[-1] for r in requests if r.token_times_ns]
+    end = max(ends) if ends else (time.monotonic_ns() if end_ns is None else end_ns)
+    return max(end - int(t0_ns), 1) / 1e9
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, *,

@@ -18,8 +18,10 @@ Grouping:
 
 A request belongs to the segment in which it *arrived* (so both arms of an A/B see the same
 arrival process), a step to the one in which it *started*. A mode stretch's duration runs from
-its start to the last token of its requests (or its end, if sooner): for a ``gpuchef bench``
-trace that is the benchmark duration ``vllm bench serve`` divides by. Metrics are
+its start to the last token of its requests (or its end, if sooner); the first starts at the
+load's start, which a ``gpuchef bench`` trace records (``probes.metrics.LOAD_START``), so that
+its duration is the one bench printed (``probes.metrics.benchmark_duration_s``, the one
+``vllm bench serve`` divides by); an older trace starts at its first arrival. Metrics are
 ``probes.metrics.summarize``'s (vllm bench serve's definitions).
 """
 
@@ -32,7 +34,8 @@ from typing import Any, Callable, Sequence
 
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes import ab as abdef
-from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, BenchMetrics, gpu_means, summarize
+from gpuchef.probes.metrics import (GPU_SUMMARY_FIELDS, BenchMetrics, benchmark_duration_s,
+                                    gpu_means, load_start_ns, summarize)
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import Trace, read_trace, trace_name, trace_span
 
@@ -75,15 +78,13 @@ class Segment:
     def duration_s(self) -> float:
         """Seconds the segment's throughputs divide by: an A/B window's span (``probes.ab``);
         a mode stretch from its start to the last token of its requests (or its end, if
-        sooner)."""
+        sooner; its last step's end when no request has a token) — ``probes.metrics.
+        benchmark_duration_s``, gpuchef bench's duration."""
         if self.result is not None:
             return self.result.duration_s
-        end = self.t1_ns
-        last = [r.token_times_ns[-1] for r in self.requests if r.token_times_ns]
-        last += [s.t_end_ns for s in self.steps]
-        if last:
-            end = min(end, max(last))
-        return max(end - self.t0_ns, 1) / 1e9
+        end = max([s.t_end_ns for s in self.steps], default=self.t1_ns)
+        d = benchmark_duration_s(self.t0_ns, self.requests, end_ns=min(end, self.t1_ns))
+        return min(d, max(self.t1_ns - self.t0_ns, 1) / 1e9)
 
 
 @dataclass
@@ -198,7 +199,8 @@ def capacity_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segmen
 
 def mode_segments(steps: Sequence[StepRecord], start_ns: int, end_ns: int) -> list[Segment]:
     """Stretches of one scheduler mode: a new one starts at the first step of another mode; the
-    first at ``start_ns`` (the load's start: its first arrival or step)."""
+    first at ``start_ns`` (the load's start: gpuchef bench's load-start event, else its first
+    arrival or step)."""
     out: list[Segment] = []
     for s in steps:
         if not out or out[-1].label != s.mode:
@@ -293,9 +295,13 @@ def view_trace(tr: Trace) -> TraceView:
         cap = bool(segs)
     meta_ab = tr.meta.get("ab") if isinstance(tr.meta.get("ab"), dict) else {}
     if not ab and not cap:
-        # the load starts with its first arrival (the samplers may have started earlier)
-        start = min([r.entered_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
-                    default=origin)
+        # the load's start as gpuchef bench recorded it (arrival 0's time: the benchmark
+        # duration counts from there); else its first arrival or step (the samplers may have
+        # started earlier)
+        start = load_start_ns(tr.events)
+        if start is None:
+            start = min([r.entered_ns for r in tr.requests] + [x.t_start_ns for x in steps[:1]],
+                        default=origin)
         segs = mode_segments(steps, start, end + 1)
         src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}
         if not segs and src.get("kind") == "attached" and (tr.requests or tr.scrapes):
@@ -531,6 +537,13 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
         if not tr.complete:
             problems.append(f"{tr.path}: no end record — the recording was cut short "
                             "(the process was killed); the report shows what was written")
+        if (tr.meta.get("command") == "bench" and load_start_ns(tr.events) is None
+                and tr.requests):
+            problems.append(f"{tr.path}: no load-start event (gpuchef bench writes one before "
+                            "its first step since 2026-12-03): the duration counts from the "
+                            "first arrival, "
+                            "not from the load's start as gpuchef bench counted it, so the "
+                            "throughputs here may read higher than bench printed")
         views.append(view_trace(tr))
     _unique_names(views)
     groups: list[Group] = []

@@ -133,8 +133,51 @@ def test_report_numbers_are_the_bench_numbers(traces):
         assert got[k] == want[k], k
     for k in ("p99_ttft_ms", "median_itl_ms", "mean_tpot_ms", "p99_e2el_ms", "busy_fraction"):
         assert got[k] == pytest.approx(want[k], rel=1e-9), k
-    # the trace starts the load at its first arrival; bench's clock at the host's start
-    assert got["duration"] == pytest.approx(want["duration"], abs=0.05)
+    # the trace records the load's start (probes.metrics.LOAD_START): bench's duration exactly
+    assert got["duration"] == pytest.approx(want["duration"], rel=1e-12)
+
+
+def test_report_of_a_random_rate_bench_has_bench_duration_and_throughputs(tmp_path):
+    """Poisson arrivals at 1 req/s: the first arrival is ~1 s after the load's start, which
+    vLLM's (and bench's) duration counts; the report's must too (it once counted from the first
+    arrival: 7.04 s and 1.14 req/s against bench's 8.06 s and 0.99 req/s)."""
+    from gpuchef.probes.metrics import load_start_ns
+    from gpuchef.report import build
+
+    tr, js = tmp_path / "slow.jsonl", tmp_path / "slow.json"
+    run("bench", "--device", "cpu", "--model", "tiny", "--num-prompts", "6", "--input-len", "16",
+        "--output-len", "4", "--request-rate", "1", "--sample-hz", "0", "--trace", tr,
+        "--result-json", js)
+    want = json.loads(js.read_text())
+    t = read_trace(tr)
+    first = min(r.arrival_ns for r in t.requests)
+    assert load_start_ns(t.events) is not None and load_start_ns(t.events) < first - 1e6
+    data = build([tr], percentiles=(50, 99))
+    (g,) = data.groups
+    got = g.metrics.to_dict()
+    assert not data.problems
+    for k in ("duration", "request_throughput", "output_throughput", "total_token_throughput"):
+        assert got[k] == pytest.approx(want[k], rel=1e-12), k
+    # the HTML's results table prints them as bench did
+    out = tmp_path / "slow.html"
+    run("report", tr, "-o", out)
+    text = out.read_text(encoding="utf-8")
+    assert f"{want['request_throughput']:.2f}" in text and f"{want['duration']:.2f}" in text
+
+
+def test_bench_trace_without_load_start_falls_back_with_a_note(traces, tmp_path):
+    """A bench trace written before the load-start event: the old rule (first arrival), said."""
+    from gpuchef.report import build
+
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(ln for ln in traces["bench"].read_text().splitlines(True)
+                           if '"kind":"load"' not in ln))
+    data = build([old], percentiles=(50, 99))
+    assert any("no load-start event" in p and "first arrival" in p for p in data.problems)
+    t = read_trace(old)
+    first = min(r.arrival_ns for r in t.requests)
+    last = max(r.token_times_ns[-1] for r in t.requests if r.token_times_ns)
+    assert data.groups[0].metrics.duration_s == pytest.approx((last - first) / 1e9, rel=1e-9)
 
 
 def test_ab_segments_of_several_dashboard_runs():
