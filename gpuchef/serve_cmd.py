@@ -128,6 +128,12 @@ def serve(**o) -> None:
                    err=True)
         sys.stderr.flush()
         while not stop.wait(0.5):
+            gone = session.server.failure()
+            if gone:  # the mirror of the engine's death below: a supervisor restarts us
+                died = True
+                err.print(f"[bold red]error:[/] {escape(gone)}; stopping the engine, the "
+                          "server exits with status 1")
+                break
             e = session.host.error
             if e is not None:
                 died = True

@@ -160,6 +160,32 @@ class ServeProcess:
             pass
         self._proc = None
 
+    def failure(self) -> str:
+        """"" while the HTTP server process serves (or before ``start``, or once ``stop`` was
+        asked); else one line saying that it is gone and how it ended (killed by a signal, e.g.
+        the OOM killer's SIGKILL, or its exit code) — nothing listens on ``url`` any more. The
+        bridge threads notice first (the pipe closes: ``child_error``); the process's own end
+        is read here too."""
+        p = self._proc
+        if p is None or self._stop.is_set():
+            return ""
+        if not self.child_error and p.is_alive():
+            return ""
+        p.join(1.0)  # the pipe closes a moment before the process is reaped
+        code = p.exitcode
+        if code is None:
+            how = "its pipe to the engine closed"
+        elif code < 0:
+            import signal
+
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit code {code}"
+        return f"the HTTP server process is gone ({how}): nothing listens on {self.url}"
+
     # -- bridge threads ------------------------------------------------------------------------
     def _send(self, batch: list) -> None:
         with self._send_lock:

@@ -1,0 +1,40 @@
+"""`gpuchef serve` whose HTTP server process dies (the OOM killer's SIGKILL) exits with status 1
+and one line saying so, as it does when the engine dies (docs/serve.md): it once kept running
+with nothing listening, so that a supervisor never restarted it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import urllib.request
+
+import psutil
+
+from serve_proc import ServeProc
+
+
+def test_serve_exits_1_when_its_http_process_is_killed(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    with ServeProc("--trace", str(trace), "--sample-hz", "0") as s:
+        with urllib.request.urlopen(s.url + "/health", timeout=10) as r:
+            assert r.status == 200
+        kids = psutil.Process(s.proc.pid).children()
+        http = [k for k in kids if "spawn_main" in " ".join(k.cmdline())]
+        assert len(http) == 1, [k.cmdline() for k in kids]
+        os.kill(http[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        rc = s.proc.wait(15)
+        took = time.monotonic() - t0
+        time.sleep(0.2)  # the reader thread takes the last lines
+        assert rc == 1, s.stderr
+        assert took < 5, took
+        assert "the HTTP server process is gone (killed by SIGKILL)" in s.stderr, s.stderr
+        assert f"nothing listens on {s.url}" in s.stderr
+        assert "Traceback" not in s.stderr
+        host, port = s.url.rsplit("/", 1)[-1].rsplit(":", 1)
+        with socket.socket() as c:  # nothing listens any more
+            assert c.connect_ex((host, int(port))) != 0
+    # the engine was stopped cleanly: the trace has its end record
+    assert '"type":"end"' in trace.read_text().splitlines()[-1]
