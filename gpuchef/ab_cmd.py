@@ -459,8 +459,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                    + "  why not / notes")
 
         def show(p) -> None:
-            vals = [f"{p.values[s.key]:.1f}" if math.isfinite(p.values[s.key]) else "n/a"
-                    for s in slos]
+            vals = [p.value_text(s.key) for s in slos]  # "> 200": an early stop's bound
             ach = (f"{p.achieved:.3g}/{p.judged_offered:.3g}" if math.isfinite(p.achieved)
                    and math.isfinite(p.judged_offered) else
                    f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")

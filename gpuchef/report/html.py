@@ -531,7 +531,7 @@ def capacity_table(probes: Sequence[Any], slos: Sequence[Any]) -> str:
         rows.append([p.label, _num(p.target, "{:.3g}"), _num(p.rate, "{:.3g}"),
                      _num(p.achieved, "{:.3g}"), _num(p.judged_offered, "{:.3g}"),
                      _num(p.metrics.completed),
-                     *[_num(p.values[s.key], "{:.1f}") for s in slos],
+                     *[p.value_text(s.key) for s in slos],
                      "yes" if p.met else "no", "; ".join([*p.fails, *p.notes])])
     head = ["setting", "asked req/s", "offered req/s", "achieved req/s",
             "arrived req/s (same requests)", "completed",

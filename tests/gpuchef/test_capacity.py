@@ -254,7 +254,9 @@ def test_cli_capacity_on_cpu(tmp_path):
     assert [(k, p["offered_rps"], p["met"], p["fails"]) for k, p in ref] == \
         [(p.label, pytest.approx(p.rate), p.met, p.fails) for p in probes]
     for (_, a), b in zip(ref, probes):
-        assert a["values_ms"] == pytest.approx(b.values)
+        assert a["values_ms"] == pytest.approx(
+            {k: None if math.isnan(v) else v for k, v in b.values.items()})
+        assert a["values_above_ms"] == b.above
 
     # the report's groups are the settings A and B (both chunked here: grouped by mode they
     # were one), each holding its own probes' requests as the command counted them
@@ -570,3 +572,61 @@ def test_rule_1_still_fails_the_probe_the_issue_reported():
     off, ach, fails, _ = judge_load(arr, fin, [], 13000.0)
     assert off == pytest.approx(29, rel=0.01) and ach == pytest.approx(18.4, rel=0.01)
     assert fails and fails[0].startswith("saturated: achieved 18.4 req/s < 80% of offered 29")
+
+
+def test_a_probe_stopped_early_shows_its_bound_not_a_partial_value():
+    """A stopped probe's figures cover only the requests that finished before the stop (a
+    tester saw "itl_p99 143.6" next to "itl_p99 > 200 ms certain", over 14 of 168 requests):
+    its SLO cells say "> 200" for the SLO the stop proved broken and "n/a" for the others, in
+    the table and in --result-json (values_ms null, values_above_ms the bound)."""
+    from gpuchef.capacity import Measured, probe_of, stopped_slo
+    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.probes.metrics import summarize
+    from gpuchef.report.html import capacity_table
+
+    slos = parse_slos("itl_p99:200ms,ttft_p99:2s")
+    ms = 1_000_000
+    done = [RequestRecord(f"req-{i}", 0, 16, 4, [10 * ms, 20 * ms, 30 * ms, 40 * ms], "length")
+            for i in range(3)]
+    withdrawn = [RequestRecord(f"req-{i}", 0, 16, 4, [], "early stop") for i in range(3, 9)]
+    m = summarize(done + withdrawn, 1.0, percentiles=(99,))
+    assert slos[0].value(m) == pytest.approx(10.0)  # the partial run's ITL P99: far under 200
+    reason = "itl_p99 > 200 ms certain (42 of 2520 values already > 200 ms)"
+    assert stopped_slo(reason, slos) is slos[0]
+    p = probe_of(Measured(m, 8.0, math.nan, 1.0, [], reason, []), slos, 8.0)
+    assert not p.met and p.fails == [f"stopped early: {reason}"]
+    assert p.value_text("itl_p99") == "> 200" and p.value_text("ttft_p99") == "n/a"
+    assert all(math.isnan(v) for v in p.values.values())
+    d = CapacityResult(None, False, (None, 8.0), [p]).as_dict()["probes"][0]
+    assert d["values_ms"] == {"itl_p99": None, "ttft_p99": None}
+    assert d["values_above_ms"] == {"itl_p99": 200.0}
+    json.dumps(d, allow_nan=False)
+    p.label = "B"
+    html = capacity_table([p], slos)
+    assert "&gt; 200" in html and "10.0" not in html
+    # a probe that ran to its end keeps its values and no bound
+    q = probe_of(Measured(m, 8.0, 8.0, 1.0, [], "", []), slos, 8.0)
+    assert q.value_text("itl_p99") == "10.0" and q.above == {}
+    assert CapacityResult(8.0, True, (8.0, None), [q]).as_dict()["probes"][0][
+        "values_above_ms"] == {}
+
+
+def test_cli_capacity_stopped_probe_row_prints_the_bound(tmp_path):
+    """The printed row and --result-json of a probe an ITL SLO of 0.001 ms stops at once."""
+    out = tmp_path / "cap.json"
+    r = CliRunner().invoke(cli, [
+        "ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "8", "--input-len", "32",
+        "--output-len", "16", "--capacity", "--slo", "itl_p99:0.001ms,ttft_p99:60s",
+        "--rate-lo", "8", "--rate-hi", "16", "--tolerance", "60%", "--result-json", str(out),
+        "--b", "mode=continuous"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rows = [ln for ln in r.output.splitlines() if "stopped early: itl_p99 > 0.001 ms certain" in ln]
+    assert rows, r.output
+    for ln in rows:
+        cells = ln.split("stopped early")[0].split()
+        assert cells[2:5] == [">", "0.001", "n/a"], ln  # rate, requests, itl, ttft
+    d = json.loads(out.read_text())
+    for k in "AB":
+        p = d["capacity"][k]["probes"][0]
+        assert p["stopped_early"] and p["values_ms"]["itl_p99"] is None
+        assert p["values_above_ms"] == {"itl_p99": 0.001}
