@@ -16,7 +16,8 @@ from .capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
 from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
-                      workload_options, write_json, print_warning, trace_flags_warning)
+                      workload_options, write_json, print_warning, probe_warning,
+                      trace_flags_warning)
 
 
 @click.command("ab")
@@ -178,6 +179,8 @@ def _ab(o: dict, err: Console) -> None:
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
+    if (w := probe_warning(o, specs)):
+        print_warning(w)
     recorder = None
     listeners = []
     if o["trace_path"]:

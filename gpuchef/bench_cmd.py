@@ -11,7 +11,8 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from .engine_host.config import ConfigError
 from .options import (attention_label, check_output_files, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
-                      write_json, http_load_options, print_warning, trace_flags_warning)
+                      write_json, http_load_options, print_warning, probe_warning,
+                      trace_flags_warning)
 
 
 @click.command("bench")
@@ -88,6 +89,8 @@ def _bench(o: dict, err: Console) -> None:
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
+    if (w := probe_warning(o, specs)):
+        print_warning(w)
     from .session import Samplers, load_desc, open_trace, trace_meta
 
     listeners = []

@@ -138,7 +138,8 @@ workload_options = _opts(
                  help="Clip forced output lengths to this many tokens."),
     click.option("--probe-interval", "probe_interval_s", default=None, type=float,
                  help="Send a probe request (short prompt, one output token) every N s; its "
-                      "latency is the stall a new request sees."),
+                      "latency is the stall a new request sees. Probes run up to the load's "
+                      "last arrival (or --duration): --request-rate inf sends none."),
 )
 
 # `vllm bench serve`'s spellings; docs/http-load.md; gpuchef/client/http_load.py
@@ -350,6 +351,26 @@ def trace_flags_warning(o: dict[str, Any]) -> str | None:
         return None
     return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: a trace brings its "
             "own arrival times and lengths (--trace-speed scales the times)")
+
+
+def probe_warning(o: dict[str, Any], specs: Any) -> str | None:
+    """One line when ``--probe-interval`` was given but the load ``specs`` (workload
+    RequestSpecs) hold no probe request, or None: probes arrive every interval up to the load's
+    last arrival (``engine_host.workload.generate``), which ``--request-rate inf`` puts at 0 s.
+    A warning: the run goes on without probes."""
+    iv = o.get("probe_interval_s")
+    if iv is None or any(getattr(s, "is_probe", False) for s in specs):
+        return None
+    last = max((s.arrival_s for s in specs), default=0.0)
+    try:
+        burst = o.get("dataset", "random") == "random" and math.isinf(float(o["request_rate"]))
+    except (KeyError, TypeError, ValueError):
+        burst = False
+    why = ("--request-rate inf sends every request at 0 s" if last == 0 and burst
+           else f"the last arrival is at {last:.3g} s")
+    return (f"--probe-interval {iv:g} sends no probe: probes arrive every {iv:g} s up to the "
+            f"load's last arrival ({why}); give --duration, a finite --request-rate or a "
+            "shorter --probe-interval")
 
 
 def print_warning(msg: str) -> None:

@@ -192,6 +192,10 @@ def bench_http(o: dict[str, Any], err) -> None:
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
     pl = prepare_http_load(o, model=o["model"] if _given("model") else "")
+    from ..options import print_warning, probe_warning
+
+    if (w := probe_warning(o, pl.specs)):
+        print_warning(w)
     cfg, wcfg, specs, body, ramp, tok, load = (pl.cfg, pl.wcfg, pl.specs, pl.body, pl.ramp,
                                                pl.tok, pl.desc)
     err.print(f"[dim]{len(specs)} requests to {escape(cfg.api_url)} (model {escape(cfg.model)}, "
