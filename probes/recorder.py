@@ -539,11 +539,39 @@ for _cls in RECORD_TYPES.values():
     _ANN[_cls] = {f.name: str(f.type) for f in fields(_cls)}
 
 
+#: fields that count (tokens, requests, blocks, steps) or measure a duration: never negative
+_NON_NEGATIVE: dict[str, tuple[str, ...]] = {
+    "step": ("step", "gpu_ms", "max_num_batched_tokens", "max_num_seqs",
+             "long_prefill_token_threshold", "max_num_partial_prefills", "num_prefill_reqs",
+             "num_prefill_tokens", "num_decode_reqs", "num_partial_prefills", "num_running",
+             "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total", "num_finished"),
+    "request": ("prompt_len", "output_len", "num_preemptions", "max_tokens"),
+}
+
+
+def _impossible(kind: str, rec: Any) -> str:
+    """Why a well-typed record cannot be what a writer recorded ("" if it can): a negative count
+    or duration, a step ending before it starts, token times going back."""
+    for n in _NON_NEGATIVE.get(kind, ()):
+        v = getattr(rec, n)
+        if v < 0:  # NaN (a float not measured) compares False: kept
+            return f"{kind} field {n}={_short(v)} is negative (allowed: >= 0)"
+    if kind == "step" and rec.t_end_ns < rec.t_start_ns:
+        return (f"step t_end_ns={rec.t_end_ns} is before t_start_ns={rec.t_start_ns} (a step "
+                "cannot end before it starts)")
+    if kind == "request":
+        t = rec.token_times_ns
+        if any(b < a for a, b in zip(t, t[1:])):
+            return "request token_times_ns go back in time (allowed: non-decreasing)"
+    return ""
+
+
 def decode_record(kind: str, d: dict[str, Any]) -> Any:
     """Rebuild the typed record of type ``kind`` from its JSON dict.
 
     Unknown keys are ignored (newer minor writers may add fields). Raises ValueError naming a
-    missing required field or a value of the wrong type.
+    missing required field, a value of the wrong type, or an impossible value (a negative count
+    or duration, a step that ends before it starts, token times going back).
     """
     cls = RECORD_TYPES[kind]
     missing = [n for n in _REQUIRED[cls] if n not in d]
@@ -560,7 +588,11 @@ def decode_record(kind: str, d: dict[str, Any]) -> Any:
         if not ok:
             raise ValueError(f"{kind} field {n}={_short(d[n])} is not {ann}")
         kw[n] = v
-    return cls(**kw)
+    rec = cls(**kw)
+    why = _impossible(kind, rec)
+    if why:
+        raise ValueError(why)
+    return rec
 
 
 def _short(v: Any, limit: int = 80) -> str:

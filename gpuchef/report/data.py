@@ -281,6 +281,15 @@ def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestReco
     return out
 
 
+def _meta_mode(meta: dict[str, Any]) -> str:
+    """The scheduler mode a trace's meta record names (``engine_config.scheduler.mode``), or
+    "requests" when it names none."""
+    ec = meta.get("engine_config") if isinstance(meta.get("engine_config"), dict) else {}
+    sc = ec.get("scheduler") if isinstance(ec.get("scheduler"), dict) else {}
+    mode = sc.get("mode")
+    return mode if isinstance(mode, str) and mode else "requests"
+
+
 def view_trace(tr: Trace) -> TraceView:
     """Cut one trace into segments (A/B windows when it has them, else mode stretches)."""
     tr.requests = _place_legacy_withdrawals(tr.requests)  # before the span: they are not late
@@ -307,6 +316,10 @@ def view_trace(tr: Trace) -> TraceView:
         if not segs and src.get("kind") == "attached" and (tr.requests or tr.scrapes):
             # `top --attach`: no steps (the server's own); one stretch, the client's requests
             segs = [Segment(ATTACHED, ATTACHED, start, end + 1)]
+        elif not segs and tr.requests:
+            # gpuchef's own engine, but no step could be read: the requests still count, in
+            # one stretch under the mode the meta record names (build() says why)
+            segs = [Segment(_meta_mode(tr.meta), _meta_mode(tr.meta), start, end + 1)]
     _assign(segs, tr.requests, steps)
     settings: dict[str, str] = {}
     for seg in segs:
@@ -533,6 +546,7 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     views, problems = [], []
     for p in paths:
         tr = read_trace(p)
+        first = len(problems)  # where this trace's problems begin
         problems.extend(tr.problems)
         if not tr.complete:
             problems.append(f"{tr.path}: no end record — the recording was cut short "
@@ -544,6 +558,17 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
                             "first arrival, "
                             "not from the load's start as gpuchef bench counted it, so the "
                             "throughputs here may read higher than bench printed")
+        src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}
+        if tr.requests and not tr.steps and src.get("kind") != "attached":
+            import re
+
+            bad = sum(1 for x in tr.problems if re.search(r" line \d+: step ", x))
+            problems.insert(first, f"{tr.path}: no step record could be read"
+                            + (f" ({bad} step line{'s' if bad != 1 else ''} unreadable)"
+                               if bad else "")
+                            + f": its {len(tr.requests)} requests are reported in one group "
+                            "(the mode its meta record names), without engine-step figures"
+                            )  # first: it says what the lines below it cost
         views.append(view_trace(tr))
     _unique_names(views)
     groups: list[Group] = []

@@ -299,6 +299,80 @@ def test_csv_headers_and_rows(traces, tmp_path):
         assert list(csv.reader(f)) == [GPU_SAMPLE_HEADER]
 
 
+def _edit_lines(src: Path, dst: Path, kind: str, edit, every: int = 1) -> int:
+    """Copy a trace with ``edit(record_dict)`` applied to every ``every``-th record of ``kind``;
+    returns how many were edited."""
+    out, n, k = [], 0, 0
+    for ln in src.read_text().splitlines(True):
+        d = json.loads(ln)
+        if d.get("type") == kind:
+            if k % every == 0:
+                edit(d)
+                n += 1
+            k += 1
+            ln = json.dumps(d) + "\n"
+        out.append(ln)
+    dst.write_text("".join(out))
+    return n
+
+
+def test_unreadable_steps_still_report_the_requests(traces, tmp_path):
+    """Every step's t_start_ns garbled: the requests are intact and are reported (one group, the
+    meta's mode), with a problem line saying the steps could not be read — not "no steps or
+    requests" (a tester's report)."""
+    from gpuchef.report import build
+
+    src = tmp_path / "nosteps.jsonl"
+    n = _edit_lines(traces["bench"], src, "step", lambda d: d.update(t_start_ns="bad"))
+    want = json.loads((traces["dir"] / "bench.json").read_text())
+    data = build([src], percentiles=(50, 99))
+    (g,) = data.groups
+    assert g.short == "continuous" and g.metrics.completed == want["completed"]
+    got = g.metrics.to_dict()
+    assert got["total_output_tokens"] == want["total_output_tokens"]
+    for k in ("p99_ttft_ms", "duration", "output_throughput"):  # the load start still counts
+        assert got[k] == pytest.approx(want[k], rel=1e-9), k
+    assert data.problems[0] == (f"{src}: no step record could be read ({n} step lines "
+                                f"unreadable): its {want['completed']} requests are reported in "
+                                "one group (the mode its meta record names), without engine-step "
+                                "figures")
+    r = run("report", src, "-o", tmp_path / "nosteps.html")
+    assert "groups: continuous" in r.output and "no steps or requests" not in r.output
+
+
+def test_impossible_values_are_refused_as_problem_lines(traces, tmp_path):
+    """A negative prompt_len and a step that ends before it starts are refused by the reader,
+    one problem line each (naming the field and what is allowed), and never reach the tables
+    or the CSV export (a tester saw prompt_len -5 and wall_ms -0.001 rows)."""
+    from gpuchef.report import build
+
+    mid = tmp_path / "mid.jsonl"
+    n_req = _edit_lines(traces["bench"], mid, "request", lambda d: d.update(prompt_len=-5),
+                        every=3)
+    src = tmp_path / "weird.jsonl"
+    n_step = _edit_lines(mid, src, "step",
+                         lambda d: d.update(t_end_ns=d["t_start_ns"] - 1000), every=4)
+    assert n_req >= 2 and n_step >= 2
+    good = read_trace(traces["bench"])
+    tr = read_trace(src)
+    assert len(tr.requests) == len(good.requests) - n_req
+    assert len(tr.steps) == len(good.steps) - n_step
+    neg = [p for p in tr.problems if "request field prompt_len=-5 is negative (allowed: >= 0)"
+           in p]
+    back = [p for p in tr.problems if "is before t_start_ns" in p]
+    assert len(neg) == n_req and len(back) == n_step and len(tr.problems) == n_req + n_step
+    assert all(re.search(r" line \d+: ", p) and p.endswith("— skipped") for p in neg + back)
+    data = build([src])
+    assert data.groups[0].metrics.completed == len(good.requests) - n_req
+    prefix = tmp_path / "csv" / "w"
+    r = run("report", src, "--format", "csv", "-o", prefix)
+    assert f"{n_req + n_step} problems" in " ".join(r.output.split())
+    for name, col in (("requests", "prompt_len"), ("steps", "wall_ms")):
+        with open(f"{prefix}.{name}.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and all(float(x[col]) >= 0 for x in rows), name
+
+
 # ---- several GPUs ---------------------------------------------------------------------------------
 
 N_GPUS, N_TICKS, TICK_NS = 4, 30, 40_000_000

@@ -4,7 +4,7 @@ pass): each must become one problem naming its line number, and the rest of the 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -264,3 +264,37 @@ def test_a_read_error_is_a_message_not_a_traceback(tmp_path, monkeypatch, ok):
     assert [s.step for s in tr.steps] == [0, 1] and not tr.complete
     assert tr.problems == [f"{p} line 4: cannot read (Input/output error) — the rest of the "
                            "file is not read"]
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"num_prefill_tokens": -3}, "step field num_prefill_tokens=-3 is negative (allowed: >= 0)"),
+    ({"gpu_ms": -0.5}, "step field gpu_ms=-0.5 is negative (allowed: >= 0)"),
+    ({"t_end_ns": 999}, "step t_end_ns=999 is before t_start_ns=1000 (a step cannot end before "
+                        "it starts)"),
+], ids=["negative-count", "negative-gpu-ms", "ends-before-start"])
+def test_an_impossible_step_is_skipped_with_its_line_number(tmp_path, change, why):
+    bad = json.dumps({"type": "step", **{**asdict(STEP), "step": 7, **change}})
+    tr = read_trace(_trace_with(tmp_path, [bad]))
+    assert [s.step for s in tr.steps] == [0, 1, 2]
+    assert tr.problems == [f"{tmp_path / 't.jsonl'} line 3: {why} — skipped"]
+
+
+def test_what_a_writer_does_write_is_not_impossible(tmp_path):
+    """The -1 sentinels (autopilot off), a NaN gpu_ms (null), a zero-length step and equal
+    token times (one chunk) are read as written."""
+    from gpuchef.engine_host.records import RequestRecord
+
+    p = tmp_path / "t.jsonl"
+    with TraceRecorder(p) as rec:
+        rec.record(replace(STEP, gpu_ms=float("nan"), t_end_ns=STEP.t_start_ns))
+        rec.record(RequestRecord("r", 5, 0, 2, (7, 7), "length"))
+    tr = read_trace(p)
+    assert not tr.problems and len(tr.steps) == 1 and len(tr.requests) == 1
+    assert tr.steps[0].prefill_allowance == -1 and tr.steps[0].predicted_ms == -1
+    bad = RequestRecord("q", 5, 3, 2, (9, 8), "length")
+    with TraceRecorder(p) as rec:
+        rec.record(bad)
+    tr = read_trace(p)
+    assert not tr.requests
+    assert tr.problems[0].endswith("request token_times_ns go back in time (allowed: "
+                                   "non-decreasing) — skipped")
