@@ -121,6 +121,9 @@ def _num(body: dict, key: str, default: float, lo: float, hi: float, *,
     if not math.isfinite(v):  # NaN / Infinity: JSON parsers take them
         raise bad(f"'{key}' must be a finite number, got {v!r}", key)
     if (v <= lo if lo_open else v < lo) or v > hi:
+        if math.isinf(hi):
+            raise bad(f"'{key}' = {v!r} is out of range: allowed {'>' if lo_open else '>='} "
+                      f"{lo:g}", key)
         raise bad(f"'{key}' = {v!r} is out of range: allowed {'(' if lo_open else '['}{lo:g}, "
                   f"{hi:g}]", key)
     return float(v)
@@ -263,7 +266,8 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
         include_usage=include_usage,
         # vLLM: per-chunk usage only together with include_usage
         continuous_usage=include_usage and _bool(so, "continuous_usage_stats"),
-        temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
+        # vLLM's SamplingParams asks only >= 0 (OpenAI caps it at 2; vLLM does not)
+        temperature=_num(body, "temperature", 1.0, 0.0, math.inf),
         top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=_top_k(body),
         seed=seed, ignore_eos=_bool(body, "ignore_eos"), stop=stop, stop_token_ids=sti,

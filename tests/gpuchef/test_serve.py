@@ -89,6 +89,38 @@ def engine_greedy(prompt_ids: list[int], n: int) -> list[int]:
 TOK = load_tokenizer("tiny", 4096)
 
 
+def engine_sampled(prompt_ids: list[int], n: int, temperature: float, seed: int) -> list[int]:
+    """The native engine's own seeded samples for ``prompt_ids`` (tiny, CPU)."""
+    from gpuchef.engine_host.config import EngineConfig
+    from gpuchef.engine_host.engine import LLMEngine
+    from gpuchef.engine_host.request import SamplingParams
+
+    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=MAX_MODEL_LEN))
+    eng.add_request("r", prompt_ids, SamplingParams(max_tokens=n, ignore_eos=True, seed=seed,
+                                                    temperature=temperature))
+    while eng.has_unfinished():
+        res = eng.step()
+        if res.finished:
+            return list(res.finished[0].output_token_ids)
+    raise AssertionError("no output")
+
+
+def test_a_temperature_above_2_is_taken_as_vllm_takes_it(server):
+    """vLLM's SamplingParams asks only temperature >= 0 (OpenAI's cap of 2 is not vLLM's): 100
+    is taken (it was a 400 "allowed [0, 2]") and reaches the engine: the server's seeded tokens
+    are the engine's at 100 — for completions and chat."""
+    c = client(server)
+    ids = [40, 41, 42, 43]
+    want = engine_sampled(ids, 8, 100.0, 7)
+    r = c.completions.create(model="tiny-served", prompt=ids, max_tokens=8, temperature=100,
+                             seed=7, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == TOK.decode(want)
+    r = c.chat.completions.create(model="tiny-served", max_tokens=4, temperature=1e6, seed=1,
+                                  messages=[{"role": "user", "content": "hi"}],
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 4
+
+
 def test_completions_text_and_token_ids_greedy_equal_the_engine(server):
     c = client(server)
     text = "The token budget is the knob between TTFT and ITL."
@@ -215,6 +247,8 @@ BAD = [
      "token id 99999 is outside the vocabulary [0, 4096)"),
     ({"prompt": "x", "n": 2}, 400, "n", "n=1"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature", "number"),
+    ({"prompt": "x", "temperature": -0.5}, 400, "temperature",
+     "'temperature' = -0.5 is out of range: allowed >= 0"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "out of range"),
     ({"prompt": "x", "stream": "yes"}, 400, "stream", "true or false"),
     ({"prompt": "x", "stop": [1]}, 400, "stop", "strings"),
