@@ -146,6 +146,13 @@ class AttentionBackend:
         """
         raise NotImplementedError
 
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q [T, Hq, D] over the pages as ``forward`` does, without writing K/V:
+        this step's K/V are already in the pages (the piecewise graphs write them,
+        ``rope_append.rope_and_append``). Same ``out`` and return as ``forward``."""
+        raise NotImplementedError
+
 
 class ReferenceAttention(AttentionBackend):
     """Plain PyTorch attention over the paged pool, one request at a time.
@@ -175,10 +182,13 @@ class ReferenceAttention(AttentionBackend):
         return m
 
     def forward(self, layer, q, k, v, kv_cache, out=None, rope=None):
-        meta = self.meta
         if rope is not None:
             q, k = ops.apply_rope(q, k, *rope)
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+        write_kv(kv_cache, k, v, self.meta.slot_mapping)
+        return self.attend(q, kv_cache, out=out)
+
+    def attend(self, q, kv_cache, out=None):
+        meta = self.meta
         T, hq, d = q.shape
         hkv = kv_cache.shape[3]
         bs = meta.block_size

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import ops
+from . import ops, rope_append
 from .attention import AttentionBackend
 from .config import ConfigError
 
@@ -362,7 +362,8 @@ class LlamaForCausalLM(nn.Module):
         return len(self.model.layers) + 1
 
     def piece(self, j: int, input_ids: torch.Tensor, positions: torch.Tensor,
-              attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+              attn_out: torch.Tensor, residual: torch.Tensor,
+              kv_append: tuple | None = None) -> tuple[torch.Tensor, ...]:
         """Piece ``j`` (0 … ``num_pieces − 1``) of ``forward`` split at attention, as vLLM V1
         splits it for piecewise CUDA graphs: everything between two attention calls.
 
@@ -379,6 +380,11 @@ class LlamaForCausalLM(nn.Module):
         fused norm it is updated in place). Every op works row by row, so rows never mix.
         Returns ``(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], residual [T, H])`` for j < L,
         ``(hidden [T, H],)`` for j = L (final-normed, as ``forward`` returns).
+
+        ``kv_append``: ``(kv_caches, slot_mapping int64 [T], num_tokens int64 [1], q_out
+        [T, Hq, D])`` to rotate q, k and write layer j's K/V inside the piece (one kernel,
+        ``rope_append.rope_and_append``; rows at or past ``num_tokens`` write nothing): then
+        j < L returns ``(q_out, residual)`` and the caller only attends (``attn.attend``).
         """
         layers = self.model.layers
         L = len(layers)
@@ -396,16 +402,16 @@ class LlamaForCausalLM(nn.Module):
                 x, _ = self.model.norm(x, residual)
                 return (x,)
             x, residual = layers[j].input_layernorm(x, residual)
-        q, k, v = layers[j].self_attn.qkv(positions, x,
-                                          rotate=not ops.fused_rope_append(piecewise=True))
+        att = layers[j].self_attn
+        if kv_append is not None:
+            kv_caches, slots, num_tokens, q_out = kv_append
+            q, k, v = att.qkv(positions, x, rotate=False)
+            q = rope_append.rope_and_append(q, k, v, positions,
+                                            att.rotary.cache_on(positions.device), kv_caches[j],
+                                            slots, num_tokens, q_out)
+            return q, residual
+        q, k, v = att.qkv(positions, x)
         return q, k, v, residual
-
-    def rope_args(self, positions: torch.Tensor, piecewise: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``ops.RotaryEmbedding.rope_args`` of the model's one rotary table (every layer
-        shares it); ``piecewise=True``: what the piecewise runner hands attention between the
-        pieces (``piece`` then returns q and k unrotated)."""
-        return self.model.layers[0].self_attn.rotary.rope_args(positions, piecewise)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden_size] → logits [S, vocab_size], float32 (float64 for a float64 model).

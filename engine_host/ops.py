@@ -73,18 +73,16 @@ def strided_qk() -> bool:
     return _strided_qk
 
 
-# RoPE can move from the model's qkv into the attention backend's K/V append, where the
-# FlashInfer backend runs both as one Triton kernel (``rope_append.rope_append_kv``) instead of
-# four (q and k copies, RoPE, append); other backends (and FlashInfer without Triton) rotate
-# first, then append, with the same arithmetic as before. The piecewise-graph forward has its own
-# setting: there attention runs eagerly between the graphs, so fusing moves RoPE out of a graph
-# into an eager Triton launch (host time a layer). Default fused-except-piecewise: on the H200
-# the fused kernel took 0.25 ms off the graphed decode step and piecewise mixed steps were
-# fastest with RoPE left in their graphs (RESULTS.md, session 12). GPUCHEF_ROPE_APPEND (read
-# once, here): fused (both), fused-except-piecewise, separate (neither);
-# ``bench_engine_step.py --rope-append`` measures them.
+# RoPE can move from the model's qkv into one Triton kernel with the K/V append
+# (``rope_append.rope_append_kv``) instead of four (q and k copies, RoPE, append). The monolithic
+# forward (the full decode graphs, eager steps) hands unrotated q, k to the attention backend
+# (``forward(rope=...)``): FlashInfer runs the kernel, other backends rotate first, then append,
+# with the same arithmetic as before. The piecewise forward runs the kernel at the end of each
+# piece, inside its graph (``model.piece(kv_append=...)``), and only attends between the pieces.
+# GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-piecewise, separate (neither);
+# ``bench_engine_step.py --rope-append`` and ``profile_decode.py --rope-append`` measure them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
-_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
+_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused")
 if _rope_append_env not in ROPE_APPEND:
     raise ConfigError(f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
                       f"{', '.join(ROPE_APPEND)}")
@@ -312,12 +310,11 @@ class RotaryEmbedding:
             t = self._on_device[device] = self.cos_sin_cache.to(device)
         return t
 
-    def rope_args(self, positions: torch.Tensor, piecewise: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def rope_args(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """What ``AttentionBackend.forward(rope=...)`` takes when the backend rotates q and k
-        (``fused_rope_append(piecewise)`` on): ``(positions, cos_sin_cache on their device)``;
-        None when the model rotates them itself."""
-        if not fused_rope_append(piecewise):
+        (``fused_rope_append()`` on): ``(positions, cos_sin_cache on their device)``; None when
+        the model rotates them itself."""
+        if not fused_rope_append():
             return None
         return positions, self.cache_on(positions.device)
 

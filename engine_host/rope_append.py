@@ -45,19 +45,25 @@ def _kernel():
 
     @triton.jit
     def rope_append_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, qo_ptr, cache_ptr,
-                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h,
+                           ntok_ptr, ntok, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h,
                            sc_blk, sc_kv, sc_off, sc_h, cs_t,
                            HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-                           HALF_P: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr):
+                           HALF_P: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr,
+                           HAS_NTOK: tl.constexpr):
         t = tl.program_id(0)
         g = tl.program_id(1)
+        if HAS_NTOK:  # a graph's padding rows (t ≥ the step's token count) write nothing
+            n = tl.load(ntok_ptr).to(tl.int32)
+        else:
+            n = ntok
         nqb = (HQ + HB - 1) // HB
         nkb = (HKV + HB - 1) // HB
         hh = tl.arange(0, HB)[:, None]
         dd = tl.arange(0, HALF_P)[None, :]
-        dm = dd < HALF
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        slot = tl.load(slot_ptr + t).to(tl.int64)
+        dm = (dd < HALF) & ((dd * 0 + t) < n)  # a vector mask (the interpreter takes no scalar)
+        tt = t % tl.maximum(n, 1)  # a padding row reads a live row's (and writes nothing)
+        pos = tl.load(pos_ptr + tt).to(tl.int64)
+        slot = tl.load(slot_ptr + tt).to(tl.int64)
         blk = slot // BS
         page_row = cache_ptr + blk * sc_blk + (slot - blk * BS) * sc_off
         out_ty = cache_ptr.dtype.element_ty
@@ -89,10 +95,39 @@ def _kernel():
     return rope_append_kernel, triton.next_power_of_2
 
 
+def kernel_ok(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether :func:`rope_append_kv` runs for these tensors: Triton imports, CUDA, and q in
+    the cache's half-precision dtype."""
+    return (available() and q.is_cuda and q.dtype == kv_cache.dtype
+            and q.dtype in (torch.bfloat16, torch.float16))
+
+
+def rope_and_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, num_tokens: torch.Tensor | None = None,
+                    q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`rope_append_kv` where :func:`kernel_ok`, else the same result from
+    ``ops.apply_rope`` and ``attention.write_kv`` (CPU, float32/64; ``num_tokens`` then read on
+    the host). Shapes and arguments as :func:`rope_append_kv`; returns the rotated q."""
+    if kernel_ok(q, kv_cache):
+        return rope_append_kv(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, q_out,
+                              num_tokens)
+    from . import ops
+    from .attention import write_kv
+
+    n = q.shape[0] if num_tokens is None else int(num_tokens.reshape(-1)[0])
+    qr, kr = ops.apply_rope(q, k, positions, cos_sin_cache)
+    write_kv(kv_cache, kr[:n], v[:n], slot_mapping[:n])
+    if q_out is None:
+        return qr
+    q_out.copy_(qr)
+    return q_out
+
+
 def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                    cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, q_out: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+                   slot_mapping: torch.Tensor, q_out: torch.Tensor | None = None,
+                   num_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate q and k by position, write k (rotated) and v into the pages, return rotated q.
 
     q: [T, Hq, D], k and v: [T, Hkv, D], any row/head strides with the last dim contiguous (the
@@ -100,8 +135,11 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     the same device, slot = ``block * block_size + offset``; cos_sin_cache: float32
     [max_position, D] (``ops.rope_cos_sin_cache``); kv_cache: [num_blocks, 2, block_size, Hkv,
     D] with the last dim contiguous. ``q_out``: optional [T, Hq, D] in kv_cache's dtype, last
-    dim contiguous, to write the rotated q into. Returns q_out (a new contiguous tensor in
-    kv_cache's dtype when not given). Raises ValueError on shapes that do not fit.
+    dim contiguous, to write the rotated q into. ``num_tokens``: optional int32/int64 [1] on
+    the device: only rows below it are rotated and written (a CUDA graph captured for T rows
+    replays steps of fewer; the padding rows leave q_out and the pages alone). Returns q_out (a
+    new contiguous tensor in kv_cache's dtype when not given). Raises ValueError on shapes that
+    do not fit.
     """
     T, hq, d = q.shape
     hkv = k.shape[1]
@@ -125,10 +163,10 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     groups = -(-hq // hb) + 2 * -(-hkv // hb)
     half = d // 2
     kernel[(T, groups)](q, k, v, positions, slot_mapping, cos_sin_cache, q_out, kv_cache,
-                        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                        positions if num_tokens is None else num_tokens, T, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
                         v.stride(1), q_out.stride(0), q_out.stride(1),
                         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
                         kv_cache.stride(3), cos_sin_cache.stride(0),
                         HQ=hq, HKV=hkv, HALF=half, HALF_P=next_pow2(half), HB=hb,
-                        BS=kv_cache.shape[2])
+                        BS=kv_cache.shape[2], HAS_NTOK=num_tokens is not None)
     return q_out

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from . import ops, rope_append
 from .attention import AttentionBackend, AttentionMetadata
 from .config import PIECEWISE_CAPTURE_SIZES
 from .decode_inputs import BlockTableCache, build_decode_inputs
@@ -429,6 +430,14 @@ class CudaGraphPiecewise:
         self.k = torch.zeros(N, cfg.num_key_value_heads, cfg.head_dim, dtype=dt, device=dev)
         self.v = torch.zeros_like(self.k)
         self.residual = torch.zeros(N, cfg.hidden_size, dtype=dt, device=dev)
+        # RoPE and the K/V append inside the pieces (ops.fused_rope_append(piecewise=True)):
+        # the slot mapping and the step's token count in static buffers the graphs read; fixed
+        # here, since the capture records one path. On CUDA only with the Triton kernel (its
+        # fallback reads the token count on the host, which a graph cannot).
+        self.fuse_append = ops.fused_rope_append(piecewise=True) and (
+            dev.type != "cuda" or rope_append.available())
+        self.slot_mapping = torch.zeros(N, dtype=torch.int64, device=dev)
+        self.num_tokens = torch.zeros(1, dtype=torch.int64, device=dev)
         self.attn_out = torch.zeros(N, cfg.q_size, dtype=dt, device=dev)
         self.hidden = torch.zeros(N, cfg.hidden_size, dtype=dt, device=dev)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
@@ -450,12 +459,18 @@ class CudaGraphPiecewise:
         raise ValueError(f"a step of {num_tokens} tokens exceeds the largest piecewise size "
                          f"{self.max_num_tokens}")
 
-    def run_piece(self, model: torch.nn.Module, j: int, n: int) -> None:
+    def run_piece(self, model: torch.nn.Module, j: int, n: int,
+                  kv_caches: list[torch.Tensor] | None = None) -> None:
         """Piece ``j`` eagerly on the first ``n`` rows of the static buffers, its outputs copied
-        into them (what a capture records)."""
+        into them (what a capture records). ``kv_caches``: the pages, when the pieces write
+        K/V (``fuse_append``)."""
+        last = j == self.num_pieces - 1
+        fuse = self.fuse_append and not last
+        kv_append = ((kv_caches, self.slot_mapping[:n], self.num_tokens, self.q[:n]) if fuse
+                     else None)
         outs = model.piece(j, self.input_ids[:n], self.positions[:n], self.attn_out[:n],
-                           self.residual[:n])
-        dsts = ((self.hidden[:n],) if j == self.num_pieces - 1 else
+                           self.residual[:n], kv_append=kv_append)
+        dsts = ((self.hidden[:n],) if last else (self.q[:n], self.residual[:n]) if fuse else
                 (self.q[:n], self.k[:n], self.v[:n], self.residual[:n]))
         for src, dst in zip(outs, dsts):
             # FlashInfer's fused norm updates the residual buffer in place: nothing to copy
@@ -476,15 +491,18 @@ class CudaGraphPiecewise:
         for i, n in enumerate(reversed(self.sizes)):  # largest first: smaller ones reuse its pool
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
+            # num_tokens stays 0 here: the warm-up's and the capture's rope + append write no
+            # page (the slot buffer holds no step's slots yet)
+            kvc = runner.kv.kv_caches
             with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS, lazy tables)
                 for j in range(self.num_pieces):
-                    self.run_piece(model, j, n)
+                    self.run_piece(model, j, n, kvc)
             torch.cuda.current_stream().wait_stream(stream)
             gs = []
             for j in range(self.num_pieces):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self.run_piece(model, j, n)
+                    self.run_piece(model, j, n, kvc)
                 gs.append(g)
             self.graphs[n] = gs
             if progress:
@@ -504,14 +522,18 @@ class CudaGraphPiecewise:
         gs = self.graphs.get(n) if self.graphed else None
         q, k, v = self.q[:T], self.k[:T], self.v[:T]
         o = self.attn_out[:T].view(T, self.hq, self.d)
-        rope = model.rope_args(self.positions[:T], piecewise=True)  # None: pieces rotated
+        if self.fuse_append:  # what the pieces' rope + append kernels read at replay
+            self.slot_mapping[:T].copy_(attn.meta.slot_mapping)
+            self.num_tokens.fill_(T)
         for j in range(self.num_pieces):
-            if j:
-                attn.forward(j - 1, q, k, v, kv_caches[j - 1], out=o, rope=rope)
+            if j and self.fuse_append:
+                attn.attend(q, kv_caches[j - 1], out=o)
+            elif j:
+                attn.forward(j - 1, q, k, v, kv_caches[j - 1], out=o)
             if gs is not None:
                 gs[j].replay()
             else:
-                self.run_piece(model, j, n)
+                self.run_piece(model, j, n, kv_caches)
         return self.hidden[:T]
 
     @torch.inference_mode()

@@ -388,11 +388,11 @@ def fake_cuda_graphs(monkeypatch):
 
     orig = CudaGraphPiecewise.run_piece
 
-    def run_piece(self, model, j, n):
+    def run_piece(self, model, j, n, kv_caches=None):
         g = FakeGraph.recording
         if g is None:
-            return orig(self, model, j, n)
-        g.calls.append((j, n, lambda: orig(self, model, j, n)))
+            return orig(self, model, j, n, kv_caches)
+        g.calls.append((j, n, lambda: orig(self, model, j, n, kv_caches)))
 
     for name, v in dict(CUDAGraph=FakeGraph, graph=graph, graph_pool_handle=object,
                         Stream=Stream, stream=lambda s: nullcontext(), current_stream=Stream,
@@ -403,13 +403,23 @@ def fake_cuda_graphs(monkeypatch):
     yield FakeGraph
 
 
-def test_capture_and_replay_bookkeeping(fake_cuda_graphs):
+@pytest.mark.parametrize("rope_append", ["fused-except-piecewise", "fused"])
+def test_capture_and_replay_bookkeeping(fake_cuda_graphs, rope_append):
     """With graphs "captured" (the stand-in): every size has one graph per piece, steps of
     ≤ 64 tokens replay the pieces of their padded size and are labelled cuda_graph, larger
-    ones run eagerly, and the tokens are the monolithic engine's."""
+    ones run eagerly, and the tokens are the monolithic engine's. With RoPE and the K/V append
+    inside the pieces ("fused"), the replays read the step's slots and token count from the
+    static buffers (the capture's warm-up wrote no page)."""
+    from gpuchef.engine_host import ops
     want, _ = greedy(cpu_engine())
     eng = cpu_engine()
-    pw = CudaGraphPiecewise(eng.runner, (16, 32, 64), capture=True, progress=None)
+    prev = ops.rope_append_mode()
+    ops.set_rope_append(rope_append)
+    try:
+        pw = CudaGraphPiecewise(eng.runner, (16, 32, 64), capture=True, progress=None)
+    finally:
+        ops.set_rope_append(prev)
+    assert pw.fuse_append == (rope_append == "fused")
     assert pw.graphed and sorted(pw.graphs) == [16, 32, 64]
     L = eng.model_config.num_hidden_layers
     assert all(len(gs) == L + 1 and all(len(g.calls) == 1 for g in gs)

@@ -112,16 +112,19 @@ def test_kernel_refuses_shapes_that_do_not_fit():
                                    slots)
 
 
-def test_rope_args_follow_the_switch(tiny, fused):
+def test_rope_args_follow_the_switch(fused):
+    from gpuchef.engine_host.loader import load_model
+    model = load_model("tiny", dtype=torch.float32, device="cpu", seed=3).model
+    rotary = model.model.layers[0].self_attn.rotary
     pos = torch.arange(5)
-    for piecewise in (False, True):
-        p, cs = tiny.rope_args(pos, piecewise)
-        assert p is pos and torch.equal(cs, tiny.model.layers[0].self_attn.rotary.cos_sin_cache)
+    p, cs = rotary.rope_args(pos)
+    assert p is pos and torch.equal(cs, rotary.cos_sin_cache)
+    assert ops.fused_rope_append(piecewise=True)
     ops.set_rope_append("fused-except-piecewise")
-    assert tiny.rope_args(pos) is not None and tiny.rope_args(pos, piecewise=True) is None
+    assert rotary.rope_args(pos) is not None and not ops.fused_rope_append(piecewise=True)
     assert ops.rope_append_mode() == "fused-except-piecewise"
     ops.set_rope_append("separate")
-    assert tiny.rope_args(pos) is None and tiny.rope_args(pos, piecewise=True) is None
+    assert rotary.rope_args(pos) is None and not ops.fused_rope_append(piecewise=True)
 
 
 def test_bad_rope_append_mode_is_refused(fused):
@@ -145,13 +148,15 @@ def test_bad_env_value_is_refused_at_import():
 @pytest.mark.parametrize("mode", ["fused", "fused-except-piecewise"])
 def test_forward_with_rope_in_attention_is_bit_identical(tiny, mode):
     """Monolithic and piecewise forwards, RoPE in the model (separate) vs in the reference
-    backend's forward: logits and every KV page identical, float32."""
-    pw = CudaGraphPiecewise(SimpleNamespace(model=tiny, device=torch.device("cpu")), (32, 48),
-                            capture=False)
+    backend's forward, and (fused) in the pieces with the K/V append, padding rows writing
+    nothing: logits and every KV page identical, float32."""
     runs, prev = {}, ops.rope_append_mode()
     for m in ("separate", mode):
         ops.set_rope_append(m)
         try:
+            pw = CudaGraphPiecewise(SimpleNamespace(model=tiny, device=torch.device("cpu")),
+                                    (32, 48), capture=False)
+            assert pw.fuse_append == (m == "fused")
             with torch.inference_mode():
                 kv_m, kv_p = empty_kv(tiny.config), empty_kv(tiny.config)
                 runs[m] = (two_steps(tiny, monolithic, kv_m), kv_m,
@@ -200,3 +205,49 @@ def test_prefer_blas_takes_cublaslt_unless_the_user_chose(monkeypatch):
     assert ops.prefer_blas(torch.device("cuda")) == "cublas" and state["set"] == []
     monkeypatch.delenv("TORCH_BLAS_PREFER_CUBLASLT")
     assert ops.prefer_blas(torch.device("cuda")) == "cublaslt" and state["set"] == ["cublaslt"]
+
+
+def test_kernel_writes_only_rows_below_num_tokens(interpreted):
+    """``num_tokens`` (a device scalar, as a CUDA graph reads it at replay): rows at or past it
+    are padding — their q_out rows and their slots (here real slots, to show it) untouched."""
+    dev = interpreted
+    g = torch.Generator().manual_seed(7)
+    T, hq, hkv, d, bs, nb, n = 9, 8, 2, 64, 16, 4, 5
+    q, k, v = (torch.randn(T, h, d, generator=g).to(torch.bfloat16) for h in (hq, hkv, hkv))
+    pos = torch.randint(0, 200, (T,), generator=g)
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    cs = ops.rope_cos_sin_cache(d, 10000.0, None, 256)
+    cache = torch.full((nb, 2, bs, hkv, d), 7.0, dtype=torch.bfloat16)
+    want = cache.clone()
+    write_kv(want, _rope_ref(k[:n], pos[:n], cs), v[:n], slots[:n])
+    q_out = torch.full((T, hq, d), -3.0, dtype=torch.bfloat16, device=dev)
+    got = cache.to(dev)
+    for _ in range(2):  # the same num_tokens buffer read again: idempotent
+        rope_append.rope_append_kv(q.to(dev), k.to(dev), v.to(dev), pos.to(dev), cs.to(dev),
+                                   got, slots.to(dev), q_out=q_out,
+                                   num_tokens=torch.tensor([n], device=dev))
+    got, q_out = got.cpu(), q_out.cpu()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+    assert (q_out[n:] == -3.0).all()
+    torch.testing.assert_close(q_out[:n].float(), _rope_ref(q[:n], pos[:n], cs).float(),
+                               rtol=2 ** -7, atol=1e-6)
+    zero = torch.full((nb, 2, bs, hkv, d), 7.0, dtype=torch.bfloat16, device=dev)
+    rope_append.rope_append_kv(q.to(dev), k.to(dev), v.to(dev), pos.to(dev), cs.to(dev), zero,
+                               slots.to(dev), num_tokens=torch.tensor([0], device=dev))
+    assert (zero.cpu() == 7.0).all()  # a capture's warm-up (num_tokens 0) writes no page
+
+
+def test_rope_and_append_fallback_equals_the_kernel_contract():
+    """Off CUDA, rope_and_append rotates with ops.apply_rope and writes the first num_tokens
+    rows with write_kv (what the kernel does; the CPU piecewise tests run this path)."""
+    g = torch.Generator().manual_seed(3)
+    T, hq, hkv, d, bs, nb, n = 6, 4, 2, 32, 8, 4, 4
+    q, k, v = (torch.randn(T, h, d, generator=g) for h in (hq, hkv, hkv))
+    pos, slots = torch.arange(T) * 3, torch.randperm(nb * bs, generator=g)[:T]
+    cs = ops.rope_cos_sin_cache(d, 10000.0, None, 64)
+    cache = torch.zeros(nb, 2, bs, hkv, d)
+    got_q = rope_append.rope_and_append(q, k, v, pos, cs, cache, slots, torch.tensor([n]))
+    want = torch.zeros_like(cache)
+    write_kv(want, _rope_ref(k[:n], pos[:n], cs), v[:n], slots[:n])
+    assert torch.equal(cache, want)
+    assert torch.equal(got_q, _rope_ref(q, pos, cs))
