@@ -84,7 +84,7 @@ def prepare_serving(o: dict[str, Any]):
 @engine_options
 @scheduler_options
 @serve_options
-@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write the session trace (JSON Lines) here: every step, request (ids "
                    "http-N), knob change (source http) and GPU sample.")
 @click.option("--trace-prompts", is_flag=True,
