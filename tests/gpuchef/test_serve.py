@@ -73,24 +73,16 @@ def one(m, name, **labels):
 def engine_greedy(prompt_ids: list[int], n: int) -> list[int]:
     """The native engine's own greedy tokens for ``prompt_ids`` (tiny, CPU, seed 0), the
     reference the server must equal."""
-    from gpuchef.engine_host.config import EngineConfig
-    from gpuchef.engine_host.engine import LLMEngine
-    from gpuchef.engine_host.request import SamplingParams
-
-    eng = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=MAX_MODEL_LEN))
-    eng.add_request("r", prompt_ids, SamplingParams(max_tokens=n, ignore_eos=True))
-    while eng.has_unfinished():
-        res = eng.step()
-        if res.finished:
-            return list(res.finished[0].output_token_ids)
-    raise AssertionError("no output")
+    return engine_sampled(prompt_ids, n, 0.0, None)
 
 
 TOK = load_tokenizer("tiny", 4096)
 
 
-def engine_sampled(prompt_ids: list[int], n: int, temperature: float, seed: int) -> list[int]:
-    """The native engine's own seeded samples for ``prompt_ids`` (tiny, CPU)."""
+def engine_sampled(prompt_ids: list[int], n: int, temperature: float,
+                   seed: int | None) -> list[int]:
+    """The native engine's own tokens for ``prompt_ids`` (tiny, CPU, model seed 0) at
+    ``temperature`` with ``seed``."""
     from gpuchef.engine_host.config import EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.request import SamplingParams
