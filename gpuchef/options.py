@@ -303,13 +303,14 @@ def _engine_config(o: dict[str, Any]) -> EngineConfig:
 
 
 def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | None,
-                    warn: Callable[[str], None] | None = None):
+                    warn: Callable[[str], None] | None = None, limit_from: str = "the model's"):
     """WorkloadConfig from the parsed options, sized to the model. Raises ConfigError, also for
     a trace file that cannot be read or parsed (so that calling it with ``max_model_len=None``
     before the model loads refuses a bad load early).
 
     When ``max_model_len`` shortens requests, one line says how many, to ``warn`` (default:
-    ``warning: ...`` on stderr)."""
+    ``warning: ...`` on stderr); ``limit_from`` names whose limit it is when ``--max-model-len``
+    was not given (the hosted model's; over HTTP the server's)."""
     from .engine_host.workload import WorkloadConfig, clip_stats
 
     try:
@@ -329,7 +330,8 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
         probe_interval_s=o["probe_interval_s"])
     stats = clip_stats(wcfg)  # reads a trace file through: a bad one fails here
     if stats.any:
-        (warn or print_warning)(clip_warning(stats, given=o.get("max_model_len") is not None))
+        (warn or print_warning)(clip_warning(stats, given=o.get("max_model_len") is not None,
+                                             limit_from=limit_from))
     return wcfg
 
 
@@ -378,10 +380,11 @@ def print_warning(msg: str) -> None:
     click.echo(f"warning: {msg}", err=True)
 
 
-def clip_warning(stats: Any, *, given: bool) -> str:
-    """One line saying what ``max_model_len`` cut from the load (``workload.ClipStats``)."""
+def clip_warning(stats: Any, *, given: bool, limit_from: str = "the model's") -> str:
+    """One line saying what ``max_model_len`` cut from the load (``workload.ClipStats``);
+    ``limit_from``: whose limit it is when not ``given`` as ``--max-model-len``."""
     name = f"--max-model-len {stats.max_model_len}" if given else \
-        f"max_model_len {stats.max_model_len} (the model's)"
+        f"max_model_len {stats.max_model_len} ({limit_from})"
     parts = []
     if stats.prompts:
         parts.append(f"{stats.prompts} of {stats.requests} prompts (to <= {stats.prompt_max} "

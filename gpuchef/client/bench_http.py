@@ -153,7 +153,8 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
                           "does not say it: give --vocab-size N (e.g. 128256 for Llama 3) or "
                           "--tokenizer PATH")
     max_len = o["max_model_len"] or info.max_model_len
-    wcfg = workload_config(o, vocab_size=vocab, max_model_len=max_len)
+    wcfg = workload_config(o, vocab_size=vocab, max_model_len=max_len,
+                           limit_from="the server's, from GET /v1/models")
     specs = generate(wcfg)
     if not specs:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")

@@ -63,3 +63,17 @@ def test_bench_base_url_agrees_with_the_servers_trace(tmp_path):
     assert d["mean_ttft_ms"] == pytest.approx(np.mean(d["ttfts"]) * 1e3)
     assert d["total_output_tokens"] == sum(q.output_len for q in server)
     assert d["total_input_tokens"] == sum(q.prompt_len for q in server)
+
+
+def test_clip_warning_names_the_servers_limit():
+    """Over HTTP the max_model_len that clips the load is the server's (GET /v1/models), not
+    "the model's" (a tester's report)."""
+    with ServeProc("--max-model-len", "64") as srv:
+        r = CliRunner().invoke(cli, [
+            "bench", "--base-url", srv.url, "--input-len", "60", "--output-len", "8",
+            "--num-prompts", "2", "--request-rate", "inf"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert ("warning: max_model_len 64 (the server's, from GET /v1/models) clipped 2 of 2 "
+            "prompts") in out, r.output
+    assert "(the model's)" not in out
