@@ -549,8 +549,9 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
         first = len(problems)  # where this trace's problems begin
         problems.extend(tr.problems)
         if not tr.complete:
-            problems.append(f"{tr.path}: no end record — the recording was cut short "
-                            "(the process was killed); the report shows what was written")
+            problems.append(f"{tr.path}: no end record — the recording was cut short (the "
+                            "process was killed), or its session is still running and writing "
+                            "it; the report shows what was written")
         if (tr.meta.get("command") == "bench" and load_start_ns(tr.events) is None
                 and tr.requests):
             problems.append(f"{tr.path}: no load-start event (gpuchef bench writes one before "

@@ -326,7 +326,7 @@ def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[st
                     f"{len(tr.gpu_samples):,} GPU samples, {len(tr.host_samples):,} host samples, "
                     f"{len(tr.events):,} events"),
         ("Complete", "yes (end record present)" if tr.complete
-         else "no — cut short (no end record)"),
+         else "no — cut short, or still being written (no end record)"),
         ("Duration", f"{view.t(view.end_ns):.2f} s from the first record to the last"),
     ]
     return rows

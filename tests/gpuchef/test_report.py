@@ -558,6 +558,25 @@ def test_corrupt_and_truncated_trace_warns_and_still_reports(traces, tmp_path):
     json.loads((tmp_path / "cut.json").read_text())
 
 
+def test_a_trace_still_being_written_is_not_called_killed(tmp_path):
+    """A live session's trace has no end record yet: the problem line says it may still be
+    written, not only that the process was killed (a tester's wording note)."""
+    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.report import build
+
+    p = tmp_path / "live.jsonl"
+    rec = TraceRecorder(p, meta={"command": "serve"})
+    try:
+        rec.record(RequestRecord("http-0", 10, 4, 2, (20, 30), "length"))
+        rec.flush()
+        data = build([p])
+    finally:
+        rec.close()
+    (line,) = [x for x in data.problems if "no end record" in x]
+    assert "killed" in line and "still running and writing it" in line
+    assert not [x for x in build([p]).problems if "no end record" in x]  # closed: complete
+
+
 def test_trace_with_only_a_meta_record(traces, tmp_path):
     src = tmp_path / "empty.jsonl"
     src.write_text(traces["bench"].read_text().splitlines()[0] + "\n")
