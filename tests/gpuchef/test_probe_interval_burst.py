@@ -50,3 +50,11 @@ def test_http_bench_burst_with_probe_interval_warns_once(tmp_path):
         assert r.output.count(WARNING) == 1, r.output
         r = bench("--base-url", srv.url, *LOAD, "--request-rate", "10")
         assert "--probe-interval" not in r.output, r.output
+
+
+def test_http_ab_over_two_servers_warns_once():
+    with ServeProc("--max-model-len", "256") as a, ServeProc("--max-model-len", "256") as b:
+        r = CliRunner().invoke(cli, ["ab", "--a", f"url={a.url}", "--b", f"url={b.url}", *LOAD,
+                                     "--request-rate", "inf"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert r.output.count(WARNING) == 1, r.output
