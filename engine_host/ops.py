@@ -79,10 +79,12 @@ def strided_qk() -> bool:
 # (``forward(rope=...)``): FlashInfer runs the kernel, other backends rotate first, then append,
 # with the same arithmetic as before. The piecewise forward runs the kernel at the end of each
 # piece, inside its graph (``model.piece(kv_append=...)``), and only attends between the pieces.
-# GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-piecewise, separate (neither);
-# ``bench_engine_step.py --rope-append`` and ``profile_decode.py --rope-append`` measure them.
+# GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-piecewise (the default: what
+# the H200 measured and tested, RESULTS.md session 12; the in-piece kernel is CPU-tested only so
+# far), separate (neither); ``bench_engine_step.py --rope-append`` and ``profile_decode.py
+# --rope-append`` measure them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
-_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused")
+_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
 if _rope_append_env not in ROPE_APPEND:
     raise ConfigError(f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
                       f"{', '.join(ROPE_APPEND)}")

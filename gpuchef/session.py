@@ -123,9 +123,9 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
             host.stop()
     if host.error is not None:
         raise host.error
-    ends = [r.token_times_ns[-1] for r in res.requests if r.token_times_ns]
-    end_ns = max(ends) if ends else time.monotonic_ns()
-    res.duration_s = max(1e-9, (end_ns - res.t0_ns) / 1e9)
+    from .probes.metrics import benchmark_duration_s
+
+    res.duration_s = benchmark_duration_s(res.t0_ns, res.requests)  # the one definition
     return res
 
 
