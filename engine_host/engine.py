@@ -106,6 +106,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
+        ops.check_rope_append_env()
         self.device = resolve_device(config.device)
         # ``config`` as run: async scheduling resolved for the device
         config = self.config = dataclasses.replace(

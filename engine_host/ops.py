@@ -85,11 +85,22 @@ def strided_qk() -> bool:
 # --rope-append`` measure them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
 _rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
+# a bad value is refused when an engine is built (check_rope_append_env), not at import: an
+# import-time error would be a traceback from whatever imported the package first
+_rope_append_env_error = None
 if _rope_append_env not in ROPE_APPEND:
-    raise ConfigError(f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
-                      f"{', '.join(ROPE_APPEND)}")
+    _rope_append_env_error = (f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
+                              f"{', '.join(ROPE_APPEND)}")
+    _rope_append_env = "fused-except-piecewise"
 _fused_rope_append = _rope_append_env != "separate"
 _fused_rope_piecewise = _rope_append_env == "fused"
+
+
+def check_rope_append_env() -> None:
+    """Raise ConfigError naming GPUCHEF_ROPE_APPEND's value and what is allowed when the
+    environment gave a value ``ROPE_APPEND`` does not hold (the engine calls it first)."""
+    if _rope_append_env_error is not None:
+        raise ConfigError(_rope_append_env_error)
 
 
 def use_fused_rope_append(on: bool, piecewise: bool | None = None) -> bool:
