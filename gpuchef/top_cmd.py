@@ -70,7 +70,7 @@ def parse_window(text: str) -> float:
               help="Seconds of finished requests the rolling numbers summarise.")
 @click.option("--fps", default=10.0, show_default=True, type=float,
               help="Dashboard refresh rate (Hz, 1–30).")
-@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", default=None, type=click.Path(),
               help="Write the session trace (JSON Lines) here from the start; `e` rotates it. "
                    "Without it, `e` writes what the dashboard holds and records from then on.")
 @click.option("--trace-prompts", is_flag=True,

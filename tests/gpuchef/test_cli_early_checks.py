@@ -257,12 +257,17 @@ def test_top_refuses_a_trace_that_is_its_dataset(tmp_path):
     ("{dir}/", "--trace '{dir}/' ends in '/': give a file path"),
     ("{csv}/t.jsonl", "is a file, not a folder"),
 ], ids=["folder", "slash", "under-a-file"])
-def test_serve_trace_paths_get_the_output_path_messages(tmp_path, trace, needle):
-    """serve's --trace goes through options.check_output_path as bench's does: a folder gets
-    gpuchef's own line, not click's 'Invalid value for '--trace': File ... is a directory'."""
+@pytest.mark.parametrize("cmd", [
+    ("serve", "--device", "cpu", "--model", "tiny", "--port", "0"),
+    ("top", "--device", "cpu", "--model", "tiny"),
+    ("top", "--attach", "http://127.0.0.1:9"),  # refused before any scrape: nothing listens
+], ids=["serve", "top", "top-attach"])
+def test_trace_paths_get_the_output_path_messages(tmp_path, cmd, trace, needle):
+    """serve's and top's --trace go through options.check_output_path as bench's does: a folder
+    gets gpuchef's own line, not click's 'Invalid value for '--trace': File ... is a
+    directory'."""
     csv = _good_csv(tmp_path)
     fill = dict(dir=str(tmp_path), csv=str(csv))
-    r = invoke("serve", "--device", "cpu", "--model", "tiny", "--port", "0", "--trace",
-               trace.format(**fill))
+    r = invoke(*cmd, "--trace", trace.format(**fill))
     assert_refused_early(r, needle.format(**fill))
     assert "Invalid value" not in r.output
