@@ -688,8 +688,10 @@ class FrontDoor:
                     if not role_sent[s.index]:
                         d = {"role": "assistant", "content": delta}
                         role_sent[s.index] = True
+                    # vLLM's ChatCompletionResponseStreamChoice carries stop_reason too
                     choice = {"index": s.index, "delta": d, "logprobs": None,
-                              "finish_reason": s.finish if done else None}
+                              "finish_reason": s.finish if done else None,
+                              "stop_reason": s.stop_reason if done else None}
                 else:
                     choice = {"index": s.index, "text": delta, "logprobs": None,
                               "finish_reason": s.finish if done else None,

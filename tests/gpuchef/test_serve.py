@@ -532,6 +532,23 @@ def test_stop_token_id_text_is_left_out_and_named_as_the_stop_reason(server):
     assert ch.model_extra.get("stop_reason") == ref[3]
 
 
+def test_chat_stream_names_the_stop_reason_in_its_last_chunk(server):
+    """vLLM's chat stream choice carries stop_reason on the final chunk, as its completions
+    stream and the non-streamed chat do. Every id of the tiny vocabulary is a stop id, so the
+    first token stops the request and is the stop reason; streamed and not must agree."""
+    c = client(server)
+    kw = dict(model="tiny-served", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+              temperature=0, extra_body={"stop_token_ids": list(range(TOK.vocab_size))})
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "stop"
+    want = whole.model_extra.get("stop_reason")
+    assert isinstance(want, int) and 0 <= want < TOK.vocab_size
+    last = [ev.choices[0] for ev in c.chat.completions.create(**kw, stream=True)
+            if ev.choices and ev.choices[0].finish_reason]
+    assert len(last) == 1 and last[0].finish_reason == "stop"
+    assert last[0].model_extra.get("stop_reason") == want
+
+
 def test_a_batch_larger_than_the_cap_is_a_400_and_405_names_the_methods(server):
     st, resp = http("GET", server.url + "/v1/chat/completions")
     assert st == 405
