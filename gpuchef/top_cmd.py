@@ -284,7 +284,7 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
         duration_s=duration_s, meta_extra=meta_extra,
         taps=(server,) if server is not None else ())
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"], ab_window_s=o["ab_window"],
-                     screenshot_dir=o["screenshot_dir"])
+                     screenshot_dir=o["screenshot_dir"], front_door=server)
     session.start(load_paused=server is not None and not load_given)
     if server is not None:
         server.attach(session.host, engine)

@@ -36,12 +36,17 @@ WINDOWS_S = (10.0, 60.0, 600.0)
 #: The autopilot's targets when ``b`` turns it on and none were in force this session (the
 #: issue's H200 targets; the controls panel or the palette's 'auto …' set others).
 DEFAULT_AUTO_BUDGET = "itl_p99:50ms,ttft_p99:2s"
+#: how often `top --serve` checks that its HTTP server process is alive (s), as `gpuchef serve`
+FRONT_DOOR_POLL_S = 0.5
 
 
 class GpuchefApp(App):
     """The dashboard over ``session``. ``window_s``: waveform window (s); ``fps``: refresh rate
     (Hz, 1–30); ``ab_window_s``: A/B window length (s); ``screenshot_dir``: where ``s`` saves;
-    ``show_ui_cost``: show the UI thread's CPU share in the header."""
+    ``show_ui_cost``: show the UI thread's CPU share in the header. ``front_door``: `top
+    --serve`'s HTTP server (a ``ServeProcess``), whose ``failure()`` is polled: when its process
+    dies the dashboard says so once and in the header, and goes on (the engine, the load and the
+    trace are this process's)."""
 
     TITLE = "gpuchef top"
     AUTO_FOCUS = None  # keys drive the dashboard until the user tabs into a field
@@ -53,7 +58,7 @@ class GpuchefApp(App):
 
     def __init__(self, session: Session, *, window_s: float = 60.0, fps: float = 10.0,
                  ab_window_s: float = 10.0, screenshot_dir: str = ".",
-                 show_ui_cost: bool = True) -> None:
+                 show_ui_cost: bool = True, front_door: Any = None) -> None:
         super().__init__()
         if not 1 <= fps <= 30:
             raise ConfigError(f"refresh rate {fps!r} fps is out of range: allowed [1, 30]")
@@ -67,6 +72,9 @@ class GpuchefApp(App):
         self.show_ui_cost = show_ui_cost  # off for snapshot tests (machine-dependent)
         self._cost_mark = (time.monotonic(), time.thread_time())
         self._error_shown = False
+        self.front_door = front_door
+        #: the line saying the HTTP server process is gone ("" while it serves)
+        self.front_door_error = ""
         # the targets ``b`` turns the autopilot on with: the last ones in force
         self.auto_budget_targets = (session.scheduler_config.auto_budget or DEFAULT_AUTO_BUDGET)
         self.ticks = 0
@@ -79,6 +87,8 @@ class GpuchefApp(App):
             from .screens.attach import AttachScreen
             self.push_screen(AttachScreen())
         self.set_interval(1.0 / self.fps, self._tick)
+        if self.front_door is not None:
+            self.set_interval(FRONT_DOOR_POLL_S, self._watch_front_door)
 
     def _tick(self) -> None:
         c0 = time.thread_time()
@@ -104,6 +114,18 @@ class GpuchefApp(App):
         if err and not self._error_shown:
             self._error_shown = True
             self.notify(err, title="engine stopped", severity="error", timeout=30)
+
+    def _watch_front_door(self) -> None:
+        """`top --serve`: notice that the HTTP server's process died (kill -9, the OOM killer).
+        `gpuchef serve` exits 1 then (a supervisor restarts it); the dashboard has a user and
+        an engine that still runs, so it says so and goes on (docs/serve.md)."""
+        if self.front_door_error:
+            return
+        gone = self.front_door.failure()
+        if gone:
+            self.front_door_error = gone
+            self.notify(f"{gone}. The engine, the internal load (p) and the trace go on here.",
+                        title="HTTP server stopped", severity="error", timeout=30)
 
     # -- commands through the session --------------------------------------------------------------
     def _refused(self, e: ConfigError) -> None:

@@ -81,6 +81,8 @@ class ServeProcess:
         self._threads: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         self.child_error = ""
+        #: ids the server submitted whose RequestRecord has not come back yet
+        self._in_flight: set[str] = set()
 
     # -- listeners (engine / sampler threads) --------------------------------------------------
     def on_output(self, o: StepOutput) -> None:
@@ -88,6 +90,7 @@ class ServeProcess:
         self._wake.set()
 
     def on_request(self, r: RequestRecord) -> None:
+        self._in_flight.discard(r.request_id)
         self._q.append(r)
         self._wake.set()
 
@@ -187,6 +190,18 @@ class ServeProcess:
         return f"the HTTP server process is gone ({how}): nothing listens on {self.url}"
 
     # -- bridge threads ------------------------------------------------------------------------
+    def _gone(self) -> None:
+        """The child's end of the pipe closed without ``stop``: the HTTP server is gone, but the
+        engine may go on (`top --serve`'s dashboard keeps running). Its clients are gone with
+        it, so their requests are aborted (as a client that disconnects aborts its own), and the
+        records it would have been sent are dropped from now on (the queue no longer grows)."""
+        if self._stop.is_set():
+            return
+        self.child_error = "the HTTP server process is gone"
+        self._q = collections.deque(maxlen=0)  # the listeners' appends now keep nothing
+        for rid in list(self._in_flight):
+            self.host.abort(rid, "abort")
+
     def _send(self, batch: list) -> None:
         with self._send_lock:
             self._conn.send(batch)
@@ -209,7 +224,7 @@ class ServeProcess:
             try:
                 self._send(batch)
             except (OSError, ValueError, BrokenPipeError):
-                self.child_error = "the HTTP server process is gone"
+                self._gone()
                 return
 
     def _receiver(self) -> None:
@@ -219,12 +234,12 @@ class ServeProcess:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                if not self._stop.is_set():
-                    self.child_error = "the HTTP server process is gone"
+                self._gone()
                 return
             kind = msg[0]
             if kind == "submit":
                 _, rid, ids, sp = msg
+                self._in_flight.add(rid)
                 host.submit(rid, ids, sp, load=False)
             elif kind == "abort":
                 host.abort(msg[1], msg[2])

@@ -68,3 +68,85 @@ def test_serve_flags_without_serve_are_refused_before_the_model_loads():
 
     with pytest.raises(ConfigError, match="--port, --api-key need --serve"):
         build(["--device", "cpu", "--port", "9000", "--api-key", "k"])
+
+
+def test_top_serve_says_once_that_its_http_process_died_and_goes_on(tmp_path):
+    """The HTTP server's process killed (kill -9, the OOM killer) under `top --serve`: the
+    dashboard notices within a second (ServeProcess.failure(), as `gpuchef serve`), says so once
+    in a notification and in the header, naming the URL; the request the dead server had in
+    flight is aborted (its client is gone with the server); the engine and the internal load go
+    on, and the bridge keeps no more records for the dead server."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from gpuchef.tui.widgets.header import SessionHeader, header_text
+    from tui_fakes import capture_notes
+
+    trace = tmp_path / "t.jsonl"
+    app = build(["--device", "cpu", "--model", "tiny", "--serve", "--port", "0",
+                 "--max-model-len", "512", "--trace", str(trace), "--screenshot-dir",
+                 str(tmp_path)])
+    s = app.session
+    front = s.closers[0].__self__
+    c = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    got: dict = {}
+
+    def stream():  # held in the queue: the engine is paused until the server is gone
+        try:
+            for _ in c.completions.create(model="tiny", prompt=[5] * 20, max_tokens=200,
+                                          stream=True, extra_body={"ignore_eos": True}):
+                pass
+        except Exception as e:  # noqa: BLE001 - the connection breaks: any openai error
+            got["error"] = e
+
+    line = f"the HTTP server process is gone (killed by SIGKILL): nothing listens on {front.url}"
+
+    async def go():
+        async with app.run_test(size=(200, 48)) as pilot:
+            notes = capture_notes(app)
+            s.pause_engine(True)
+            t = threading.Thread(target=stream, daemon=True)
+            t.start()
+            for _ in range(100):
+                if "http-0" in s.engine.requests:
+                    break
+                await pilot.pause(0.1)
+            assert "http-0" in s.engine.requests
+            assert not app.front_door_error
+            os.kill(front._proc.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            while not app.front_door_error and time.monotonic() - t0 < 5:
+                await pilot.pause(0.1)
+            assert app.front_door_error == line
+            assert time.monotonic() - t0 < 2
+            await pilot.pause(0.3)
+            assert [n for n in notes if "HTTP server process" in n] == [
+                f"{line}. The engine, the internal load (p) and the trace go on here."]
+            await pilot.pause(0.6)  # the header redraws at least every 0.5 s
+            shown = app.screen.query_one(SessionHeader)._state
+            assert f"HTTP SERVER STOPPED: {line}" in header_text(shown).plain
+            s.pause_engine(False)
+            await pilot.press("p")  # the internal load still drives the engine
+            step0 = s.host.step_id
+            for _ in range(100):
+                if s.load.state().submitted and s.host.step_id > step0 + 5:
+                    break
+                await pilot.pause(0.1)
+            assert s.load.state().submitted > 0 and s.host.step_id > step0 + 5
+            assert s.engine_error is None
+            assert len(front._q) == 0  # nothing is kept for the dead server
+            assert [n for n in notes if "HTTP server process" in n] == [
+                f"{line}. The engine, the internal load (p) and the trace go on here."]
+            t.join(20)
+            assert "error" in got
+            await pilot.press("q")
+
+    try:
+        asyncio.run(go())
+    finally:
+        s.close()
+    recs = {r.request_id: r for r in read_trace(trace).requests}
+    assert recs["http-0"].finish_reason == "abort"
+    assert len(recs["http-0"].token_times_ns) == 0  # aborted while queued: no token made

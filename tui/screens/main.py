@@ -36,7 +36,8 @@ def header_state(app) -> HeaderState:
     return HeaderState(s.info, s.scheduler_config, s.load.state(),
                        int((now - s.start_ns) // 1_000_000_000), s.trace_path, s.gpu_status,
                        s.ab.state(), app.ui_cost_pct, s.engine_error,
-                       bool(getattr(s, "engine_paused", False)))
+                       bool(getattr(s, "engine_paused", False)),
+                       getattr(app, "front_door_error", ""))
 
 
 SIDE_HIDDEN_HINT = "narrow terminal: n shows numbers/controls"

@@ -29,6 +29,7 @@ class HeaderState:
     ui_cost_pct: float | None = None
     engine_error: str | None = None
     paused_engine: bool = False
+    server_error: str = ""  # `top --serve`: the HTTP server process is gone (its line)
 
 
 def _fmt_elapsed(s: int) -> str:
@@ -85,6 +86,8 @@ def header_text(st: HeaderState) -> Text:
         t.append("   ENGINE PAUSED", style=f"bold {theme.PREEMPTED}")
     if st.engine_error:
         t.append(f"\n ENGINE STOPPED: {st.engine_error}", style=f"bold {theme.PREEMPTED}")
+    if st.server_error:
+        t.append(f"\n HTTP SERVER STOPPED: {st.server_error}", style=f"bold {theme.PREEMPTED}")
     return t
 
 
