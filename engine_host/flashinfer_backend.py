@@ -371,8 +371,7 @@ class FlashInferAttention(AttentionBackend):
                 self.configure(q.shape[1], kv_cache.shape[3], q.shape[2], kv_cache.dtype)
             self._plan(meta)
         if rope is not None:
-            if (rope_append.kernel_ok(q, kv_cache) and kv_cache.stride(-1) == 1
-                    and q.dtype == k.dtype == v.dtype):
+            if rope_append.kernel_ok(q, k, v, kv_cache):
                 q = rope_append.rope_append_kv(q, k, v, rope[0], rope[1], kv_cache,
                                                meta.slot_mapping)
                 return self.attend(q, kv_cache, out=out)

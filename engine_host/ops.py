@@ -84,16 +84,14 @@ def strided_qk() -> bool:
 # far), separate (neither); ``bench_engine_step.py --rope-append`` and ``profile_decode.py
 # --rope-append`` measure them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
-_rope_append_env = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
+_rope_append = os.environ.get("GPUCHEF_ROPE_APPEND", "fused-except-piecewise")
 # a bad value is refused when an engine is built (check_rope_append_env), not at import: an
 # import-time error would be a traceback from whatever imported the package first
 _rope_append_env_error = None
-if _rope_append_env not in ROPE_APPEND:
-    _rope_append_env_error = (f"GPUCHEF_ROPE_APPEND={_rope_append_env!r}: allowed "
+if _rope_append not in ROPE_APPEND:
+    _rope_append_env_error = (f"GPUCHEF_ROPE_APPEND={_rope_append!r}: allowed "
                               f"{', '.join(ROPE_APPEND)}")
-    _rope_append_env = "fused-except-piecewise"
-_fused_rope_append = _rope_append_env != "separate"
-_fused_rope_piecewise = _rope_append_env == "fused"
+    _rope_append = "fused-except-piecewise"
 
 
 def check_rope_append_env() -> None:
@@ -103,36 +101,26 @@ def check_rope_append_env() -> None:
         raise ConfigError(_rope_append_env_error)
 
 
-def use_fused_rope_append(on: bool, piecewise: bool | None = None) -> bool:
-    """Turn the fused RoPE + K/V append on or off (process-wide; set it before an engine is
-    built, since CUDA graphs capture whichever path is in force); ``piecewise``: the setting
-    for the piecewise-graph forward (default: the same as ``on``). Returns ``on``."""
-    global _fused_rope_append, _fused_rope_piecewise
-    _fused_rope_append = bool(on)
-    _fused_rope_piecewise = bool(on if piecewise is None else piecewise)
-    return _fused_rope_append
-
-
 def set_rope_append(mode: str) -> None:
-    """``use_fused_rope_append`` by name: one of ``ROPE_APPEND``. Raises ConfigError."""
+    """Set the RoPE + K/V append mode, one of ``ROPE_APPEND`` (process-wide; set it before an
+    engine is built, since CUDA graphs capture whichever path is in force). Raises
+    ConfigError for another value."""
+    global _rope_append
     if mode not in ROPE_APPEND:
         raise ConfigError(f"rope append {mode!r}: allowed {', '.join(ROPE_APPEND)}")
-    use_fused_rope_append(mode != "separate", piecewise=mode == "fused")
+    _rope_append = mode
 
 
 def rope_append_mode() -> str:
-    """The setting in force, as ``ROPE_APPEND`` names it (an ``on=False, piecewise=True`` mix
-    reads as its piecewise part only: "fused")."""
-    if _fused_rope_append:
-        return "fused" if _fused_rope_piecewise else "fused-except-piecewise"
-    return "fused" if _fused_rope_piecewise else "separate"
+    """The mode in force, as ``ROPE_APPEND`` names it."""
+    return _rope_append
 
 
 def fused_rope_append(piecewise: bool = False) -> bool:
-    """Whether RoPE is applied by the attention backend (``forward(..., rope=...)``) rather
-    than by ``model.Attention.qkv``: in the monolithic forward, or (``piecewise``) in the
-    piecewise-graph forward."""
-    return _fused_rope_piecewise if piecewise else _fused_rope_append
+    """Whether RoPE is applied with the K/V append rather than by ``model.Attention.qkv``: in
+    the monolithic forward (by the attention backend, ``forward(..., rope=...)``), or
+    (``piecewise``) inside the piecewise graphs' pieces."""
+    return _rope_append == "fused" if piecewise else _rope_append != "separate"
 
 
 def prefer_blas(device: torch.device) -> str | None:

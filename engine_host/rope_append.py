@@ -1,4 +1,4 @@
-"""RoPE on q and k and the paged K/V append in one Triton kernel (``ops.use_fused_rope_append``).
+"""RoPE on q and k and the paged K/V append in one Triton kernel (``ops.set_rope_append``).
 
 The unfused path runs four kernels a layer for this work on CUDA: the copies that make q and k
 contiguous (they are strided views of the fused qkv projection), FlashInfer's
@@ -95,11 +95,12 @@ def _kernel():
     return rope_append_kernel, triton.next_power_of_2
 
 
-def kernel_ok(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """Whether :func:`rope_append_kv` runs for these tensors: Triton imports, CUDA, and q in
-    the cache's half-precision dtype."""
-    return (available() and q.is_cuda and q.dtype == kv_cache.dtype
-            and q.dtype in (torch.bfloat16, torch.float16))
+def kernel_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              kv_cache: torch.Tensor) -> bool:
+    """Whether :func:`rope_append_kv` runs for these tensors: Triton imports, CUDA, q, k, v in
+    the cache's half-precision dtype, the cache's last dim contiguous."""
+    return (available() and q.is_cuda and q.dtype == k.dtype == v.dtype == kv_cache.dtype
+            and q.dtype in (torch.bfloat16, torch.float16) and kv_cache.stride(-1) == 1)
 
 
 def rope_and_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -109,7 +110,7 @@ def rope_and_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
     """:func:`rope_append_kv` where :func:`kernel_ok`, else the same result from
     ``ops.apply_rope`` and ``attention.write_kv`` (CPU, float32/64; ``num_tokens`` then read on
     the host). Shapes and arguments as :func:`rope_append_kv`; returns the rotated q."""
-    if kernel_ok(q, kv_cache):
+    if kernel_ok(q, k, v, kv_cache):
         return rope_append_kv(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, q_out,
                               num_tokens)
     from . import ops

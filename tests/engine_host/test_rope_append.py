@@ -1,4 +1,4 @@
-"""RoPE moved into the K/V append (ops.use_fused_rope_append, engine_host.rope_append).
+"""RoPE moved into the K/V append (ops.set_rope_append, engine_host.rope_append).
 
 The kernel against an independent reference — RoPE in float32 from the formula (rotate half,
 the ``[cos | sin]`` table) and ``attention.write_kv`` into a cache of sentinels — on strided q/k/v
