@@ -96,11 +96,13 @@ class GpuchefApp(App):
             scr = self.screen
         except ScreenStackError:  # a tick racing the app's teardown: no screen left to draw
             return
+        if not self._screen_live(scr):  # the timer racing the exit or a pop: widgets going
+            return
         if getattr(scr, "ready", False):  # set once the screen has mounted its widgets
             try:
                 scr.tick()
             except NoMatches:  # a tick racing the screen's teardown at exit: nothing to draw
-                if scr.children:
+                if self._screen_live(scr) and scr.children:
                     raise
         c1 = time.thread_time()
         self.ticks += 1
@@ -114,6 +116,13 @@ class GpuchefApp(App):
         if err and not self._error_shown:
             self._error_shown = True
             self.notify(err, title="engine stopped", severity="error", timeout=30)
+
+    def _screen_live(self, scr) -> bool:
+        """False once the app shuts down (`_running` goes False first) or `scr` is being
+        removed: Textual marks every node of a pruned screen (`_pruning`) at once and then
+        removes its widgets one by one, so a tick in between finds some gone."""
+        return self.is_running and not any(
+            getattr(scr, flag, False) for flag in ("_pruning", "_closing", "_closed"))
 
     def _watch_front_door(self) -> None:
         """`top --serve`: notice that the HTTP server's process died (kill -9, the OOM killer).
