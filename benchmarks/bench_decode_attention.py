@@ -6,12 +6,16 @@ ideally take 1.0 ms).
 A decode step's attention: ``B`` requests, one query row each (``Hq`` heads), over ``kv_len``
 tokens of paged KV (``Hkv`` heads, ``block_size`` tokens a page, pages scattered over the pool as
 a running server leaves them). One pool per layer (``[num_blocks, 2, block_size, Hkv, D]``, the
-engine's NHD layout); the kernels of ``--layers`` layers are captured in one CUDA graph and
-replayed, so launch gaps do not count and every layer's KV comes from HBM (each is bigger than
-L2 at the batches measured). Kernels (``--kernels``):
+engine's NHD layout; ``--kv-layout HND``: ``[num_blocks, 2, Hkv, block_size, D]``); the kernels
+of ``--layers`` layers are captured in one CUDA graph and replayed, so launch gaps do not count
+and every layer's KV comes from HBM (each is bigger than L2 at the batches measured). Kernels
+(``--kernels``):
 
 * ``fi_tc``: ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`` in CUDA-graph mode,
   FlashInfer's FA2 tensor-core template with its split-KV plan: what the engine runs today;
+* ``fi_tc_nosplit``: ``fi_tc`` planned with ``disable_split_kv=True`` (one CTA a request and
+  head group, no merge kernel); ``fi_tc_fs<N>``: planned with ``fixed_split_size=N`` (pages a
+  split); what ``GPUCHEF_DECODE_SPLIT_KV`` sets in the engine;
 * ``fi_tc_fa3``: the same wrapper with ``backend="fa3"`` (FlashInfer's Hopper FA3 template);
 * ``fi_cuda``: ``use_tensor_cores=False`` (FlashInfer's CUDA-core decode kernel);
 * ``xqa``: ``flashinfer.decode.xqa_batch_decode_with_kv_cache`` (TensorRT-LLM's XQA decode
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -42,7 +47,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-KERNELS = ("fi_tc", "fi_tc_fa3", "fi_cuda", "xqa", "xqa_wide")
+KERNELS = ("fi_tc", "fi_tc_nosplit", "fi_tc_fs8", "fi_tc_fs16", "fi_tc_fs32", "fi_tc_fa3",
+           "fi_cuda", "xqa", "xqa_wide")
 #: XQA's semaphores take the first 8 MiB of its workspace (flashinfer.decode); the rest is the
 #: multi-block scratch.
 XQA_WORKSPACE_BYTES = 136 * 2**20
@@ -57,10 +63,10 @@ class Batch:
 
     def __init__(self, kv_lens: list[int], block_size: int, hkv: int, hq: int, d: int,
                  layers: int, dtype: torch.dtype, device: torch.device, max_pages: int,
-                 seed: int = 0):
+                 seed: int = 0, kv_layout: str = "NHD"):
         g = torch.Generator().manual_seed(seed)
         self.kv_lens, self.bs, self.hkv, self.hq, self.d = kv_lens, block_size, hkv, hq, d
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.kv_layout = device, dtype, kv_layout
         pages = [-(-n // block_size) for n in kv_lens]
         total = sum(pages)
         perm = (torch.randperm(total, generator=g) + 1).to(torch.int32)
@@ -75,7 +81,8 @@ class Batch:
             self.indptr.numpy(), perm.numpy(), width=max(max(pages), max_pages)))
         self.num_blocks = total + 1
         torch.manual_seed(seed)  # the pools are drawn on the device: GBs at batch 128
-        self.pools = [torch.randn(self.num_blocks, 2, block_size, hkv, d, device=device,
+        page = (block_size, hkv) if kv_layout == "NHD" else (hkv, block_size)
+        self.pools = [torch.randn(self.num_blocks, 2, *page, d, device=device,
                                   dtype=dtype) for _ in range(layers)]
         self.qs = [torch.randn(len(kv_lens), hq, d, device=device, dtype=dtype)
                    for _ in range(layers)]
@@ -89,6 +96,8 @@ class Batch:
     def reference(self, layer: int, rows: int) -> torch.Tensor:
         """float32 attention of the first ``rows`` requests of ``layer``: [rows, Hq, D]."""
         pool, q = self.pools[layer].float(), self.qs[layer].float()
+        if self.kv_layout == "HND":  # [blocks, 2, Hkv, bs, D] → the NHD view
+            pool = pool.transpose(2, 3)
         out = []
         for b in range(rows):
             pg = self.indices[int(self.indptr[b]):int(self.indptr[b + 1])].long()
@@ -116,14 +125,19 @@ def make_kernel(name: str, batch: Batch, workspace: torch.Tensor, xqa_ws: torch.
             kw["backend"] = "fa3"
         i32 = dict(dtype=torch.int32, device=dev)
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_cuda_graph=True,
+            workspace, batch.kv_layout, use_cuda_graph=True,
             paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
             paged_kv_indices_buffer=torch.zeros(batch.indices.numel(), **i32),
             paged_kv_last_page_len_buffer=torch.zeros(B, **i32), **kw)
+        split = {}
+        if name == "fi_tc_nosplit":
+            split["disable_split_kv"] = True
+        elif name.startswith("fi_tc_fs"):
+            split["fixed_split_size"] = int(name[len("fi_tc_fs"):])
         t0 = time.perf_counter()
         w.plan(batch.indptr, batch.indices, batch.last_page_len, batch.hq, batch.hkv, batch.d,
                batch.bs, pos_encoding_mode="NONE", q_data_type=batch.dtype,
-               kv_data_type=batch.dtype)
+               kv_data_type=batch.dtype, **split)
         host = time.perf_counter() - t0
 
         def run(layer: int) -> None:
@@ -143,7 +157,7 @@ def make_kernel(name: str, batch: Batch, workspace: torch.Tensor, xqa_ws: torch.
         def run(layer: int) -> None:
             xqa_batch_decode_with_kv_cache(batch.qs[layer], batch.pools[layer], xqa_ws, table,
                                            lens, max_seq, bmm1_scale=scale,
-                                           out=batch.outs[layer], kv_layout="NHD")
+                                           out=batch.outs[layer], kv_layout=batch.kv_layout)
         return host, run
     raise ValueError(f"unknown kernel {name!r}: allowed {', '.join(KERNELS)}")
 
@@ -188,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-len", type=int, default=1024, help="KV tokens per request")
     ap.add_argument("--kv-dist", choices=("fixed", "uniform"), default="fixed")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
+    ap.add_argument("--kv-layout", choices=("NHD", "HND"), default="NHD",
+                    help="a page's layout: NHD [tokens, heads, D] (the engine's) or HND "
+                         "[heads, tokens, D] (a head's tokens contiguous)")
     ap.add_argument("--max-model-len", type=int, default=8192,
                     help="xqa_wide's page-table width, tokens")
     ap.add_argument("--layers", type=int, default=32, help="layer calls per captured graph")
@@ -202,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.model not in PRESETS:
         ap.error(f"--model {a.model!r} is not a preset: allowed {', '.join(PRESETS)}")
     kernels = [k.strip() for k in a.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k not in KERNELS]
+    bad = [k for k in kernels if k not in KERNELS and not re.fullmatch(r"fi_tc_fs[1-9]\d*", k)]
     if bad:
-        ap.error(f"--kernels {','.join(bad)}: allowed {','.join(KERNELS)}")
+        ap.error(f"--kernels {','.join(bad)}: allowed {','.join(KERNELS)} (fi_tc_fs<N>: "
+                 "any N ≥ 1 pages a split)")
     try:
         batches = [int(x) for x in a.batches.split(",")]
         assert batches and all(x >= 1 for x in batches)
@@ -220,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    print(f"{a.model}: Hq {hq}, Hkv {hkv}, D {d}, {a.dtype}, block {a.block_size}, KV {a.kv_len} "
+    print(f"{a.model}: Hq {hq}, Hkv {hkv}, D {d}, {a.dtype}, block {a.block_size} {a.kv_layout}, KV {a.kv_len} "
           f"({a.kv_dist}), {a.layers} layers a graph, on {name}; % of {a.mem_bw / 1e12:.1f} TB/s")
     if cuda:
         workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device=device)
@@ -233,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         lens = kv_lengths(b, a.kv_len, a.kv_dist, seed=b)
         layers = a.layers if cuda else 1
         batch = Batch(lens, a.block_size, hkv, hq, d, layers, dtype, device,
-                      max_pages=a.max_model_len // a.block_size, seed=b)
+                      max_pages=a.max_model_len // a.block_size, seed=b,
+                      kv_layout=a.kv_layout)
         nb = batch.bytes_per_call()
         ideal = nb / a.mem_bw * 1e6
         rows = min(a.check_rows, b)
@@ -271,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"model": a.model, "dtype": a.dtype, "device": name, "block_size": a.block_size,
+             "kv_layout": a.kv_layout,
              "kv_len": a.kv_len, "kv_dist": a.kv_dist, "layers": a.layers,
              "mem_bw": a.mem_bw, "torch": torch.__version__, "rows": rows_out}, indent=2))
     return 0

@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--decode-batches", default="1,8,32,64,128,256")
     ap.add_argument("--kv-len", type=int, default=1024)
+    ap.add_argument("--block-size", type=int, default=16,
+                    help="tokens per KV page (the engine's --block-size)")
     ap.add_argument("--prefill-lens", default="512,2048,8192")
     ap.add_argument("--mixed", default="64:2048", help="DECODES:BUDGET for the mixed step")
     ap.add_argument("--iters", type=int, default=20)
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in a.decode_batches.split(",") if x]
     prefills = [int(x) for x in a.prefill_lens.split(",") if x]
     mix_dec, mix_budget = (int(x) for x in a.mixed.split(":"))
-    bs = 16
+    bs = a.block_size
     t_start = time.perf_counter()
 
     def progress(stage: str, done: int, total: int) -> None:  # where start-up spends its time

@@ -86,7 +86,8 @@ def run_plain(a: argparse.Namespace) -> dict:
               max_model_len=a.max_model_len, max_num_batched_tokens=a.max_num_batched_tokens,
               max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_memory_utilization,
               enforce_eager=a.enforce_eager, enable_prefix_caching=a.prefix_caching,
-              tensor_parallel_size=a.tensor_parallel_size)
+              tensor_parallel_size=a.tensor_parallel_size,
+              **({"block_size": a.block_size} if a.block_size else {}))
     startup = time.perf_counter() - t0
     sp = lambda n: SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0,  # noqa: E731
                                   detokenize=False)
@@ -114,7 +115,8 @@ def _engine_config(a: argparse.Namespace, engine: str):
         engine=engine, model=a.model, dtype="auto", seed=a.seed, max_model_len=a.max_model_len,
         enforce_eager=eager, tensor_parallel_size=a.tensor_parallel_size if engine == "vllm" else 1,
         decode_attention=a.decode_attention if engine == "native" else "auto",
-        cache=CacheConfig(gpu_memory_utilization=a.gpu_memory_utilization),
+        cache=CacheConfig(gpu_memory_utilization=a.gpu_memory_utilization,
+                          **({"block_size": a.block_size} if a.block_size else {})),
         scheduler=SchedulerConfig(mode=a.mode, max_num_batched_tokens=a.max_num_batched_tokens,
                                   max_num_seqs=a.max_num_seqs))
 
@@ -153,7 +155,8 @@ def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
              mean_step_ms=sum(s.wall_ms for s in steps) / max(1, len(steps)),
              gpu_busy_fraction=sum(s.gpu_ms for s in steps) / 1e3 / max(1e-9, wall),
              preemptions=sum(s.num_preempted for s in steps), mode=a.mode,
-             attention=eng.attn.name)
+             attention=eng.attn.name, block_size=eng.kv.block_size
+             if hasattr(eng, "kv") else a.block_size)
     if hasattr(eng, "close"):
         eng.close()
     return d
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="chunked", choices=["chunked", "continuous"],
                     help="gpuchef arms' scheduler mode (plain vLLM is always its own chunked)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="tokens per KV page, every arm (default: each engine's own, 16)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--enforce-eager", action="store_true", help="every arm: no CUDA graphs")
     from gpuchef.engine_host.attention import DECODE_ATTENTION

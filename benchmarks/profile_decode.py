@@ -653,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--kv-len", type=int, default=1024)
+    ap.add_argument("--block-size", type=int, default=16,
+                    help="tokens per KV page (the engine's --block-size)")
     ap.add_argument("--iters", type=int, default=30, help="timed steps per batch")
     ap.add_argument("--prof-iters", type=int, default=5, help="profiled steps per batch and mode")
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
@@ -708,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not mixed_modes:
         ap.error(f"--mixed-attention {a.mixed_attention!r}: allowed {', '.join(MIXED_ATTENTION)}"
                  " (comma-separated)")
-    bs = 16
+    bs = a.block_size
     blocks = max([*batches, *(d for d, _ in mixed), 1]) * cdiv(a.kv_len + 1, bs) + 64 \
         + max((cdiv(p, bs) for _, p in mixed), default=0)
     max_len = max([a.kv_len, *(p for _, p in mixed)]) + 1

@@ -7,13 +7,14 @@ commands between steps.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
-from .attention import check_backend, make_backend
+from .attention import check_backend, decode_split_kv_args, make_backend
 from .config import PIECEWISE_CAPTURE_SIZES, ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
@@ -107,6 +108,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
         ops.check_rope_append_env()
+        decode_split_kv_args(os.environ.get("GPUCHEF_DECODE_SPLIT_KV"))  # a bad value: one line
         self.device = resolve_device(config.device)
         # ``config`` as run: async scheduling resolved for the device
         config = self.config = dataclasses.replace(

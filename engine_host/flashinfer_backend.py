@@ -54,7 +54,7 @@ from flashinfer.decode import xqa_batch_decode_with_kv_cache
 
 from . import ops, rope_append
 from .attention import (DECODE_ATTENTION, MIXED_ATTENTION, XQA_PAGE_SIZES, AttentionBackend,
-                        AttentionMetadata, padded_block_table, write_kv)
+                        AttentionMetadata, decode_split_kv_args, padded_block_table, write_kv)
 
 #: Default float workspace: FlashInfer recommends 128 MiB; REFERENCE §4 shares 256 MiB between
 #: the decode and prefill wrappers.
@@ -135,6 +135,7 @@ class FlashInferAttention(AttentionBackend):
         # (GPUCHEF_XQA_PDL=0); unset = FlashInfer's choice (on where the GPU supports it).
         pdl = os.environ.get("GPUCHEF_XQA_PDL")
         self.xqa_enable_pdl: bool | None = None if pdl in (None, "") else pdl != "0"
+        self.decode_split_kv = decode_split_kv_args(os.environ.get("GPUCHEF_DECODE_SPLIT_KV"))
         self.kv_append = kv_append
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -314,7 +315,8 @@ class FlashInferAttention(AttentionBackend):
                 # pinned → device without waiting; the caching host allocator keeps the pinned
                 # block until the copy has run
                 ind = ind.pin_memory().to(self.device, non_blocking=True)
-            self._active_decode.plan(kvp[:nd + 1], ind, lpl[:nd], hq, hkv, d, ps, **common)
+            self._active_decode.plan(kvp[:nd + 1], ind, lpl[:nd], hq, hkv, d, ps, **common,
+                                     **self.decode_split_kv)
         if nd < nreq:
             # Prefill chunks are the tail of the batch: rebase their CSR arrays to 0.
             p0 = int(kvp[nd])

@@ -67,11 +67,11 @@ def test_fused_ops_equal_pytorch(fused, T):
 
 
 def engine(backend, eager=False, mode="chunked", blocks=512, max_model_len=2048,
-           async_scheduling=False):
+           async_scheduling=False, block_size=16):
     return LLMEngine(EngineConfig(
         model="tiny", device="cuda", dtype="bfloat16", attention_backend=backend,
         enforce_eager=eager, max_model_len=max_model_len, async_scheduling=async_scheduling,
-        cache=CacheConfig(num_gpu_blocks=blocks),
+        cache=CacheConfig(num_gpu_blocks=blocks, block_size=block_size),
         scheduler=SchedulerConfig(mode=mode, max_num_batched_tokens=512)))
 
 
@@ -94,9 +94,27 @@ def qk_layout(request):
 
 def test_flashinfer_engine_logits_match_reference(qk_layout):
     pytest.importorskip("flashinfer")
+    check_logits_match_reference(block_size=16)
+
+
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_larger_kv_pages_match_reference_and_graphs_equal_eager(block_size):
+    """--block-size 32 and 64: FlashInfer's plans with those page sizes (prefill, decode and
+    the fused RoPE + append's slots) against the reference backend's logits, and the CUDA
+    graphs (decode and piecewise) give the eager run's greedy tokens."""
+    pytest.importorskip("flashinfer")
+    check_logits_match_reference(block_size=block_size)
+    eager, g0 = greedy_run(engine("flashinfer", eager=True, block_size=block_size))
+    graphs, g1 = greedy_run(engine("flashinfer", eager=False, block_size=block_size))
+    ops.use_flashinfer_ops(False)
+    assert g0 == 0 and g1 > 10, "decode steps should replay graphs"
+    assert graphs == eager
+
+
+def check_logits_match_reference(block_size: int) -> None:
     logits = {}
     for backend in ("flashinfer", "reference"):
-        eng = engine(backend, eager=True)
+        eng = engine(backend, eager=True, block_size=block_size)
         for i, p in enumerate(PROMPTS):
             eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4, ignore_eos=True))
         ops.use_flashinfer_ops(backend == "flashinfer")

@@ -136,6 +136,24 @@ def test_decode_only(fi_backend, hq, hkv, decode_attention):
     assert torch.equal(fi_cache, ref_cache)
 
 
+@pytest.mark.parametrize("split", ["off", "2", "8"])
+def test_decode_split_kv_settings_match_reference(fi_backend, monkeypatch, split):
+    """GPUCHEF_DECODE_SPLIT_KV: FlashInfer's decode plan without split-KV (off) or with a fixed
+    split of N pages, eager and in a mixed step, against the reference."""
+    monkeypatch.setenv("GPUCHEF_DECODE_SPLIT_KV", split)
+    be = fi_backend("cuda", decode_attention="flashinfer")
+    assert be.decode_split_kv == ({"disable_split_kv": True} if split == "off"
+                                  else {"fixed_split_size": int(split)})
+    be.configure(32, 8, 128, torch.bfloat16)
+    for reqs, nd, seed in ((DECODE_ONLY, len(DECODE_ONLY), 2), (MIXED, 5, 1)):
+        meta, q, k, v, cache = make_batch(reqs, num_decodes=nd, hq=32, hkv=8, seed=seed)
+        be.begin_step(meta)
+        out, ref, fi_cache, ref_cache = run_both(be, meta, q, k, v, cache)
+        qo = meta.qo_indptr.tolist()
+        for b in range(meta.num_reqs):
+            assert rel_err(out[qo[b]:qo[b + 1]], ref[qo[b]:qo[b + 1]]) <= RTOL, f"request {b}"
+
+
 @HEADS
 def test_prefill_only(fi_backend, hq, hkv):
     be = fi_backend("cuda")
@@ -233,6 +251,18 @@ def test_decode_cuda_graph_replay(fi_backend, kv_append, device_page_indices, de
     """The CUDA-graph seam: capture one decode forward, re-plan, replay with new lengths (page
     indices given to the graph wrapper's plan on the host, or on the device as under async
     scheduling; XQA's page table copied into its fixed buffer)."""
+    check_decode_graph_replay(fi_backend, kv_append, device_page_indices, decode_attention)
+
+
+@pytest.mark.parametrize("split", ["off", "8"])
+def test_decode_cuda_graph_replay_with_split_kv_setting(fi_backend, monkeypatch, split):
+    """GPUCHEF_DECODE_SPLIT_KV in a captured decode graph: re-planned steps of other lengths
+    replay correctly (the graph's grid is fixed at capture)."""
+    monkeypatch.setenv("GPUCHEF_DECODE_SPLIT_KV", split)
+    check_decode_graph_replay(fi_backend, "flashinfer", True, "flashinfer")
+
+
+def check_decode_graph_replay(fi_backend, kv_append, device_page_indices, decode_attention):
     hq, hkv, n = 32, 8, 4
     be = fi_backend("cuda", kv_append=kv_append, decode_attention=decode_attention)
     be.device_page_indices = device_page_indices

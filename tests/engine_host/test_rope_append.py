@@ -135,22 +135,16 @@ def test_bad_rope_append_mode_is_refused(fused):
     assert ops.rope_append_mode() == "fused"  # unchanged
 
 
-def test_bad_env_value_is_one_message_when_an_engine_starts(tmp_path):
-    """GPUCHEF_ROPE_APPEND=yes: importing works (no traceback from whatever imports first);
-    a command that builds an engine ends with one line naming the value and what is allowed."""
+def test_bad_env_value_does_not_break_import():
+    """GPUCHEF_ROPE_APPEND=yes: importing works (no traceback from whatever imports first); the
+    engine's start refuses it in one line (test_decode_split_kv.py, with the other kernel
+    switches)."""
     import subprocess
     import sys
     env = {**os.environ, "GPUCHEF_ROPE_APPEND": "yes"}
     r = subprocess.run([sys.executable, "-c", "import gpuchef.engine_host.ops"], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "gpuchef", "bench", "--device", "cpu", "--model",
-                        "tiny", "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
-                        "--sample-hz", "0"], env=env, capture_output=True, text=True,
-                       cwd=tmp_path, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0 and "Traceback" not in out, out
-    assert "GPUCHEF_ROPE_APPEND='yes': allowed fused, fused-except-piecewise, separate" in out
 
 
 @pytest.mark.parametrize("mode", ["fused", "fused-except-piecewise"])
