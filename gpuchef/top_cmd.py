@@ -275,7 +275,8 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
     wcfg = replace(wcfg, num_prompts=wcfg.num_prompts if num_prompts is None else num_prompts)
     meta_extra = {"window_s": window_s}
     if server is not None:
-        note.append(f"serving {server.url}" + ("" if load_given else "; internal load paused (p)"))
+        if not load_given:
+            note.append("internal load paused (p)")
         meta_extra["source"] = {"kind": "hosted", "serve": server.url}
     session = LiveSession(
         engine, wcfg, sample_hz=o["sample_hz"], gpus=gpus, trace_path=o["trace_path"],
@@ -283,6 +284,8 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
         stats_window_s=o["stats_window"], note="; ".join(note), num_prompts=num_prompts,
         duration_s=duration_s, meta_extra=meta_extra,
         taps=(server,) if server is not None else ())
+    if server is not None:  # the header's "serving URL", dropped when that process dies
+        session.info = replace(session.info, serving=server.url)
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"], ab_window_s=o["ab_window"],
                      screenshot_dir=o["screenshot_dir"], front_door=server)
     session.start(load_paused=server is not None and not load_given)

@@ -82,6 +82,8 @@ class SessionInfo:
     ``per_step_records``: the timeline gets a StepRecord per engine step (False for a server
     gpuchef does not host: its picture comes from /metrics scrapes, see ``AttachedSession``).
     ``async_scheduling``: the engine schedules step N+1 while N runs (None = not known).
+    ``serving``: `top --serve`: the URL the HTTP front door listens on ("" = none); the header
+    says "serving URL" while that process lives (HeaderState.server_error once it is gone).
     """
 
     model: str
@@ -99,6 +101,7 @@ class SessionInfo:
     source: str = "hosted"
     per_step_records: bool = True
     async_scheduling: bool | None = None
+    serving: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
     s = app.session
     front = s.closers[0].__self__  # the ServeProcess
     assert front.url.startswith("http://127.0.0.1:")
-    assert s.load.paused and "serving http://127.0.0.1:" in s.info.note
+    assert s.load.paused and s.info.serving == front.url
+    assert "internal load paused (p)" in s.info.note
     c = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0)
 
     def send():
@@ -115,6 +116,9 @@ def test_top_serve_says_once_that_its_http_process_died_and_goes_on(tmp_path):
                 await pilot.pause(0.1)
             assert "http-0" in s.engine.requests
             assert not app.front_door_error
+            await pilot.pause(0.6)  # the header redraws at least every 0.5 s
+            before = header_text(app.screen.query_one(SessionHeader)._state).plain
+            assert f"serving {front.url}" in before and "HTTP SERVER STOPPED" not in before
             os.kill(front._proc.pid, signal.SIGKILL)
             t0 = time.monotonic()
             while not app.front_door_error and time.monotonic() - t0 < 5:
@@ -126,7 +130,10 @@ def test_top_serve_says_once_that_its_http_process_died_and_goes_on(tmp_path):
                 f"{line}. The engine, the internal load (p) and the trace go on here."]
             await pilot.pause(0.6)  # the header redraws at least every 0.5 s
             shown = app.screen.query_one(SessionHeader)._state
-            assert f"HTTP SERVER STOPPED: {line}" in header_text(shown).plain
+            shown = header_text(shown).plain
+            assert f"HTTP SERVER STOPPED: {line}" in shown
+            # it no longer claims to serve: the URL is named only by the line saying it is gone
+            assert "serving" not in shown and shown.count(front.url) == 1
             s.pause_engine(False)
             await pilot.press("p")  # the internal load still drives the engine
             step0 = s.host.step_id

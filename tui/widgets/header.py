@@ -78,6 +78,8 @@ def header_text(st: HeaderState) -> Text:
         t.append("   A/B ", style=theme.LABEL)
         t.append(f" {st.ab.current}#{st.ab.index} ", style=f"bold #11151c on {colour}")
         t.append(f" {st.ab.window_s:g} s windows", style=theme.LABEL)
+    if i.serving and not st.server_error:  # once it is gone the last line says so instead
+        t.append(f"   serving {i.serving}", style=theme.TITLE)
     if i.note:
         t.append(f"   {i.note}", style=theme.AXIS)
     if st.ui_cost_pct is not None:
