@@ -467,8 +467,9 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                    and math.isfinite(p.judged_offered) else
                    f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")
             why = "; ".join([*p.fails, *p.notes])
-            m = p.metrics  # completed (+ failed): an early stop ends the rest
-            n = (f"{m.completed + m.failed}" if hasattr(m, "completed") else "n/a")
+            m = p.metrics  # the probe's requests: an early stop withdraws the rest (notes)
+            n = (f"{m.completed + m.failed + m.withdrawn}" if hasattr(m, "completed")
+                 else "n/a")
             cells = [f"{p.rate:.3g}", n, *vals, ach, "yes" if p.met else "no"]
             click.echo("  " + "".join(f"{x:>{w}}" for x, w in zip(cells, widths))
                        + (f"  {why}" if why else ""))

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .engine_host.config import ConfigError, parse_latency_targets
 from .engine_host.workload import PROBE_ID_PREFIX
+from .probes.metrics import WITHDRAWN_REASON
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 RATE_RANGE = (1e-3, 1e6)  # req/s
@@ -177,8 +178,9 @@ SATURATION_TOLERANCE = 0.20
 QUEUE_GROWTH_MIN = 4.0
 
 
-#: ``finish_reason`` of the requests an early stop aborts (RequestRecord; the trace keeps it).
-EARLY_STOP_REASON = "early stop"
+#: ``finish_reason`` of the requests an early stop aborts (RequestRecord; the trace keeps it):
+#: withdrawn, neither completed nor failed (``probes.metrics.is_withdrawn`` owns the rule).
+EARLY_STOP_REASON = WITHDRAWN_REASON
 
 
 def judging_rules() -> dict[str, float]:
@@ -363,9 +365,11 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
     span = (max(arr) - min(arr)) / 1e9 if len(arr) > 1 else math.nan
     if stopped:
         at = (stopped_ns if stopped_ns is not None else last) - start_ns
-        return Measured(m, off, math.nan, span, [], stopped,
-                        [f"stopped at {at / 1e9:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s "
-                         "of arrivals" if arr else "stopped"])
+        note = (f"stopped at {at / 1e9:.1f} s of {(max(arr) - start_ns) / 1e9:.1f} s of "
+                "arrivals" if arr else "stopped")
+        if m.withdrawn:
+            note += f"; {m.withdrawn} of {len(mine)} requests withdrawn (not failed)"
+        return Measured(m, off, math.nan, span, [], stopped, [note])
     fin = [r.token_times_ns[-1] if r.finish_reason in ("length", "stop") and r.token_times_ns
            else None for r in mine]
     judged, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms)

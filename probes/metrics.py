@@ -3,7 +3,10 @@
 Definitions (vllm/benchmarks/serve.py ``calculate_metrics``; DESIGN.md "Requests and latency"):
 
 * a request is *completed* when it finished normally (``finish_reason`` "length" or "stop");
-  anything else ("abort", "error") is *failed* and adds no tokens;
+  one *withdrawn* by the tool itself (``WITHDRAWN_REASON``: a capacity probe stopped early
+  aborts the requests still open or to come, :func:`is_withdrawn`) is neither completed nor
+  failed, only counted as withdrawn; anything else ("abort", "error") is *failed* and adds no
+  tokens;
 * TTFT = first token − arrival; E2EL = last token − arrival;
 * TPOT = (E2EL − TTFT)/(output_len − 1), only for requests with ``output_len > 1``;
 * ITL = the gap before each output chunk after the first, pooled over all completed requests:
@@ -41,6 +44,9 @@ from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 
 COMPLETED_REASONS = ("length", "stop")
+#: ``finish_reason`` of the requests a capacity probe's early stop withdraws (the probe is
+#: decided: ``gpuchef ab --capacity`` aborts the rest with it; the trace keeps it).
+WITHDRAWN_REASON = "early stop"
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (50.0, 99.0)
 NAN = float("nan")
@@ -215,6 +221,8 @@ class BenchMetrics:
     # probe requests (one output token each; their E2EL is the stall a new request sees)
     probe_completed: int = 0
     probe_failed: int = 0
+    # requests withdrawn by the tool (a capacity probe's early stop): neither completed nor failed
+    withdrawn: int = 0
     median_probe_e2el_ms: float = NAN
     p99_probe_e2el_ms: float = NAN
     max_probe_e2el_ms: float = NAN
@@ -251,6 +259,7 @@ class BenchMetrics:
             "duration": d.pop("duration_s"),
             "completed": d.pop("completed"),
             "failed": d.pop("failed"),
+            "withdrawn": d.pop("withdrawn"),
             "total_input_tokens": d.pop("total_input"),
             "total_output_tokens": d.pop("total_output"),
         }
@@ -291,6 +300,15 @@ def is_completed(finish_reason: str) -> bool:
     return finish_reason in COMPLETED_REASONS
 
 
+def is_withdrawn(finish_reason: str) -> bool:
+    """Whether a request was withdrawn by the tool itself (``WITHDRAWN_REASON``: the early stop
+    of a capacity probe aborts the requests still running or still to arrive once the probe is
+    decided). The one rule for it: such a request did not fail — nothing went wrong with it or
+    with the server — so it is in neither *completed* nor *failed* (``BenchMetrics.withdrawn``
+    counts it); a client's or server's abort ("abort") and an error are failed."""
+    return finish_reason == WITHDRAWN_REASON
+
+
 def is_probe_id(request_id: str) -> bool:
     """Whether ``request_id`` is a probe request's: it starts with ``PROBE_ID_PREFIX``, after a
     mirrored A/B's side prefix (``A/``, ``B/``: ``probes.ab.side_of``) where it has one."""
@@ -312,7 +330,8 @@ class RequestTable:
     Columns (``cols[name]``, all of length ``len(self)``): ``key`` (int64: the caller's ordering
     key, e.g. the timeline's finish ns; rows must be appended in non-decreasing key order for
     :meth:`rows_between`), ``probe`` (probe request), ``counted`` (completed, not a probe),
-    ``failed`` (not completed, not a probe), ``timed`` (counted and has token times),
+    ``failed`` (not completed, not withdrawn, not a probe), ``withdrawn`` (:func:`is_withdrawn`,
+    probe or not), ``timed`` (counted and has token times),
     ``probe_ok`` (a completed probe with token times), ``prompt_len`` / ``output_len``
     (tokens; int64), ``ttft_ms`` / ``e2el_ms`` / ``tpot_ms`` (float64 ms; NaN where the request
     has no token times, TPOT NaN for one output token), ``itl_end`` (int64: cumulative end offset
@@ -323,10 +342,10 @@ class RequestTable:
     is NaN and is left out of a statistic; a statistic over no values is NaN, never 0.
     """
 
-    COLUMNS = ("key", "probe", "counted", "failed", "timed", "probe_ok", "prompt_len",
-               "output_len", "ttft_ms", "tpot_ms", "e2el_ms", "itl_end")
+    COLUMNS = ("key", "probe", "counted", "failed", "withdrawn", "timed", "probe_ok",
+               "prompt_len", "output_len", "ttft_ms", "tpot_ms", "e2el_ms", "itl_end")
     _FLOAT = ("ttft_ms", "tpot_ms", "e2el_ms")
-    _BOOL = ("probe", "counted", "failed", "timed", "probe_ok")
+    _BOOL = ("probe", "counted", "failed", "withdrawn", "timed", "probe_ok")
 
     def __init__(self) -> None:
         self.cols: dict[str, np.ndarray] = {
@@ -358,6 +377,7 @@ class RequestTable:
         for i, r in enumerate(recs):
             probe = _is_probe(r)
             done = is_completed(r.finish_reason)
+            gone = is_withdrawn(r.finish_reason)
             t = r.token_times_ns
             counted = done and not probe
             ttft = e2el = tpot = nan
@@ -370,7 +390,8 @@ class RequestTable:
                 timed_times.append(t)
                 timed_rows.append(i)
             for k, v in (("key", ks[i]), ("probe", probe), ("counted", counted),
-                         ("failed", (not done) and not probe), ("timed", timed),
+                         ("failed", not (done or gone or probe)), ("withdrawn", gone),
+                         ("timed", timed),
                          ("probe_ok", probe and done and bool(t)), ("prompt_len", r.prompt_len),
                          ("output_len", r.output_len), ("ttft_ms", ttft), ("tpot_ms", tpot),
                          ("e2el_ms", e2el)):
@@ -474,6 +495,7 @@ def window_metrics(table: RequestTable, i: int, j: int, duration_s: float, *,
     probe_e2el = c["e2el_ms"][c["probe_ok"]]
     m = BenchMetrics(
         duration_s=dur, completed=completed, failed=int(c["failed"].sum()),
+        withdrawn=int((c["withdrawn"] & ~c["probe"]).sum()),
         total_input=total_in, total_output=total_out,
         request_throughput=completed / dur, output_throughput=total_out / dur,
         total_token_throughput=(total_in + total_out) / dur,
@@ -482,7 +504,8 @@ def window_metrics(table: RequestTable, i: int, j: int, duration_s: float, *,
            for stem, vals in (("ttft", ttft), ("tpot", tp[np.isfinite(tp)]),
                               ("itl", table.itls(i, j)), ("e2el", e2el))
            for k, v in zip(("mean", "median", "std", "percentiles"), _stats(vals, pcts))},
-        probe_completed=len(probe_e2el), probe_failed=int(c["probe"].sum()) - len(probe_e2el),
+        probe_completed=len(probe_e2el),
+        probe_failed=int((c["probe"] & ~c["withdrawn"]).sum()) - len(probe_e2el),
         median_probe_e2el_ms=_median(probe_e2el),
         p99_probe_e2el_ms=percentile(probe_e2el, 99),
         max_probe_e2el_ms=float(probe_e2el.max()) if len(probe_e2el) else NAN,
@@ -668,6 +691,8 @@ def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
 
     row("Successful requests:", m.completed)
     row("Failed requests:", m.failed)
+    if m.withdrawn:
+        row("Withdrawn requests (early stop):", m.withdrawn)
     for k, v in (extra or {}).items():
         row(k if k.endswith(":") else k + ":", v)
     row("Benchmark duration (s):", float(m.duration_s))

@@ -612,7 +612,9 @@ def test_a_probe_stopped_early_shows_its_bound_not_a_partial_value():
 
 
 def test_cli_capacity_stopped_probe_row_prints_the_bound(tmp_path):
-    """The printed row and --result-json of a probe an ITL SLO of 0.001 ms stops at once."""
+    """The printed row and --result-json of a probe an ITL SLO of 0.001 ms stops at once; the
+    requests the stop withdrew are counted as withdrawn, none as failed (they did not fail:
+    test_capacity_withdrawn.py), and the row says how many."""
     out = tmp_path / "cap.json"
     r = CliRunner().invoke(cli, [
         "ab", "--device", "cpu", "--model", "tiny", "--num-prompts", "8", "--input-len", "32",
@@ -630,3 +632,8 @@ def test_cli_capacity_stopped_probe_row_prints_the_bound(tmp_path):
         p = d["capacity"][k]["probes"][0]
         assert p["stopped_early"] and p["values_ms"]["itl_p99"] is None
         assert p["values_above_ms"] == {"itl_p99": 0.001}
+        m = p["metrics"]
+        assert m["failed"] == 0 and m["withdrawn"] > 0, m
+        assert m["completed"] + m["withdrawn"] == 8, m
+        withdrew = f"{m['withdrawn']} of 8 requests withdrawn (not failed)"
+        assert withdrew in p["notes"][0] and withdrew in r.output
