@@ -473,6 +473,8 @@ class FrontDoor:
                            f"{where}, {P.shown(mt)} in the completion{default}). Please reduce "
                            f"the length of the {where} or completion.")
                 raise P.bad(msg, param, "context_length_exceeded")
+            if gen.min_tokens > mt:
+                raise P.bad(self._min_tokens_message(gen, mt, len(ids)), "min_tokens")
             try:
                 params.append(SamplingParams(
                     max_tokens=mt, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
@@ -509,6 +511,22 @@ class FrontDoor:
                 if s.record is None:  # client gone (cancelled) or a failed write: free its KV now
                     self.host.abort(s.rid)
                 self._streams.pop(s.rid, None)
+
+    def _min_tokens_message(self, gen: P.GenRequest, mt: int, n_prompt: int) -> str:
+        """``min_tokens`` above the request's token limit ``mt``: the message names where that
+        limit came from (the field the client gave, completions' default, or what the context
+        leaves a chat request that gave none)."""
+        m = gen.min_tokens
+        if gen.max_tokens_param is not None:
+            limit = f"{gen.max_tokens_param}={mt}"
+        elif gen.max_tokens is not None:  # completions' default
+            limit = f"max_tokens={mt} (the default when max_tokens is not given)"
+        else:
+            where = "messages" if gen.kind == "chat" else "prompt"
+            limit = (f"the {mt} tokens the context leaves for the completion (max_model_len "
+                     f"{self.max_model_len} - {n_prompt} tokens in the {where}; no max_tokens "
+                     f"or max_completion_tokens was given)")
+        return f"min_tokens={m} must be less than or equal to {limit}: allowed 0 to {mt}"
 
     def _take(self, s: _Stream, gen: P.GenRequest) -> str:
         """Consume ``s.items``: each token's text in turn (a stop string is looked for after

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from serve_proc import ServeProc
-from test_serve import TOK, client, engine_greedy, http, server  # noqa: F401  (server: fixture)
+from test_serve import (MAX_MODEL_LEN, TOK, client, engine_greedy, http,  # noqa: F401
+                        server)  # (server: fixture)
 from gpuchef.engine_host.tokenizer import BUNDLED_PATH
 from gpuchef.probes.recorder import read_trace
 
@@ -98,12 +99,32 @@ def test_min_tokens_bad_values_are_400s_naming_the_field(server):  # noqa: F811
     assert refused(min_tokens="2") == "'min_tokens' must be an integer, got '2'"
     assert refused(min_tokens=1.5) == "'min_tokens' must be an integer, got 1.5"
     assert refused(min_tokens=True) == "'min_tokens' must be an integer, got True"
-    # chat without max_tokens: what the context leaves is the bound
-    st, body = http("POST", server.url + "/v1/chat/completions",
-                    {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 10 ** 6})
-    assert st == 400 and body["error"]["param"] == "min_tokens", body
-    assert body["error"]["message"].startswith("min_tokens=1000000 must be less than or equal "
-                                               "to max_tokens="), body
+    # the message names where the limit came from: the field given, completions' default
+    # (16, OpenAI's), or what the context leaves a chat request that gave no token count
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny-served", prompt=[10, 11], extra_body={"min_tokens": 17})
+    assert e.value.body["param"] == "min_tokens"
+    assert e.value.body["message"] == (
+        "min_tokens=17 must be less than or equal to max_tokens=16 (the default when "
+        "max_tokens is not given): allowed 0 to 16")
+    msgs = [{"role": "user", "content": "hi"}]
+    n_prompt = c.chat.completions.create(model="tiny-served", messages=msgs,
+                                         max_tokens=1).usage.prompt_tokens
+    left = MAX_MODEL_LEN - n_prompt
+    for kw, limit in (({"max_completion_tokens": 3}, "max_completion_tokens=3"),
+                      ({"max_completion_tokens": 3, "max_tokens": 10}, "max_completion_tokens=3"),
+                      ({"max_tokens": 3}, "max_tokens=3"),
+                      ({}, f"the {left} tokens the context leaves for the completion "
+                           f"(max_model_len {MAX_MODEL_LEN} - {n_prompt} tokens in the messages; "
+                           "no max_tokens or max_completion_tokens was given)")):
+        m = 5 if kw else 10 ** 6
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny-served", messages=msgs, **kw,
+                                      extra_body={"min_tokens": m})
+        bound = kw.get("max_completion_tokens", kw.get("max_tokens", left))
+        assert e.value.status_code == 400 and e.value.body["param"] == "min_tokens", kw
+        assert e.value.body["message"] == (f"min_tokens={m} must be less than or equal to "
+                                           f"{limit}: allowed 0 to {bound}"), kw
     # null and 0 are "off"
     for v in (None, 0):
         r = c.completions.create(model="tiny-served", prompt=[10, 11], max_tokens=2,
