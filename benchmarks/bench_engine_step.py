@@ -35,7 +35,7 @@ import torch
 from gpuchef.engine_host import ops
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.kv_cache import BlockPool, cdiv
+from gpuchef.engine_host.kv_cache import BlockPool, KVCacheManager, cdiv
 from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams
 from gpuchef.engine_host.scheduler import SchedulerOutput
 
@@ -221,11 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     mc = eng.model_config
     itemsize = torch.empty((), dtype=eng.dtype).element_size()
     weight_bytes = eng.loaded.weight_bytes
-    kv_bytes_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * itemsize
-    # non-embedding matmul parameters: every token goes through them (lm_head only for samples)
-    layer_params = (mc.num_hidden_layers * (mc.hidden_size * (mc.q_size + 2 * mc.kv_size)
-                                            + mc.q_size * mc.hidden_size
-                                            + 3 * mc.hidden_size * mc.intermediate_size))
+    kv_bytes_per_token = KVCacheManager.bytes_per_block(  # a block of one token
+        mc.num_hidden_layers, 1, mc.num_key_value_heads, mc.head_dim, eng.dtype)
+    layer_params = mc.layer_matmul_params  # every token goes through them (lm_head: samples only)
     lm_head_params = mc.hidden_size * mc.vocab_size
     graphs = getattr(eng.runner, "cuda_graphs_enabled", False)
     head = (f"{a.model} ({'random weights' if eng.loaded.random_weights else eng.loaded.source}), "

@@ -121,6 +121,44 @@ def _engine_config(a: argparse.Namespace, engine: str):
                                   max_num_seqs=a.max_num_seqs))
 
 
+def step_breakdown(steps, *, layer_matmul_params: int, lm_head_params: int, weight_bytes: int,
+                   kv_bytes_per_block: int, mem_bw: float, peak_flops: float) -> dict:
+    """Where an offline run's GPU time goes, from its StepRecords.
+
+    Each step's ideal time is the larger of its memory time (every weight byte plus the KV of
+    the ``kv_blocks_used`` blocks, an upper bound of what the step reads, over ``mem_bw``
+    bytes/s) and its compute time (2 FLOPs a token per ``layer_matmul_params``, plus the
+    lm_head for each sampled row, over ``peak_flops``; attention FLOPs left out, so prefill's
+    ideal is a lower bound). Steps are grouped by ``StepRecord.kind`` and by the bound
+    ("compute" or "memory"). Returns {"by_kind": {kind: totals}, "by_bound": {bound: totals}},
+    totals = steps, gpu_ms, wall_ms, ideal_ms, prefill_tokens, decode_rows, graph_steps, and
+    efficiency = ideal_ms / gpu_ms (ms; fractions)."""
+    def empty() -> dict:
+        return dict(steps=0, gpu_ms=0.0, wall_ms=0.0, ideal_ms=0.0, prefill_tokens=0,
+                    decode_rows=0, graph_steps=0)
+    by_kind: dict[str, dict] = {}
+    by_bound: dict[str, dict] = {}
+    for s in steps:
+        sampled = s.num_decode_reqs + s.num_prefill_reqs  # at most: a chunk samples at its end
+        flops = 2 * s.num_tokens * layer_matmul_params + 2 * sampled * lm_head_params
+        compute_ms = flops / peak_flops * 1e3
+        memory_ms = (weight_bytes + s.kv_blocks_used * kv_bytes_per_block) / mem_bw * 1e3
+        bound = "compute" if compute_ms > memory_ms else "memory"
+        for group, key in ((by_kind, s.kind), (by_bound, bound)):
+            t = group.setdefault(key, empty())
+            t["steps"] += 1
+            t["gpu_ms"] += s.gpu_ms
+            t["wall_ms"] += s.wall_ms
+            t["ideal_ms"] += max(compute_ms, memory_ms)
+            t["prefill_tokens"] += s.num_prefill_tokens
+            t["decode_rows"] += s.num_decode_reqs
+            t["graph_steps"] += bool(s.cuda_graph)
+    for group in (by_kind, by_bound):
+        for t in group.values():
+            t["efficiency"] = t["ideal_ms"] / t["gpu_ms"] if t["gpu_ms"] > 0 else None
+    return {"by_kind": by_kind, "by_bound": by_bound}
+
+
 def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
     from rich.console import Console
 
@@ -157,6 +195,17 @@ def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
              preemptions=sum(s.num_preempted for s in steps), mode=a.mode,
              attention=eng.attn.name, block_size=eng.kv.block_size
              if hasattr(eng, "kv") else a.block_size)
+    if engine == "native":
+        from gpuchef.engine_host.kv_cache import KVCacheManager
+
+        mc = eng.model_config
+        d["step_breakdown"] = step_breakdown(
+            steps, layer_matmul_params=mc.layer_matmul_params,
+            lm_head_params=mc.hidden_size * mc.vocab_size, weight_bytes=eng.loaded.weight_bytes,
+            kv_bytes_per_block=KVCacheManager.bytes_per_block(
+                mc.num_hidden_layers, eng.kv.block_size, mc.num_key_value_heads, mc.head_dim,
+                eng.dtype),
+            mem_bw=a.mem_bw, peak_flops=a.peak_tflops * 1e12)
     if hasattr(eng, "close"):
         eng.close()
     return d
@@ -183,6 +232,21 @@ def report(folder: Path) -> str:
             extra += (f", {d['steps']} steps of {d['mean_step_ms']:.1f} ms mean, GPU busy "
                       f"{100 * d['gpu_busy_fraction']:.0f} %, {d['preemptions']} preemptions")
         notes.append(f"- {LABELS[arm]}: {extra}")
+    for arm, d in rows.items():
+        bd = d.get("step_breakdown")
+        if not bd:
+            continue
+        notes += ["", f"{LABELS[arm]}, where the GPU time goes (ideal: max(memory, compute) a "
+                  "step; attention FLOPs left out):", "",
+                  "| steps | count | GPU s | ideal s | of ideal | prefill tokens | decode rows "
+                  "| graphed |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for group, suffix in (("by_kind", ""), ("by_bound", "-bound")):
+            for key, t in bd[group].items():
+                key = key + suffix
+                eff = f"{100 * t['efficiency']:.0f} %" if t["efficiency"] is not None else "–"
+                notes.append(f"| {key} | {t['steps']} | {t['gpu_ms'] / 1e3:.2f} | "
+                             f"{t['ideal_ms'] / 1e3:.2f} | {eff} | {t['prefill_tokens']:,} | "
+                             f"{t['decode_rows']:,} | {t['graph_steps']} |")
     return "\n".join(lines + [""] + notes)
 
 
@@ -216,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="vLLM arms: prefix cache off (default on, vLLM's own default; the "
                          "trace's prompts are random ids, so it never hits)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mem-bw", type=float, default=4.3e12,
+                    help="bytes/s ceiling for the native arm's step breakdown")
+    ap.add_argument("--peak-tflops", type=float, default=790.0,
+                    help="bf16 matmul ceiling for the native arm's step breakdown")
     ap.add_argument("--timeout", type=float, default=1800, help="per arm, with --run all (s)")
     a = ap.parse_args(argv)
     from gpuchef.engine_host.presets import PRESETS

@@ -78,7 +78,7 @@ from gpuchef.engine_host.config import (CUDAGRAPH_MODES, PIECEWISE_CAPTURE_SIZES
                                         parse_capture_sizes)
 from gpuchef.engine_host.decode_inputs import build_decode_inputs  # noqa: E402
 from gpuchef.engine_host.engine import LLMEngine  # noqa: E402
-from gpuchef.engine_host.kv_cache import BlockPool, cdiv  # noqa: E402
+from gpuchef.engine_host.kv_cache import BlockPool, KVCacheManager, cdiv  # noqa: E402
 from gpuchef.engine_host.runner import CudaGraphPiecewise  # noqa: E402
 from gpuchef.engine_host.sampling import sample  # noqa: E402
 from gpuchef.engine_host.scheduler import SchedulerOutput  # noqa: E402
@@ -727,7 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     mc = eng.model_config
     cuda = eng.runner.is_cuda
     itemsize = torch.empty((), dtype=eng.dtype).element_size()
-    kv_per_token = 2 * mc.num_hidden_layers * mc.kv_size * itemsize
+    kv_per_token = KVCacheManager.bytes_per_block(  # a block of one token
+        mc.num_hidden_layers, 1, mc.num_key_value_heads, mc.head_dim, eng.dtype)
     graphs = eng.runner.graphs
     pw = eng.runner.piecewise
     if pw is None and not cuda and a.cudagraph_mode == "FULL_AND_PIECEWISE":

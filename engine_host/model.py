@@ -76,6 +76,16 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def layer_matmul_params(self) -> int:
+        """Weight elements of every decoder layer's matmuls (qkv, o, gate/up, down), summed
+        over the layers: a token's forward through them is 2× this in FLOPs (the embedding is
+        a gather, the lm_head runs only for sampled rows)."""
+        h = self.hidden_size
+        per_layer = (h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+                     + 3 * h * self.intermediate_size)
+        return self.num_hidden_layers * per_layer
+
+    @property
     def o_proj_bias(self) -> bool:
         return self.attention_bias and self.model_type != "qwen2"
 

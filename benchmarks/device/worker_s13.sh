@@ -8,8 +8,8 @@
 # (4) mixed steps: RoPE + append inside the pieces (mode fused) against fused-except-piecewise,
 #     and at block 32 (profile_decode.py);
 # (5) 3x online: fused in the pieces, block 32, and the defaults again in the same lease;
-# (6) offline at block 32.
-# Estimate: setup ~2.5 min, (1) ~2, (2) ~2.5, (3) ~2.5, (4) ~1.5, (5) ~3.5, (6) ~1.
+# (6) offline at the defaults (the step breakdown) and at block 32.
+# Estimate: setup ~2.5 min, (1) ~2, (2) ~2.5, (3) ~2.5, (4) ~1.5, (5) ~3.5, (6) ~2.
 # Start: carry .whl and .snap.tgz; bash benchmarks/device/setup.sh worker_s13 && collect.sh 120,
 # then collect.sh 300-400 chained, no gap, until s13_done.
 # Dry run: DRY=0.1 RES=/tmp/dres FLAGS=/tmp/dflags GDIR=$PWD bash benchmarks/device/worker_s13.sh
@@ -44,6 +44,7 @@ job s13_13_mixed_b32 200 "$PROF --block-size 32 --json $R/mixed_b32.json"
 job s13_14_3x_fused 300 "GPUCHEF_ROPE_APPEND=fused $B3 --result-json $R/native_3x_fused.json"
 job s13_15_3x_b32 300 "$B3 --block-size 32 --result-json $R/native_3x_b32.json"
 job s13_16_3x_default 300 "$B3 --result-json $R/native_3x_default.json"
-# (6)
-job s13_17_offline_b32 420 "python3 benchmarks/bench_vllm_host.py --run native --block-size 32 --out $R/peer_b32"
+# (6) offline: its JSON now holds the step breakdown (where the GPU time goes, by step kind)
+job s13_17_offline_default 420 "python3 benchmarks/bench_vllm_host.py --run native --out $R/peer && cp $R/peer/native.json $R/native_offline.json"
+job s13_18_offline_b32 420 "python3 benchmarks/bench_vllm_host.py --run native --block-size 32 --out $R/peer_b32"
 touch $F/s13_done
