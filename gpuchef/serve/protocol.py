@@ -140,12 +140,15 @@ def _int(body: dict, key: str, lo: int | None = None, *, default: Any = None) ->
     return v
 
 
-def _bool(body: dict, key: str, default: bool = False) -> bool:
+def _bool(body: dict, key: str, default: bool = False, *, param: str | None = None) -> bool:
+    """``body[key]``, a JSON boolean; ``param``: the field's name in the request when ``body``
+    is a nested object (``stream_options.include_usage``)."""
     v = body.get(key, default)
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise bad(f"'{key}' must be true or false, got {v!r}", key)
+        name = param or key
+        raise bad(f"'{name}' must be true or false, got {shown_json(v)}", name)
     return v
 
 
@@ -203,6 +206,15 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
 )
 
 
+#: Chat's ``tool_choice``: gpuchef serve has no tool calling (``tools`` is refused but for
+#: ``[]``), so a tool_choice asking for tools ("auto", "required", a named function) is
+#: refused, as vLLM refuses it without ``tools`` ("When using `tool_choice`, `tools` must be
+#: set.") and "auto" without ``--enable-auto-tool-choice``; the text would otherwise be plain
+#: generation the client did not ask for. Checked as UNSUPPORTED's rows are.
+TOOL_CHOICE = ("tool_choice", "chat", ("none",),
+               '"none" or absent: gpuchef serve has no tool calling')
+
+
 def _is_off(v: Any, off: Any) -> bool:
     """``v`` equals the "off" value ``off`` as JSON compares them: ``true`` is not 1, 0.0 is 0;
     an object off value (``{"type": "text"}``) also matches with other keys null, as clients
@@ -215,7 +227,7 @@ def _is_off(v: Any, off: Any) -> bool:
 
 
 def _unsupported(body: dict, kind: str) -> None:
-    for key, where, off, allowed in UNSUPPORTED:
+    for key, where, off, allowed in (*UNSUPPORTED, TOOL_CHOICE):
         if where and where != kind:
             continue
         v = body.get(key)
@@ -260,12 +272,13 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
                   "stop_token_ids")
     seed = _int(body, "seed")
     min_tokens = _count(body, "min_tokens", 0)
-    include_usage = _bool(so, "include_usage")
+    include_usage = _bool(so, "include_usage", param="stream_options.include_usage")
     return dict(
         model=model, stream=stream,
         include_usage=include_usage,
         # vLLM: per-chunk usage only together with include_usage
-        continuous_usage=include_usage and _bool(so, "continuous_usage_stats"),
+        continuous_usage=include_usage and _bool(
+            so, "continuous_usage_stats", param="stream_options.continuous_usage_stats"),
         # vLLM's SamplingParams asks only >= 0 (OpenAI caps it at 2; vLLM does not)
         temperature=_num(body, "temperature", 1.0, 0.0, math.inf),
         top_p=_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
@@ -330,8 +343,8 @@ def parse_completion(body: Any) -> GenRequest:
     elif isinstance(p, list) and not p:
         raise bad("'prompt' is empty: give at least one token or character", "prompt")
     else:
-        raise bad("'prompt' must be a string, a list of token ids, or a list of strings or of "
-                  f"token-id lists, got {type(p).__name__}", "prompt")
+        raise bad("'prompt' must be a string, a list of token ids (integers), or a list of "
+                  f"strings or of token-id lists, got {_json_type(p)} {shown_json(p)}", "prompt")
     for x in prompts:
         if len(x) == 0:
             raise bad("'prompt' is empty: give at least one token or character", "prompt")

@@ -1,0 +1,90 @@
+"""`gpuchef serve` driven as a load-tool user drives it, the inputs that were accepted silently
+or refused with a message that did not say enough: chat's ``tool_choice`` asking for tools
+(vLLM refuses it without ``tools``; gpuchef has none), a nested ``stream_options`` field of the
+wrong type (named by its path), and a ``prompt`` list of the wrong kind (named by its value).
+Seen through the official openai client; after each refusal the server goes on serving.
+
+The server is test_serve's module fixture (a `gpuchef serve` subprocess, tiny, CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_serve import client, http, server  # noqa: F401  (server: the fixture)
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-served"
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def refused(call, **kw) -> dict:
+    with pytest.raises(openai.BadRequestError) as e:
+        call(**kw)
+    assert e.value.status_code == 400
+    body = e.value.body
+    assert set(body) == {"message", "type", "param", "code"}, body
+    assert body["type"] == "invalid_request_error"
+    return body
+
+
+def still_serves(s) -> None:
+    r = client(s).completions.create(model=MODEL, prompt=[1, 2], max_tokens=2,
+                                     extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("tool_choice,shown", [
+    ("auto", '"auto"'), ("required", '"required"'),
+    ({"type": "function", "function": {"name": "get_weather"}},
+     '{"type": "function", "function": {"name": "get_weather"}}'),
+])
+def test_chat_tool_choice_asking_for_tools_is_refused(server, tool_choice, shown):
+    c = client(server)
+    body = refused(c.chat.completions.create, model=MODEL, messages=CHAT, max_tokens=2,
+                   tool_choice=tool_choice)
+    assert body["param"] == "tool_choice", body
+    assert body["message"] == (f"tool_choice={shown} is not supported by gpuchef serve "
+                               '(allowed: "none" or absent: gpuchef serve has no tool calling)')
+    # with tools=[] too (the off value of tools)
+    body = refused(c.chat.completions.create, model=MODEL, messages=CHAT, max_tokens=2,
+                   tools=[], tool_choice=tool_choice)
+    assert body["param"] == "tool_choice", body
+    still_serves(server)
+
+
+def test_chat_tool_choice_none_is_accepted_and_completions_ignore_it(server):
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, tool_choice="none",
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 2
+    # not a completions field (vLLM's CompletionRequest has none): ignored there, as others
+    r = c.completions.create(model=MODEL, prompt=[1, 2], max_tokens=2,
+                             extra_body={"tool_choice": "auto", "ignore_eos": True})
+    assert r.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("key", ["include_usage", "continuous_usage_stats"])
+def test_stream_options_fields_are_named_by_their_path(server, key):
+    so = {"include_usage": True, key: "yes"}
+    body = refused(client(server).completions.create, model=MODEL, prompt="x", max_tokens=2,
+                   stream=True, stream_options=so)
+    assert body["param"] == f"stream_options.{key}", body
+    assert body["message"] == f"'stream_options.{key}' must be true or false, got \"yes\""
+    still_serves(server)
+
+
+@pytest.mark.parametrize("prompt,shown", [
+    ([1.5, 2.0], "an array [1.5, 2.0]"),
+    (["a", [1, 2]], 'an array ["a", [1, 2]]'),
+    ([{"text": "a"}], 'an array [{"text": "a"}]'),
+    (5, "a number 5"),
+])
+def test_a_prompt_of_the_wrong_kind_is_named_by_its_value(server, prompt, shown):
+    st, resp = http("POST", server.url + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert st == 400 and resp["error"]["param"] == "prompt", resp
+    assert resp["error"]["message"] == (
+        "'prompt' must be a string, a list of token ids (integers), or a list of strings or "
+        f"of token-id lists, got {shown}")
+    still_serves(server)
