@@ -12,21 +12,9 @@ from __future__ import annotations
 import pytest
 
 from test_serve import client, http, server  # noqa: F401  (server: the fixture)
+from test_serve_fields import CHAT, MODEL, refused
 
 openai = pytest.importorskip("openai")
-
-MODEL = "tiny-served"
-CHAT = [{"role": "user", "content": "hi"}]
-
-
-def refused(call, **kw) -> dict:
-    with pytest.raises(openai.BadRequestError) as e:
-        call(**kw)
-    assert e.value.status_code == 400
-    body = e.value.body
-    assert set(body) == {"message", "type", "param", "code"}, body
-    assert body["type"] == "invalid_request_error"
-    return body
 
 
 def still_serves(s) -> None:
