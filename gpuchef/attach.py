@@ -138,6 +138,12 @@ class AttachedServer:
         self.knobs: SchedulerConfig | None = None
         self.knobs_reason = "knob endpoint not asked yet"
         self._knob_read = 0.0
+        #: the knob endpoint did not answer (nothing listened): asked again once a scrape succeeds
+        self._knobs_unreached = False
+        #: called (scrape thread) with this server at its first scrape that succeeds — at start,
+        #: or when a server that did not answer comes up: the session asks what it missed
+        self.on_up: Callable[["AttachedServer"], None] | None = None
+        self._up = False
 
     # -- ScrapedServer ---------------------------------------------------------------------------
     @property
@@ -166,6 +172,12 @@ class AttachedServer:
             self._prev = s
         if self.knobs is not None and time.monotonic() - self._knob_read >= KNOB_REFRESH_S:
             self.read_knobs()  # another client may have PATCHed them
+        elif self._knobs_unreached and not s.error:
+            self.read_knobs()  # it did not answer at start and answers now
+        if not s.error and not self._up:
+            self._up = True
+            if self.on_up is not None:
+                self.on_up(self)
         if self._forward is not None:
             self._forward(s)
 
@@ -179,8 +191,11 @@ class AttachedServer:
             status, body = _http_json("GET", url, None, self.api_key, KNOB_TIMEOUT_S)
         except (OSError, urllib.error.URLError) as e:
             if self.knobs is None:
-                self.knobs_reason = f"cannot reach {url} ({getattr(e, 'reason', e)})"
+                self._knobs_unreached = True
+                self.knobs_reason = (f"cannot reach {url} ({getattr(e, 'reason', e)}); asked "
+                                     "again when a scrape succeeds")
             return self.knobs
+        self._knobs_unreached = False
         if status != 200:
             self.knobs = None
             self.knobs_reason = (f"{self.url} has no gpuchef knob endpoint (GET {KNOB_PATH}: "
@@ -544,6 +559,10 @@ class AttachSession:
         self.server_info = {s.url: told.get(s.url) or _ask_models(s.url, api_key)
                             for s in self.servers}
         first = self.server_info[self.servers[0].url]
+        self._api_key = api_key
+        self._model_given = load is not None
+        for srv in self.servers:
+            srv.on_up = self._server_up
         model = load.cfg.model if load is not None else (first.models[:1] or [""])[0]
         self.info = SessionInfo(
             model=model or "(server's model)", random_weights=False,
@@ -604,6 +623,25 @@ class AttachSession:
     def _add_request(self, rec: Any) -> None:
         self.timeline.add_request(rec)
         self._record(rec)
+
+    def _server_up(self, srv: AttachedServer) -> None:
+        """A server's first scrape that succeeded (scrape thread): one that did not answer
+        ``GET /v1/models`` at start (nothing listened) is asked again, and the header's model is
+        its first when gpuchef sends no load (whose --model names it)."""
+        from dataclasses import replace
+
+        from .client.http_load import server_models_meta
+
+        old = self.server_info.get(srv.url)
+        if old is not None and not old.fatal:
+            return
+        info = _ask_models(srv.url, self._api_key)
+        if info.fatal:
+            return
+        self.server_info = {**self.server_info, srv.url: info}
+        self._meta_extra["server_models"] = server_models_meta(self.server_info)
+        if srv is self.servers[0] and not self._model_given and info.models:
+            self.info = replace(self.info, model=info.models[0])
 
     def _gpu_sample(self, s: Any) -> None:
         self.timeline.add_gpu_sample(s)

@@ -363,8 +363,8 @@ def delta(a: ScrapeSample, b: ScrapeSample) -> ScrapeDelta | None:
 class Scraper:
     """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
     to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP
-    error, not Prometheus text) is a sample with ``error`` set and one ``status`` line; the
-    scraper keeps trying. ``fetch(url, timeout)`` may be replaced (tests)."""
+    error, not Prometheus text) is a sample with ``error`` set and one ``status`` line, which
+    says the scraper keeps trying (:attr:`retry_note`); the first scrape that succeeds clears it. ``fetch(url, timeout)`` may be replaced (tests)."""
 
     def __init__(self, url: str, hz: float = 4.0, *,
                  on_sample: Callable[[ScrapeSample], None] | None = None,
@@ -413,7 +413,8 @@ class Scraper:
         s = replace(s, scrape_ms=(time.monotonic_ns() - t0) / 1e6)
         if s.error:
             self.n_failed += 1
-            self.status = f"{self.url}: {s.error}"
+            # the line says that the scraper goes on: a server that is not up yet is picked up
+            self.status = f"{self.url}: {s.error}; {self.retry_note}"
         else:
             self.n_ok += 1
             self.status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
@@ -421,6 +422,11 @@ class Scraper:
         if self.on_sample is not None:
             self.on_sample(s)
         return s
+
+    @property
+    def retry_note(self) -> str:
+        """What the status line of a failed scrape adds: the scraper keeps trying."""
+        return f"retrying every {1000.0 / self.hz:.4g} ms"
 
     def start(self) -> "Scraper":
         if self._thread is None:

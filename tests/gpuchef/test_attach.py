@@ -41,11 +41,12 @@ class FakeServer:
     """An aiohttp server on a free loopback port. ``text``: what /metrics answers now;
     ``status``: its HTTP status; ``routes``: extra handlers. ``models``: True (a /v1/models
     list), False (no such route: 404) or "garbage" (200 with an HTML page); ``model_gets``
-    counts its GETs."""
+    counts its GETs. ``port``: the port to listen on (0: a free one)."""
 
     def __init__(self, text: str = LOAD, status: int = 200, metrics: bool = True,
-                 knobs: bool = False, models: bool | str = True) -> None:
+                 knobs: bool = False, models: bool | str = True, port: int = 0) -> None:
         self.text, self.status, self.metrics, self.knobs = text, status, metrics, knobs
+        self.want_port = port
         self.models = models
         self.model_gets = 0
         self.state = {"mode": "chunked", "max_num_batched_tokens": 512, "max_num_seqs": 64}
@@ -108,7 +109,7 @@ class FakeServer:
             self.runner = web.AppRunner(app)
             self.loop.run_until_complete(self.runner.setup())
             sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
+            sock.bind(("127.0.0.1", self.want_port))
             self.port = sock.getsockname()[1]
             site = web.SockSite(self.runner, sock)
             self.loop.run_until_complete(site.start())
