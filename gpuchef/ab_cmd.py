@@ -14,6 +14,7 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
+from .probes.ab import MIN_REPETITIONS
 from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
                       workload_options, write_json, print_warning, probe_warning,
@@ -42,7 +43,10 @@ from .options import (check_output_files, check_sampling, engine_config, engine_
               help="Setting B, as --a.")
 @click.option("--repetitions", default=1, show_default=True, type=int,
               help="Runs of each setting (1–100): A B, then B A, … so that drift cancels; "
-                   "the deltas' spread and verdict come from them.")
+                   "the deltas' spread and verdict come from them. The default 1 is a quick "
+                   "look: both results blocks and B − A, but no noise estimate, so no "
+                   f"better/worse verdict (it needs {MIN_REPETITIONS}; use 3 or more for it to "
+                   "mean something).")
 @click.option("--interleave", is_flag=True,
               help="One load; the engine alternates A and B every --window seconds on the same "
                    "arrival stream (each window is a run for the spread).")

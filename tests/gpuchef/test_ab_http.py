@@ -523,3 +523,25 @@ def test_progress_lines_count_load_requests_not_probes(fakes, tmp_path):
             m = re.search(rf"{k} (\d+) requests in [\d.]+ s \(\+(\d+) probes\)", ln)
             assert m, ln
             assert int(m.group(1)) == d["results"][k]["completed"] == 4
+
+
+def test_one_repetition_the_default_gives_no_verdict_and_says_how_to_get_one(servers, tmp_path):
+    """--repetitions defaults to 1: a quick look. A's 16-token budget makes its TTFT far larger
+    than B's (known sign), yet one pair has no noise estimate, so no row says B better or worse;
+    the table says why and how to get one, and --help says what the default gives."""
+    a, b = servers
+    rj = tmp_path / "r.json"
+    r = ab("--a", f"url={a.url}", "--b", f"url={b.url}", *LOAD, "--result-json", str(rj))
+    assert r.exit_code == 0, r.output
+    d = json.loads(rj.read_text())
+    ttft = row(d, "mean_ttft_ms")
+    assert len(ttft["a_runs"]) == len(ttft["b_runs"]) == 1
+    assert ttft["b_runs"][0] < ttft["a_runs"][0]  # the effect is there
+    assert {x["verdict"] for x in d["comparison"]["deltas"]}.isdisjoint({"B better", "B worse"})
+    assert ttft["verdict"] == verdict_of(ttft)
+    assert (f"a verdict needs {abdef.MIN_REPETITIONS} (--repetitions {abdef.MIN_REPETITIONS} "
+            "or more)") in r.output
+    table = r.output.split(" B − A: ")[1].split("\n-----")[0]  # the rows, not the legend
+    assert "Mean TTFT" in table and "B better" not in table and "B worse" not in table
+    h = ab("--help").output.replace("\n", " ")
+    assert "[default: 1]" in h and "no noise estimate" in " ".join(h.split()), h
