@@ -211,12 +211,17 @@ def test_metrics_match_the_servers_known_timings(server):
     assert m.mean_e2el_ms == pytest.approx(np.mean(e2el))
     assert m.mean_tpot_ms == pytest.approx(np.mean(tpot))
     # and against the server's own clock: the client sees each chunk just after it was written
+    lags = []
     for r in run.results:
         recv, writes = server.log[r.request_id]
         assert len(writes) == len(r.chunk_times_ns) == 5
         lag = np.asarray(r.chunk_times_ns) - np.asarray(writes)
-        assert (lag >= 0).all() and lag.max() < 50e6, lag  # generous: a shared 2-core machine
+        assert (lag >= 0).all(), lag  # never before the server wrote it
+        lags += list(lag)
         assert recv >= r.start_ns
+    # a loaded 2-core CI machine can hold one chunk back (122 ms seen once): the typical lag is
+    # what tells a client that timestamps late from one that does not
+    assert np.median(lags) < 20e6 and np.percentile(lags, 90) < 50e6, sorted(lags)
     # and the sleeps the server was told to make (timers fire late, never early)
     assert 80 <= m.median_ttft_ms < 80 + 60
     assert 30 <= m.median_itl_ms < 30 + 40
