@@ -410,18 +410,7 @@ def check_output_path(path: str | None, flag: str) -> None:
     p = Path(path).expanduser()
     if p.is_dir():
         raise ConfigError(f"{flag} {path!r} is a folder: give a file path")
-    parent = p.parent
-    up = parent
-    while not up.exists() and up != up.parent:  # the nearest folder that exists, or a file
-        up = up.parent
-    if up.exists() and not up.is_dir():
-        raise ConfigError(f"{flag} {path!r}: {str(up)!r} is a file, not a folder")
-    if not parent.exists():
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"{flag} {path!r}: cannot create folder {str(parent)!r} "
-                              f"({e.strerror or e})") from None
+    _make_folder(p.parent, path, flag)
     existed = p.exists()
     try:
         with open(p, "a"):
@@ -434,6 +423,43 @@ def check_output_path(path: str | None, flag: str) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+def _make_folder(folder, path: str, flag: str) -> None:
+    """Create ``folder`` (a Path) and its missing parents for the output ``path`` of ``flag``;
+    refuse one under a file. Raises ConfigError naming the flag and the path."""
+    up = folder
+    while not up.exists() and up != up.parent:  # the nearest folder that exists, or a file
+        up = up.parent
+    if up.exists() and not up.is_dir():
+        raise ConfigError(f"{flag} {path!r}: {str(up)!r} is a file, not a folder")
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{flag} {path!r}: cannot create folder {str(folder)!r} "
+                              f"({e.strerror or e})") from None
+
+
+def check_output_dir(path: str, flag: str) -> str:
+    """The output-folder twin of :func:`check_output_path` (``--screenshot-dir``), before any
+    work: ``~`` expanded, a missing folder created with its parents; a path that is a file, one
+    under a file, or a folder where no file can be created (tried with a temporary file) is
+    refused. Returns the expanded path. Raises ConfigError naming the flag and the path."""
+    import tempfile
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a file: give a folder")
+    _make_folder(p, path, flag)
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path!r}: cannot write a file there "
+                          f"({e.strerror or e})") from None
+    return str(p)
 
 
 def check_output_files(o: dict) -> None:

@@ -24,7 +24,7 @@ from .engine_host.config import ConfigError
 @click.option("--fps", default=10.0, show_default=True, type=float,
               help="Dashboard refresh rate (Hz, 1–30).")
 @click.option("--screenshot-dir", default=".", show_default=True,
-              type=click.Path(file_okay=False), help="Where `s` saves SVG screenshots.")
+              help="Where `s` saves SVG screenshots (created if missing).")
 def replay(trace: str, speed: float, start_s: float, window: str, paused: bool, fps: float,
            screenshot_dir: str) -> None:
     """Open the dashboard on a saved trace (`gpuchef bench/top --trace`): the same panels, read
@@ -60,7 +60,6 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     from .top_cmd import check_screenshot_dir, parse_window
 
     window_s = parse_window(window)
-    check_screenshot_dir(screenshot_dir)
     if not (math.isfinite(start_s) and start_s >= 0):
         raise ConfigError(f"--start {start_s:g} is out of range: a finite number of seconds >= 0")
     if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
@@ -85,6 +84,7 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
                           f"[0, {session.duration_s:.1f}] s")
     if not (tr.steps or tr.gpu_samples or tr.requests):
         raise ConfigError(f"{trace}: the trace holds no steps, samples or requests to replay")
+    screenshot_dir = check_screenshot_dir(screenshot_dir)  # last: a refused run makes no folder
     if not paused:
         session.play()
     return ReplayApp(session, window_s=window_s, fps=fps, screenshot_dir=screenshot_dir,

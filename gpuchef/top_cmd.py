@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (print_warning, check_output_files, engine_config, engine_options,
-                      http_client_options, scheduler_options, trace_flags_warning, workload_config,
-                      workload_options)
+from .options import (print_warning, check_output_dir, check_output_files, engine_config,
+                      engine_options, http_client_options, scheduler_options, trace_flags_warning,
+                      workload_config, workload_options)
 from .serve_cmd import prepare_serving, serve_options
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
@@ -31,18 +31,12 @@ DEFAULT_SLOS_GPU = {"ttft": 500.0, "tpot": 50.0}
 WINDOW_CHOICES = {"10s": 10.0, "60s": 60.0, "1m": 60.0, "10m": 600.0}
 
 
-def check_screenshot_dir(path: str) -> None:
-    """Refuse, before any work, a ``--screenshot-dir`` that is not a folder this process can
-    write into (``s`` would fail later, mid-session). Raises ConfigError naming the path."""
-    import os
-    from pathlib import Path
-
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        what = "is a file" if p.exists() else "does not exist"
-        raise ConfigError(f"--screenshot-dir {path!r} {what}: give an existing folder")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"--screenshot-dir {path!r}: this user cannot write there")
+def check_screenshot_dir(path: str) -> str:
+    """``--screenshot-dir``, before any work: a missing folder is created, as the output-file
+    flags' parents are (options.check_output_dir); a file, or a folder this process cannot
+    write into, is refused (``s`` would fail later, mid-session). Returns the path with ``~``
+    expanded. Raises ConfigError naming the path."""
+    return check_output_dir(path, "--screenshot-dir")
 
 
 def parse_window(text: str) -> float:
@@ -84,7 +78,7 @@ def parse_window(text: str) -> float:
 @click.option("--metric-percentiles", default="50,99", show_default=True,
               help="Percentiles of the numbers panel (first and last are shown).")
 @click.option("--screenshot-dir", default=".", show_default=True,
-              type=click.Path(file_okay=False), help="Where `s` saves SVG screenshots.")
+              help="Where `s` saves SVG screenshots (created if missing).")
 @click.option("--serve", is_flag=True,
               help="Also serve the engine over HTTP (OpenAI API, /metrics, knob endpoint; the "
                    "flags below, as `gpuchef serve`) so that your own load tool drives it. The "
@@ -240,7 +234,8 @@ def _build(ctx: click.Context, o: dict, err: Console):
                           "[1, 3600] s")
     if not 0.5 <= o["ab_window"] <= 3600:
         raise ConfigError(f"--ab-window {o['ab_window']:g} is out of range: allowed [0.5, 3600] s")
-    check_screenshot_dir(o["screenshot_dir"])  # first: the trace check may create folders
+    # before the trace's check: a refused --screenshot-dir leaves no trace folder made
+    o["screenshot_dir"] = check_screenshot_dir(o["screenshot_dir"])
     check_output_files(o)  # ~, a folder-style path, one file named twice
     serve_only = {"http_host": "--host", "port": "--port", "api_key": "--api-key",
                   "served_model_name": "--served-model-name", "tokenizer": "--tokenizer",
@@ -318,7 +313,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
     if not 1 <= o["stats_window"] <= 3600:
         raise ConfigError(f"--stats-window {o['stats_window']:g} is out of range: allowed "
                           "[1, 3600] s")
-    check_screenshot_dir(o["screenshot_dir"])
+    o["screenshot_dir"] = check_screenshot_dir(o["screenshot_dir"])
     check_output_files(o)
     load = None
     load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))

@@ -26,9 +26,7 @@ def test_bad_flags_are_refused_with_the_range():
                       (("--ab-window", "0.1"), "allowed [0.5, 3600] s"),
                       (("--goodput", "ttft"), "is not KEY:VALUE"),
                       (("--max-num-batched-tokens", "0"), "allowed [1, 1048576]"),
-                      (("--sample-hz", "1000"), "allowed [1, 100] Hz"),
-                      (("--screenshot-dir", "/nonexistent/shots"),
-                       "--screenshot-dir '/nonexistent/shots' does not exist")):
+                      (("--sample-hz", "1000"), "allowed [1, 100] Hz")):
         r = run("--device", "cpu", *args)
         assert r.exit_code == 2, (args, r.output)
         assert msg in " ".join(r.output.split()), (args, r.output)
