@@ -164,7 +164,8 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     groups = -(-hq // hb) + 2 * -(-hkv // hb)
     half = d // 2
     kernel[(T, groups)](q, k, v, positions, slot_mapping, cos_sin_cache, q_out, kv_cache,
-                        positions if num_tokens is None else num_tokens, T, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                        positions if num_tokens is None else num_tokens, T,
+                        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
                         v.stride(1), q_out.stride(0), q_out.stride(1),
                         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
                         kv_cache.stride(3), cos_sin_cache.stride(0),
