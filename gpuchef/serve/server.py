@@ -424,7 +424,8 @@ class FrontDoor:
                 raise P.bad(str(e), "messages") from None
             return [await self._encode(text, False, "messages")]
         out = []
-        for p in gen.prompts:
+        batch = len(gen.prompts) > 1
+        for i, p in enumerate(gen.prompts):
             if isinstance(p, str):
                 if tk is None:
                     raise P.bad("this server has no tokenizer (see --tokenizer): give the prompt "
@@ -434,7 +435,8 @@ class FrontDoor:
                 ids = p
                 lo, hi = min(ids), max(ids)
                 if lo < 0 or hi >= self.vocab_size:
-                    raise P.bad(f"'prompt' token id {lo if lo < 0 else hi} is outside the "
+                    name = f"prompt[{i}]" if batch else "prompt"  # a batch: which prompt
+                    raise P.bad(f"'{name}' token id {lo if lo < 0 else hi} is outside the "
                                 f"vocabulary [0, {self.vocab_size})", "prompt")
             out.append(ids)
         return out
@@ -453,12 +455,14 @@ class FrontDoor:
         prompts = await self._prompt_ids(gen)
         L = self.max_model_len
         params = []
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             if not ids:
                 raise P.bad("the prompt has no tokens", "prompt" if gen.kind != "chat" else "messages")
             mt = gen.max_tokens if gen.max_tokens is not None else L - len(ids)
             if len(ids) + mt > L or mt < 1:
                 where = "messages" if gen.kind == "chat" else "prompt"
+                # a batch: which of its prompts
+                held = (f"prompt[{i}] of the batch" if len(prompts) > 1 else f"the {where}")
                 # the prompt alone fills the context: it is at fault, else the token count asked
                 param = where if len(ids) >= L else (gen.max_tokens_param or where)
                 if gen.max_tokens is None:  # chat, no token count: it gets what the context leaves
@@ -469,8 +473,8 @@ class FrontDoor:
                 else:
                     default = "" if gen.max_tokens_given else ": the default max_tokens"
                     msg = (f"This model's maximum context length is {L} tokens. However, you "
-                           f"requested {P.shown(len(ids) + mt)} tokens ({len(ids)} in the "
-                           f"{where}, {P.shown(mt)} in the completion{default}). Please reduce "
+                           f"requested {P.shown(len(ids) + mt)} tokens ({len(ids)} in {held}, "
+                           f"{P.shown(mt)} in the completion{default}). Please reduce "
                            f"the length of the {where} or completion.")
                 raise P.bad(msg, param, "context_length_exceeded")
             if gen.min_tokens > mt:

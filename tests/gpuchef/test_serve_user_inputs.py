@@ -76,3 +76,21 @@ def test_a_prompt_of_the_wrong_kind_is_named_by_its_value(server, prompt, shown)
         "'prompt' must be a string, a list of token ids (integers), or a list of strings or "
         f"of token-id lists, got {shown}")
     still_serves(server)
+
+
+def test_a_batch_error_names_the_prompt_at_fault(server):
+    """In a batch of prompts, the refused one is named by its index (its choice's index)."""
+    c = client(server)
+    body = refused(c.completions.create, model=MODEL, prompt=[[1, 2], [3, 99999]],
+                   max_tokens=2)
+    assert body["param"] == "prompt"
+    assert body["message"] == "'prompt[1]' token id 99999 is outside the vocabulary [0, 4096)"
+    body = refused(c.completions.create, model=MODEL, prompt=[[1, 2], [3] * 500, [4]],
+                   max_tokens=20)
+    assert body["param"] == "max_tokens" and body["code"] == "context_length_exceeded"
+    assert "However, you requested 520 tokens (500 in prompt[1] of the batch, 20 in the " \
+           "completion)" in body["message"], body
+    # one prompt alone: as before, and as vLLM words it
+    body = refused(c.completions.create, model=MODEL, prompt=[3, 99999], max_tokens=2)
+    assert body["message"] == "'prompt' token id 99999 is outside the vocabulary [0, 4096)"
+    still_serves(server)
