@@ -130,14 +130,10 @@ def _num(body: dict, key: str, default: float, lo: float, hi: float, *,
 
 
 def _int(body: dict, key: str, lo: int | None = None, *, default: Any = None) -> Any:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not _is_int(v):
-        raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
-    if lo is not None and v < lo:
-        raise bad(f"'{key}' = {v} must be >= {lo}", key)
-    return v
+    """An integer field (``default`` when absent or null), as ``_count`` takes it: an integral
+    float (``5.0``) is that integer, as pydantic's lax int in vLLM takes it."""
+    v = _count(body, key, lo)
+    return default if v is None else v
 
 
 def _bool(body: dict, key: str, default: bool = False, *, param: str | None = None) -> bool:
@@ -263,12 +259,15 @@ def _common(body: Any, kind: str) -> dict[str, Any]:
     elif isinstance(stop, str):
         stop = [stop]
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+        raise bad(f"'stop' must be a string or a list of strings, got {shown_json(stop)}",
+                  "stop")
     if any(not s for s in stop):
         raise bad("'stop' strings must not be empty", "stop")
-    sti = body.get("stop_token_ids") or []
+    sti = body.get("stop_token_ids")
+    if sti is None:
+        sti = []
     if not (isinstance(sti, list) and all(_is_int(i) and i >= 0 for i in sti)):
-        raise bad(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {sti!r}",
+        raise bad(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {shown_json(sti)}",
                   "stop_token_ids")
     seed = _int(body, "seed")
     min_tokens = _count(body, "min_tokens", 0)
@@ -297,9 +296,10 @@ def _top_k(body: dict) -> int:
     return v
 
 
-def _count(body: dict, key: str, lo: int) -> int | None:
-    """A token count ``body[key]`` (None when absent or null): an integer >= ``lo``, or an
-    integral float (``4.0``, as some clients send it; pydantic's lax int in vLLM takes it)."""
+def _count(body: dict, key: str, lo: int | None) -> int | None:
+    """A token count ``body[key]`` (None when absent or null): an integer >= ``lo`` (None: any),
+    or an integral float (``4.0``, as some clients send it; pydantic's lax int in vLLM takes
+    it)."""
     v = body.get(key)
     if v is None:
         return None
@@ -307,7 +307,7 @@ def _count(body: dict, key: str, lo: int) -> int | None:
         v = int(v)
     if not _is_int(v):
         raise bad(f"'{key}' must be an integer, got {shown(v)}", key)
-    if v < lo:
+    if lo is not None and v < lo:
         raise bad(f"'{key}' = {shown(v)} must be >= {lo}", key)
     return v
 

@@ -9,6 +9,8 @@ The server is test_serve's module fixture (a `gpuchef serve` subprocess, tiny, C
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from test_serve import client, http, server  # noqa: F401  (server: the fixture)
@@ -94,3 +96,28 @@ def test_a_batch_error_names_the_prompt_at_fault(server):
     body = refused(c.completions.create, model=MODEL, prompt=[3, 99999], max_tokens=2)
     assert body["message"] == "'prompt' token id 99999 is outside the vocabulary [0, 4096)"
     still_serves(server)
+
+
+@pytest.mark.parametrize("value", [0, False, "", {}])
+def test_stop_token_ids_of_the_wrong_type_are_refused_not_taken_as_none(server, value):
+    """A falsy non-list (0, false, "", {}) was taken as "no stop tokens"."""
+    st, resp = http("POST", server.url + "/v1/completions",
+                    {"model": MODEL, "prompt": [1, 2], "max_tokens": 2, "stop_token_ids": value})
+    assert st == 400 and resp["error"]["param"] == "stop_token_ids", resp
+    assert resp["error"]["message"] == ("'stop_token_ids' must be a list of token ids (integers "
+                                        f">= 0), got {json.dumps(value)}")
+
+
+def test_integral_floats_are_integers_for_seed_and_top_k_as_for_max_tokens(server):
+    """pydantic's lax int in vLLM takes 7.0 for an integer field; gpuchef took it for
+    max_tokens, min_tokens and n but refused it for seed and top_k."""
+    c = client(server)
+    kw = dict(model=MODEL, prompt=[9, 8, 7], max_tokens=8, temperature=1.0)
+    want = c.completions.create(seed=7, extra_body={"top_k": 5, "ignore_eos": True}, **kw)
+    got = c.completions.create(seed=7.0, extra_body={"top_k": 5.0, "ignore_eos": True}, **kw)
+    assert got.choices[0].text == want.choices[0].text
+    assert got.usage.completion_tokens == 8
+    body = refused(c.completions.create, seed=7.5, **kw)
+    assert body["param"] == "seed" and body["message"] == "'seed' must be an integer, got 7.5"
+    body = refused(c.completions.create, extra_body={"top_k": 2.5}, **kw)
+    assert body["param"] == "top_k" and body["message"] == "'top_k' must be an integer, got 2.5"
