@@ -314,6 +314,9 @@ class FrontDoor:
 
     async def _json(self, request: web.Request) -> Any:
         raw = await request.read()
+        if not raw.strip():  # json's "Expecting value: line 1 column 1" does not say it
+            raise P.bad("the request body is empty: send a JSON object "
+                        "(Content-Type: application/json)")
         try:
             if len(raw) > OFF_LOOP_BYTES:
                 return await asyncio.get_running_loop().run_in_executor(None, json.loads, raw)

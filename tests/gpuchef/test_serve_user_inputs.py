@@ -121,3 +121,15 @@ def test_integral_floats_are_integers_for_seed_and_top_k_as_for_max_tokens(serve
     assert body["param"] == "seed" and body["message"] == "'seed' must be an integer, got 7.5"
     body = refused(c.completions.create, extra_body={"top_k": 2.5}, **kw)
     assert body["param"] == "top_k" and body["message"] == "'top_k' must be an integer, got 2.5"
+
+
+@pytest.mark.parametrize("path,method", [("/v1/completions", "POST"),
+                                         ("/v1/chat/completions", "POST"),
+                                         ("/gpuchef/v1/scheduler", "PATCH")])
+@pytest.mark.parametrize("raw", [b"", b"  \n"])
+def test_an_empty_body_says_it_is_empty(server, path, method, raw):
+    st, resp = http(method, server.url + path, raw=raw)
+    assert st == 400, resp
+    assert resp["error"]["message"] == ("the request body is empty: send a JSON object "
+                                        "(Content-Type: application/json)")
+    still_serves(server)
