@@ -32,7 +32,7 @@ from .live import next_part_path
 from .probes.metrics import DEFAULT_PERCENTILES
 from .probes.nvml import NvmlSampler
 from .probes.recorder import TraceRecorder
-from .probes.scrape import ScrapeDelta, ScrapeSample, Scraper, delta
+from .probes.scrape import DeltaStream, ScrapeDelta, ScrapeSample, Scraper
 from .probes.timeline import Timeline
 from .tui.session import ABState, LoadState, SessionInfo
 
@@ -128,7 +128,7 @@ class AttachedServer:
         self.api_key = api_key
         self._samples: deque[ScrapeSample] = deque(maxlen=KEEP_SCRAPES)
         self._deltas: deque[ScrapeDelta] = deque(maxlen=KEEP_SCRAPES)
-        self._prev: ScrapeSample | None = None
+        self._stream = DeltaStream()
         self._kind = "unknown"
         self._forward = on_sample
         self.scraper = Scraper(self.url, hz, on_sample=self._on_sample, api_key=api_key,
@@ -165,11 +165,9 @@ class AttachedServer:
         self._samples.append(s)
         if not s.error:
             self._kind = s.server
-            if self._prev is not None:
-                d = delta(self._prev, s)
-                if d is not None:
-                    self._deltas.append(d)
-            self._prev = s
+            d = self._stream.add(s)  # an interval in which no step ended joins the next
+            if d is not None:
+                self._deltas.append(d)
         if self.knobs is not None and time.monotonic() - self._knob_read >= KNOB_REFRESH_S:
             self.read_knobs()  # another client may have PATCHed them
         elif self._knobs_unreached and not s.error:

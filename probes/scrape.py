@@ -360,6 +360,58 @@ def delta(a: ScrapeSample, b: ScrapeSample) -> ScrapeDelta | None:
     return ScrapeDelta(b.t_ns, dt, gauges, rates, hc, hm, hb)
 
 
+#: An interval in which requests ran but no token was counted saw no engine step end: a step
+#: longer than the scrape interval (an overloaded server; the tiny CPU engine at 100 req/s ran
+#: 0.38 s steps under 250 ms scrapes, and half its busy intervals read 0 tok/s, the others
+#: twice the rate). :class:`DeltaStream` merges such an interval into the next, for at most this
+#: long (s): a server that runs requests and counts nothing for longer reads 0, as it is.
+NO_STEP_MERGE_MAX_S = 2.0
+
+
+def no_step_ended(d: ScrapeDelta) -> bool:
+    """Requests were running (the interval's newest ``running`` gauge > 0) and neither token
+    counter moved (``prompt_tokens``, ``generation_tokens``): no engine step ended in the
+    interval, whose rates are not the server's (a step adds tokens to one of them). False when
+    the server exports neither counter or one went down (a restart)."""
+    if not d.gauges.get("running"):
+        return False
+    moved = [d.rates[q] for q in ("prompt_tokens", "generation_tokens") if q in d.rates]
+    return bool(moved) and all(r == 0 for r in moved)
+
+
+class DeltaStream:
+    """The intervals of one server's scrapes, fed in time order (:meth:`add`): between
+    consecutive good scrapes (a failed one is skipped: the interval spans it), except that an
+    interval in which no step ended while requests ran (:func:`no_step_ended`) is merged into
+    the next, up to ``NO_STEP_MERGE_MAX_S`` — so each interval's rates are over whole steps."""
+
+    def __init__(self) -> None:
+        self._prev: ScrapeSample | None = None
+
+    def add(self, s: ScrapeSample) -> ScrapeDelta | None:
+        """The interval ``s`` closes, or None (a failed scrape, the first one, or one merged
+        into the next)."""
+        if s.error:
+            return None
+        prev = self._prev
+        if prev is None:
+            self._prev = s
+            return None
+        d = delta(prev, s)
+        if d is None:
+            return None
+        if no_step_ended(d) and d.dt_s < NO_STEP_MERGE_MAX_S:
+            return None  # the next interval starts where this one did
+        self._prev = s
+        return d
+
+
+def deltas_of(samples: Any) -> list[ScrapeDelta]:
+    """:class:`DeltaStream`'s intervals of ``samples`` (one server's, time order)."""
+    st = DeltaStream()
+    return [d for s in samples if (d := st.add(s)) is not None]
+
+
 class Scraper:
     """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
     to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP

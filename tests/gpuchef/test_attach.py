@@ -486,7 +486,9 @@ def test_local_gpus_through_the_nvml_sampler_with_gpus_and_off_with_the_reason_w
                     await pilot.pause(0.3)
                     assert not s.gpu_available and "no --gpus" in gpu.off_reason
                     assert not scr.query_one("#a-mem").display
-                assert len(s.servers[0].deltas()) >= 1  # the scrapes go on either way
+                # the scrapes go on either way (LOAD's 7 running requests and still counters:
+                # no step ended, so the first interval closes after NO_STEP_MERGE_MAX_S)
+                assert await wait_for(pilot, lambda: len(s.servers[0].deltas()) >= 1)
                 await pilot.press("q")
 
         drive(s, go)
