@@ -341,7 +341,7 @@ def _info(tr: Trace) -> SessionInfo:
     else:
         name, rnd, dtype = str(model or "?"), False, ""
     bad = f"; {len(tr.problems)} bad line(s) skipped" if tr.problems else ""
-    part = "" if tr.complete else "; no end record (writer stopped)"
+    part = "" if tr.complete else "; no end record (cut short, or still being written)"
     ec = m.get("engine_config")
     asy = ec.get("async_scheduling") if isinstance(ec, dict) else None
     return SessionInfo(name, rnd, str(m.get("device", "?")), str(m.get("attention_backend", "?")),

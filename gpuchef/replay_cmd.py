@@ -55,6 +55,7 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     """The ReplayApp for ``trace``; warnings (skipped lines, a missing end record) go to ``err``.
     Raises ConfigError for a file that is not a readable gpuchef trace or a bad option."""
     from .probes.recorder import TraceReadError, read_trace
+    from .report.data import cut_short_line
     from .replay import SPEED_MAX, SPEED_MIN, ReplaySession
     from .tui.replay import ReplayApp
     from .top_cmd import check_screenshot_dir, parse_window
@@ -73,8 +74,7 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
         raise ConfigError(str(e)) from None
     warnings = list(tr.problems)
     if not tr.complete:
-        warnings.append(f"{trace}: no end record — the writer stopped early; replaying what "
-                        "was written")
+        warnings.append(cut_short_line(trace, "replaying what was written"))
     if err is not None:
         for p in warnings:
             err.print(f"[yellow]warning:[/] {escape(p)}")

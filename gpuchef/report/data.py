@@ -538,6 +538,14 @@ def _unique_names(views: Sequence[TraceView]) -> None:
             taken.add(v.name)
 
 
+def cut_short_line(path: str | Path, shown: str) -> str:
+    """The one line for a trace without an ``end`` record (``gpuchef report`` and ``gpuchef
+    replay``): it was cut short, or its session is still writing it (a live server's trace);
+    ``shown`` says what the command does with it."""
+    return (f"{path}: no end record — the recording was cut short (the process was killed), or "
+            f"its session is still running and writing it; {shown}")
+
+
 def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 90.0, 99.0),
           goodput: dict[str, float] | None = None) -> ReportData:
     """Read the traces and compute the groups. Raises TraceReadError (from ``read_trace``) for
@@ -549,9 +557,7 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
         first = len(problems)  # where this trace's problems begin
         problems.extend(tr.problems)
         if not tr.complete:
-            problems.append(f"{tr.path}: no end record — the recording was cut short (the "
-                            "process was killed), or its session is still running and writing "
-                            "it; the report shows what was written")
+            problems.append(cut_short_line(tr.path, "the report shows what was written"))
         if (tr.meta.get("command") == "bench" and load_start_ns(tr.events) is None
                 and tr.requests):
             problems.append(f"{tr.path}: no load-start event (gpuchef bench writes one before "

@@ -347,3 +347,32 @@ def test_replay_and_report_share_the_span_of_a_shuffled_trace(trace_path, tmp_pa
         assert (s.start_ns, s.end_ns) == (min(lo), max(hi))
         assert (v.origin_ns, v.end_ns) == (min(lo), max(hi))
         assert s.duration_s == pytest.approx((v.end_ns - v.origin_ns) / 1e9)
+
+
+def test_a_trace_still_being_written_is_not_called_stopped(tmp_path):
+    """A live session's trace (flushed, not closed) has no end record yet: replay's warning
+    says it may still be written, in report's words (one line, report.data.cut_short_line),
+    not only that the writer stopped; closed, there is no such warning."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.report import build
+
+    p = tmp_path / "live.jsonl"
+    rec = TraceRecorder(p, meta={"command": "serve"})
+    try:
+        rec.record(RequestRecord("http-0", T0, 4, 2, (T0 + 10**8, T0 + 2 * 10**8), "length"))
+        rec.flush()
+        buf = StringIO()
+        build_app(str(p), err=Console(file=buf, width=400), paused=True)
+        (line,) = [x for x in buf.getvalue().splitlines() if "no end record" in x]
+        assert "still running and writing it" in line and "replaying what was written" in line
+        (rline,) = [x for x in build([p]).problems if "no end record" in x]
+        assert line.removeprefix("warning: ").split(";")[0] == rline.split(";")[0]
+    finally:
+        rec.close()
+    buf = StringIO()
+    build_app(str(p), err=Console(file=buf, width=400), paused=True)
+    assert "no end record" not in buf.getvalue()
