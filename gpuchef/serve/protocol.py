@@ -199,16 +199,11 @@ UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
     ("continue_final_message", "chat", (False,), "false or absent"),
     ("chat_template", "chat", (), "absent or null: the model folder's template is used"),
     ("chat_template_kwargs", "chat", ({},), "{} or absent"),
+    # no tool calling (tools is refused but for []): a tool_choice asking for tools ("auto",
+    # "required", a named function) is refused, as vLLM refuses it without tools ("When using
+    # `tool_choice`, `tools` must be set."); completions ignore the field, as vLLM's do
+    ("tool_choice", "chat", ("none",), '"none" or absent: gpuchef serve has no tool calling'),
 )
-
-
-#: Chat's ``tool_choice``: gpuchef serve has no tool calling (``tools`` is refused but for
-#: ``[]``), so a tool_choice asking for tools ("auto", "required", a named function) is
-#: refused, as vLLM refuses it without ``tools`` ("When using `tool_choice`, `tools` must be
-#: set.") and "auto" without ``--enable-auto-tool-choice``; the text would otherwise be plain
-#: generation the client did not ask for. Checked as UNSUPPORTED's rows are.
-TOOL_CHOICE = ("tool_choice", "chat", ("none",),
-               '"none" or absent: gpuchef serve has no tool calling')
 
 
 def _is_off(v: Any, off: Any) -> bool:
@@ -223,7 +218,7 @@ def _is_off(v: Any, off: Any) -> bool:
 
 
 def _unsupported(body: dict, kind: str) -> None:
-    for key, where, off, allowed in (*UNSUPPORTED, TOOL_CHOICE):
+    for key, where, off, allowed in UNSUPPORTED:
         if where and where != kind:
             continue
         v = body.get(key)
