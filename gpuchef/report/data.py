@@ -22,7 +22,9 @@ its start to the last token of its requests (or its end, if sooner); the first s
 load's start, which a ``gpuchef bench`` trace records (``probes.metrics.LOAD_START``), so that
 its duration is the one bench printed (``probes.metrics.benchmark_duration_s``, the one
 ``vllm bench serve`` divides by); an older trace starts at its first arrival. Metrics are
-``probes.metrics.summarize``'s (vllm bench serve's definitions).
+``probes.metrics.summarize``'s (vllm bench serve's definitions). When the mode changed during
+the load, each stretch's throughputs are the work done in it, as an A/B window's
+(:func:`_stretch_results`, ``probes.ab``); counts and latencies stay by arrival.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class TraceView:
     _probes: Any = field(default=None, repr=False, compare=False)
     #: :func:`ab_results` of an A/B trace (run id → its probes.ab.Comparison or None)
     comparisons: dict = field(default_factory=dict, repr=False, compare=False)
+    #: mode stretches whose throughputs are each stretch's own work (:func:`_stretch_results`)
+    stretch_work: bool = False
 
     def t(self, t_ns: float) -> float:
         """Seconds since ``origin_ns``."""
@@ -538,6 +542,26 @@ def _unique_names(views: Sequence[TraceView]) -> None:
             taken.add(v.name)
 
 
+def _stretch_results(view: TraceView, percentiles: Sequence[float],
+                     goodput: dict[str, float] | None) -> dict[int, "abdef.WindowResult"]:
+    """A trace cut into mode stretches (the dashboard's mode switch under one load): each
+    stretch as a ``probes.ab`` window (``window_results``, keyed by ``id(segment)``), so its
+    throughputs are the work done while the mode was in force — requests finished, tokens
+    produced and computed in its span — as an A/B window's are. Arrival-based throughputs
+    credited a stretch with the requests that arrived in it and finished in the next (a
+    saturated continuous stretch read 34.8 req/s while it finished none). Latencies stay by
+    arrival. {} for a trace of one stretch (its arrivals are its work: bench's numbers), A/B
+    windows and capacity probes (their own rules)."""
+    segs = view.segments
+    if view.ab or view.capacity or len(segs) < 2 or not any(s.steps for s in segs):
+        return {}
+    wins = [abdef.Window(0, s.label, i + 1, s.t0_ns, s.t1_ns, s.steps[0].step if s.steps else 0)
+            for i, s in enumerate(segs)]
+    res = abdef.window_results(wins, view.trace.requests, [x for s in segs for x in s.steps],
+                               percentiles=percentiles, goodput=goodput, whole_loads=True)
+    return {id(s): r for s, r in zip(segs, res)}
+
+
 def cut_short_line(path: str | Path, shown: str) -> str:
     """The one line for a trace without an ``end`` record (``gpuchef report`` and ``gpuchef
     replay``): it was cut short, or its session is still writing it (a live server's trace);
@@ -589,6 +613,8 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
         else:
             for s in v.segments:
                 by.setdefault(s.label, []).append(s)
+        stretches = _stretch_results(v, percentiles, goodput)
+        v.stretch_work = bool(stretches)
         for label, segs in by.items():
             reqs = [r for s in segs for r in s.requests]
             steps = [x for s in segs for x in s.steps]
@@ -598,6 +624,12 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
                 name = f"{label}: {desc}" if desc else label
                 groups.append(Group(f"{v.name}/{label}", name, v, segs, m,
                                     gp if gp else _field_means(()), "", desc, label))
+                continue
+            if stretches:  # mode switches under one load: each stretch's own work (probes.ab)
+                m, _ = abdef.pool([stretches[id(s)] for s in segs], percentiles, goodput)
+                desc = v.settings.get(label, "")
+                groups.append(Group(f"{v.name}/{label}", label, v, segs, m, _gpu_means(v, segs),
+                                    "", desc, label))
                 continue
             dur = sum(s.duration_s for s in segs)
             m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,

@@ -214,6 +214,14 @@ CAPACITY_POOLED_NOTE = (
     "the Capacity probes section compares the settings, probe by probe.")
 
 
+STRETCH_WORK_NOTE = (
+    " The mode changed during the load: a mode's throughputs (and goodput) are the work done "
+    "while it was in force — requests finished and tokens produced or computed in its stretches, "
+    "per second of them, as an A/B window's (probes.ab) — while its request counts and latencies "
+    "are those of the requests that arrived in its stretches (under overload many finish in the "
+    "next one).")
+
+
 def _capacity_load_text(view: TraceView) -> str:
     """The Load row of a ``gpuchef ab --capacity`` trace: a search over the rate, each probe's
     offered rate (``capacity_probes``: what the Capacity section shows), then the workload's
@@ -743,6 +751,8 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
             + ".") if data.goodput else "")
         if any(g.view.capacity for g in groups):
             slo += CAPACITY_POOLED_NOTE
+        if any(g.view.stretch_work for g in groups):
+            slo += STRETCH_WORK_NOTE
         slo += no_steps_note(groups) + failures_note(groups)
         parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
                               "The gpuchef bench results block of each group, computed from "

@@ -191,3 +191,82 @@ def test_replay_of_a_saturated_run_shows_the_window_the_records_give(saturated):
             assert p50 == pytest.approx(np.percentile(a, 50), rel=2e-3, abs=0.06), name
             assert p99 == pytest.approx(np.percentile(a, 99), rel=2e-3, abs=0.06), name
         assert shown("requests/s")[0] == pytest.approx(len(win) / dur, abs=0.006)
+
+
+def test_a_mode_switch_under_overload_credits_each_mode_with_its_own_work(tmp_path):
+    """`top` saturated (30 req/s of 128-token prompts into the CPU engine), the mode switched
+    with `m` while requests queue: many that arrived under continuous finish under chunked
+    (the load is then paused and the queue drained, so that no request is cut off at quit).
+    The report's throughputs per mode are the work done while it was in force (requests whose
+    last token fell in its stretch, tokens produced in it, per second of the stretch up to its
+    last activity), as an A/B window's; it credited continuous with every request that arrived
+    in it (34.8 req/s for a stretch that finished none, chunked 0). Latencies stay by arrival."""
+    import io
+
+    from rich.console import Console
+
+    from gpuchef.report import build
+    from gpuchef.top_cmd import _build, top
+
+    trace = tmp_path / "mode.jsonl"
+    ctx = top.make_context("top", [
+        "--device", "cpu", "--model", "tiny", "--dataset", "random", "--request-rate", "30",
+        "--input-len", "128", "--output-len", "16", "--mode", "continuous", "--sample-hz", "1",
+        "--trace", str(trace), "--screenshot-dir", str(tmp_path)])
+    app = _build(ctx, dict(ctx.params), Console(file=io.StringIO()))
+    s = app.session
+
+    async def until(pilot, cond, limit_s=60.0):
+        for _ in range(int(limit_s / 0.05)):
+            if cond():
+                return
+            await pilot.pause(0.05)
+        raise AssertionError("timed out")
+
+    async def go():
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda: s.host.step_id > 10 and s.load.state().submitted > 30)
+            await pilot.press("m")
+            await until(pilot, lambda: s.scheduler_config.mode == "chunked")
+            step0 = s.host.step_id
+            await until(pilot, lambda: s.host.step_id > step0 + 5)
+            await pilot.press("p")  # the load stops; the queue drains under chunked
+            await until(pilot, lambda: s.load.paused and not s.engine.requests, limit_s=240)
+            await pilot.press("q")
+
+    try:
+        asyncio.run(go())
+    finally:
+        s.close()
+    tr = read_trace(trace)
+    steps = sorted(tr.steps, key=lambda x: x.t_start_ns)
+    cut = next(x.t_start_ns for a, x in zip(steps, steps[1:]) if x.mode != a.mode)
+    start = min([r.entered_ns for r in tr.requests] + [steps[0].t_start_ns])
+    end = max([x.t_end_ns for x in steps] + [t for r in tr.requests for t in r.token_times_ns])
+    done = [r for r in tr.requests if r.token_times_ns and r.finish_reason in ("length", "stop")]
+    late = [r for r in done if r.entered_ns < cut <= r.token_times_ns[-1]]
+    assert late  # the point of the test: arrived under continuous, finished under chunked
+    assert all(r.finish_reason in ("length", "stop") for r in tr.requests if r.token_times_ns)
+    data = build([trace])
+    groups = {g.label: g.metrics for g in data.groups}
+    assert set(groups) == {"continuous", "chunked"}
+    for mode, t0, t1 in (("continuous", start, cut), ("chunked", cut, end + 1)):
+        m = groups[mode]
+        acts = [t for r in tr.requests for t in r.token_times_ns if t0 <= t < t1] + \
+            [x.t_end_ns for x in steps if t0 <= x.t_start_ns < t1]
+        span = (max(acts) + 1 - t0) / 1e9
+        fin = sum(1 for r in done if t0 <= r.token_times_ns[-1] < t1)
+        toks = sum(1 for r in tr.requests for t in r.token_times_ns if t0 <= t < t1)
+        computed = sum(x.num_prefill_tokens + x.num_decode_reqs for x in steps
+                       if t0 <= x.t_start_ns < t1)
+        assert m.duration_s == pytest.approx(span, rel=1e-6), mode
+        assert m.request_throughput == pytest.approx(fin / span, rel=1e-6), mode
+        assert m.output_throughput == pytest.approx(toks / span, rel=1e-6), mode
+        assert m.total_token_throughput == pytest.approx(computed / span, rel=1e-6), mode
+        arrived = [r for r in done if t0 <= r.entered_ns < t1]
+        assert m.completed == len(arrived), mode  # counts and latencies: by arrival
+        if arrived:
+            assert m.mean_ttft_ms == pytest.approx(lat(arrived)[0].mean(), rel=1e-9), mode
+    out = tmp_path / "r.html"
+    run("report", trace, "-o", out)
+    assert "The mode changed during the load" in out.read_text(encoding="utf-8")
