@@ -271,7 +271,8 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
     meta_extra = {"window_s": window_s}
     if server is not None:
         if not load_given:
-            note.append("internal load paused (p)")
+            # not "paused": that stops being true at `p`; the load line says PAUSED while it is
+            note.append("internal load started paused (p toggles it)")
         meta_extra["source"] = {"kind": "hosted", "serve": server.url}
     session = LiveSession(
         engine, wcfg, sample_hz=o["sample_hz"], gpus=gpus, trace_path=o["trace_path"],

@@ -31,15 +31,20 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
     front = s.closers[0].__self__  # the ServeProcess
     assert front.url.startswith("http://127.0.0.1:")
     assert s.load.paused and s.info.serving == front.url
-    assert "internal load paused (p)" in s.info.note
+    assert "internal load started paused (p toggles it)" in s.info.note
     c = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0)
 
     def send():
         return [c.completions.create(model="tiny", prompt=[5] * (20 + 7 * i), max_tokens=6,
                                      extra_body={"ignore_eos": True}) for i in range(5)]
 
+    from gpuchef.tui.widgets.header import SessionHeader, header_text
+
     async def go():
         async with app.run_test(size=(160, 48)) as pilot:
+            await pilot.pause(0.6)
+            shown = header_text(app.screen.query_one(SessionHeader)._state).plain
+            assert "PAUSED" in shown and f"serving {front.url}" in shown, shown
             rs = await asyncio.to_thread(send)
             assert [r.usage.completion_tokens for r in rs] == [6] * 5
             await pilot.pause(1.5)
@@ -52,6 +57,10 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
                     break
                 await pilot.pause(0.1)
             assert not s.load.paused and s.load.state().submitted > 0
+            await pilot.pause(0.6)  # the header redraws at least every 0.5 s
+            shown = header_text(app.screen.query_one(SessionHeader)._state).plain
+            # it no longer says the load is paused (the note once did, for the whole session)
+            assert "PAUSED" not in shown and "load paused" not in shown, shown
             await pilot.press("q")
 
     try:
