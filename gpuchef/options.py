@@ -149,25 +149,32 @@ _HTTP_BASE = (
                       "(vLLM, SGLang, gpuchef serve) instead of a hosted engine; --model is the "
                       "name sent (default: the server's first model)."),
 )
-_HTTP_CLIENT = (
-    click.option("--endpoint", default="/v1/completions", show_default=True,
-                 type=click.Choice(["/v1/completions", "/v1/chat/completions"]),
-                 help="With --base-url or --attach: the API; chat needs --tokenizer (it sends "
-                      "text)."),
-    click.option("--max-concurrency", default=None, type=int,
-                 help="With --base-url or --attach: at most this many requests in flight "
-                      "(later arrivals wait in the client; probes bypass it)."),
-    click.option("--ramp-up-strategy", default=None, type=click.Choice(["linear", "exponential"]),
-                 help="With --base-url or --attach, random dataset: ramp the request rate from "
-                      "--ramp-up-start-rps to --ramp-up-end-rps over the requests."),
-    click.option("--ramp-up-start-rps", default=None, type=int, help="Ramp-up start rate (req/s)."),
-    click.option("--ramp-up-end-rps", default=None, type=int, help="Ramp-up end rate (req/s)."),
-    click.option("--vocab-size", default=None, type=int,
-                 help="With --base-url or --attach: vocabulary size for token-id prompts "
-                      "(default: the tokenizer's, else the server's /v1/models when it says)."),
-    click.option("--request-timeout", default=600.0, show_default=True, type=float,
-                 help="With --base-url or --attach: seconds a request may take, end to end."),
-)
+def _http_client(via: str) -> tuple:
+    """The HTTP load client's flags; ``via`` says what turns them on in the command (bench and
+    ab: --base-url, ab's url= settings too; top: --attach), so that --help names a flag the
+    command has."""
+    return (
+        click.option("--endpoint", default="/v1/completions", show_default=True,
+                     type=click.Choice(["/v1/completions", "/v1/chat/completions"]),
+                     help=f"With {via}: the API; chat needs --tokenizer (it sends text)."),
+        click.option("--max-concurrency", default=None, type=int,
+                     help=f"With {via}: at most this many requests in flight (later arrivals "
+                          "wait in the client; probes bypass it)."),
+        click.option("--ramp-up-strategy", default=None,
+                     type=click.Choice(["linear", "exponential"]),
+                     help=f"With {via}, random dataset: ramp the request rate from "
+                          "--ramp-up-start-rps to --ramp-up-end-rps over the requests."),
+        click.option("--ramp-up-start-rps", default=None, type=int,
+                     help="Ramp-up start rate (req/s)."),
+        click.option("--ramp-up-end-rps", default=None, type=int, help="Ramp-up end rate (req/s)."),
+        click.option("--vocab-size", default=None, type=int,
+                     help=f"With {via}: vocabulary size for token-id prompts (default: the "
+                          "tokenizer's, else the server's /v1/models when it says)."),
+        click.option("--request-timeout", default=600.0, show_default=True, type=float,
+                     help=f"With {via}: seconds a request may take, end to end."),
+    )
+
+
 _HTTP_AUTH = (
     click.option("--api-key", default=None,
                  help="With --base-url: Bearer token (default: $OPENAI_API_KEY)."),
@@ -175,9 +182,10 @@ _HTTP_AUTH = (
                  help="With --base-url: a local tokenizer.json (or a model folder holding one); "
                       "prompts are then sent as text of the load's lengths."),
 )
-http_load_options = _opts(*_HTTP_BASE, *_HTTP_CLIENT, *_HTTP_AUTH)
+http_load_options = _opts(*_HTTP_BASE, *_http_client("--base-url (ab: or --a/--b url=URL)"),
+                          *_HTTP_AUTH)
 #: `top --attach`'s load flags: --api-key and --tokenizer come with top's --serve options
-http_client_options = _opts(*_HTTP_CLIENT)
+http_client_options = _opts(*_http_client("--attach"))
 
 
 def _auto_budget(o: dict[str, Any]) -> str:
