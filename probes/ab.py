@@ -70,7 +70,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from gpuchef.probes.metrics import COMPLETED_REASONS, BenchMetrics, is_probe_id, summarize
+from gpuchef.probes.metrics import BenchMetrics, is_completed, is_probe_id, summarize
 
 LABELS = ("A", "B")
 #: A window shorter than this share of its run's median window length is not counted.
@@ -250,15 +250,17 @@ class WindowResult:
 
 
 def work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> dict[str, int]:
-    """What the engine did in ``[t0, t1)`` (ns): ``finished`` requests (last token in the range),
-    ``output_tokens`` (token times in the range, any request's), ``step_tokens`` (prefill +
-    decode tokens of ``steps``: pass those that started in the range)."""
+    """What the engine did in ``[t0, t1)`` (ns): ``finished`` requests (last token in the range
+    and completed: ``probes.metrics.is_completed``; an aborted request is not finished however
+    far it got), ``output_tokens`` (token times in the range, any request's, aborted ones'
+    too), ``step_tokens`` (prefill + decode tokens of ``steps``: pass those that started in the
+    range)."""
     finished = out = 0
     for r in requests:
         tt = r.token_times_ns
         if not tt or tt[-1] < t0 or tt[0] >= t1:
             continue
-        if tt[-1] < t1:
+        if tt[-1] < t1 and is_completed(r.finish_reason):
             finished += 1
         out += bisect_left(tt, t1) - bisect_left(tt, t0)
     tok = sum(s.num_prefill_tokens + s.num_decode_reqs for s in steps)
@@ -586,7 +588,7 @@ def failed_requests_differ(a: Sequence[WindowResult], b: Sequence[WindowResult])
     load to be timed on. Windows of different requests (the live screen's alternating windows
     on one arrival stream) are compared by shares alone (:func:`failures_differ`)."""
     for n, (x, y) in enumerate(zip(a, b), start=1):
-        loads = [{load_id(r.request_id): r.finish_reason in COMPLETED_REASONS
+        loads = [{load_id(r.request_id): is_completed(r.finish_reason)
                   for r in w.requests if not is_probe_id(r.request_id)} for w in (x, y)]
         if not loads[0] or loads[0].keys() != loads[1].keys():
             continue

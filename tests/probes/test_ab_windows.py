@@ -215,3 +215,19 @@ def test_rep_request_id_is_a_suffix_that_keeps_probe_and_side_prefixes():
     for bad in ((0, 1), (1, 0)):
         with pytest.raises(ValueError, match="must be >= 1"):
             ab.rep_request_id("req-0", *bad)
+
+
+def test_an_aborted_request_is_not_work_finished_but_its_tokens_are():
+    """A request aborted after some tokens (a client gone, a dashboard quit) produced tokens in
+    the window but did not finish: request throughput counts only completed requests, as
+    ``probes.metrics.is_completed`` rules for bench's *completed* (a tester's finding: the
+    report's per-mode stretches credited aborts as finished)."""
+    ev = [mark(0, "ab:1:A:1"), mark(2, "ab:1:end")]
+    done = req("done", 0.1, [0.5, 1.0])
+    cut = RequestRecord("cut", T0 + int(0.2 * S), 10, 2, (T0 + int(0.6 * S), T0 + int(1.2 * S)),
+                        "abort")
+    _, wins, _ = ab.windows(ev)
+    (a1,) = ab.window_results(wins, [done, cut], [step(0, 0.1, 1.5)], percentiles=(50.0,))
+    assert a1.work["finished"] == 1 and a1.work["output_tokens"] == 4
+    assert a1.metrics.request_throughput == pytest.approx(1 / a1.duration_s)
+    assert a1.metrics.output_throughput == pytest.approx(4 / a1.duration_s)
