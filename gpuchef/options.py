@@ -111,9 +111,11 @@ workload_options = _opts(
     click.option("--dataset", default="random", show_default=True,
                  help="random, azure-conv (the bundled Azure LLM inference trace 2023, "
                       "conversation) or a path to a CSV with TIMESTAMP,ContextTokens,GeneratedTokens."),
-    click.option("--request-rate", default="inf", show_default=True,
+    click.option("--request-rate", default="inf",
                  help="Requests per second for random arrivals (inf = all at once). Ignored "
-                      "when replaying a trace: use --trace-speed."),
+                      "when replaying a trace: use --trace-speed. Default: inf (bench, ab); "
+                      "top sends its load live and refuses inf: there the default is 2 req/s "
+                      "on a CPU, 10 on a GPU or with --attach."),
     click.option("--burstiness", default=1.0, show_default=True, type=float,
                  help="Gamma shape of inter-arrival times (1 = Poisson; lower = burstier)."),
     click.option("--arrival", default="poisson", show_default=True,

@@ -43,3 +43,62 @@ def test_with_flag_conditions_name_flags_of_the_command(name):
 def test_help_text_as_printed(name, via):
     out = CliRunner().invoke(cli, [name, "--help"], terminal_width=100).output
     assert re.search(rf"--max-concurrency INTEGER\s+With {via}", out), out
+
+
+def _help_rates(text: str) -> tuple[float, float]:
+    m = re.search(r"top sends its load live and refuses inf: there the default is ([\d.]+) req/s "
+                  r"on a CPU, ([\d.]+) on a GPU or with --attach", " ".join(text.split()))
+    assert m, text
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_top_request_rate_default_is_the_one_top_uses():
+    """`top --help` said `--request-rate [default: inf]`, but top refuses inf and sends 2 req/s
+    on a CPU, 10 on a GPU and with --attach (top_cmd's defaults)."""
+    from gpuchef import top_cmd
+
+    out = CliRunner().invoke(cli, ["top", "--help"], terminal_width=100).output
+    block = out[out.index("--request-rate"):out.index("--burstiness")]
+    assert "[default: inf]" not in block
+    assert _help_rates(block) == (top_cmd.CPU_RANDOM_RATE, top_cmd.GPU_RANDOM_RATE)
+
+
+def test_top_attach_sends_the_rate_its_help_names():
+    """Through the command: top --attach with --dataset random and no rate prints its load
+    line with the rate, then (one --attach with --ab-load) stops with one error line."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Models(BaseHTTPRequestHandler):  # just GET /v1/models: top's look-up before it starts
+        def do_GET(self):
+            if self.path.rstrip("/") == "/v1/models":
+                body = json.dumps({"object": "list", "data": [
+                    {"id": "m", "object": "model", "max_model_len": 4096, "vocab_size": 4096}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+            else:
+                body = "{}"
+                self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        help_text = CliRunner().invoke(cli, ["top", "--help"], terminal_width=100).output
+        _, attach_rate = _help_rates(help_text)
+        r = CliRunner().invoke(cli, ["top", "--attach", f"http://127.0.0.1:{srv.server_port}",
+                                     "--dataset", "random", "--num-prompts", "5",
+                                     "--ab-load", "mirrored"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.exit_code == 2, r.output
+    m = re.search(r"\(random, ([\d.]+) req/s", r.output)
+    assert m, r.output
+    assert float(m.group(1)) == attach_rate
