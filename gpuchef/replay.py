@@ -71,19 +71,13 @@ class ReplayScrapedServer:
     at the playback position: its scrapes and their intervals stamped at or before it."""
 
     def __init__(self, session: "ReplaySession", url: str, samples: list) -> None:
-        from gpuchef.probes.scrape import delta
+        from gpuchef.probes.scrape import deltas_of
 
         self._s = session
         self.url = url.removesuffix("/metrics")
         self._samples = sorted(samples, key=lambda x: x.t_ns)
         self._t = [x.t_ns for x in self._samples]
-        self._deltas, prev = [], None
-        for x in self._samples:
-            if x.error:
-                continue
-            if prev is not None and (d := delta(prev, x)) is not None:
-                self._deltas.append(d)
-            prev = x
+        self._deltas = deltas_of(self._samples)  # the live dashboard's intervals, as it drew them
         self._dt = [d.t_ns for d in self._deltas]
         hz = session.trace.meta.get("scrape_hz")
         self.hz = float(hz) if isinstance(hz, (int, float)) and hz > 0 else 4.0

@@ -227,8 +227,9 @@ class ScrapedServer(Protocol):
     URL; ``kind``: "vllm" / "sglang" / "gpuchef" / "unknown" (from the names in its /metrics);
     ``hz``: scrapes per second; ``status``: "" or one line saying why the last scrape failed.
     ``samples()``: scrapes so far (oldest first, failed ones included, the last ~10 min);
-    ``deltas()``: the intervals between consecutive good scrapes (``probes.scrape.delta``).
-    Both return snapshots: safe to read from the UI thread."""
+    ``deltas()``: the intervals of its good scrapes (``probes.scrape.deltas_of``: one in which
+    no step ended while requests ran is merged into the next). Both return snapshots: safe to
+    read from the UI thread."""
 
     url: str
     hz: float

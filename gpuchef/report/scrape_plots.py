@@ -12,26 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gpuchef.probes.scrape import ScrapeDelta, ScrapeSample, delta
+from gpuchef.probes.scrape import ScrapeDelta, ScrapeSample, deltas_of
 
 from . import plots
 from .data import TraceView
 
 
 def trace_deltas(scrapes: Sequence[ScrapeSample]) -> dict[str, list[ScrapeDelta]]:
-    """The intervals between consecutive good scrapes, per scraped URL (time order)."""
-    out: dict[str, list[ScrapeDelta]] = {}
-    prev: dict[str, ScrapeSample] = {}
+    """Each scraped URL's intervals (time order), as the live dashboard drew them
+    (``probes.scrape.deltas_of``: an interval in which no step ended while requests ran is
+    merged into the next)."""
+    by_url: dict[str, list[ScrapeSample]] = {}
     for s in sorted(scrapes, key=lambda x: x.t_ns):
-        if s.error:
-            continue
-        p = prev.get(s.url)
-        if p is not None:
-            d = delta(p, s)
-            if d is not None:
-                out.setdefault(s.url, []).append(d)
-        prev[s.url] = s
-    return out
+        by_url.setdefault(s.url, []).append(s)
+    out = {u: deltas_of(ss) for u, ss in by_url.items()}
+    return {u: d for u, d in out.items() if d}
 
 
 #: (panel title, [(series, label, colour, scale)], unit)

@@ -74,3 +74,35 @@ def test_a_server_that_runs_requests_and_counts_nothing_reads_zero_after_the_cap
             for k in range(3)]
     assert idle[0] is None and all(d is not None and d.rates["generation_tokens"] == 0
                                    for d in idle[1:])
+
+
+def test_report_and_replay_draw_the_intervals_the_live_dashboard_drew():
+    """One owner for a trace's scrape intervals: `gpuchef report` (scrape_plots.trace_deltas)
+    and `gpuchef replay` (ReplayScrapedServer) of an attached trace give the live
+    AttachedServer's intervals (DeltaStream), not the raw consecutive pairs that flickered
+    between 0 and twice the rate (a tester's finding after d0dcec5)."""
+    from types import SimpleNamespace
+
+    from gpuchef.replay import ReplayScrapedServer
+    from gpuchef.report.scrape_plots import trace_deltas
+
+    calls = {"n": 0, "gen": 0.0}
+
+    def fetch(url: str, timeout: float) -> str:
+        n = calls["n"]
+        calls["n"] += 1
+        if n and n % EVERY == 0:
+            calls["gen"] += TOKENS
+        return vllm_text(calls["gen"], 1000.0, 12)
+
+    srv = AttachedServer("http://127.0.0.1:9", 20.0, fetch=fetch)
+    for _ in range(6 * EVERY + 1):
+        srv.scraper.scrape_once()
+    live = list(srv.deltas())
+    samples = srv.samples()
+    assert len(live) == 6 and len(samples) == 6 * EVERY + 1
+    (report,) = trace_deltas(samples).values()
+    assert report == list(live)
+    session = SimpleNamespace(trace=SimpleNamespace(meta={"scrape_hz": 20.0}),
+                              position_ns=samples[-1].t_ns)
+    assert list(ReplayScrapedServer(session, srv.url, samples).deltas()) == list(live)

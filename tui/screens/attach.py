@@ -175,7 +175,8 @@ class AttachScreen(Screen):
         if force or wall - self._last_numbers >= NUMBERS_EVERY_S - 0.05:
             self._last_numbers = wall
             nums = [server_numbers(x.url, x.kind, x.status, x.deltas(), now, s.stats_window_s,
-                                   s.percentiles) for x in s.servers]
+                                   s.percentiles, latest=_newest_good(x.samples()))
+                    for x in s.servers]
             self.shown = {n.url: dict(n.values) for n in nums}
             snap = s.timeline.snapshot(now)
             client = compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles).metrics \
@@ -215,3 +216,11 @@ class AttachScreen(Screen):
         gpu.set_class(not on, "off")
         gpu.set_off("" if on else (s.gpu_status or "NVML not started"))
         mem.display = on
+
+
+def _newest_good(samples):
+    """The newest scrape of ``samples`` (oldest first) that did not fail, or None."""
+    for x in reversed(samples):
+        if not x.error:
+            return x
+    return None

@@ -373,14 +373,22 @@ class ServerNumbers:
 
 
 def server_numbers(url: str, kind: str, status: str, deltas: Sequence[ScrapeDelta],
-                   now_ns: int, window_s: float, percentiles: tuple[float, ...]) -> ServerNumbers:
-    """The numbers of one server: the newest interval's gauges and rates, and the server's
-    TTFT/ITL/E2E quantiles (``percentiles``' first and last) over the last ``window_s``."""
+                   now_ns: int, window_s: float, percentiles: tuple[float, ...],
+                   latest: ScrapeSample | None = None) -> ServerNumbers:
+    """The numbers of one server: the newest interval's rates, its gauges (running, waiting,
+    KV usage) from ``latest`` — the newest good scrape — where that is newer (an interval is
+    held open while no step ends, ``probes.scrape.DeltaStream``, but a gauge is true at each
+    scrape), and the server's TTFT/ITL/E2E quantiles (``percentiles``' first and last) over
+    the last ``window_s``."""
     lt = deltas[-1] if deltas else None
     v: dict[str, float | None] = {}
     for name in ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens",
                  "preemptions", "requests_finished", "iteration_tokens", "iter_rate", "busy"):
         v[name] = _value(lt, name) if lt is not None else None
+    if latest is not None and not latest.error and (lt is None or latest.t_ns > lt.t_ns):
+        for name in ("running", "waiting", "kv_usage"):
+            if name in latest.values:
+                v[name] = latest.values[name]
     t0 = now_ns - int(window_s * 1e9)
     qs = (percentiles[0], percentiles[-1])
     for name in ("ttft", "itl", "e2e"):
