@@ -314,8 +314,11 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
     if not 1 <= o["stats_window"] <= 3600:
         raise ConfigError(f"--stats-window {o['stats_window']:g} is out of range: allowed "
                           "[1, 3600] s")
-    o["screenshot_dir"] = check_screenshot_dir(o["screenshot_dir"])
     check_output_files(o)
+    try:
+        reps = check_repetitions(o["ab_repetitions"])
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--repetitions", "--ab-repetitions")) from None
     load = None
     load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
     if load_given:  # the load of `bench --base-url`, refused before anything is sent
@@ -328,13 +331,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
             load = prepare_http_load(o, base_url=urls[0])
         except ConfigError as e:  # bench's words name its flag: here the URL is --attach's
             raise ConfigError(str(e).replace("--base-url ", "--attach ")) from None
-        err.print(f"[dim]{len(load.specs)} requests to {escape(load.cfg.api_url)} "
-                  f"({escape(load.desc)})[/dim]")
     ab_loads, ab_why = None, ""
-    try:
-        reps = check_repetitions(o["ab_repetitions"])
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("--repetitions", "--ab-repetitions")) from None
     if o["ab_load"] and (len(urls) < 2 or load is None):
         raise ConfigError("--ab-load runs an A/B of two attached servers on gpuchef's load: "
                           "give --attach twice and --dataset or --request-rate")
@@ -351,6 +348,11 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
             if o["ab_load"]:  # an A/B asked for at start: refused before it, as other bad input
                 raise ConfigError(f"--ab-load: {why}") from None
             ab_why = f"no A/B: {why}"
+    # every check passed: only now a folder is made and the load announced
+    o["screenshot_dir"] = check_screenshot_dir(o["screenshot_dir"])
+    if load is not None:
+        err.print(f"[dim]{len(load.specs)} requests to {escape(load.cfg.api_url)} "
+                  f"({escape(load.desc)})[/dim]")
     session = AttachSession(urls, scrape_hz=o["scrape_hz"], gpus=gpus,
                             sample_hz=o["sample_hz"], load=load, api_key=o.get("api_key"),
                             trace_path=o["trace_path"], slos=slos, percentiles=pcts,

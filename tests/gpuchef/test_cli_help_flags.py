@@ -63,9 +63,17 @@ def test_top_request_rate_default_is_the_one_top_uses():
     assert _help_rates(block) == (top_cmd.CPU_RANDOM_RATE, top_cmd.GPU_RANDOM_RATE)
 
 
-def test_top_attach_sends_the_rate_its_help_names():
+def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     """Through the command: top --attach with --dataset random and no rate prints its load
-    line with the rate, then (one --attach with --ab-load) stops with one error line."""
+    line with the rate once every check has passed (the session itself is replaced here by
+    one that stops the command); with --ab-load and one --attach it stops with one error line
+    before announcing any load."""
+    import gpuchef.attach as attach_mod
+    from gpuchef.engine_host.config import ConfigError
+
+    def no_session(*a, **kw):
+        raise ConfigError("stopped by the test")
+    monkeypatch.setattr(attach_mod, "AttachSession", no_session)
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,13 +100,18 @@ def test_top_attach_sends_the_rate_its_help_names():
     try:
         help_text = CliRunner().invoke(cli, ["top", "--help"], terminal_width=100).output
         _, attach_rate = _help_rates(help_text)
-        r = CliRunner().invoke(cli, ["top", "--attach", f"http://127.0.0.1:{srv.server_port}",
-                                     "--dataset", "random", "--num-prompts", "5",
-                                     "--ab-load", "mirrored"])
+        url = f"http://127.0.0.1:{srv.server_port}"
+        r = CliRunner().invoke(cli, ["top", "--attach", url, "--dataset", "random",
+                                     "--num-prompts", "5"])
+        refused = CliRunner().invoke(cli, ["top", "--attach", url, "--dataset", "random",
+                                           "--num-prompts", "5", "--ab-load", "mirrored"])
     finally:
         srv.shutdown()
         srv.server_close()
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 2 and "stopped by the test" in r.output, r.output
     m = re.search(r"\(random, ([\d.]+) req/s", r.output)
     assert m, r.output
     assert float(m.group(1)) == attach_rate
+    # attach.md: one error line before anything starts, no load announced
+    assert refused.exit_code == 2 and "requests to" not in refused.output, refused.output
+    assert "--ab-load runs an A/B of two attached servers" in refused.output
