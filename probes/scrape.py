@@ -416,7 +416,8 @@ class Scraper:
     """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
     to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP
     error, not Prometheus text) is a sample with ``error`` set and one ``status`` line, which
-    says the scraper keeps trying (:attr:`retry_note`); the first scrape that succeeds clears it. ``fetch(url, timeout)`` may be replaced (tests)."""
+    says the scraper keeps trying (:attr:`retry_note`); the first scrape that succeeds clears
+    it. ``fetch(url, timeout)`` may be replaced (tests)."""
 
     def __init__(self, url: str, hz: float = 4.0, *,
                  on_sample: Callable[[ScrapeSample], None] | None = None,
