@@ -82,8 +82,10 @@ engine_options = _opts(
                       "on for CUDA, off for CPU (nothing to overlap); vLLM: its own default."),
     click.option("--block-size", default=16, show_default=True, type=int,
                  help="KV cache page size in tokens (start-up only)."),
-    click.option("--num-gpu-blocks", "num_gpu_blocks", default=None, type=int,
-                 help="KV cache size in blocks (overrides the memory-based sizing)."),
+    click.option("--num-gpu-blocks", "--num-gpu-blocks-override", "num_gpu_blocks",
+                 default=None, type=int,
+                 help="KV cache size in blocks (overrides the memory-based sizing; "
+                      "--num-gpu-blocks-override is vLLM's spelling)."),
     click.option("--kv-cache-memory", "kv_cache_memory_gb", default=None, type=float,
                  help="KV cache size in GiB. Default: from --gpu-memory-utilization on CUDA, "
                       "4096 blocks on CPU."),

@@ -115,3 +115,17 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     # attach.md: one error line before anything starts, no load announced
     assert refused.exit_code == 2 and "requests to" not in refused.output, refused.output
     assert "--ab-load runs an A/B of two attached servers" in refused.output
+
+
+@pytest.mark.parametrize("flag", ["--num-gpu-blocks", "--num-gpu-blocks-override"])
+def test_vllm_spelling_of_the_kv_block_count_sizes_the_cache(tmp_path, flag):
+    """vLLM's --num-gpu-blocks-override is accepted as gpuchef's --num-gpu-blocks: the KV cache
+    the engine ran with (the result JSON's config) has the blocks given."""
+    import json
+
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--model", "tiny", "--num-prompts",
+                                 "2", "--input-len", "8", "--output-len", "2", "--sample-hz", "0",
+                                 flag, "600", "--result-json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["config"]["kv_blocks"] == 600
