@@ -215,17 +215,18 @@ class EngineHost:
         self._thread = threading.Thread(target=self._run, name="gpuchef-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = 10.0, *, abort_remaining: bool = False) -> None:
+    def stop(self, timeout: float | None = 10.0, *, abort_remaining: bool = False,
+             abort_reason: str = "abort") -> None:
         """Stop after the current step and join the thread. ``abort_remaining``: then abort
         the requests still in the engine (a session closing), each RequestRecord
-        (finish_reason "abort") to ``on_request``."""
+        (finish_reason ``abort_reason``) to ``on_request``."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         if abort_remaining and (self._thread is None or not self._thread.is_alive()):
             for rid in list(self.engine.requests):
-                rec = self.engine.abort(rid)
+                rec = self.engine.abort(rid, abort_reason)
                 if rec is not None:
                     self.on_request(rec)
 

@@ -100,7 +100,9 @@ class RequestRecord:
     time from the load generator when that is given. ``token_times_ns``: when each output token
     was produced (end of the step that sampled it); the first is the first-token time.
     ``finish_reason``: "length" (forced/max length reached), "stop" (EOS, a stop token, or a
-    stop string found by the server), "abort" (e.g. the client disconnected), or "error".
+    stop string found by the server), "abort" (e.g. the client disconnected), "error", or the
+    reason gpuchef withdrew it with (``probes.metrics.WITHDRAWN_REASONS``: "early stop",
+    "session end").
     ``first_scheduled_ns``: start of the first step that computed any of its prompt (0 if none
     did); ``first_scheduled_ns − arrival_ns`` is vLLM's queue time. ``ended_ns``: when a record
     without tokens ended — its error (an HTTP request that failed), abort, or withdrawal — 0 when

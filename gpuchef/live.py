@@ -27,7 +27,7 @@ from .load import LiveLoad
 from .options import attention_label
 from .probes.ab import mark_name
 from .probes.sampler import HostSampler
-from .probes.metrics import DEFAULT_PERCENTILES
+from .probes.metrics import DEFAULT_PERCENTILES, SESSION_END_REASON
 from .probes.nvml import NvmlSampler
 from .probes.recorder import TraceRecorder
 from .probes.timeline import Timeline
@@ -277,7 +277,9 @@ class LiveSession:
 
     def close(self) -> None:
         """Stop the A/B run, the load, the engine and the samplers; requests still in flight are
-        aborted (recorded with finish_reason "abort"); the trace gets its end record. Idempotent."""
+        aborted, recorded as withdrawn (finish_reason ``probes.metrics.SESSION_END_REASON``: the
+        session ended them, the server did not fail them); the trace gets its end record.
+        Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -286,7 +288,7 @@ class LiveSession:
             f()
         self.ab.stop()
         self.load.stop()
-        self.host.stop(abort_remaining=True)
+        self.host.stop(abort_remaining=True, abort_reason=SESSION_END_REASON)
         self.nvml.stop()
         if self.host_probe is not None:
             self.host_probe.stop()

@@ -3,9 +3,10 @@
 Definitions (vllm/benchmarks/serve.py ``calculate_metrics``; DESIGN.md "Requests and latency"):
 
 * a request is *completed* when it finished normally (``finish_reason`` "length" or "stop");
-  one *withdrawn* by the tool itself (``WITHDRAWN_REASON``: a capacity probe stopped early
-  aborts the requests still open or to come, :func:`is_withdrawn`) is neither completed nor
-  failed, only counted as withdrawn; anything else ("abort", "error") is *failed* and adds no
+  one *withdrawn* by the tool itself (``WITHDRAWN_REASONS``: a capacity probe stopped early
+  aborts the requests still open or to come; a session that ends — `top` quit, a bench
+  interrupted — aborts those still in the engine; :func:`is_withdrawn`) is neither completed
+  nor failed, only counted as withdrawn; anything else ("abort", "error") is *failed* and adds no
   tokens;
 * TTFT = first token − arrival; E2EL = last token − arrival;
 * TPOT = (E2EL − TTFT)/(output_len − 1), only for requests with ``output_len > 1``;
@@ -47,6 +48,10 @@ COMPLETED_REASONS = ("length", "stop")
 #: ``finish_reason`` of the requests a capacity probe's early stop withdraws (the probe is
 #: decided: ``gpuchef ab --capacity`` aborts the rest with it; the trace keeps it).
 WITHDRAWN_REASON = "early stop"
+#: ``finish_reason`` of the requests still in the engine when a session closes (`gpuchef top`
+#: quit, `bench` interrupted, `serve` stopped): gpuchef withdrew them, the server did not fail.
+SESSION_END_REASON = "session end"
+WITHDRAWN_REASONS = (WITHDRAWN_REASON, SESSION_END_REASON)
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (50.0, 99.0)
 NAN = float("nan")
@@ -301,12 +306,12 @@ def is_completed(finish_reason: str) -> bool:
 
 
 def is_withdrawn(finish_reason: str) -> bool:
-    """Whether a request was withdrawn by the tool itself (``WITHDRAWN_REASON``: the early stop
+    """Whether a request was withdrawn by the tool itself (``WITHDRAWN_REASONS``: the early stop
     of a capacity probe aborts the requests still running or still to arrive once the probe is
-    decided). The one rule for it: such a request did not fail — nothing went wrong with it or
+    decided; a closing session aborts those still in the engine). The one rule for it: such a request did not fail — nothing went wrong with it or
     with the server — so it is in neither *completed* nor *failed* (``BenchMetrics.withdrawn``
     counts it); a client's or server's abort ("abort") and an error are failed."""
-    return finish_reason == WITHDRAWN_REASON
+    return finish_reason in WITHDRAWN_REASONS
 
 
 def is_probe_id(request_id: str) -> bool:
@@ -692,7 +697,7 @@ def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
     row("Successful requests:", m.completed)
     row("Failed requests:", m.failed)
     if m.withdrawn:
-        row("Withdrawn requests (early stop):", m.withdrawn)
+        row("Withdrawn requests (not failed):", m.withdrawn)
     for k, v in (extra or {}).items():
         row(k if k.endswith(":") else k + ":", v)
     row("Benchmark duration (s):", float(m.duration_s))

@@ -40,6 +40,6 @@ def test_withdrawn_requests_are_neither_completed_nor_failed():
     d = m.to_dict()
     assert (d["completed"], d["failed"], d["withdrawn"]) == (m.completed, m.failed, m.withdrawn)
     block = format_results_block(m)
-    assert f"Withdrawn requests (early stop):         {m.withdrawn}" in block
+    assert f"Withdrawn requests (not failed):         {m.withdrawn}" in block
     assert "Withdrawn" not in format_results_block(summarize(recs[:3], 1.0))
 
