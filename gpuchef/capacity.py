@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .engine_host.config import ConfigError, parse_latency_targets
 from .engine_host.workload import PROBE_ID_PREFIX
-from .probes.metrics import WITHDRAWN_REASON
+from .probes.metrics import WITHDRAWN_REASON, is_completed
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 RATE_RANGE = (1e-3, 1e6)  # req/s
@@ -370,7 +370,7 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
         if m.withdrawn:
             note += f"; {m.withdrawn} of {len(mine)} requests withdrawn (not failed)"
         return Measured(m, off, math.nan, span, [], stopped, [note])
-    fin = [r.token_times_ns[-1] if r.finish_reason in ("length", "stop") and r.token_times_ns
+    fin = [r.token_times_ns[-1] if is_completed(r.finish_reason) and r.token_times_ns
            else None for r in mine]
     judged, achieved, fails, notes = judge_load(arr, fin, steps, m.median_e2el_ms)
     return Measured(m, off, achieved, span, fails, "", notes, judged)
@@ -525,7 +525,7 @@ class EarlyStop:
         rid = r.request_id
         self._done.add(rid)
         self._last.pop(rid, None)
-        if r.finish_reason not in ("length", "stop") or not r.token_times_ns:
+        if not is_completed(r.finish_reason) or not r.token_times_ns:
             return ""
         if rid not in self._arr:  # no StepOutput stream: take the record's values
             self._count("ttft", r.ttft_ms)

@@ -21,7 +21,7 @@ from gpuchef.engine_host.autopilot import (ERROR_ENTER, ERROR_LEAVE, FALLBACK, I
                                           LEARNING, NOT_STEERING, STATE_MEANING, STEERING)
 from gpuchef.engine_host.config import setting_label
 from gpuchef.probes.timeline import Timeline
-from gpuchef.probes.metrics import autopilot_totals, is_probe_id
+from gpuchef.probes.metrics import autopilot_totals, is_completed, is_probe_id
 
 from .data import AB_COLORS, PALETTE, Group, TraceView, gpu_indices, gpu_names, per_gpu_means
 
@@ -830,7 +830,7 @@ def latency_values(g: Group) -> dict[str, list[float]]:
     """TTFT and TPOT per completed request, ITL pooled (ms): vllm bench serve's definitions."""
     out: dict[str, list[float]] = {"TTFT": [], "ITL": [], "TPOT": []}
     for r in g.requests:
-        if r.finish_reason not in ("length", "stop") or not r.token_times_ns:
+        if not is_completed(r.finish_reason) or not r.token_times_ns:
             continue
         if is_probe_id(r.request_id):
             continue
