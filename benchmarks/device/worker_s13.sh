@@ -9,7 +9,7 @@
 #     and at block 32 (profile_decode.py);
 # (5) 3x online: fused in the pieces, block 32, and the defaults again in the same lease;
 # (6) offline at the defaults (the step breakdown) and at block 32.
-# Estimate: setup ~2.5 min, (1) ~2, (2) ~2.5, (3) ~2.5, (4) ~1.5, (5) ~3.5, (6) ~2.
+# Estimate: setup ~2.5 min, (1) ~2, (2) ~2 (HND dropped: not adoptable without a cache-layout change), (3) ~2.5, (4) ~1.5, (5) ~3.5, (6) ~2.
 # Start: carry .whl and .snap.tgz; bash benchmarks/device/setup.sh worker_s13 && collect.sh 120,
 # then collect.sh 300-400 chained, no gap, until s13_done.
 # Dry run: DRY=0.1 RES=/tmp/dres FLAGS=/tmp/dflags GDIR=$PWD bash benchmarks/device/worker_s13.sh
@@ -29,7 +29,6 @@ job s13_01_pytest_gpu 720 "python3 -m pytest -q -p no:cacheprovider tests/engine
 job s13_02_attn_b16 150 "$ATT --kernels fi_tc,fi_tc_nosplit,fi_tc_fs8,fi_tc_fs16,fi_tc_fs32 --json $R/attn_b16_NHD.json"
 job s13_03_attn_b32 150 "$ATT --kernels fi_tc,fi_tc_nosplit,fi_tc_fs8 --block-size 32 --json $R/attn_b32_NHD.json"
 job s13_04_attn_b64 150 "$ATT --kernels fi_tc,fi_tc_nosplit,fi_tc_fs4 --block-size 64 --json $R/attn_b64_NHD.json"
-job s13_05_attn_hnd 200 "$ATT --kernels fi_tc,fi_tc_nosplit --kv-layout HND --json $R/attn_b16_HND.json; $ATT --kernels fi_tc --kv-layout HND --block-size 64 --json $R/attn_b64_HND.json"
 # (3)
 job s13_06_steady_default 200 "$STEP --json $R/steady_default.json"
 job s13_07_steady_b32 200 "$STEP --block-size 32 --json $R/steady_b32.json"
