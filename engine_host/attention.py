@@ -80,20 +80,21 @@ XQA_PAGE_SIZES = (16, 32, 64, 128)
 
 def decode_split_kv_args(value: str | None) -> dict:
     """The split-KV keywords of FlashInfer's decode ``plan`` for ``GPUCHEF_DECODE_SPLIT_KV``
-    (an experiment, issue 16; benchmarks/bench_decode_attention.py ``fi_tc_nosplit`` /
-    ``fi_tc_fs<N>``): unset, "" or "auto" → {} (FlashInfer's own split); "off" →
-    ``disable_split_kv=True`` (one CTA per request and KV head group, no merge kernel); a
-    positive integer N → ``fixed_split_size=N`` (pages a split). Raises ConfigError naming the
-    value otherwise."""
+    (an experiment, issue 16; benchmarks/bench_decode_attention.py ``fi_tc_nosplit``): unset,
+    "" or "auto" → {} (FlashInfer's own split); "off" → ``disable_split_kv=True`` (one CTA per
+    request and KV head group, no merge kernel). Raises ConfigError naming the value otherwise.
+    A fixed split (FlashInfer's ``fixed_split_size``) is refused: the engine replays decode steps
+    from CUDA graphs, and a graph captured with a fixed split replays wrong outputs for steps of
+    other lengths (H200, session 14; FlashInfer's scheduler says to disable CUDA graphs with it).
+    """
     v = (value or "").strip().lower()
     if v in ("", "auto"):
         return {}
     if v == "off":
         return {"disable_split_kv": True}
-    if v.isdigit() and int(v) > 0:
-        return {"fixed_split_size": int(v)}
-    raise ConfigError(f"GPUCHEF_DECODE_SPLIT_KV={value!r} is not allowed: use auto, off or a "
-                      "positive number of pages a split")
+    why = (" (a fixed split size is not CUDA-graph safe in FlashInfer's decode plan)"
+           if v.isdigit() else "")
+    raise ConfigError(f"GPUCHEF_DECODE_SPLIT_KV={value!r} is not allowed{why}: use auto or off")
 
 
 def padded_block_table(kv_indptr: np.ndarray, kv_indices: np.ndarray,
