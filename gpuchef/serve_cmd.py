@@ -97,7 +97,7 @@ def serve(**o) -> None:
     serve, guidellm, AIPerf, locust, k6, the openai client) drives it.
 
     \b
-    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,
+    Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], /health,
     /version, /metrics (vLLM's names + gpuchef: series), GET/PATCH /gpuchef/v1/scheduler (the
     knobs, live). Ctrl-C stops it. See docs/serve.md.
 

@@ -9,7 +9,7 @@ next step: its KV blocks are freed then and the trace records ``finish_reason`` 
 Nothing here runs on the engine thread but the two listeners, which only hand records over.
 
 Endpoints (docs/serve.md): ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``,
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /version``, ``GET /metrics``,
 ``GET``/``PATCH /gpuchef/v1/scheduler``.
 """
 
@@ -239,6 +239,7 @@ class FrontDoor:
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
         r.add_get("/v1/models", self._models)
+        r.add_get("/v1/models/{model:.+}", self._model)  # ids may hold '/' (org/name)
         r.add_get("/health", self._health)
         r.add_get("/version", self._version)
         r.add_get("/metrics", self._metrics)
@@ -333,12 +334,20 @@ class FrontDoor:
                            "model_not_found")
 
     # -- simple endpoints ----------------------------------------------------------------------
+    def _model_card(self) -> dict[str, Any]:
+        """The one model's card, as GET /v1/models lists it and GET /v1/models/{id} returns it
+        (OpenAI's Model object plus vLLM's root, parent, max_model_len)."""
+        return {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "gpuchef", "root": self.model_root, "parent": None,
+                "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+                "permission": []}
+
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": self.created,
-            "owned_by": "gpuchef", "root": self.model_root, "parent": None,
-            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-            "permission": []}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        self._check_model(request.match_info["model"])  # another id: 404 model_not_found
+        return web.json_response(self._model_card())
 
     async def _health(self, request: web.Request) -> web.Response:
         err = getattr(self.host, "error", None)

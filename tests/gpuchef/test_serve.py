@@ -217,6 +217,21 @@ def test_models_health_version(server):
     assert st == 200 and body["version"]
 
 
+def test_retrieve_one_model_with_the_openai_client(server):
+    """GET /v1/models/{id}, as openai's ``models.retrieve`` calls it: the served name's card
+    (the one /v1/models lists); another name is 404 model_not_found naming both."""
+    c = client(server)
+    m = c.models.retrieve("tiny-served")
+    assert m.id == "tiny-served" and m.object == "model"
+    _, listed = http("GET", server.url + "/v1/models")
+    assert m.model_dump()["max_model_len"] == listed["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("meta-llama/Llama-3-8B")
+    assert e.value.body["code"] == "model_not_found"
+    assert "meta-llama/Llama-3-8B" in e.value.body["message"]
+    assert "tiny-served" in e.value.body["message"]
+
+
 BAD = [
     # (body or raw bytes, status, param, words in the message)
     (b"{not json", 400, None, "not valid JSON"),
