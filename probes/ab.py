@@ -367,6 +367,9 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
             out.append(hit)
             continue
         end = _span_end(near + failed, stp, t0, t1)
+        if reqs:  # past its last arrival too: a request arriving after the last activity (just
+            # before a switch) is a member, and the span [t0, end) must hold what it counts
+            end = max(end, reqs[-1].arrival_ns + 1)
         work = work_in(near, stp, t0, end)
         if goodput:  # good work done: the finished requests that met every SLO
             fin = [r for r in near if t0 <= r.token_times_ns[-1] < end]

@@ -140,6 +140,28 @@ def test_window_throughput_is_work_done_while_in_force():
     assert b1.metrics.request_goodput <= b1.metrics.request_throughput
 
 
+def test_a_window_span_holds_every_request_it_counts():
+    """A request that arrives after the window's last activity, just before the switch (its
+    first step runs in the next window), is a member of the window it arrived in, and that
+    window's span runs past its arrival: [t0, t1) holds every member (the span ended at the
+    last step before, and a run's member arrived after its own window's end; seen in
+    tests/gpuchef/test_ab.py's interleaved run, about one run in two)."""
+    ev = [mark(0, "ab:1:A:1"), mark(2, "ab:1:B:1"), mark(4, "ab:1:end")]
+    p = req("p", 0.5, [0.8, 1.0])
+    late = req("late", 1.9, [2.3, 2.6])  # arrives after A1's last activity (1.0 s)
+    steps = [step(0, 0.5, 0.3, prefill=10), step(1, 0.8, 0.2), step(2, 2.1, 0.2, prefill=10),
+             step(3, 2.4, 0.2)]
+    _, wins, _ = ab.windows(ev)
+    a1, b1 = ab.window_results(wins, [p, late], steps, percentiles=(50.0,))
+    assert [r.request_id for r in a1.requests] == ["p", "late"]
+    assert a1.t1_ns == T0 + int(1.9 * S) + 1  # past late's arrival, not 1.0 s + 1 ns
+    assert all(a1.t0_ns <= r.arrival_ns < a1.t1_ns for r in a1.requests)
+    assert a1.duration_s == pytest.approx(1.9, abs=1e-6)
+    # its work is what A did: p's two tokens and p finished; late's tokens are B's
+    assert a1.work["finished"] == 1 and a1.work["output_tokens"] == 2
+    assert b1.work["output_tokens"] == 2 and not b1.requests
+
+
 def test_pooled_and_per_window_come_from_the_same_windows():
     """Pooled throughput is the summed work over the summed spans of exactly the counted
     windows, and a pooled median lies within the windows' medians when every window's requests
