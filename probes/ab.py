@@ -267,14 +267,17 @@ def work_in(requests: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> 
     return {"finished": finished, "output_tokens": out, "step_tokens": tok}
 
 
-def _span_end(reqs_near: Sequence[Any], steps: Sequence[Any], t0: int, t1: int) -> int:
+def _span_end(reqs_near: Sequence[Any], steps: Sequence[Any], t0: int, t1: int,
+              last_arrival_ns: int = 0) -> int:
     """Just past the engine's last activity in ``[t0, t1)`` (the latest token time, failure or
-    step end in it, + 1 ns so that the half-open span holds it); ``t0 + 1`` when there was none.
+    step end in it, + 1 ns so that the half-open span holds it) and past ``last_arrival_ns``
+    (the window's last member's arrival: one arriving after the last activity, just before a
+    switch, is still a member, so the span must hold it); ``t0 + 1`` when there was none.
     A request that failed counts to when it failed (``ended_ns``), as ``vllm bench serve``'s
     duration runs until every request has answered, failures included: ended at its last token,
     a side whose server died mid-run was given a short span and a throughput above what was
     offered."""
-    last = t0
+    last = max(t0, last_arrival_ns)
     for r in reqs_near:
         tt = r.token_times_ns
         if tt:
@@ -366,10 +369,7 @@ def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Seque
         if hit is not None:
             out.append(hit)
             continue
-        end = _span_end(near + failed, stp, t0, t1)
-        if reqs:  # past its last arrival too: a request arriving after the last activity (just
-            # before a switch) is a member, and the span [t0, end) must hold what it counts
-            end = max(end, reqs[-1].arrival_ns + 1)
+        end = _span_end(near + failed, stp, t0, t1, reqs[-1].arrival_ns if reqs else 0)
         work = work_in(near, stp, t0, end)
         if goodput:  # good work done: the finished requests that met every SLO
             fin = [r for r in near if t0 <= r.token_times_ns[-1] < end]

@@ -308,9 +308,10 @@ def is_completed(finish_reason: str) -> bool:
 def is_withdrawn(finish_reason: str) -> bool:
     """Whether a request was withdrawn by the tool itself (``WITHDRAWN_REASONS``: the early stop
     of a capacity probe aborts the requests still running or still to arrive once the probe is
-    decided; a closing session aborts those still in the engine). The one rule for it: such a request did not fail — nothing went wrong with it or
-    with the server — so it is in neither *completed* nor *failed* (``BenchMetrics.withdrawn``
-    counts it); a client's or server's abort ("abort") and an error are failed."""
+    decided; a closing session aborts those still in the engine). The one rule for it: such a
+    request did not fail — nothing went wrong with it or with the server — so it is in neither
+    *completed* nor *failed* (``BenchMetrics.withdrawn`` counts it); a client's or server's
+    abort ("abort") and an error are failed."""
     return finish_reason in WITHDRAWN_REASONS
 
 
