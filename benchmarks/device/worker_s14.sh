@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 14's lease (issue 16), the final-commit runs: pytest -m gpu at this commit (the
-# fixed-split refusal; session 13's lease ran everything else at f41a787 and one test failed:
+# fixed-split refusal; this session's first lease (worker_s13.sh) ran at f41a787 and one test failed:
 # a decode graph captured with fixed_split_size replays wrong outputs), then the floor runs at
 # the defaults: 3x online three times, offline twice (its JSON holds the step breakdown), the
 # steady decode step once.
