@@ -79,12 +79,17 @@ class EngineHost:
                  on_request: Callable[[RequestRecord], None] = _noop,
                  on_event: Callable[[EngineEvent], None] = _noop,
                  on_output: Callable[[StepOutput], None] = _noop,
+                 on_flush: Callable[[], None] | None = None,
                  switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S) -> None:
         self.engine = engine
         self.on_step = on_step
         self.on_request = on_request
         self.on_event = on_event
         self.on_output = on_output
+        #: called on the engine thread once per loop turn, after the turn's records (a step's
+        #: records, the commands applied before it) went to the listeners: the engine process
+        #: (core.py) ships them as one batch there
+        self.on_flush = on_flush
         self.switch_interval_s = switch_interval_s
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._arrivals: list[_Arrival] = []  # heap, engine thread only after start
@@ -198,12 +203,14 @@ class EngineHost:
         self._wake.set()
 
     # -- thread ----------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, t0_ns: int | None = None) -> None:
+        """Start the engine thread. ``t0_ns``: the session's clock origin (monotonic ns, which
+        is one clock for every process of a machine); default now."""
         if self._thread is not None:
             raise RuntimeError("EngineHost already started")
         if self.switch_interval_s:
             sys.setswitchinterval(self.switch_interval_s)
-        self.t0_ns = time.monotonic_ns()
+        self.t0_ns = time.monotonic_ns() if t0_ns is None else int(t0_ns)
         specs = getattr(self, "_pending_specs", [])
         t0 = self._pending_t0 if getattr(self, "_pending_t0", None) is not None else self.t0_ns
         for s in specs:
@@ -359,6 +366,7 @@ class EngineHost:
 
     def _run(self) -> None:
         eng = self.engine
+        flush = self.on_flush or (lambda: None)
         try:
             while not self._stop.is_set():
                 while True:
@@ -369,11 +377,13 @@ class EngineHost:
                 self._admit_due(time.monotonic_ns())
                 if self.paused and eng.has_step_in_flight:
                     self._report(eng.drain())  # async scheduling: the launched step still reports
+                    flush()
                     continue
                 if self.paused or not eng.has_unfinished():
                     if not eng.has_unfinished() and not self._arrivals and self._incoming.empty() \
                             and self.submitted >= self.workload_total:
                         self._done.set()
+                    flush()
                     timeout = 0.05
                     if self._arrivals and not self.load_paused and not self.paused:
                         timeout = min(timeout, max(0.0, (self._arrivals[0].arrival_ns
@@ -382,12 +392,15 @@ class EngineHost:
                     self._wake.clear()
                     continue
                 res = eng.step()
+                self._report(res)
+                flush()
                 if res.record is None:  # nothing could be scheduled (all blocked): don't spin
                     self._wake.wait(0.001)
                     self._wake.clear()
-                self._report(res)
+            flush()
         except BaseException as e:  # surface, don't swallow: the UI shows it
             self.error = e
             self._emit("error", "engine", message=f"engine thread died: {type(e).__name__}: {e}")
             self._done.set()
+            flush()
             raise

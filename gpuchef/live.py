@@ -20,6 +20,7 @@ from typing import Any, Callable
 from .engine_host.config import ConfigError, SchedulerConfig
 from .engine_host.contract import Engine
 from .engine_host.engine import LLMEngine
+from .engine_host.core import make_host
 from .engine_host.host import EngineHost
 from .engine_host.records import RequestRecord, StepRecord
 from .engine_host.workload import WorkloadConfig
@@ -232,7 +233,7 @@ class LiveSession:
             for f in outputs:
                 f(o)
 
-        self.host = EngineHost(engine, on_step=listener(tl.add_step, "on_step"),
+        self.host = make_host(engine, on_step=listener(tl.add_step, "on_step"),
                                on_request=listener(tl.add_request, "on_request"),
                                on_event=listener(tl.add_event, "on_event"),
                                on_output=on_output)

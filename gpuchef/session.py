@@ -19,15 +19,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .engine_host.config import EngineConfig
 from .engine_host.engine import LLMEngine
 from .engine_host.factory import make_engine
+from .engine_host.core import RemoteEngine, device_name, make_host
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
 from .options import attention_label
 from .probes.metrics import gpu_means, is_probe_id
 
 
-def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine:
-    """Load the model and size the KV cache, showing weight loading as a progress bar on
-    ``console`` (stderr by default). ``cfg.engine`` picks gpuchef's native engine or vLLM
+def build_engine(cfg: EngineConfig, console: Console | None = None, *,
+                 in_process: bool = False) -> Any:
+    """Start the engine: by default in a process of its own (``engine_host.core.RemoteEngine``:
+    the engine core's busy loop alone with its I/O threads, as every command runs it), or, with
+    ``in_process``, built in this process (an ``LLMEngine``/``VllmEngine`` for an in-thread
+    ``EngineHost``: benchmarks that measure what the process boundary costs). Loads the model
+    and sizes the KV cache, showing weight loading as a progress bar on ``console`` (stderr by
+    default). ``cfg.engine`` picks gpuchef's native engine or vLLM
     (``engine_host.factory.make_engine``). Raises ConfigError for bad settings or a bad model
     folder, and, for vLLM, when it is missing or cannot run here."""
     console = console or Console(stderr=True, soft_wrap=True)
@@ -43,7 +49,10 @@ def build_engine(cfg: EngineConfig, console: Console | None = None) -> LLMEngine
             progress.update(t, completed=done, total=total or None)
 
         t0 = time.perf_counter()
-        engine = make_engine(cfg, progress=on_progress)
+        if in_process:
+            engine = make_engine(cfg, progress=on_progress)
+        else:
+            engine = RemoteEngine.spawn(cfg, progress=on_progress)
     lm = engine.loaded
     kind = "random weights" if lm.random_weights else lm.source
     console.print(f"[dim]loaded {lm.name} ({kind}, {lm.num_params / 1e6:.1f} M params, "
@@ -100,7 +109,7 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
         for f in listeners:
             f("event", e)
 
-    host = EngineHost(engine, on_step=on_step, on_request=on_request, on_event=on_event)
+    host = make_host(engine, on_step=on_step, on_request=on_request, on_event=on_event)
     host.set_workload(specs)
     console = console or Console(stderr=True, soft_wrap=True)
     total = sum(1 for s in specs if not is_probe_id(s.request_id))
@@ -158,8 +167,7 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
         "block_size": engine.kv.block_size,
     }
     if engine.device.type == "cuda":
-        import torch
-        meta["gpus"] = {str(engine.device.index or 0): torch.cuda.get_device_name(engine.device)}
+        meta["gpus"] = {str(engine.device.index or 0): device_name(engine)}
     return meta
 
 

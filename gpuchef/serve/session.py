@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..engine_host.host import EngineHost
+from ..engine_host.core import make_host
 from .metrics import ServeMetrics
 from .server import FrontDoor
 
@@ -62,7 +62,7 @@ class ServeSession:
         self.server = server
         self.recorder = recorder
         rec = recorder.record if recorder is not None else None
-        self.host = EngineHost(engine)
+        self.host = make_host(engine)
         sv = server
         self.host.on_step = fan(sv.on_step, rec)
         self.host.on_output = sv.on_output

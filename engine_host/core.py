@@ -1,0 +1,765 @@
+"""The engine core in a process of its own, as vLLM V1 runs its EngineCore (``EngineCoreProc``
+beside ``EngineCoreClient``, vllm/v1/engine/core.py and core_client.py).
+
+Why: the engine thread is Python that gives the GIL up around every CUDA wait. Any other
+Python thread of the same process (an HTTP bridge pickling records, a dashboard, a trace
+writer) takes it then and holds it up to the interpreter's switch interval, and the engine's
+steps stretch (measured on an H100: TPOT under ``gpuchef serve`` was 2.2× the in-process
+engine's when the bridge lived beside the engine). So the engine runs alone:
+
+* **engine process** (``_engine_main``): builds the engine, then runs an ``EngineHost`` loop
+  (scheduler + runner + async pipeline) whose listeners append records to a list, flushed once
+  per loop turn as one batch onto a ``queue.SimpleQueue``. Its two other threads are I/O:
+  the *input* thread (the process's main thread) is blocked in ``zmq`` ``recv`` with the GIL
+  released and turns each message into the host call it names (``submit``, ``abort``, knob
+  changes, ``pause``…: queue puts); the *output* thread is blocked on the batch queue and
+  encodes each batch with msgspec (C, no per-record Python) and sends it (GIL released).
+* **client** (``RemoteEngine`` / ``EngineCoreClient``, in the caller's process): the engine's
+  facts (model, device, KV cache, limits) for the surfaces, and a host with ``EngineHost``'s
+  API whose listeners (``on_step``, ``on_output``, ``on_request``, ``on_event``) a receiver
+  thread calls for every record of the stream, in the engine's order. The sinks — trace
+  recorder, timeline, front door, /metrics, load results, A/B — are those listeners.
+
+The wire: ZMQ PUSH/PULL over ``ipc://`` sockets in a private temporary folder (the client binds
+the output socket, the engine binds the input socket), msgpack by msgspec. One ``OutBatch`` per
+engine loop turn that emitted anything or changed the host's status; inputs are tagged
+``msgspec.Struct`` messages. Clock: ``time.monotonic_ns()`` is CLOCK_MONOTONIC, one clock for
+all processes of a machine, so record times need no translation.
+
+Errors: a start-up failure (bad model folder, vLLM missing) is the ConfigError of the engine
+process, raised here with its one line; a crash of the engine process afterwards (killed, a
+segfault) sets ``host.error`` and sends one "error" EngineEvent naming it to ``on_event``, and
+``wait_done`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence, Union
+
+import msgspec
+
+from .config import ConfigError, EngineConfig, SchedulerConfig, parse_value
+from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .request import SamplingParams
+
+#: how long the client waits for the engine process to build the engine (s): a first vLLM
+#: start-up compiles for minutes (../gpu/README: ~4.5 min on an H100)
+START_TIMEOUT_S = 1800.0
+#: how often the receiver looks whether the engine process is still alive when nothing arrives
+LIVENESS_POLL_MS = 200
+
+
+# ---- the wire ----------------------------------------------------------------------------------
+
+class OutBatch(msgspec.Struct, array_like=True):
+    """One engine loop turn's records, in emission order: ``order`` holds one code per record
+    (b"s" step, b"o" output, b"r" request, b"e" event) saying which list the next one comes from.
+    The rest is the host's status after the turn."""
+
+    host: int
+    order: bytes
+    steps: list[StepRecord]
+    outputs: list[StepOutput]
+    requests: list[RequestRecord]
+    events: list[EngineEvent]
+    state: Union[tuple[int, int, int, int], None]
+    step_id: int
+    submitted: int
+    done: bool
+    paused: bool
+    load_paused: bool
+    sched: Union[SchedulerConfig, None] = None
+    error: str = ""
+    final: bool = False
+
+
+class NewHost(msgspec.Struct, tag="host", array_like=True):
+    host: int
+
+
+class Workload(msgspec.Struct, tag="workload", array_like=True):
+    specs: list[tuple[str, float, list[int], int]]  # request_id, arrival_s, prompt, output_len
+    t0_ns: Union[int, None]
+
+
+class Start(msgspec.Struct, tag="start", array_like=True):
+    t0_ns: int
+
+
+class Submit(msgspec.Struct, tag="submit", array_like=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_ns: Union[int, None]
+    load: bool
+
+
+class Command(msgspec.Struct, tag="cmd", array_like=True):
+    kind: str  # an EngineHost method: set_config, pause, resume, pause_load, resume_load, mark, abort
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class Stop(msgspec.Struct, tag="stop", array_like=True):
+    abort_remaining: bool
+    abort_reason: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+Inbound = Union[NewHost, Workload, Start, Submit, Command, Stop, Shutdown]
+_COMMANDS = ("set_config", "pause", "resume", "pause_load", "resume_load", "mark", "abort")
+
+
+# ---- the engine's facts, as the client's process sees them -------------------------------------
+
+@dataclass(frozen=True)
+class LoadedInfo:
+    """``loader.LoadedModel`` without the model: what the surfaces name."""
+
+    name: str
+    random_weights: bool
+    source: str
+    num_params: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class _Backend:
+    name: str
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    used: int
+    total: int
+
+
+class _KV:
+    def __init__(self, owner: "RemoteEngine", block_size: int) -> None:
+        self._owner = owner
+        self.block_size = block_size
+
+    def usage(self) -> KVUsage:
+        st = self._owner.state
+        return KVUsage(st[2], st[3]) if st else KVUsage(0, self._owner.num_blocks)
+
+
+def engine_facts(engine: Any) -> dict[str, Any]:
+    """What the client's process needs to know of a built engine (sent once, pickled)."""
+    lm = engine.loaded
+    facts = {
+        "config": engine.config, "device": str(engine.device),
+        "dtype": str(engine.dtype).replace("torch.", ""),
+        "loaded": LoadedInfo(lm.name, lm.random_weights, lm.source, lm.num_params,
+                             getattr(lm, "weight_bytes", 0)),
+        "model_config": engine.model_config, "max_model_len": engine.max_model_len,
+        "num_blocks": engine.num_blocks, "block_size": engine.kv.block_size,
+        "attn": engine.attn.name, "decode_attention": getattr(engine, "decode_attention", None),
+        "kernels": getattr(engine, "kernels", None), "engine_name": engine.engine_name,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "async_scheduling": bool(engine.async_scheduling),
+        "scheduler_config": engine.scheduler_config, "step_id": engine.step_id,
+        "live_limits": None, "device_name": "",
+    }
+    lim = getattr(engine, "max_num_batched_tokens_limit", None)
+    if lim is not None:  # vLLM: the budget and max_num_seqs at most their start-up values
+        facts["live_limits"] = {"max_num_batched_tokens": lim,
+                                "max_num_seqs": engine.max_num_seqs_limit}
+    if engine.device.type == "cuda":
+        import torch
+
+        facts["device_name"] = torch.cuda.get_device_name(engine.device)
+    return facts
+
+
+def device_name(engine: Any) -> str:
+    """The GPU's name for a trace's meta ("" on a CPU), without touching CUDA in a process
+    that does not run the engine."""
+    name = getattr(engine, "device_name", None)
+    if name is not None:
+        return name
+    if engine.device.type != "cuda":
+        return ""
+    import torch
+
+    return torch.cuda.get_device_name(engine.device)
+
+
+# ---- the engine process ------------------------------------------------------------------------
+
+def _engine_main(conn: Any, cfg: EngineConfig, in_addr: str, out_addr: str) -> None:
+    """The engine process: build, say ready, then serve its input socket until Shutdown."""
+    import signal
+
+    # Ctrl-C goes to the whole process group; the client decides how a session ends (it
+    # stops the host: requests withdrawn, records flushed) and then shuts this process down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .factory import make_engine
+
+    def progress(stage: str, done: int, total: int) -> None:
+        conn.send(("progress", stage, done, total))
+
+    try:
+        engine = make_engine(cfg, progress=progress)
+        facts = engine_facts(engine)
+    except ConfigError as e:
+        conn.send(("error", str(e)))
+        return
+    except BaseException as e:  # noqa: BLE001 - one line to the parent, whatever it was
+        conn.send(("error", f"the engine could not start: {type(e).__name__}: {e}"))
+        return
+    _EngineCore(engine, in_addr, out_addr).run(lambda: conn.send(("ready", facts)))
+
+
+class _EngineCore:
+    """The engine process's loop: the host thread, the output thread, and the input loop on the
+    main thread."""
+
+    def __init__(self, engine: Any, in_addr: str, out_addr: str) -> None:
+        import zmq
+
+        self.engine = engine
+        self.ctx = zmq.Context(io_threads=1)
+        self.inp = self.ctx.socket(zmq.PULL)
+        self.inp.bind(in_addr)
+        self.out = self.ctx.socket(zmq.PUSH)
+        self.out.setsockopt(zmq.LINGER, 2000)
+        self.out.connect(out_addr)
+        self.outq: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.host: Any = None
+        self.host_id = 0
+        #: (code, record) pairs, one append each (atomic), codes as OutBatch.order's
+        self._buf: list[tuple[int, Any]] = []
+        self._last_status: tuple = ()
+        self._last_sched: SchedulerConfig | None = None
+
+    # listeners: the engine thread's whole cost is these appends
+    def _on_step(self, r: StepRecord) -> None:
+        self._buf.append((115, r))
+
+    def _on_output(self, o: StepOutput) -> None:
+        self._buf.append((111, o))
+
+    def _on_request(self, r: RequestRecord) -> None:
+        self._buf.append((114, r))
+
+    def _on_event(self, e: EngineEvent) -> None:
+        self._buf.append((101, e))
+
+    def _flush(self, final: bool = False) -> None:
+        h = self.host
+        if h is None:
+            return
+        err = "" if h.error is None else f"{type(h.error).__name__}: {h.error}"
+        status = (h.state, self.engine.step_id, h.submitted, h._done.is_set(), h.paused,
+                  h.load_paused, err)
+        if not self._buf and status == self._last_status and not final:
+            return
+        sched = self.engine.scheduler_config
+        if sched == self._last_sched:
+            sched = None
+        else:
+            self._last_sched = sched
+        buf, self._buf = self._buf, []
+        self._last_status = status
+        self.outq.put((self.host_id, buf, status, sched, final))
+
+    def _writer(self) -> None:
+        enc = msgspec.msgpack.Encoder()
+        while True:
+            item = self.outq.get()
+            if item is None:
+                return
+            host_id, buf, status, sched, final = item
+            steps, outs, reqs, evs = [], [], [], []
+            lists = {115: steps, 111: outs, 114: reqs, 101: evs}  # s o r e
+            for code, rec in buf:
+                lists[code].append(rec)
+            order = bytes(code for code, _ in buf)
+            state, step_id, submitted, done, paused, load_paused, err = status
+            self.out.send(enc.encode(OutBatch(host_id, order, steps, outs, reqs, evs, state,
+                                              step_id, submitted, done, paused, load_paused,
+                                              sched, err, final)), copy=False)
+
+    def _new_host(self, host_id: int) -> None:
+        from .host import EngineHost
+
+        if self.host is not None:
+            self.host.stop()
+        self.host_id = host_id
+        self._last_status = ()
+        self.host = EngineHost(self.engine, on_step=self._on_step, on_request=self._on_request,
+                               on_event=self._on_event, on_output=self._on_output,
+                               on_flush=self._flush)
+
+    def run(self, ready: Callable[[], None]) -> None:
+        writer = threading.Thread(target=self._writer, name="gpuchef-engine-out", daemon=True)
+        writer.start()
+        ready()
+        dec = msgspec.msgpack.Decoder(Inbound)
+        try:
+            while True:
+                msg = dec.decode(self.inp.recv(copy=False).buffer)
+                if isinstance(msg, Shutdown):
+                    break
+                self._handle(msg)
+        finally:
+            if self.host is not None:
+                self.host.stop()
+            self.outq.put(None)
+            writer.join(5)
+            self.engine.close()
+            self.out.close()
+            self.inp.close(linger=0)
+            self.ctx.term()
+
+    def _handle(self, msg: Any) -> None:
+        h = self.host
+        if isinstance(msg, Submit):
+            h.submit(msg.request_id, msg.prompt_token_ids, msg.sampling, msg.arrival_ns,
+                     load=msg.load)
+        elif isinstance(msg, Command):
+            try:
+                getattr(h, msg.kind)(*msg.args, **msg.kwargs)
+            except ConfigError as e:  # checked by the client already; say it if it slipped by
+                h._emit("error", message=str(e), source=str(msg.kwargs.get("source", "")))
+        elif isinstance(msg, NewHost):
+            self._new_host(msg.host)
+        elif isinstance(msg, Workload):
+            h.set_workload([_Spec(*s) for s in msg.specs], msg.t0_ns)
+        elif isinstance(msg, Start):
+            h.start(msg.t0_ns)
+        elif isinstance(msg, Stop):
+            h.stop(abort_remaining=msg.abort_remaining, abort_reason=msg.abort_reason)
+            self._flush(final=True)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    request_id: str
+    arrival_s: float
+    prompt_token_ids: list[int]
+    output_len: int
+
+
+# ---- the client --------------------------------------------------------------------------------
+
+class EngineProcessError(RuntimeError):
+    """The engine process died or its engine thread raised; the message says how."""
+
+
+def _noop(_: Any) -> None:
+    pass
+
+
+class RemoteEngine:
+    """An engine running in its own process, as the client's process sees it: the read-only
+    facts of the ``contract.Engine`` protocol (``config``, ``device``, ``dtype``, ``loaded``,
+    ``model_config``, ``max_model_len``, ``num_blocks``, ``kv``, ``attn``, ``engine_name``,
+    ``tensor_parallel_size``, ``async_scheduling``, ``scheduler_config``, ``step_id``) kept up to
+    date from the record stream, and ``new_host(...)``, the ``EngineHost`` that drives it.
+
+    ``RemoteEngine.spawn(cfg)`` starts the process and blocks until the engine is built.
+    ``close()`` shuts the process down (idempotent).
+    """
+
+    def __init__(self, proc: Any, ctx: Any, push: Any, pull: Any, tmpdir: str,
+                 facts: dict[str, Any]) -> None:
+        import torch
+
+        self._proc = proc
+        self._ctx = ctx
+        self._push = push
+        self._pull = pull
+        self._tmpdir = tmpdir
+        self._send_lock = threading.Lock()
+        self._enc = msgspec.msgpack.Encoder()
+        self.config: EngineConfig = facts["config"]
+        self.device = torch.device(facts["device"])
+        self.dtype = getattr(torch, facts["dtype"])
+        self.loaded = facts["loaded"]
+        self.model_config = facts["model_config"]
+        self.max_model_len: int = facts["max_model_len"]
+        self.num_blocks: int = facts["num_blocks"]
+        self.kv = _KV(self, facts["block_size"])
+        self.attn = _Backend(facts["attn"])
+        self.decode_attention = facts["decode_attention"]
+        self.kernels = facts["kernels"]
+        self.engine_name: str = facts["engine_name"]
+        self.tensor_parallel_size: int = facts["tensor_parallel_size"]
+        self.async_scheduling: bool = facts["async_scheduling"]
+        self.scheduler_config: SchedulerConfig = facts["scheduler_config"]
+        self.step_id: int = facts["step_id"]
+        self.live_limits: dict[str, int] | None = facts["live_limits"]
+        self.device_name: str = facts["device_name"]
+        self.requests: dict[str, Any] = {}  # the engine's requests live in its process
+        #: (running, waiting, KV blocks used, KV blocks total) after the latest step
+        self.state: tuple[int, int, int, int] | None = None
+        self.pid = proc.pid
+        self._host: EngineCoreClient | None = None
+        self._host_ids = 0
+        self._closed = False
+        self.error = ""
+        self._rx = threading.Thread(target=self._receive, name="gpuchef-engine-rx", daemon=True)
+        self._rx.start()
+
+    # -- start-up ----------------------------------------------------------------------------
+    @classmethod
+    def spawn(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
+              timeout_s: float = START_TIMEOUT_S) -> "RemoteEngine":
+        """Start the engine process for ``cfg`` and wait until its engine is built.
+        ``progress(stage, done, total)``: the engine's start-up stages, as ``make_engine``
+        reports them. Raises ConfigError with the engine process's one line when it cannot
+        build the engine (or when it dies or does not answer within ``timeout_s``)."""
+        import multiprocessing as mp
+
+        import zmq
+
+        tmpdir = tempfile.mkdtemp(prefix="gpuchef-engine-")
+        in_addr = f"ipc://{os.path.join(tmpdir, 'in')}"
+        out_addr = f"ipc://{os.path.join(tmpdir, 'out')}"
+        ctx = zmq.Context(io_threads=1)
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(out_addr)
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(in_addr)
+        mpc = mp.get_context("spawn")  # no fork: CUDA and threads do not survive one
+        parent, child = mpc.Pipe(duplex=False)
+        proc = mpc.Process(target=_engine_main, args=(child, cfg, in_addr, out_addr),
+                           name="gpuchef-engine", daemon=True)
+
+        def fail(msg: str) -> ConfigError:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            push.close(linger=0)
+            pull.close(linger=0)
+            ctx.term()
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            return ConfigError(msg)
+
+        proc.start()
+        child.close()
+        end = time.monotonic() + timeout_s
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise fail(f"the engine process did not build the engine within {timeout_s:g} s")
+            try:
+                if not parent.poll(min(left, 1.0)):
+                    if not proc.is_alive():
+                        raise fail(f"the engine process exited while starting ({_exit_how(proc)})")
+                    continue
+                msg = parent.recv()
+            except (EOFError, OSError):
+                raise fail(f"the engine process exited while starting ({_exit_how(proc)})") \
+                    from None
+            if msg[0] == "progress":
+                if progress is not None:
+                    progress(*msg[1:])
+            elif msg[0] == "error":
+                raise fail(msg[1])
+            else:
+                parent.close()
+                return cls(proc, ctx, push, pull, tmpdir, msg[1])
+
+    # -- the contract's read side --------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return self.state[0] if self.state else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self.state[1] if self.state else 0
+
+    def has_unfinished(self) -> bool:
+        return bool(self.state and (self.state[0] or self.state[1]))
+
+    def validate_scheduler_config(self, cfg: SchedulerConfig) -> None:
+        """Raise ConfigError if the engine cannot take ``cfg`` live (vLLM: a budget or
+        max_num_seqs above its start-up value, ``vllm_mapping.check_live_knobs``)."""
+        if self.live_limits:
+            from .vllm_mapping import check_live_knobs
+
+            check_live_knobs(cfg, **self.live_limits)
+
+    # -- hosts -----------------------------------------------------------------------------------
+    def new_host(self, *, on_step: Callable[[StepRecord], None] = _noop,
+                 on_request: Callable[[RequestRecord], None] = _noop,
+                 on_event: Callable[[EngineEvent], None] = _noop,
+                 on_output: Callable[[StepOutput], None] = _noop) -> "EngineCoreClient":
+        """A fresh host for the engine (the previous one, if any, must be stopped): the
+        ``EngineHost`` API, its listeners called on this process's receiver thread."""
+        if self._closed:
+            raise EngineProcessError(self.error or "the engine process is closed")
+        self._host_ids += 1
+        h = EngineCoreClient(self, self._host_ids, on_step=on_step, on_request=on_request,
+                             on_event=on_event, on_output=on_output)
+        self._host = h
+        self._send(NewHost(h.host_id))
+        return h
+
+    def _send(self, msg: Any) -> None:
+        with self._send_lock:
+            self._push.send(self._enc.encode(msg), copy=False)
+
+    def _receive(self) -> None:
+        import zmq
+
+        dec = msgspec.msgpack.Decoder(OutBatch)
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        while True:
+            try:
+                ready = poller.poll(LIVENESS_POLL_MS)
+            except zmq.ZMQError:
+                return
+            if not ready:
+                if self._closed:
+                    return
+                if not self._proc.is_alive():
+                    self._died(f"the engine process is gone ({_exit_how(self._proc)})")
+                    return
+                continue
+            try:
+                frame = self._pull.recv(copy=False)
+            except zmq.ZMQError:
+                return
+            b = dec.decode(frame.buffer)
+            self._apply(b)
+
+    def _apply(self, b: OutBatch) -> None:
+        if b.state is not None:
+            self.state = tuple(b.state)
+        self.step_id = b.step_id
+        if b.sched is not None:
+            self.scheduler_config = b.sched
+        h = self._host
+        if h is None or h.host_id != b.host:
+            return
+        h._receive(b)
+
+    def _died(self, msg: str) -> None:
+        self.error = msg
+        h = self._host
+        if h is not None:
+            h._engine_died(msg)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Shut the engine process down (its engine releases what it holds) and wait for it;
+        killed after ``timeout`` s. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._proc.is_alive():
+            try:
+                self._send(Shutdown())
+            except Exception:  # noqa: BLE001 - the process may be gone already
+                pass
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+        self._rx.join(2)
+        self._push.close(linger=0)
+        self._pull.close(linger=0)
+        self._ctx.term()
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+def _exit_how(proc: Any) -> str:
+    code = proc.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class EngineCoreClient:
+    """``EngineHost``'s API for an engine in its own process (``RemoteEngine.new_host``).
+
+    Requests and commands are messages to the engine process, applied there between steps in
+    the order sent. Knob changes are validated here first (ConfigError naming the value and the
+    allowed range; nothing is sent). Listeners run on the receiver thread, one record at a
+    time in the engine's order. ``state``, ``step_id``, ``scheduler_config``, ``paused``,
+    ``load_paused``: the latest the engine sent. ``error``: the engine thread's exception, or
+    an EngineProcessError once the engine process is gone.
+    """
+
+    def __init__(self, engine: RemoteEngine, host_id: int, *, on_step: Callable, on_request:
+                 Callable, on_event: Callable, on_output: Callable) -> None:
+        self.engine = engine
+        self.host_id = host_id
+        self.on_step = on_step
+        self.on_request = on_request
+        self.on_event = on_event
+        self.on_output = on_output
+        self.error: BaseException | None = None
+        self.paused = False
+        self.load_paused = False
+        self.t0_ns = 0
+        self.workload_total = 0
+        self.submitted = 0  # requests this host sent (workload + submit)
+        self._engine_submitted = 0
+        self._engine_done = False
+        self._done = threading.Event()
+        self._final = threading.Event()
+        self._started = False
+        self._stopped = False
+
+    @property
+    def state(self) -> tuple[int, int, int, int] | None:
+        return self.engine.state
+
+    @property
+    def step_id(self) -> int:
+        return self.engine.step_id
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.engine.scheduler_config
+
+    # -- load ---------------------------------------------------------------------------------
+    def set_workload(self, specs: Iterable[Any], t0_ns: int | None = None) -> None:
+        """As ``EngineHost.set_workload``: call before ``start``."""
+        rows = [(s.request_id, float(s.arrival_s), list(s.prompt_token_ids), int(s.output_len))
+                for s in specs]
+        self.workload_total += len(rows)
+        self.submitted += len(rows)
+        self.engine._send(Workload(rows, t0_ns))
+
+    def submit(self, request_id: str, prompt_token_ids: Iterable[int],
+               sampling: SamplingParams | None = None, arrival_ns: int | None = None, *,
+               load: bool = True) -> None:
+        """As ``EngineHost.submit``; the arrival time is taken here, when not given."""
+        self._done.clear()
+        self.submitted += 1
+        self.engine._send(Submit(request_id, list(prompt_token_ids), sampling or SamplingParams(),
+                                 time.monotonic_ns() if arrival_ns is None else arrival_ns,
+                                 load))
+
+    # -- commands -----------------------------------------------------------------------------
+    def _cmd(self, kind: str, *args: Any, **kwargs: Any) -> None:
+        self.engine._send(Command(kind, list(args), kwargs))
+
+    def _check(self, changes: dict[str, Any]) -> dict[str, Any]:
+        parsed = {k: parse_value(k, v) for k, v in changes.items()}
+        cfg = self.engine.scheduler_config.with_changes(**parsed)
+        self.engine.validate_scheduler_config(cfg)
+        return parsed
+
+    def set_knob(self, name: str, value: Any, source: str = "") -> Any:
+        v = self._check({name: value})[name]
+        self._cmd("set_config", source=source, **{name: v})
+        return v
+
+    def set_config(self, source: str = "", **changes: Any) -> dict[str, Any]:
+        parsed = self._check(changes)
+        self._cmd("set_config", source=source, **parsed)
+        return parsed
+
+    def set_auto_budget(self, spec: Any) -> str:
+        from .config import AUTO_BUDGET
+
+        return self.set_knob(AUTO_BUDGET, "" if spec is None else spec)
+
+    def set_mode(self, mode: str) -> str:
+        return self.set_knob("mode", mode)
+
+    def pause(self) -> None:
+        self._cmd("pause")
+
+    def resume(self) -> None:
+        self._cmd("resume")
+
+    def pause_load(self) -> None:
+        self._cmd("pause_load")
+
+    def resume_load(self) -> None:
+        self._cmd("resume_load")
+
+    def mark(self, label: str) -> None:
+        self._cmd("mark", label)
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self._cmd("abort", request_id, reason)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, t0_ns: int | None = None) -> None:
+        if self._started:
+            raise RuntimeError("EngineHost already started")
+        self._started = True
+        self.t0_ns = time.monotonic_ns() if t0_ns is None else int(t0_ns)
+        self.engine._send(Start(self.t0_ns))
+
+    def stop(self, timeout: float | None = 10.0, *, abort_remaining: bool = False,
+             abort_reason: str = "abort") -> None:
+        """As ``EngineHost.stop``: returns once the engine process stopped the host and its last
+        records (the withdrawn requests' too) went to the listeners, or after ``timeout``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.engine._closed or not self.engine._proc.is_alive():
+            return
+        self.engine._send(Stop(abort_remaining, abort_reason))
+        self._final.wait(timeout)
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    # -- the receiver thread ------------------------------------------------------------------
+    def _receive(self, b: OutBatch) -> None:
+        it = {115: iter(b.steps), 111: iter(b.outputs), 114: iter(b.requests),
+              101: iter(b.events)}
+        calls = {115: self.on_step, 111: self.on_output, 114: self.on_request, 101: self.on_event}
+        for code in b.order:
+            calls[code](next(it[code]))
+        self.paused = b.paused
+        self.load_paused = b.load_paused
+        if b.error and self.error is None:
+            self.error = EngineProcessError(b.error)
+        self._engine_submitted = b.submitted
+        if (b.done and b.submitted >= self.submitted) or b.error:
+            self._done.set()
+        if b.final:
+            self._final.set()
+
+    def _engine_died(self, msg: str) -> None:
+        if self.error is None:
+            self.error = EngineProcessError(msg)
+        self.on_event(EngineEvent("error", self.engine.step_id, time.monotonic_ns(), "engine",
+                                  message=msg))
+        self._done.set()
+        self._final.set()
+
+
+def make_host(engine: Any, **listeners: Any) -> Any:
+    """The host for ``engine``: ``RemoteEngine.new_host`` for an engine in its own process, an
+    in-thread ``EngineHost`` for one built in this process (tests, benchmarks that compare
+    the two). ``listeners``: ``on_step``, ``on_request``, ``on_event``, ``on_output``."""
+    if isinstance(engine, RemoteEngine):
+        return engine.new_host(**listeners)
+    from .host import EngineHost
+
+    return EngineHost(engine, **listeners)
+
+
+__all__ = ["EngineCoreClient", "EngineProcessError", "OutBatch", "RemoteEngine", "device_name",
+           "engine_facts", "make_host"]
