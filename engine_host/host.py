@@ -236,6 +236,7 @@ class EngineHost:
                 rec = self.engine.abort(rid, abort_reason)
                 if rec is not None:
                     self.on_request(rec)
+            self._note_state()
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Block until every request given so far (workload and ``submit``) has finished, or

@@ -8,6 +8,7 @@ Timeline instead of plain lists.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ def build_engine(cfg: EngineConfig, console: Console | None = None, *,
     """Start the engine: by default in a process of its own (``engine_host.core.RemoteEngine``:
     the engine core's busy loop alone with its I/O threads, as every command runs it), or, with
     ``in_process``, built in this process (an ``LLMEngine``/``VllmEngine`` for an in-thread
-    ``EngineHost``: benchmarks that measure what the process boundary costs). Loads the model
+    ``EngineHost``: benchmarks that measure what the process boundary costs; the environment
+    variable ``GPUCHEF_IN_PROCESS_ENGINE=1`` asks the same of a command). Loads the model
     and sizes the KV cache, showing weight loading as a progress bar on ``console`` (stderr by
     default). ``cfg.engine`` picks gpuchef's native engine or vLLM
     (``engine_host.factory.make_engine``). Raises ConfigError for bad settings or a bad model
@@ -49,7 +51,7 @@ def build_engine(cfg: EngineConfig, console: Console | None = None, *,
             progress.update(t, completed=done, total=total or None)
 
         t0 = time.perf_counter()
-        if in_process:
+        if in_process or os.environ.get("GPUCHEF_IN_PROCESS_ENGINE") == "1":
             engine = make_engine(cfg, progress=on_progress)
         else:
             engine = RemoteEngine.spawn(cfg, progress=on_progress)

@@ -24,9 +24,17 @@ elif ls benchmarks/device/aot/aot.tar.xz.* >/dev/null 2>&1; then
 fi
 cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"
+# arguments: job lists (jobs/NAME.txt, run by run.sh) or worker scripts (NAME, NAME.sh)
 WORKERS=${*:-worker_a worker_b}
-echo $WORKERS > /tmp/flags/workers
+names=""
 for w in $WORKERS; do
-  setsid nohup bash /tmp/g/benchmarks/device/$w.sh > /tmp/res/$w.out 2>&1 < /dev/null &
+  case "$w" in
+    *.txt) n=$(basename $w .txt)
+           setsid nohup bash /tmp/g/benchmarks/device/run.sh $w > /tmp/res/$n.out 2>&1 < /dev/null & ;;
+    *) n=$w
+       setsid nohup bash /tmp/g/benchmarks/device/$w.sh > /tmp/res/$w.out 2>&1 < /dev/null & ;;
+  esac
+  names="$names $n"
 done
+echo $names > /tmp/flags/workers
 sleep 2; cat /tmp/res/status.txt 2>/dev/null; echo started
