@@ -22,7 +22,7 @@ from .records import RequestRecord, StepOutput, StepRecord
 from .request import Request, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, CudaGraphPiecewise, ModelRunner, StepHandle
-from .scheduler import Postprocessed, Scheduler, SchedulerOutput
+from .scheduler import Postprocessed, Scheduler, SchedulerOutput, usable_blocks
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -188,11 +188,19 @@ class LLMEngine:
             n = usable // per_block
         else:
             n = CPU_DEFAULT_BLOCKS
+        # A request of max_model_len tokens must pass add_request, which counts only the blocks
+        # above the admission watermark: check against those, not all n.
         need = cdiv(self.max_model_len, cc.block_size)
-        if n < need:
-            raise ConfigError(f"KV cache of {n} block{'s' * (n != 1)} ({n * cc.block_size} tokens) cannot hold one "
-                              f"request of max_model_len {self.max_model_len}: allowed ≥ {need} "
-                              "blocks (raise the KV memory or lower --max-model-len)")
+        usable = usable_blocks(n)
+        if usable < need:
+            least = need
+            while usable_blocks(least) < need:
+                least += 1
+            raise ConfigError(
+                f"KV cache of {n} block{'s' * (n != 1)} ({n * cc.block_size} tokens) has {usable} "
+                f"usable ({n - usable} kept free by the 1 % admission watermark) and cannot hold "
+                f"one request of max_model_len {self.max_model_len}: allowed ≥ {least} blocks "
+                f"(raise the KV memory) or --max-model-len ≤ {usable * cc.block_size}")
         return n
 
     @property
@@ -236,7 +244,7 @@ class LLMEngine:
         prompt = list(prompt_token_ids)
         check_prompt(request_id, prompt, self.model_config.vocab_size, self.max_model_len)
         total = min(len(prompt) + sampling.max_tokens, self.max_model_len)
-        usable = self.num_blocks - self.scheduler.watermark_blocks
+        usable = usable_blocks(self.num_blocks)
         if cdiv(total, self.kv.block_size) > usable:
             raise ConfigError(f"request {request_id!r}: {total} tokens need "
                               f"{cdiv(total, self.kv.block_size)} KV blocks, the cache has "

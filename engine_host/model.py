@@ -39,7 +39,8 @@ class ModelConfig:
     """A Llama-family model's shape, read from a Hugging Face ``config.json`` dict.
 
     Sizes in elements; ``rope_theta`` is the RoPE base; ``rope_scaling`` is None or a dict with
-    ``rope_type`` "linear" or "llama3" (see ``ops.rope_inv_freq``). ``sliding_window`` (tokens)
+    ``rope_type`` "linear" or "llama3" and that type's numbers, nothing else
+    (``ops.normalize_rope_scaling``, used by ``ops.rope_inv_freq``). ``sliding_window`` (tokens)
     is kept for Mistral v0.1-style configs: attention here has no window, so the engine must not
     run sequences longer than ``max_context``.
     """
@@ -117,8 +118,9 @@ class ModelConfig:
         llama/mistral/qwen2 when ``architectures`` is absent) and vocab_size, hidden_size,
         intermediate_size, num_hidden_layers, num_attention_heads, max_position_embeddings.
         Defaults are transformers' LlamaConfig defaults. RoPE comes from ``rope_theta`` +
-        ``rope_scaling`` (4.x) or ``rope_parameters`` (5.x). ``eos_token_id`` may be an int, a
-        list or null. Raises ConfigError naming the missing or bad field and what is allowed.
+        ``rope_scaling`` (4.x) or ``rope_parameters`` (5.x): see ``_rope_from``. ``eos_token_id``
+        may be an int, a list or null. Raises ConfigError naming the missing or bad field and
+        what is allowed.
         """
         if not isinstance(cfg, dict):
             raise ConfigError(f"a model config must be a JSON object, got {type(cfg).__name__}")
@@ -231,15 +233,77 @@ def _pos_int(cfg: dict[str, Any], key: str) -> int:
 
 
 def _rope_from(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from either transformers 4.x or 5.x spelling."""
-    rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and "rope_theta" in rp:  # transformers 5: one dict for both
-        theta, scaling = rp["rope_theta"], rp
-    else:
-        theta, scaling = cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling")
+    """(rope_theta, rope_scaling) from a ``config.json`` dict, read as transformers 4.45–5.x do.
+
+    The RoPE dict is ``rope_scaling`` when it is set (the 4.x name; 5.x still takes it over
+    ``rope_parameters``), else ``rope_parameters`` (5.x). It is either flat or nested per
+    attention layer type (``{"full_attention": {...}, "sliding_attention": {...}}``); a nested
+    one must give every layer type that ``layer_types`` lists (all its entries when the config
+    has no ``layer_types``) the same RoPE, since one RoPE serves every layer here. In a flat
+    dict (or each nested one), ``rope_theta`` and ``partial_rotary_factor`` may sit inside or at
+    the top level (inside wins in 5.x; given in both, they must agree), as may llama3's
+    ``original_max_position_embeddings`` (5.x takes the top-level one, 4.x the inner one: given
+    in both, they must agree), which defaults to ``max_position_embeddings`` as in 5.x.
+    Raises ConfigError naming the value and what is allowed.
+    """
+    source = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    rp = cfg.get(source)
+    if rp is None:
+        rp = {}
+    if not isinstance(rp, dict):
+        raise ConfigError(f"{source} must be a JSON object or null, got {rp!r}")
+    per_type = [k for k, v in rp.items() if isinstance(v, dict)]
+    if not per_type:
+        return _rope_one(rp, cfg, source)
+    flat = [k for k, v in rp.items() if k not in per_type and v is not None]
+    if flat:
+        raise ConfigError(f"{source} mixes per-layer-type entries ({', '.join(per_type)}) with "
+                          f"flat RoPE keys ({', '.join(flat)}): allowed one or the other")
+    layer_types = cfg.get("layer_types")
+    used = list(dict.fromkeys(layer_types)) if isinstance(layer_types, list) and layer_types \
+        else list(rp)
+    ropes = {}
+    for lt in used:
+        if rp.get(lt) is None:  # null is transformers' "no RoPE on these layers"
+            raise ConfigError(f"{source} gives layer type {lt!r} "
+                              f"{'null (no RoPE)' if lt in rp else 'no entry'}: allowed a RoPE "
+                              f"object for every layer type used ({', '.join(used)})")
+        ropes[lt] = _rope_one(rp[lt], cfg, f"{source}[{lt!r}]")
+    first = next(iter(ropes.values()))
+    if any(r != first for r in ropes.values()):
+        got = "; ".join(f"{lt}: rope_theta {t:g}, scaling {sc}" for lt, (t, sc) in ropes.items())
+        raise ConfigError(f"{source} gives layer types different RoPE ({got}): allowed only the "
+                          "same rope_theta and scaling for every layer type (one RoPE serves "
+                          "every layer)")
+    return first
+
+
+def _rope_one(rope: dict[str, Any], cfg: dict[str, Any],
+              where: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from one flat RoPE dict ``rope`` found at ``where`` in
+    ``cfg``, with the top-level fields it may lack (see ``_rope_from``)."""
+    rope = {k: v for k, v in rope.items() if v is not None}  # a null field is an absent one
+    merged = dict(rope)
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in rope and cfg.get(key) is not None and rope[key] != cfg[key]:
+            raise ConfigError(f"{key} is {cfg[key]!r} at the top level but {rope[key]!r} in "
+                              f"{where}: allowed one of them, or the same value in both")
+        if key not in rope and cfg.get(key) is not None:
+            merged[key] = cfg[key]
+    theta = merged.get("rope_theta", 10000.0)
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
         raise ConfigError(f"rope_theta must be a positive number, got {theta!r}")
-    return float(theta), ops.normalize_rope_scaling(scaling)
+    orig = "original_max_position_embeddings"
+    if orig not in rope:
+        merged[orig] = cfg.get(orig) if cfg.get(orig) is not None \
+            else cfg["max_position_embeddings"]
+    scaling = ops.normalize_rope_scaling(merged, where)
+    if (scaling is not None and scaling["rope_type"] == "llama3" and orig in rope
+            and cfg.get(orig) is not None and rope[orig] != cfg[orig]):
+        raise ConfigError(f"{orig} is {cfg[orig]!r} at the top level but {rope[orig]!r} in "
+                          f"{where} (transformers 5 reads the first, 4.x the second): allowed "
+                          "one of them, or the same value in both")
+    return float(theta), scaling
 
 
 # ----------------------------------------------------------------------------- modules

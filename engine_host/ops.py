@@ -187,34 +187,40 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- RoPE
 
 
-def normalize_rope_scaling(rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Check a config's ``rope_scaling`` dict and return it with the key ``rope_type`` set.
+def normalize_rope_scaling(rope_scaling: dict[str, Any] | None,
+                           where: str = "rope_scaling") -> dict[str, Any] | None:
+    """Check one flat RoPE dict from a config and return what ``rope_inv_freq`` reads from it.
 
-    Accepts transformers' spellings (``rope_type``, or the older ``type``); ``None`` or type
-    ``default`` → None. Raises ConfigError for an unsupported type (allowed: linear, llama3) or a
-    missing field, naming it.
+    The type is ``rope_type``, else the older ``type`` (transformers' order), else ``default``;
+    ``None``, ``{}`` or type ``default`` → None. Otherwise returns ``{"rope_type": ...}`` plus the
+    numbers that type needs (linear: ``factor``; llama3: ``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings``); other keys (``rope_theta``, which
+    the model config keeps apart, or another type's fields) are dropped. ``partial_rotary_factor``
+    must be absent or 1: every head dim is rotated. Raises ConfigError naming ``where`` (the
+    config field the dict came from), the bad value and what is allowed.
     """
     if not rope_scaling:
         return None
     if not isinstance(rope_scaling, dict):
-        raise ConfigError(f"rope_scaling must be a JSON object or null, got {rope_scaling!r}")
-    rs = dict(rope_scaling)
-    rope_type = rs.get("rope_type", rs.get("type", "default"))
+        raise ConfigError(f"{where} must be a JSON object or null, got {rope_scaling!r}")
+    prf = rope_scaling.get("partial_rotary_factor")
+    if prf is not None and prf != 1:
+        raise ConfigError(f"{where} partial_rotary_factor {prf!r} is not supported: allowed 1 "
+                          "(gpuchef rotates the whole head)")
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise ConfigError(f"rope_scaling rope_type {rope_type!r} is not supported; "
+        raise ConfigError(f"{where} rope_type {rope_type!r} is not supported; "
                           f"allowed: {', '.join(ROPE_TYPES)}")
     if rope_type == "default":
         return None
     need = ("factor",) if rope_type == "linear" else (
         "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     for key in need:
-        if not isinstance(rs.get(key), (int, float)) or isinstance(rs.get(key), bool):
-            raise ConfigError(f"rope_scaling of type {rope_type!r} needs a number {key!r}, "
-                              f"got {rs.get(key)!r}")
-    rs["rope_type"] = rope_type
-    rs.pop("type", None)
-    rs.pop("rope_theta", None)  # transformers 5 keeps theta in the same dict; ours is separate
-    return rs
+        v = rope_scaling.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ConfigError(f"{where} of type {rope_type!r} needs a positive number {key!r}, "
+                              f"got {v!r}")
+    return {"rope_type": rope_type, **{key: rope_scaling[key] for key in need}}
 
 
 def rope_inv_freq(head_dim: int, rope_theta: float,

@@ -37,6 +37,19 @@ def _quiet(kind: str, message: str) -> None:
     pass
 
 
+def watermark_blocks(num_blocks: int) -> int:
+    """KV blocks that admission keeps free for running decodes in a cache of ``num_blocks``:
+    1 % (at least 1) from 100 blocks up, none below (vLLM V0's ``watermark=0.01``)."""
+    return max(1, num_blocks // 100) if num_blocks >= 100 else 0
+
+
+def usable_blocks(num_blocks: int) -> int:
+    """The most KV blocks one request may need in a cache of ``num_blocks``: all but the
+    admission watermark. ``LLMEngine.add_request`` refuses requests above it, and the engine's
+    start-up check of ``max_model_len`` against the cache uses it too."""
+    return num_blocks - watermark_blocks(num_blocks)
+
+
 def reaches_length(req: Request, num_output: int, max_model_len: int) -> bool:
     """Whether ``num_output`` output tokens end ``req`` by length: its ``max_tokens``, or the
     context ``max_model_len`` filled (vLLM's finish reason "length")."""
@@ -112,7 +125,7 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.watermark_blocks = max(1, kv.num_blocks // 100) if kv.num_blocks >= 100 else 0
+        self.watermark_blocks = watermark_blocks(kv.num_blocks)
         self.autopilot: Autopilot | None = None  # built when config.auto_budget is set
         self.notify: Callable[[str, str], None] = _quiet  # the autopilot's status (host sets it)
 

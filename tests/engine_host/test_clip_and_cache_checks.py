@@ -1,13 +1,17 @@
 """``clip_stats`` counts what ``max_model_len`` cuts from a load (the engine side prints
-nothing), and ``CacheConfig`` refuses KV sizes and memory fractions out of range."""
+nothing), ``CacheConfig`` refuses KV sizes and memory fractions out of range, and the engine
+refuses at start-up a KV cache whose usable blocks cannot hold one max_model_len request."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
-from gpuchef.engine_host.config import CacheConfig, ConfigError
+from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig
+from gpuchef.engine_host.kv_cache import KVCacheManager
+from gpuchef.engine_host.request import SamplingParams
 from gpuchef.engine_host.workload import WorkloadConfig, clip_stats, generate
 
 
@@ -59,3 +63,47 @@ def test_cache_config_refuses(kw, msg):
 def test_cache_config_accepts_edges():
     CacheConfig(gpu_memory_utilization=1.0, kv_cache_memory_gb=0.5, num_gpu_blocks=1)
     CacheConfig(gpu_memory_utilization=0.01)
+
+
+# one KV block of the tiny preset on CPU (float32): 4 layers, 16 tokens, 2 KV heads of 64
+TINY_BLOCK_BYTES = KVCacheManager.bytes_per_block(4, 16, 2, 64, torch.float32)
+
+
+def _admits_max_model_len(eng) -> None:
+    """A request of exactly max_model_len tokens (prompt + max_tokens) passes add_request."""
+    n = eng.max_model_len
+    eng.add_request("full", [3] * (n - 1), SamplingParams(max_tokens=1))
+    eng.add_request("full-2", [3] * (n // 2), SamplingParams(max_tokens=n - n // 2))
+
+
+@pytest.mark.parametrize("cache", [
+    CacheConfig(num_gpu_blocks=512),  # 512 × 16 = 8192 tokens, 5 of them kept by the watermark
+    CacheConfig(kv_cache_memory_gb=512 * TINY_BLOCK_BYTES / 2**30),  # the same 512 blocks
+], ids=["num-gpu-blocks", "kv-cache-memory"])
+def test_engine_max_model_len_is_admissible(cache):
+    """The serve report: --num-gpu-blocks 512 started with max_model_len 8192, then refused an
+    8150-token request ("cache has 507 usable"). Whatever max_model_len an engine starts with must
+    pass add_request; a cache too small for it is refused at start-up, naming the usable blocks
+    and both ways out, and each way out starts an engine that admits its max_model_len."""
+    from gpuchef.engine_host.engine import LLMEngine
+
+    cfg = EngineConfig(model="tiny", device="cpu", cache=cache)
+    try:
+        eng = LLMEngine(cfg)
+    except ConfigError as e:
+        assert str(e) == ("KV cache of 512 blocks (8192 tokens) has 507 usable (5 kept free by "
+                          "the 1 % admission watermark) and cannot hold one request of "
+                          "max_model_len 8192: allowed ≥ 517 blocks (raise the KV memory) or "
+                          "--max-model-len ≤ 8112")
+    else:
+        _admits_max_model_len(eng)  # failed before the fix: "the cache has 507 usable"
+    more = LLMEngine(EngineConfig(model="tiny", device="cpu",
+                                  cache=CacheConfig(num_gpu_blocks=517)))
+    assert more.max_model_len == 8192
+    _admits_max_model_len(more)
+    shorter = LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=8112,
+                                     cache=CacheConfig(num_gpu_blocks=512)))
+    _admits_max_model_len(shorter)
+    with pytest.raises(ConfigError, match="allowed ≥ 517 blocks"):
+        LLMEngine(EngineConfig(model="tiny", device="cpu",
+                               cache=CacheConfig(num_gpu_blocks=516)))

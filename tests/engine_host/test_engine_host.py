@@ -176,8 +176,9 @@ def test_engine_errors_name_the_value():
         CacheConfig(block_size=12)
     with pytest.raises(ConfigError, match="max-model-len 100000"):
         LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=100000))
-    with pytest.raises(ConfigError, match=r"KV cache of 1 block \(16 tokens\) cannot hold one "
-                                          r"request of max_model_len 8192: allowed ≥ 512 blocks"):
+    with pytest.raises(ConfigError, match=r"KV cache of 1 block \(16 tokens\) has 1 usable .*"
+                                          r"cannot hold one request of max_model_len 8192: "
+                                          r"allowed ≥ 517 blocks"):
         LLMEngine(EngineConfig(model="tiny", device="cpu", cache=CacheConfig(num_gpu_blocks=1)))
     with pytest.raises(ConfigError, match=r"max-model-len 0 .*allowed \[2, "):
         LLMEngine(EngineConfig(model="tiny", device="cpu", max_model_len=0))  # not "the default"

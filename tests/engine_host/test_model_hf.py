@@ -9,6 +9,7 @@ one decode token per prompt. Every row's logits must match transformers' within 
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 
@@ -177,3 +178,170 @@ def test_mixed_decode_and_prefill_step(tmp_path):
         rb = hf(torch.tensor([b])).logits[0]
     want = torch.cat([ra[9:10], rb[6:14]])
     assert (got - want).abs().max().item() <= TOL
+
+
+# ----------------------------------------------------------------------------- RoPE spellings
+# Every way transformers 4.45–5.x lets a config.json give RoPE (rope_scaling or rope_parameters,
+# rope_theta inside or at the top level, ``type`` or ``rope_type``, flat or per layer type) must
+# give the inverse frequencies transformers' own rope init computes from the same dict.
+
+_LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=64)
+_NO_THETA = {k: v for k, v in _BASE.items() if k != "rope_theta"}
+
+
+def _without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+ROPE_SPELLINGS = {
+    # the report: rope_theta at the top level, the llama3 dict in rope_parameters without it
+    "parameters-theta-top": dict(rope_theta=500000.0, rope_parameters=_LLAMA3),
+    "parameters-theta-inside": dict(rope_parameters={**_LLAMA3, "rope_theta": 500000.0}),
+    "parameters-type-key": dict(rope_theta=500000.0,
+                                rope_parameters={**_without(_LLAMA3, "rope_type"),
+                                                 "type": "llama3"}),
+    "scaling": dict(rope_theta=500000.0, rope_scaling=_LLAMA3),
+    "scaling-type-key": dict(rope_theta=500000.0,
+                             rope_scaling={**_without(_LLAMA3, "rope_type"), "type": "llama3"}),
+    "scaling-theta-inside": dict(rope_scaling={**_LLAMA3, "rope_theta": 500000.0}),
+    # transformers 5: llama3 without original_max_position_embeddings uses the top-level one,
+    # else max_position_embeddings
+    "original-max-top": dict(rope_theta=500000.0, original_max_position_embeddings=32,
+                             rope_parameters=_without(_LLAMA3, "original_max_position_embeddings")),
+    "original-max-default": dict(
+        rope_theta=500000.0, max_position_embeddings=1024,
+        rope_parameters=_without(_LLAMA3, "original_max_position_embeddings")),
+    "linear-parameters-theta-top": dict(rope_theta=500000.0,
+                                        rope_parameters=dict(rope_type="linear", factor=4.0)),
+    "default-parameters": dict(rope_parameters=dict(rope_type="default", rope_theta=500000.0)),
+    "theta-only": dict(rope_theta=500000.0),
+    "nothing": {},
+    # both set: transformers 4.x reads only rope_scaling, 5.x prefers it
+    "scaling-over-parameters": dict(rope_theta=500000.0,
+                                    rope_scaling=dict(rope_type="linear", factor=2.0),
+                                    rope_parameters=_LLAMA3),
+}
+
+
+def _gpuchef_inv_freq(spelling: dict, arch: str = "LlamaForCausalLM") -> torch.Tensor:
+    from gpuchef.engine_host import ops
+    from gpuchef.engine_host.model import ModelConfig
+
+    cfg = ModelConfig.from_hf_config({**_NO_THETA, "architectures": [arch],
+                                      **copy.deepcopy(spelling)})
+    return ops.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+
+@pytest.mark.parametrize("name", list(ROPE_SPELLINGS))
+def test_rope_spellings_match_transformers(name):
+    from transformers.models.llama import modeling_llama as hf_llama
+
+    spelling = ROPE_SPELLINGS[name]
+    # transformers fills its defaults into the dicts it is given: hand it a copy
+    hf_cfg = transformers.LlamaConfig(**{**_NO_THETA, **copy.deepcopy(spelling)})
+    want = hf_llama.LlamaRotaryEmbedding(hf_cfg).inv_freq
+    got = _gpuchef_inv_freq(spelling)
+    assert got.shape == want.shape == (8,)
+    assert torch.allclose(got, want, rtol=1e-6, atol=0), (got, want)
+    scaled = hf_cfg.rope_parameters.get("rope_type", "default") != "default"
+    plain = 1.0 / hf_cfg.rope_parameters.get("rope_theta", 10000.0) ** (
+        torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    # the spelling's scaling is in play: dropping it would fail the comparison above
+    assert scaled == (not torch.allclose(want, plain, rtol=1e-6, atol=0))
+
+
+_LAYER_TYPES = ["full_attention", "sliding_attention"]
+
+PER_LAYER_TYPE = {
+    "same": dict(rope_theta=500000.0,
+                 rope_parameters={"full_attention": _LLAMA3, "sliding_attention": _LLAMA3}),
+    "same-theta-inside": dict(rope_parameters={
+        "full_attention": {**_LLAMA3, "rope_theta": 500000.0},
+        "sliding_attention": {**_without(_LLAMA3, "rope_type"), "type": "llama3",
+                              "rope_theta": 500000.0}}),
+    # an entry for a layer type the model does not use is not read (nor by transformers)
+    "unused-type-differs": dict(rope_theta=500000.0, layer_types=["full_attention"] * 2,
+                                rope_parameters={"full_attention": _LLAMA3,
+                                                 "sliding_attention": {"rope_type": "default"}}),
+}
+
+
+@pytest.mark.parametrize("name", list(PER_LAYER_TYPE))
+def test_rope_per_layer_type_matches_transformers(name):
+    """transformers 5 nests rope_parameters per attention layer type for models with
+    ``layer_types`` (Qwen2 here); when every used type has the same RoPE, gpuchef applies it."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    spelling = {"layer_types": _LAYER_TYPES, **PER_LAYER_TYPE[name]}
+    hf_cfg = transformers.Qwen2Config(**{**_NO_THETA, **copy.deepcopy(spelling)})
+    got = _gpuchef_inv_freq(spelling, "Qwen2ForCausalLM")
+    for lt in set(spelling["layer_types"]):
+        want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, layer_type=lt)
+        assert torch.allclose(got, want, rtol=1e-6, atol=0), (lt, got, want)
+    assert not torch.allclose(got, _gpuchef_inv_freq(dict(rope_theta=500000.0)))
+
+
+@pytest.mark.parametrize("spelling,needle", [
+    (dict(rope_theta=500000.0, layer_types=_LAYER_TYPES,
+          rope_parameters={"full_attention": _LLAMA3,
+                           "sliding_attention": {"rope_type": "default"}}),
+     "rope_parameters gives layer types different RoPE (full_attention: rope_theta 500000, "
+     "scaling {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, "
+     "'high_freq_factor': 4.0, 'original_max_position_embeddings': 64}; sliding_attention: "
+     "rope_theta 500000, scaling None): allowed only the same rope_theta and scaling for every "
+     "layer type"),
+    (dict(layer_types=_LAYER_TYPES, rope_parameters={
+        "full_attention": {**_LLAMA3, "rope_theta": 500000.0},
+        "sliding_attention": {**_LLAMA3, "rope_theta": 10000.0}}),
+     "sliding_attention: rope_theta 10000"),
+    (dict(rope_theta=500000.0, layer_types=_LAYER_TYPES,
+          rope_parameters={"full_attention": _LLAMA3, "sliding_attention": None}),
+     "rope_parameters gives layer type 'sliding_attention' null (no RoPE): allowed a RoPE object "
+     "for every layer type used (full_attention, sliding_attention)"),
+    (dict(rope_theta=500000.0, layer_types=_LAYER_TYPES,
+          rope_parameters={"full_attention": _LLAMA3}),
+     "layer type 'sliding_attention' no entry"),
+    (dict(rope_theta=500000.0, rope_parameters={"full_attention": _LLAMA3, "factor": 2.0}),
+     "rope_parameters mixes per-layer-type entries (full_attention) with flat RoPE keys "
+     "(factor): allowed one or the other"),
+    (dict(rope_theta=500000.0, layer_types=_LAYER_TYPES, rope_parameters={
+        "full_attention": {"rope_type": "dynamic", "factor": 2.0},
+        "sliding_attention": {"rope_type": "dynamic", "factor": 2.0}}),
+     "rope_parameters['full_attention'] rope_type 'dynamic' is not supported; allowed: default, "
+     "linear, llama3"),
+    (dict(rope_theta=500000.0, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+     "rope_parameters rope_type 'yarn' is not supported; allowed: default, linear, llama3"),
+    (dict(rope_parameters={**_LLAMA3, "rope_theta": 500000.0, "partial_rotary_factor": 0.5}),
+     "rope_parameters partial_rotary_factor 0.5 is not supported: allowed 1"),
+    (dict(rope_theta=10000.0, rope_parameters={**_LLAMA3, "rope_theta": 500000.0}),
+     "rope_theta is 10000.0 at the top level but 500000.0 in rope_parameters: allowed one"),
+    (dict(rope_theta=500000.0, original_max_position_embeddings=32, rope_scaling=_LLAMA3),
+     "original_max_position_embeddings is 32 at the top level but 64 in rope_scaling"),
+    (dict(rope_theta=500000.0, rope_scaling={**_LLAMA3, "high_freq_factor": None}),
+     "rope_scaling of type 'llama3' needs a positive number 'high_freq_factor', got None"),
+])
+def test_rope_spellings_gpuchef_cannot_do_are_refused(spelling, needle):
+    """One ConfigError line naming the value and what is allowed, never a silent fallback."""
+    from gpuchef.engine_host.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _gpuchef_inv_freq(spelling, "Qwen2ForCausalLM")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_llama31_folder_with_theta_outside_rope_parameters(tmp_path):
+    """The report end to end: a model folder whose config.json has rope_theta at the top level
+    and the llama3 dict in rope_parameters without it gets transformers' logits."""
+    hf = _hf_model("llama-3.1-rope", seed=4)
+    _save(hf, tmp_path)
+    path = tmp_path / "config.json"
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters", None) or cfg.pop("rope_scaling")
+    cfg["rope_theta"] = rope.pop("rope_theta", None) or cfg["rope_theta"]
+    cfg["rope_parameters"] = rope
+    path.write_text(json.dumps(cfg))
+    assert "rope_theta" not in cfg["rope_parameters"] and cfg["rope_theta"] == 500000.0
+    loaded = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert loaded.config.rope_scaling["rope_type"] == "llama3"
+    compare_with_hf(hf, loaded.model, lens=(3, 20, 9), seed=2)
