@@ -31,6 +31,26 @@ DEFAULT_SLOS_GPU = {"ttft": 500.0, "tpot": 50.0}
 WINDOW_CHOICES = {"10s": 10.0, "60s": 60.0, "1m": 60.0, "10m": 600.0}
 
 
+#: `top` with stdout redirected: no terminal to draw on, and the dashboard kept a core busy
+#: (~100 % CPU against 2.6 % in a terminal)
+NOT_A_TERMINAL = ("gpuchef top draws a live dashboard and needs a terminal, but its standard "
+                  "output is not one (redirected to a file or a pipe): run it in a terminal; "
+                  "for a headless run use `gpuchef bench` (one load, a results block) or "
+                  "`gpuchef serve` (the engine over HTTP, as `top --serve` without the dashboard)")
+
+
+def stdout_is_terminal() -> bool:
+    """Whether this process's standard output is a terminal."""
+    out = sys.stdout
+    return out is not None and out.isatty()
+
+
+def check_terminal() -> None:
+    """Refuse (ConfigError: :data:`NOT_A_TERMINAL`) when stdout is not a terminal."""
+    if not stdout_is_terminal():
+        raise ConfigError(NOT_A_TERMINAL)
+
+
 def check_screenshot_dir(path: str) -> str:
     """``--screenshot-dir``, before any work: a missing folder is created, as the output-file
     flags' parents are (options.check_output_dir); a file, or a folder this process cannot
@@ -112,6 +132,9 @@ def top(ctx: click.Context, **o) -> None:
     within seconds (the header says so). Keys: m mode, +/- budget, [/] chunk, </> rate,
     p pause load, a live A/B, e trace, s screenshot, ? help, q quit.
 
+    It draws on a terminal: with stdout redirected to a file or a pipe it stops with an error
+    (exit 2) before it starts anything; headless runs are `gpuchef bench` and `gpuchef serve`.
+
     \b
     Examples:
       gpuchef top                                   # CPU: tiny model, bundled trace
@@ -119,7 +142,7 @@ def top(ctx: click.Context, **o) -> None:
     """
     err = Console(stderr=True, soft_wrap=True)
     try:
-        app = _build(ctx, o, err)
+        app = _build(ctx, o, err, need_terminal=True)
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
@@ -178,10 +201,14 @@ def check_attach_flags(ctx: click.Context, o: dict) -> None:
             raise ConfigError(f"{', '.join(bad)} {verb} --attach URL (a server to watch)")
 
 
-def _build(ctx: click.Context, o: dict, err: Console):
+def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
+    """The app `top` runs, its session started. Every flag is checked first (ConfigError names
+    a bad one, whatever stdout is); then ``need_terminal`` (the command's own call) refuses a
+    stdout that is not a terminal, before a port is bound, an engine built or a load announced.
+    Tests and screenshot scripts that drive the app with Textual's Pilot leave it off."""
     check_attach_flags(ctx, o)
     if o["attach"]:
-        return _build_attach(ctx, o, err)
+        return _build_attach(ctx, o, err, need_terminal)
     from .engine_host.engine import resolve_device
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import parse_gpus
@@ -246,6 +273,8 @@ def _build(ctx: click.Context, o: dict, err: Console):
     if given and not o["serve"]:
         raise ConfigError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --serve "
                           "(the dashboard serves over HTTP only when asked)")
+    if need_terminal:
+        check_terminal()
     server = None
     if o["serve"]:  # a port in use or a bad tokenizer is refused before the model loads
         server = prepare_serving(o)
@@ -291,8 +320,9 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
     return app
 
 
-def _build_attach(ctx: click.Context, o: dict, err: Console):
-    """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py)."""
+def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
+    """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py).
+    ``need_terminal``: as :func:`_build`'s."""
     from .ab_runs import check_repetitions
     from .attach import AttachSession, base_of
     from .probes.sampler import check_sample_hz
@@ -348,6 +378,8 @@ def _build_attach(ctx: click.Context, o: dict, err: Console):
             if o["ab_load"]:  # an A/B asked for at start: refused before it, as other bad input
                 raise ConfigError(f"--ab-load: {why}") from None
             ab_why = f"no A/B: {why}"
+    if need_terminal:
+        check_terminal()
     # every check passed: only now a folder is made and the load announced
     o["screenshot_dir"] = check_screenshot_dir(o["screenshot_dir"])
     if load is not None:

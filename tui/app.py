@@ -3,8 +3,11 @@
 One timer (``fps``, default 10) calls the visible screen's ``tick()``; screens redraw from
 timeline snapshots only what changed. Every command goes through the session, which validates it
 in this thread (a bad value raises ConfigError: we show its message, nothing changes) and applies
-it between engine steps. ``ui_cost_pct`` is the CPU time of this (the UI) thread as a share of
-one core over the last ~2 s — shown in the header, read by ``benchmarks/bench_ui.py``.
+it between engine steps. A key that steps or toggles a value (``+``, ``m``, ``b``, ``P``) starts
+from the value last asked for (``requested``, tui/requested.py), not from the one the engine has
+confirmed, which arrives a step or more later: every press of a burst counts. ``ui_cost_pct``
+is the CPU time of this (the UI) thread as a share of one core over the last ~2 s — shown in the
+header, read by ``benchmarks/bench_ui.py``.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from textual.app import App, ScreenStackError
 from textual.css.query import NoMatches
 from textual.message import Message
 
-from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, parse_value
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig,
+                                        parse_value)
 
 from .ab_live import ABAnalyser
 from .commands import DashboardCommands
 from .keys import bindings
+from .requested import Requested
 from .session import Session
 from .screens.ab import ABScreen
 from .screens.help import HelpScreen
@@ -77,6 +82,9 @@ class GpuchefApp(App):
         self.front_door_error = ""
         # the targets ``b`` turns the autopilot on with: the last ones in force
         self.auto_budget_targets = (session.scheduler_config.auto_budget or DEFAULT_AUTO_BUDGET)
+        #: changes sent to the engine and not yet seen in force: the stepping and toggling keys
+        #: compute from them, so that every press of a burst counts (``+++`` = ×8)
+        self.requested = Requested()
         self.ticks = 0
         self.tick_cpu_s = 0.0
 
@@ -104,6 +112,9 @@ class GpuchefApp(App):
             except NoMatches:  # a tick racing the screen's teardown at exit: nothing to draw
                 if self._screen_live(scr) and scr.children:
                     raise
+        if self.requested:  # read for the side effect: each look lets a change seen in force,
+            # even one the engine passes through, drop its entry
+            _ = self.requested_config, self.requested_engine_paused
         c1 = time.thread_time()
         self.ticks += 1
         self.tick_cpu_s += c1 - c0
@@ -137,6 +148,18 @@ class GpuchefApp(App):
                         title="HTTP server stopped", severity="error", timeout=30)
 
     # -- commands through the session --------------------------------------------------------------
+    @property
+    def requested_config(self) -> SchedulerConfig:
+        """The scheduler config as requested: the engine's, with the changes sent from here and
+        not yet in force on top (what the next step or toggle starts from)."""
+        return self.requested.config(self.session.scheduler_config)
+
+    @property
+    def requested_engine_paused(self) -> bool:
+        """Whether the engine is paused, as requested (``P``; the engine pauses between steps)."""
+        return bool(self.requested.get("engine_paused",
+                                       bool(getattr(self.session, "engine_paused", False))))
+
     def _refused(self, e: ConfigError) -> None:
         self.notify(str(e), title="refused", severity="error", timeout=8)
         self._resync()
@@ -149,8 +172,8 @@ class GpuchefApp(App):
         except ConfigError as e:
             self._refused(e)
             return False
-        if getattr(self.session.scheduler_config, name, None) == parsed:
-            return False  # already in force (e.g. a field re-sent as it was): nothing to do
+        if getattr(self.requested_config, name, None) == parsed:
+            return False  # already asked for (e.g. a field re-sent as it was): nothing to do
         if self.session.ab.state().active:
             self.notify("an A/B run is sending the load to both servers: stop it first (x)"
                         if self.session.ab.state().load else
@@ -162,6 +185,7 @@ class GpuchefApp(App):
         except ConfigError as e:
             self._refused(e)
             return False
+        self.requested.sent(name, v, getattr(self.session.scheduler_config, name, None))
         if name == AUTO_BUDGET:
             if v:
                 self.auto_budget_targets = v
@@ -211,16 +235,16 @@ class GpuchefApp(App):
 
     # -- key actions -------------------------------------------------------------------------------
     def action_toggle_mode(self) -> None:
-        cur = self.session.scheduler_config.mode
+        cur = self.requested_config.mode
         self.request_knob("mode", "continuous" if cur == "chunked" else "chunked")
 
     def action_toggle_autopilot(self) -> None:
         """``b``: the autopilot off, or on with the last targets in force this session."""
-        on = bool(self.session.scheduler_config.auto_budget)
+        on = bool(self.requested_config.auto_budget)
         self.request_knob(AUTO_BUDGET, "off" if on else self.auto_budget_targets)
 
     def action_knob_step(self, name: str, direction: int) -> None:
-        cfg = self.session.scheduler_config
+        cfg = self.requested_config
         spec = KNOBS[name]
         v = getattr(cfg, name)
         if name == "max_num_partial_prefills":
@@ -264,8 +288,9 @@ class GpuchefApp(App):
         s = self.session
         if not hasattr(s, "pause_engine"):
             return
-        paused = bool(getattr(s, "engine_paused", False))
+        paused = self.requested_engine_paused
         s.pause_engine(not paused)
+        self.requested.sent("engine_paused", not paused, bool(getattr(s, "engine_paused", False)))
         self.notify("engine resumed" if paused else "engine paused: requests wait (P resumes)",
                     timeout=3)
 
@@ -297,6 +322,7 @@ class GpuchefApp(App):
         except ConfigError as e:
             self._refused(e)
             return False
+        self.requested.forget_config()  # the A/B run sets the knobs now, and restores them
         self.show_ab()
         return True
 
@@ -315,7 +341,7 @@ class GpuchefApp(App):
         if not self.session.info.per_step_records:  # attached: two servers as they are
             self.start_ab({}, {})
             return
-        cur = self.session.scheduler_config.mode
+        cur = self.requested_config.mode
         other = "continuous" if cur == "chunked" else "chunked"
         self.start_ab({"mode": cur}, {"mode": other})
 

@@ -75,9 +75,10 @@ class DashboardCommands(Provider):
         app = self.app
         s = app.session
         cfg = s.scheduler_config
-        other = "continuous" if cfg.mode == "chunked" else "chunked"
+        want = app.requested_config  # what `m`, `b` and `a` start from: changes sent count
+        other = "continuous" if want.mode == "chunked" else "chunked"
         load = s.load.state()
-        auto = cfg.auto_budget
+        auto = want.auto_budget
         acts = [
             (f"Switch mode to {other}", partial(app.request_knob, "mode", other),
              "continuous = prefill-first whole prompts; chunked = decode-first, token budget"),
@@ -86,9 +87,9 @@ class DashboardCommands(Provider):
              "b; other targets: type 'auto itl_p99:50ms,ttft_p99:2s' or 'auto off'"),
             ("Resume load" if load.paused else "Pause load", app.action_toggle_load,
              "stop or restart new arrivals"),
-            ("Resume engine" if getattr(s, "engine_paused", False) else "Pause engine",
+            ("Resume engine" if app.requested_engine_paused else "Pause engine",
              app.action_toggle_engine, "stop stepping; queued requests wait"),
-            (f"Start A/B: mode={cfg.mode} vs mode={other}", app.action_ab,
+            (f"Start A/B: mode={want.mode} vs mode={other}", app.action_ab,
              f"windows of {app.ab_window_s:g} s; or type 'ab budget=2048 vs budget=512'"),
             ("Stop A/B", app.action_ab_stop, "settings go back to what they were"),
             ("Show A/B screen", app.show_ab, "the A/B side by side"),

@@ -74,6 +74,8 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     def no_session(*a, **kw):
         raise ConfigError("stopped by the test")
     monkeypatch.setattr(attach_mod, "AttachSession", no_session)
+    from gpuchef import top_cmd
+    monkeypatch.setattr(top_cmd, "stdout_is_terminal", lambda: True)  # CliRunner's is not one
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

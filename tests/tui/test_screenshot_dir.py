@@ -11,6 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from tui_fakes import settle
 
+from gpuchef import top_cmd
 from gpuchef.cli import _register, cli
 from gpuchef.replay_cmd import build_app
 from gpuchef.tui.app import GpuchefApp
@@ -28,6 +29,7 @@ def test_top_creates_a_missing_screenshot_folder_with_its_parents(monkeypatch, t
     seen = {}
     monkeypatch.setattr(GpuchefApp, "run", lambda app, *a, **k: seen.update(
         dir=app.screenshot_dir))
+    monkeypatch.setattr(top_cmd, "stdout_is_terminal", lambda: True)  # CliRunner's is not one
     monkeypatch.setenv("HOME", str(tmp_path))
     r = run("top", "--device", "cpu", "--model", "tiny", "--sample-hz", "1",
             "--screenshot-dir", "~/shots/run1")

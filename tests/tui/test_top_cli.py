@@ -1,7 +1,11 @@
-"""`gpuchef top` refuses bad flags before it loads a model, with the allowed range."""
+"""`gpuchef top` refuses bad flags before it loads a model, with the allowed range, and a stdout
+that is not a terminal (`top > file` drew into the file and burned a core) before it builds
+anything."""
 
+import pytest
 from click.testing import CliRunner
 
+from gpuchef import top_cmd
 from gpuchef.cli import _register, cli
 
 
@@ -50,6 +54,7 @@ def test_header_shows_only_the_live_budget_after_a_change(monkeypatch, tmp_path)
         seen["after"] = header_text(replace(st, config=live)).plain
 
     monkeypatch.setattr(GpuchefApp, "run", fake_run)
+    monkeypatch.setattr(top_cmd, "stdout_is_terminal", lambda: True)  # CliRunner's is not one
     r = run("--device", "cpu", "--model", "tiny", "--sample-hz", "1",
             "--screenshot-dir", str(tmp_path))
     assert r.exit_code == 0, r.output
@@ -57,3 +62,41 @@ def test_header_shows_only_the_live_budget_after_a_change(monkeypatch, tmp_path)
     assert f"budget {CPU_BUDGET * 4}" in seen["after"]
     assert f"{CPU_BUDGET}" not in seen["after"].replace(f"{CPU_BUDGET * 4}", ""), seen["after"]
     assert "CPU default" in seen["after"]  # it still says the budget started as a CPU default
+
+
+@pytest.mark.parametrize("args", [
+    ("--device", "cpu", "--model", "tiny"),
+    ("--device", "cpu", "--model", "tiny", "--serve", "--port", "0"),
+    ("--attach", "http://127.0.0.1:9"),
+], ids=["hosted", "serve", "attach"])
+def test_stdout_not_a_terminal_is_refused_before_anything_is_built(monkeypatch, args):
+    """CliRunner's stdout is not a terminal, as `gpuchef top > file`'s: one error line naming
+    the problem and the headless commands, exit 2, no engine, HTTP server or scrape started."""
+    import gpuchef.attach
+    import gpuchef.session
+
+    built = []
+
+    def no(what):
+        def f(*a, **k):
+            built.append(what)
+            raise AssertionError(f"{what} started")
+        return f
+
+    monkeypatch.setattr(gpuchef.session, "build_engine", no("engine"))
+    monkeypatch.setattr(top_cmd, "prepare_serving", no("HTTP server"))
+    monkeypatch.setattr(gpuchef.attach, "AttachSession", no("attach session"))
+    r = run(*args)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2, r.output
+    assert lines == [f"error: {top_cmd.NOT_A_TERMINAL}"], r.output
+    assert "needs a terminal" in lines[0] and "gpuchef bench" in lines[0] \
+        and "gpuchef serve" in lines[0]
+    assert built == []
+
+
+def test_a_bad_flag_is_named_even_without_a_terminal():
+    """The flags are checked first: a bad one is what the user hears about, terminal or not."""
+    r = run("--device", "cpu", "--fps", "100")
+    assert r.exit_code == 2 and "allowed [1, 30]" in r.output
+    assert "needs a terminal" not in r.output
