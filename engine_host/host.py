@@ -329,6 +329,7 @@ class EngineHost:
         # a paused load stops the load's arrivals from the pause on; requests that arrived
         # before it still run, and requests that are not part of the load (HTTP) go on
         held: list[_Arrival] = []
+        admitted = False
         paused_at = self._load_paused_at if self.load_paused else None
         while self._arrivals and self._arrivals[0].arrival_ns <= now:
             a = heapq.heappop(self._arrivals)
@@ -336,6 +337,7 @@ class EngineHost:
                 held.append(a)
                 continue
             self.submitted += 1
+            admitted = True
             try:
                 self.engine.add_request(a.request_id, a.prompt_token_ids, a.sampling, a.arrival_ns)
             except ConfigError as e:
@@ -345,6 +347,8 @@ class EngineHost:
                                               error=str(e)))
         for a in held:
             heapq.heappush(self._arrivals, a)
+        if admitted:  # the queue the surfaces show counts it now, not at the next step's end
+            self._note_state()
 
     def _note_state(self) -> None:
         e = self.engine

@@ -15,7 +15,8 @@ BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 sys.path.insert(0, os.path.abspath(BENCH))
 import lane_ttft  # noqa: E402
 
-TRACE = Path(BENCH) / "results" / "2026-12-01-cpu-autopilot" / "lane_long1.jsonl.gz"
+# a CPU autopilot run with a long-prompt lane (threshold 256), kept as a test fixture
+TRACE = Path(__file__).parent.parent / "data" / "lane_long1.jsonl.gz"
 
 
 def _reference(path: Path, thr: int) -> dict:

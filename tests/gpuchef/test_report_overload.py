@@ -231,7 +231,7 @@ def test_a_mode_switch_under_overload_credits_each_mode_with_its_own_work(tmp_pa
             step0 = s.host.step_id
             await until(pilot, lambda: s.host.step_id > step0 + 5)
             await pilot.press("p")  # the load stops; the queue drains under chunked
-            await until(pilot, lambda: s.load.paused and not s.engine.requests, limit_s=240)
+            await until(pilot, lambda: s.load.paused and not s.engine.has_unfinished(), limit_s=240)
             await pilot.press("q")
 
     try:

@@ -20,8 +20,12 @@ def test_serve_exits_1_when_its_http_process_is_killed(tmp_path):
     with ServeProc("--trace", str(trace), "--sample-hz", "0") as s:
         with urllib.request.urlopen(s.url + "/health", timeout=10) as r:
             assert r.status == 200
+        # the HTTP server's process is the child that listens on the port (the engine's own
+        # process is another child)
+        port = int(s.url.rsplit(":", 1)[-1])
         kids = psutil.Process(s.proc.pid).children()
-        http = [k for k in kids if "spawn_main" in " ".join(k.cmdline())]
+        http = [k for k in kids if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                                       for c in k.net_connections("tcp"))]
         assert len(http) == 1, [k.cmdline() for k in kids]
         os.kill(http[0].pid, signal.SIGKILL)
         t0 = time.monotonic()
