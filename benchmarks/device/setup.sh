@@ -9,6 +9,8 @@ rm -rf /tmp/g /tmp/res /tmp/flags && mkdir -p /tmp/g /tmp/res /tmp/flags /tmp/vp
 # progress in the checkout do not travel into the runs; else the working tree
 if [ -f .snap.tgz ]; then tar -xzf .snap.tgz -C /tmp/g; else
   tar --exclude=./.whl --exclude='./.vw*' --exclude=./.git -cf - . | tar -xf - -C /tmp/g; fi
+# a snapshot of an older commit, for job lists that run the old design beside the new
+[ -f .old.tgz ] && cp .old.tgz /tmp/g/
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # what the image may already have (transformers brings tokenizers): only when it is missing
 PYTHONPATH=/tmp/site python3 -c "import tokenizers, jinja2, packaging" 2>/dev/null || \
