@@ -117,6 +117,8 @@ def ab(**o) -> None:
       gpuchef ab --a url=http://node1:8000 --b url=http://node2:8000 --dataset azure-conv
           --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
+    from .engine_host.core import EngineProcessError
+
     err = Console(stderr=True, soft_wrap=True)
     try:
         from .client.ab_http import ab_http, is_http
@@ -130,6 +132,9 @@ def ab(**o) -> None:
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(2)
+    except EngineProcessError as e:  # the engine died mid-run: one line, not a traceback
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
 
 
 def _check(o: dict) -> dict[str, Any]:

@@ -56,12 +56,17 @@ def bench(**o) -> None:
       gpuchef bench --base-url http://127.0.0.1:8000 --dataset azure-conv \\
         --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
+    from .engine_host.core import EngineProcessError
+
     err = Console(stderr=True, soft_wrap=True)
     try:
         _bench(o, err)
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
+    except EngineProcessError as e:  # the engine died mid-run: one line, not a traceback
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        sys.exit(1)
 
 
 def _bench(o: dict, err: Console) -> None:

@@ -114,3 +114,46 @@ def test_random_load_flags_without_a_trace_get_no_warning():
                 "--output-len", "2", "--request-rate", "50"])
     assert r.exit_code == 0, r.output
     assert "no effect with --dataset" not in r.output
+
+
+def test_bench_whose_engine_process_dies_is_one_line_and_a_closed_trace(tmp_path):
+    """The engine runs in its own process: killed mid-run (the OOM killer's SIGKILL), `bench`
+    exits 1 with one line naming it, no traceback, and its trace ends with the error event and
+    the end record."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    trace = tmp_path / "t.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "gpuchef", "bench", "--device", "cpu", "--model",
+                          "tiny", "--dataset", "random", "--request-rate", "20", "--num-prompts",
+                          "2000", "--input-len", "64", "--output-len", "64", "--sample-hz", "0",
+                          "--trace", str(trace)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        engine = None
+        t0 = time.monotonic()
+        while engine is None and time.monotonic() - t0 < 120:  # its one spawned child
+            kids = [k for k in psutil.Process(p.pid).children()
+                    if "spawn_main" in " ".join(k.cmdline())]
+            if kids and trace.exists() and '"type":"step"' in trace.read_text():
+                engine = kids[0]
+            time.sleep(0.2)
+        assert engine is not None, "the run never stepped"
+        os.kill(engine.pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1, out
+    assert "Traceback" not in out
+    lines = [ln for ln in out.splitlines() if "error:" in ln]
+    assert lines == ["error: the engine process is gone (killed by SIGKILL)"], out
+    recs = [json.loads(ln) for ln in trace.read_text().splitlines()]
+    assert recs[-1]["type"] == "end"
+    errs = [r for r in recs if r["type"] == "event" and r["kind"] == "error"]
+    assert len(errs) == 1 and "killed by SIGKILL" in errs[0]["message"]
