@@ -149,10 +149,20 @@ def _bench(o: dict, err: Console) -> None:
             f"{sc.auto_budget}; idle: no chunked step asked it"
             + (" (continuous mode)" if sc.mode == "continuous" else ""))
     extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(duration_s * 1e9)))
+    if res.interrupted:
+        from .probes.metrics import SESSION_END_REASON
+
+        left = sum(1 for r in res.requests if r.finish_reason == SESSION_END_REASON)
+        err.print(f"[yellow]interrupted:[/] the run was stopped; the results of what finished "
+                  f"so far follow ({left} request(s) in flight recorded as withdrawn, "
+                  f"'{SESSION_END_REASON}'; {len(specs) - len(res.requests)} never sent)")
     click.echo(format_results_block(m, extra=extra))
     if o["result_json"]:
         d = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)
+        d["partial"] = res.interrupted  # Ctrl-C: the results of what finished before it
         d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
                  engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
                  config=run_config(ecfg, engine), nvml_sampler=samplers.sampler_cost())
         write_json(o["result_json"], d, "--result-json")
+    if res.interrupted:
+        sys.exit(130)  # the shell's code for a run stopped by SIGINT

@@ -24,7 +24,7 @@ from .engine_host.core import RemoteEngine, device_name, make_host
 from .engine_host.host import EngineHost
 from .engine_host.records import EngineEvent, RequestRecord, StepRecord
 from .options import attention_label
-from .probes.metrics import gpu_means, is_probe_id
+from .probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None, *,
@@ -74,6 +74,8 @@ class LoadResult:
     events: list[EngineEvent] = field(default_factory=list)
     duration_s: float = 0.0
     t0_ns: int = 0
+    #: stopped by Ctrl-C: the records of what finished, the rest withdrawn ("session end")
+    interrupted: bool = False
 
 
 def run_load(engine: LLMEngine, specs: Sequence[Any], *,
@@ -86,8 +88,10 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
     "step", "request" or "event" (e.g. a trace recorder). ``on_start(host)`` is called just
     before the host starts: commands it queues (``set_config``, ``mark``) are in force from the
     first step (``gpuchef ab`` switches settings and marks runs this way). Shows a progress bar
-    on a terminal. Raises the engine thread's exception if it died; TimeoutError past
-    ``timeout_s``.
+    on a terminal. Ctrl-C (KeyboardInterrupt) ends the run early: the requests still in the engine
+    are withdrawn (``finish_reason`` ``probes.metrics.SESSION_END_REASON``, one RequestRecord
+    each, to the listeners too) and the result says ``interrupted``. Raises the engine thread's
+    exception if it died; TimeoutError past ``timeout_s``.
     """
     res = LoadResult()
     lock = threading.Lock()
@@ -130,8 +134,11 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within {timeout_s} s "
                                        f"({done_count[0]}/{total} requests done)")
+        except KeyboardInterrupt:  # Ctrl-C: what finished stands, the rest is withdrawn
+            res.interrupted = True
         finally:
-            host.stop()
+            # the requests still in the engine end as withdrawn, each with its record
+            host.stop(abort_remaining=res.interrupted, abort_reason=SESSION_END_REASON)
     if host.error is not None:
         raise host.error
     from .probes.metrics import benchmark_duration_s

@@ -157,3 +157,43 @@ def test_bench_whose_engine_process_dies_is_one_line_and_a_closed_trace(tmp_path
     assert recs[-1]["type"] == "end"
     errs = [r for r in recs if r["type"] == "event" and r["kind"] == "error"]
     assert len(errs) == 1 and "killed by SIGKILL" in errs[0]["message"]
+
+
+def test_ctrl_c_prints_the_results_of_what_finished_and_a_partial_json(tmp_path):
+    """Ctrl-C in `bench`: "interrupted", the results block of what finished, the result JSON
+    marked partial, and the requests in flight recorded as withdrawn ("session end") in the
+    trace — not a silent exit 1."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    trace, out_json = tmp_path / "t.jsonl", tmp_path / "r.json"
+    p = subprocess.Popen([sys.executable, "-m", "gpuchef", "bench", "--device", "cpu", "--model",
+                          "tiny", "--dataset", "random", "--request-rate", "40", "--num-prompts",
+                          "2000", "--input-len", "64", "--output-len", "64", "--sample-hz", "0",
+                          "--trace", str(trace), "--result-json", str(out_json)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:  # until some requests finished
+            if trace.exists() and trace.read_text().count('"type":"request"') >= 3:
+                break
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out
+    assert "interrupted:" in out and "Traceback" not in out
+    assert "Successful requests:" in out
+    d = json.loads(out_json.read_text())
+    assert d["partial"] is True and d["completed"] >= 3
+    recs = [json.loads(ln) for ln in trace.read_text().splitlines()]
+    reqs = [r for r in recs if r["type"] == "request"]
+    ended = [r for r in reqs if r["finish_reason"] == "session end"]
+    assert ended, "the requests in flight were not recorded as withdrawn"
+    done = [r for r in reqs if r["finish_reason"] == "length"]
+    assert d["completed"] == len(done)
+    assert recs[-1]["type"] == "end"
