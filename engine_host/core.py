@@ -307,8 +307,13 @@ class _EngineCore:
         writer.start()
         ready()
         dec = msgspec.msgpack.Decoder(Inbound)
+        parent = os.getppid()
         try:
             while True:
+                if not self.inp.poll(1000):
+                    if os.getppid() != parent:  # orphaned: the client's process is gone
+                        break
+                    continue
                 msg = dec.decode(self.inp.recv(copy=False).buffer)
                 if isinstance(msg, Shutdown):
                     break
@@ -436,8 +441,11 @@ class RemoteEngine:
         push.connect(in_addr)
         mpc = mp.get_context("spawn")  # no fork: CUDA and threads do not survive one
         parent, child = mpc.Pipe(duplex=False)
+        # not a daemon: vLLM's engine may start worker processes of its own (tensor
+        # parallelism), which a daemonic process may not; an exit hook shuts it down instead,
+        # and the engine process leaves by itself when this one is gone
         proc = mpc.Process(target=_engine_main, args=(child, cfg, in_addr, out_addr),
-                           name="gpuchef-engine", daemon=True)
+                           name="gpuchef-engine", daemon=False)
 
         def fail(msg: str) -> ConfigError:
             if proc.is_alive():
@@ -472,7 +480,13 @@ class RemoteEngine:
                 raise fail(msg[1])
             else:
                 parent.close()
-                return cls(proc, ctx, push, pull, tmpdir, msg[1])
+                eng = cls(proc, ctx, push, pull, tmpdir, msg[1])
+                import atexit
+                import weakref
+
+                ref = weakref.ref(eng)
+                atexit.register(lambda: (e := ref()) is not None and e.close(timeout=10.0))
+                return eng
 
     # -- the contract's read side --------------------------------------------------------------
     @property

@@ -15,6 +15,13 @@ or running, is in none of vLLM's per-request series, as in vLLM 0.24 (``probes.m
 is_completed`` owns the rule); ``gpuchef:request_aborted_total`` counts it. ``gpuchef:`` series
 are what no peer exports: the per-step split by step kind, the knobs in force, aborts, and GPM
 saturation per GPU (docs/serve.md).
+
+Beside them, as vLLM's API server exports them: ``process_*`` (prometheus_client's
+ProcessCollector) of the server's own process, the same series of the engine's process under
+``gpuchef:engine_process_*`` (in vLLM the engine core's process exports none), and
+``http_requests_total{handler,method,status}`` as prometheus-fastapi-instrumentator counts it
+for vLLM (status grouped ``2xx``, ``4xx``, …; handler the route, ``none`` for no route; the
+polling routes of ``HTTP_UNCOUNTED`` left out).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Iterable
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.config import KNOBS, MODES
@@ -71,6 +79,11 @@ GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
               "dram_bw_util": "gpuchef:gpu_dram_bw_util_percent",
               "gpu_util": "gpuchef:gpu_util_percent",
               "power_w": "gpuchef:gpu_power_watts"}
+#: routes http_requests_total leaves out: vLLM's instrumentator's excluded handlers (polls and
+#: scrapes, which would count themselves)
+HTTP_UNCOUNTED = frozenset(("/metrics", "/health", "/load", "/ping", "/version"))
+#: the engine process's ProcessCollector namespace: its series are gpuchef:engine_process_*
+ENGINE_PROCESS_NAMESPACE = "gpuchef:engine"
 
 
 class _Hist:
@@ -109,13 +122,18 @@ class ServeMetrics:
     giving ``EngineHost.state`` (running, waiting, KV used, KV total), read at each scrape so
     that the gauges move when an abort frees KV with no step after it; None = the latest
     StepRecord's.
+
+    ``process``: also export ``process_*`` of this process; ``engine_pid``: also export those of
+    the engine's process (``gpuchef:engine_process_*``; None = not). ``count_http`` counts one
+    HTTP response for ``http_requests_total`` (the server's thread).
     """
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
     def __init__(self, model_name: str, engine_label: str = "0",
                  kv_blocks_total: int | None = None, state: Any = None,
-                 max_model_len: int = 8192) -> None:
+                 max_model_len: int = 8192, process: bool = False,
+                 engine_pid: int | None = None) -> None:
         self.labels = {"model_name": model_name, "engine": engine_label}
         # () -> EngineHost.state: the gauges after an abort with no step since (KV freed)
         self._state = state
@@ -153,8 +171,15 @@ class ServeMetrics:
         self.mode = ""
         self.gpu: dict[str, dict[str, float]] = {}
         self._last_token_ns: dict[str, int] = {}
+        #: (handler, method, status class "2xx") -> responses
+        self.http: dict[tuple[str, str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        if process:
+            ProcessCollector(registry=self.registry)
+        if engine_pid is not None:
+            ProcessCollector(namespace=ENGINE_PROCESS_NAMESPACE, pid=lambda: engine_pid,
+                             registry=self.registry)
 
     # -- listeners (any thread: one append) --------------------------------------------------
     def on_step(self, r: StepRecord) -> None:
@@ -169,6 +194,14 @@ class ServeMetrics:
     def on_gpu_sample(self, s: Any) -> None:
         if hasattr(s, "gpu") and hasattr(s, "sm_active"):
             self._pending.append(s)
+
+    def count_http(self, handler: str, method: str, status: int) -> None:
+        """One HTTP response of ``handler`` (the route, "none" for no route); the routes of
+        HTTP_UNCOUNTED are not counted."""
+        if handler in HTTP_UNCOUNTED:
+            return
+        key = (handler, method, f"{status // 100}xx")
+        self.http[key] = self.http.get(key, 0) + 1
 
     def set_scheduler(self, cfg: Any) -> None:
         """The knobs in force before the first step (later ones come with each StepRecord)."""
@@ -288,6 +321,12 @@ class ServeMetrics:
             return f
 
         V, G = VLLM_METRICS, GPUCHEF_METRICS
+        # prometheus-fastapi-instrumentator's series and help, as vLLM exports it
+        http = CounterMetricFamily("http_requests", "Total number of requests by method, "
+                                   "status and handler.", labels=["handler", "method", "status"])
+        for key, n in sorted(self.http.items()):
+            http.add_metric(list(key), n)
+        yield http
         yield gauge(V["running"].name, V["running"].help, self.running)
         yield gauge(V["waiting"].name, V["waiting"].help, self.waiting)
         yield gauge(V["kv_usage"].name, V["kv_usage"].help,

@@ -9,7 +9,9 @@ P50 ITL went from 10 to 40 ms at 3× the Azure trace. So the server runs in a ch
 * engine side (``ServeProcess``): listeners that append each record to a deque (the engine
   thread's whole cost), a sender thread that ships them in one pickled batch per wake-up, and a
   receiver thread that turns the child's requests into ``EngineHost.submit`` / ``abort`` /
-  ``set_config`` calls — the same host API the load generator uses;
+  ``set_config`` calls — the same host API the load generator uses — and the profile requests
+  (``POST /start_profile``, ``/stop_profile``) into calls of ``ServeProcess.profiler``
+  (profile.py: the trace recorders live in this process);
 * server side (``_child_main``): the FrontDoor and ServeMetrics of server.py / metrics.py over a
   ``RemoteHost`` that looks like the EngineHost to them.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from typing import Any
 
 from ..engine_host.config import ConfigError, SchedulerConfig
 from ..engine_host.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .profile import ProfileError
 
 #: the sender's longest sleep (s) when the engine is idle; a step wakes it at once
 SEND_IDLE_S = 0.05
@@ -44,6 +48,8 @@ class EngineFacts:
     num_blocks: int
     scheduler: SchedulerConfig
     step_id: int
+    #: the engine's process (its ``process_*`` series on /metrics); None: not known
+    engine_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class ChildArgs:
     tokenizer_path: str | None
     served_model_name: str | None
     api_key: str | None
-    max_concurrent: int
+    max_concurrent: int | None  # None: no limit (requests wait in the engine's queue)
     max_body_bytes: int
     version: str
 
@@ -67,6 +73,9 @@ class ServeProcess:
 
     The listeners (``on_output``, ``on_request``, ``on_step``, ``on_event``, ``on_gpu_sample``)
     are for the host's and sampler's threads: each is one deque append.
+
+    ``profiler``: a ``profile.ProfileSwitch`` (`gpuchef serve` sets it) or None, then
+    ``POST /start_profile`` answers 501.
     """
 
     def __init__(self, args: ChildArgs) -> None:
@@ -81,6 +90,7 @@ class ServeProcess:
         self._threads: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         self.child_error = ""
+        self.profiler: Any = None
         #: ids the server submitted whose RequestRecord has not come back yet
         self._in_flight: set[str] = set()
 
@@ -132,8 +142,10 @@ class ServeProcess:
         """Connect the server to ``host`` (the EngineHost of ``engine``): from now on it
         answers requests."""
         self.host = host
+        # RemoteEngine.pid: the engine's own process; an engine built in this process has none
+        pid = getattr(engine, "pid", None) or os.getpid()
         facts = EngineFacts(engine.max_model_len, engine.model_config.vocab_size,
-                            engine.num_blocks, host.scheduler_config, host.step_id)
+                            engine.num_blocks, host.scheduler_config, host.step_id, pid)
         self._send([("ready", facts)])
         for target, name in ((self._sender, "gpuchef-http-send"),
                              (self._receiver, "gpuchef-http-recv")):
@@ -254,11 +266,33 @@ class ServeProcess:
                     self._send([reply])
                 except (OSError, ValueError):
                     return
+            elif kind == "profile":
+                # a thread of its own: closing a trace waits for its writer, and this thread
+                # must go on taking submits meanwhile
+                threading.Thread(target=self._profile, args=msg[1:], name="gpuchef-profile",
+                                 daemon=True).start()
+
+    def _profile(self, rpc: int, action: str) -> None:
+        p = self.profiler
+        try:
+            if p is None:
+                raise ProfileError(501, "this server writes no profiles (`gpuchef top --serve`: "
+                                        "the dashboard's --trace is the session's trace)")
+            reply = ("reply", rpc, True, p.start() if action == "start" else p.stop())
+        except ProfileError as e:
+            reply = ("reply", rpc, False, (e.status, str(e)))
+        except Exception as e:  # noqa: BLE001 - the client gets it as a 500, the bridge goes on
+            reply = ("reply", rpc, False, (500, f"{type(e).__name__}: {e}"))
+        try:
+            self._send([reply])
+        except (OSError, ValueError):
+            pass
 
 
 class RemoteHost:
     """The EngineHost as the server process sees it: ``submit``/``abort`` are messages,
     ``set_config`` a round trip (validated by the engine's process, ConfigError as there),
+    ``profile`` a round trip to ``ServeProcess.profiler``,
     ``scheduler_config``/``step_id``/``state``/``error`` the latest the engine sent."""
 
     def __init__(self, conn: Any, facts: EngineFacts) -> None:
@@ -282,20 +316,37 @@ class RemoteHost:
     def abort(self, rid: str, reason: str = "abort") -> None:
         self._send(("abort", rid, reason))
 
-    def set_config(self, source: str = "http", **changes: Any) -> dict[str, Any]:
+    def _call(self, kind: str, arg: Any, what: str) -> tuple[bool, Any]:
+        """Send ``(kind, n, arg)`` and wait for the engine's process's ``(ok, value)`` for it;
+        ConfigError naming ``what`` after RPC_TIMEOUT_S."""
         n = next(self._rpc)
-        self._send(("set", n, changes))
+        self._send((kind, n, arg))
         end = time.monotonic() + RPC_TIMEOUT_S
         with self._reply_cv:
             while n not in self._replies:
                 left = end - time.monotonic()
                 if left <= 0:
-                    raise ConfigError("the engine did not answer the knob change in time")
+                    raise ConfigError(f"the engine did not answer {what} in time")
                 self._reply_cv.wait(left)
-            ok, value = self._replies.pop(n)
+            return self._replies.pop(n)
+
+    def set_config(self, source: str = "http", **changes: Any) -> dict[str, Any]:
+        ok, value = self._call("set", changes, "the knob change")
         if not ok:
             raise ConfigError(value)
         self.scheduler_config = self.scheduler_config.with_changes(**value)
+        return value
+
+    def profile(self, action: str) -> str:
+        """``action`` "start" or "stop" a profile in the engine's process: the trace file's
+        path; ProfileError with the HTTP status to answer when refused. Blocks (up to
+        RPC_TIMEOUT_S): call it off the event loop."""
+        try:
+            ok, value = self._call("profile", action, f"{action}_profile")
+        except ConfigError as e:
+            raise ProfileError(500, str(e)) from None
+        if not ok:
+            raise ProfileError(*value)
         return value
 
     def reply(self, n: int, ok: bool, value: Any) -> None:
@@ -337,7 +388,8 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
     remote = RemoteHost(conn, facts)
     name = a.served_model_name or a.model
     metrics = ServeMetrics(name, kv_blocks_total=facts.num_blocks, state=lambda: remote.state,
-                           max_model_len=facts.max_model_len)
+                           max_model_len=facts.max_model_len, process=True,
+                           engine_pid=facts.engine_pid)
     metrics.set_scheduler(facts.scheduler)
     front = FrontDoor(remote, tokenizer=tok, model_name=name, model_root=a.model,
                       max_model_len=facts.max_model_len, vocab_size=facts.vocab_size,

@@ -20,20 +20,23 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class APIError(Exception):
-    """An HTTP error with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``."""
+    """An HTTP error with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``;
+    ``headers``: extra response headers (e.g. ``Retry-After`` on a 503)."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error",
              404: "invalid_request_error", 405: "invalid_request_error",
-             413: "invalid_request_error", 422: "invalid_request_error",
-             503: "server_error", 500: "server_error"}
+             409: "invalid_request_error", 413: "invalid_request_error",
+             422: "invalid_request_error", 503: "server_error", 500: "server_error",
+             501: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
@@ -356,7 +359,15 @@ def parse_chat(body: Any) -> GenRequest:
     """``POST /v1/chat/completions``: ``messages`` ``[{"role", "content"}]`` with content a
     string or a list of ``{"type": "text", "text"}`` parts. Raises APIError (400)."""
     c = _common(body, "chat")
-    msgs = body.get("messages")
+    out = parse_messages(body.get("messages"))
+    mt, key = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    return GenRequest("chat", prompts=[], max_tokens=mt, max_tokens_given=mt is not None,
+                      max_tokens_param=key, messages=out, **c)
+
+
+def parse_messages(msgs: Any) -> list[dict[str, str]]:
+    """A request's ``messages`` as ``[{"role", "content": str}]`` (text parts joined with a
+    newline, as vLLM joins them). Raises APIError (400) naming the message at fault."""
     if msgs is None:
         raise bad("'messages' is required: a non-empty list of {\"role\", \"content\"}",
                   "messages")
@@ -392,9 +403,78 @@ def parse_chat(body: Any) -> GenRequest:
             raise bad(f"'{where}.content' must be a string or a list of text parts",
                       f"{where}.content")
         out.append({"role": role, "content": content})
-    mt, key = _max_tokens(body, "max_completion_tokens", "max_tokens")
-    return GenRequest("chat", prompts=[], max_tokens=mt, max_tokens_given=mt is not None,
-                      max_tokens_param=key, messages=out, **c)
+    return out
+
+
+@dataclass
+class TokenizeRequest:
+    """``POST /tokenize``, vLLM's TokenizeCompletionRequest (``prompt``) or TokenizeChatRequest
+    (``messages``)."""
+
+    model: str | None
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
+#: chat fields of vLLM's TokenizeChatRequest that gpuchef does not implement, as ``UNSUPPORTED``
+#: lists them for chat (the "off" values taken): the prompt is the one /v1/chat/completions
+#: builds
+TOKENIZE_UNSUPPORTED = tuple(u for u in UNSUPPORTED if u[1] == "chat" and u[0] in (
+    "continue_final_message", "chat_template", "chat_template_kwargs")) + tuple(
+    u for u in UNSUPPORTED if u[0] == "tools")
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """``POST /tokenize``: ``{"prompt": str}`` (``add_special_tokens`` default true: the BOS, as
+    completions add it) or ``{"messages": [...]}`` through the chat template
+    (``add_generation_prompt`` default true, ``add_special_tokens`` default false, as vLLM);
+    ``return_token_strs`` adds the tokens' vocabulary strings. Raises APIError (400)."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {model!r}", "model")
+    has_prompt, has_msgs = body.get("prompt") is not None, body.get("messages") is not None
+    if has_prompt and has_msgs:
+        raise bad("give 'prompt' (a string) or 'messages' (a chat), not both", "messages")
+    if not has_prompt and not has_msgs:
+        raise bad("'prompt' (a string) or 'messages' (a chat) is required", "prompt")
+    strs = _bool(body, "return_token_strs")
+    if has_prompt:
+        p = body["prompt"]
+        if not isinstance(p, str):
+            raise bad(f"'prompt' must be a string, got {_json_type(p)} {shown_json(p)}",
+                      "prompt")
+        return TokenizeRequest(model, p, None, _bool(body, "add_special_tokens", True),
+                               False, strs)
+    for key, _, off, allowed in TOKENIZE_UNSUPPORTED:
+        v = body.get(key)
+        if v is not None and not any(_is_off(v, o) for o in off):
+            raise bad(f"{key}={shown_json(v)} is not supported by gpuchef serve "
+                      f"(allowed: {allowed})", key)
+    return TokenizeRequest(model, None, parse_messages(body["messages"]),
+                           _bool(body, "add_special_tokens", False),
+                           _bool(body, "add_generation_prompt", True), strs)
+
+
+def parse_detokenize(body: Any) -> tuple[str | None, list[int]]:
+    """``POST /detokenize``: ``(model, tokens)``; ``tokens`` a list of token ids (integers
+    >= 0, as vLLM's DetokenizeRequest). Raises APIError (400)."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {model!r}", "model")
+    toks = body.get("tokens")
+    if toks is None:
+        raise bad("'tokens' is required: a list of token ids", "tokens")
+    if not (isinstance(toks, list) and all(_is_int(i) and i >= 0 for i in toks)):
+        raise bad(f"'tokens' must be a list of token ids (integers >= 0), got "
+                  f"{shown_json(toks)}", "tokens")
+    return model, toks
 
 
 # -- responses ------------------------------------------------------------------------------
