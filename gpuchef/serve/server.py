@@ -10,7 +10,9 @@ Nothing here runs on the engine thread but the two listeners, which only hand re
 
 Endpoints (docs/serve.md): ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /version``, ``GET /metrics``,
-``GET``/``PATCH /gpuchef/v1/scheduler``.
+``GET``/``PATCH /gpuchef/v1/scheduler``, and vLLM's ``POST /tokenize``, ``POST /detokenize``,
+``GET``/``POST /ping``, ``GET /load``, ``POST /reset_prefix_cache``, ``POST /start_profile``,
+``POST /stop_profile``. Every response echoes the request's ``X-Request-Id`` header.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigErr
 from ..engine_host.records import RequestRecord, StepOutput
 from ..engine_host.request import SamplingParams
 from . import protocol as P
+from .profile import ProfileError
 from .protocol import APIError
 
 log = logging.getLogger("gpuchef.serve")
@@ -42,7 +45,11 @@ log = logging.getLogger("gpuchef.serve")
 #: Request ids of HTTP requests start with this (the load generator's are ``req-``/``probe-``),
 #: so the dashboard and the trace can tell where a request came from.
 HTTP_ID_PREFIX = "http-"
-DEFAULT_MAX_CONCURRENT = 4096
+#: None: no limit on requests in flight; past the engine's max_num_seqs they wait in its queue,
+#: as in vLLM. ``--max-concurrent-requests N`` opts in to a 503 beyond N.
+DEFAULT_MAX_CONCURRENT = None
+#: the 503's Retry-After (s): a slot frees when one request in flight ends
+RETRY_AFTER_S = 1
 DEFAULT_MAX_BODY_MB = 32.0
 #: bodies and prompt texts above this are parsed / tokenised off the server's loop (a 10 MB
 #: text held it 11 s): the loop keeps streaming to everyone else meanwhile
@@ -51,6 +58,15 @@ OFF_LOOP_BYTES = 64 << 10
 #: [DONE], or the whole response) before their connections are closed: a client that does not
 #: read cannot hold the exit longer
 SHUTDOWN_GRACE_S = 3.0
+#: a text longer than max_model_len × (the tokenizer's longest token in characters) × this
+#: cannot fit, whatever its tokens: it is refused before it is tokenised (a 30 MB prompt took
+#: the tokenizer seconds). The factor leaves room for normalizers that merge characters.
+TEXT_BOUND_SLACK = 2
+#: the routes that need the API key (with --api-key) and are closed while shutting down:
+#: vLLM's /v1 routes, gpuchef's knob endpoint, and the admin routes that change state or write
+#: files; /tokenize, /detokenize, /ping, /load stay open as /health does (vLLM's key guards /v1)
+GUARDED_PREFIXES = ("/v1/", "/gpuchef/", "/start_profile", "/stop_profile",
+                    "/reset_prefix_cache")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -125,7 +141,10 @@ class FrontDoor:
     """The server. ``host``: the EngineHost to feed; ``tokenizer``: engine_host.tokenizer's
     Tokenizer or None (then only token-id prompts, and no text in responses);
     ``metrics``: a ServeMetrics or None; ``model_name``: what clients send as ``model``
-    (``--served-model-name``); ``api_key``: Bearer key for /v1 and /gpuchef routes (None: open).
+    (``--served-model-name``); ``api_key``: Bearer key for the GUARDED_PREFIXES routes (None:
+    open); ``max_concurrent``: requests in flight beyond which a 503 answers (None: no limit).
+    ``host.profile(action)`` (process.RemoteHost) serves /start_profile and /stop_profile; a
+    host without it answers them 501.
 
     ``listeners()`` returns ``(on_output, on_request)`` to hand to the host (the session fans
     the host's records out to these and to the trace). Start with ``start(sock)``.
@@ -133,10 +152,12 @@ class FrontDoor:
 
     def __init__(self, host: Any, *, tokenizer: Any, model_name: str, model_root: str,
                  max_model_len: int, vocab_size: int, metrics: Any = None,
-                 api_key: str | None = None, max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+                 api_key: str | None = None, max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
                  max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
                  version: str = "0") -> None:
-        if not isinstance(max_concurrent, int) or max_concurrent < 1:
+        if max_concurrent is not None and (not isinstance(max_concurrent, int)
+                                           or isinstance(max_concurrent, bool)
+                                           or max_concurrent < 1):
             raise ConfigError(f"--max-concurrent-requests {max_concurrent!r} must be an integer >= 1")
         self.host = host
         self.tokenizer = tokenizer
@@ -161,6 +182,11 @@ class FrontDoor:
         self.url = ""
         self.startup_error: BaseException | None = None
         self.requests_total = 0
+        #: completions/chat HTTP requests being answered (GET /load's server_load)
+        self.http_in_flight = 0
+        #: the longest text that could fit max_model_len tokens (None: no tokenizer)
+        self.max_text_chars = (max_model_len * max_token_chars(tokenizer) * TEXT_BOUND_SLACK
+                               if tokenizer is not None else None)
         self.send_lag_ns: list[int] = []  # engine token time → written, for bench_serve
         self.record_send_lag = False
 
@@ -235,6 +261,7 @@ class FrontDoor:
     async def _serve(self, sock: socket.socket) -> None:
         self._stopping = asyncio.Event()
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        app.on_response_prepare.append(self._on_prepare)
         r = app.router
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
@@ -245,6 +272,16 @@ class FrontDoor:
         r.add_get("/metrics", self._metrics)
         r.add_get("/gpuchef/v1/scheduler", self._get_scheduler)
         r.add_patch("/gpuchef/v1/scheduler", self._patch_scheduler)
+        # vLLM's extra routes, with its methods (AIPerf's --reset-kv-cache and
+        # --server-profiler POST the last three)
+        r.add_post("/tokenize", self._tokenize)
+        r.add_post("/detokenize", self._detokenize)
+        r.add_get("/ping", self._health)
+        r.add_post("/ping", self._health)
+        r.add_get("/load", self._load)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_post("/start_profile", self._start_profile)
+        r.add_post("/stop_profile", self._stop_profile)
         # shutdown_timeout: aiohttp waits this long for handlers in flight, then cancels them
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                shutdown_timeout=SHUTDOWN_GRACE_S)
@@ -277,13 +314,13 @@ class FrontDoor:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         try:
-            if self._closing and request.path.startswith(("/v1/", "/gpuchef/")):
+            if self._closing and request.path.startswith(GUARDED_PREFIXES):
                 raise APIError(503, "the server is shutting down: retry on another one")
-            if self.api_key and request.path.startswith(("/v1/", "/gpuchef/")):
+            if self.api_key and request.path.startswith(GUARDED_PREFIXES):
                 self._check_auth(request)
             return await handler(request)
         except APIError as e:
-            return web.json_response(e.body(), status=e.status)
+            return web.json_response(e.body(), status=e.status, headers=e.headers)
         except web.HTTPRequestEntityTooLarge:
             return web.json_response(APIError(
                 413, f"the request body is over the limit of {self.max_body_bytes} bytes "
@@ -293,7 +330,8 @@ class FrontDoor:
                 raise
             headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
             msg = {404: f"no route {request.method} {request.path}: see /v1/models, "
-                        "/v1/completions, /v1/chat/completions, /metrics, /gpuchef/v1/scheduler",
+                        "/v1/completions, /v1/chat/completions, /metrics, /gpuchef/v1/scheduler "
+                        "(docs/serve.md)",
                    405: f"method {request.method} is not allowed on {request.path}"}.get(
                 e.status, e.reason)
             return web.json_response(APIError(e.status, msg).body(), status=e.status,
@@ -306,6 +344,18 @@ class FrontDoor:
             log.exception("request failed")
             return web.json_response(APIError(500, f"internal error: {type(e).__name__}: {e}").body(),
                                      status=500)
+
+    async def _on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Each response, just before its headers go out (errors and streams too): echo the
+        request's X-Request-Id (vLLM's --enable-request-id-headers, always on here) and count it
+        for http_requests_total."""
+        rid = request.headers.get("X-Request-Id")
+        if rid is not None:
+            response.headers["X-Request-Id"] = rid
+        if self.metrics is not None:
+            resource = request.match_info.route.resource
+            self.metrics.count_http(resource.canonical if resource is not None else "none",
+                                    request.method, response.status)
 
     def _check_auth(self, request: web.Request) -> None:
         h = request.headers.get("Authorization", "")
@@ -354,6 +404,34 @@ class FrontDoor:
         if err is not None:
             raise APIError(503, f"the engine stopped: {type(err).__name__}: {err}")
         return web.Response(status=200)
+
+    async def _load(self, request: web.Request) -> web.Response:
+        # vLLM's /load: the generation requests being answered (it counts HTTP requests, so a
+        # batch of prompts is one)
+        return web.json_response({"server_load": self.http_in_flight})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # gpuchef's engine keeps no prefix cache (and --engine vllm runs with vLLM's off): there
+        # is nothing to clear, so the 200 vLLM answers after clearing is true at once
+        return web.Response(status=200)
+
+    async def _profile(self, action: str) -> web.Response:
+        call = getattr(self.host, "profile", None)
+        if call is None:
+            raise APIError(501, "this server writes no profiles (the front door runs in the "
+                                "engine's process here)")
+        try:  # a round trip to the engine's process, which opens or closes a file: off the loop
+            path = await asyncio.get_running_loop().run_in_executor(None, call, action)
+        except ProfileError as e:
+            raise APIError(e.status, str(e)) from None
+        return web.json_response({"profile": "started" if action == "start" else "stopped",
+                                  "path": path})
+
+    async def _start_profile(self, request: web.Request) -> web.Response:
+        return await self._profile("start")
+
+    async def _stop_profile(self, request: web.Request) -> web.Response:
+        return await self._profile("stop")
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.version})
@@ -405,24 +483,89 @@ class FrontDoor:
         state.update(parsed)  # in force from the next step
         return web.json_response({"accepted": parsed, "scheduler": state})
 
+    # -- tokenizer endpoints ---------------------------------------------------------------------
+    def _need_tokenizer(self, param: str) -> Any:
+        if self.tokenizer is None:
+            raise P.bad("this server has no tokenizer (see --tokenizer)", param)
+        return self.tokenizer
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        t = P.parse_tokenize(await self._json(request))
+        self._check_model(t.model)
+        if t.messages is not None:
+            tk = self._need_tokenizer("messages")
+            try:
+                text = tk.apply_chat_template(t.messages,
+                                              add_generation_prompt=t.add_generation_prompt)
+            except ConfigError as e:
+                raise P.bad(str(e), "messages") from None
+            ids = await self._encode(text, t.add_special_tokens, "messages")
+        else:
+            tk = self._need_tokenizer("prompt")
+            ids = await self._encode(t.prompt, t.add_special_tokens, "prompt")
+        loop = asyncio.get_running_loop()
+        strs = None
+        if t.return_token_strs:  # a Python loop: in a thread, which yields the GIL as it goes
+            strs = await loop.run_in_executor(None, lambda: [tk.tok.id_to_token(i) for i in ids])
+        # vLLM's TokenizeResponse, token_strs null unless asked for
+        head = (f'{{"count":{len(ids)},"max_model_len":{self.max_model_len},'
+                f'"token_strs":{json.dumps(strs)},"tokens":[').encode()
+        return web.Response(body=head + await _join_ints(ids) + b"]}",
+                            content_type="application/json")
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        model, ids = P.parse_detokenize(await self._json(request))
+        self._check_model(model)
+        tk = self._need_tokenizer("tokens")
+        bad_ids = [i for i in ids if i >= self.vocab_size]
+        if bad_ids:
+            raise P.bad(f"'tokens' token id {bad_ids[0]} is outside the vocabulary "
+                        f"[0, {self.vocab_size})", "tokens")
+        # vLLM decodes with the special tokens in the text (the tokenizer's decode default)
+        if len(ids) > OFF_LOOP_BYTES // 8:
+            text = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: tk.decode(ids, skip_special_tokens=False))
+        else:
+            text = tk.decode(ids, skip_special_tokens=False)
+        return web.json_response({"prompt": text})
+
     # -- generation ----------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        gen = P.parse_completion(await self._json(request))
-        return await self._generate(request, gen)
+        self.http_in_flight += 1
+        try:
+            gen = P.parse_completion(await self._json(request))
+            return await self._generate(request, gen)
+        finally:
+            self.http_in_flight -= 1
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        gen = P.parse_chat(await self._json(request))
-        return await self._generate(request, gen)
+        self.http_in_flight += 1
+        try:
+            gen = P.parse_chat(await self._json(request))
+            return await self._generate(request, gen)
+        finally:
+            self.http_in_flight -= 1
 
     async def _encode(self, text: str, special: bool, param: str) -> list[int]:
         tk = self.tokenizer
         try:
             if len(text) > OFF_LOOP_BYTES:
                 return await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: tk.encode(text, add_special_tokens=special))
+                    None, _encode_gil_free, tk, text, special)
             return tk.encode(text, add_special_tokens=special)
         except (TypeError, UnicodeError) as e:  # a lone surrogate ("\ud800") is not text
             raise P.bad(f"'{param}' is not valid Unicode text ({e})", param) from None
+
+    def _check_text_fits(self, text: str, where: str, param: str) -> None:
+        """Refuse (context_length_exceeded) a text too long to fit ``max_model_len`` tokens
+        whatever they are, before tokenising it."""
+        bound = self.max_text_chars
+        if bound is not None and len(text) > bound:
+            L = self.max_model_len
+            raise P.bad(f"This model's maximum context length is {L} tokens. However, the "
+                        f"{where} holds {len(text)} characters, more than {L} tokens of this "
+                        f"tokenizer can hold (at most {bound}). Please reduce the length of "
+                        f"the {where}.", param, "context_length_exceeded")
 
     async def _prompt_ids(self, gen: P.GenRequest) -> list[list[int]]:
         tk = self.tokenizer
@@ -434,6 +577,7 @@ class FrontDoor:
                 text = tk.apply_chat_template(gen.messages)
             except ConfigError as e:
                 raise P.bad(str(e), "messages") from None
+            self._check_text_fits(text, "messages", "messages")
             return [await self._encode(text, False, "messages")]
         out = []
         batch = len(gen.prompts) > 1
@@ -442,6 +586,8 @@ class FrontDoor:
                 if tk is None:
                     raise P.bad("this server has no tokenizer (see --tokenizer): give the prompt "
                                 "as token ids", "prompt")
+                self._check_text_fits(p, f"prompt[{i}] of the batch" if batch else "prompt",
+                                      "prompt")
                 ids = await self._encode(p, True, "prompt")
             else:
                 ids = p
@@ -499,14 +645,14 @@ class FrontDoor:
             except ConfigError as e:  # "seed=... must be ...": name the field
                 field_name = str(e).split("=", 1)[0]
                 raise P.bad(str(e), field_name if field_name.isidentifier() else None) from None
-        if len(prompts) > self.max_concurrent:
+        cap = self.max_concurrent
+        if cap is not None and len(prompts) > cap:
             raise P.bad(f"'prompt' holds {len(prompts)} prompts, more than the server's limit of "
-                        f"{self.max_concurrent} requests in flight (--max-concurrent-requests)",
-                        "prompt")
-        if len(self._streams) + len(prompts) > self.max_concurrent:
+                        f"{cap} requests in flight (--max-concurrent-requests)", "prompt")
+        if cap is not None and len(self._streams) + len(prompts) > cap:
             raise APIError(503, f"the server has {len(self._streams)} requests in flight, its "
-                                f"limit is {self.max_concurrent} (--max-concurrent-requests): "
-                                "retry later", code="overloaded")
+                                f"limit is {cap} (--max-concurrent-requests): retry later",
+                           code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
         n = next(self._ids)
         self.requests_total += 1
         streams = []
@@ -689,8 +835,14 @@ class FrontDoor:
                            head: str, chat: bool, role_sent: list[bool],
                            box: list) -> web.StreamResponse:
         """Write the SSE stream until every choice ended; ``box[0]`` holds the response once
-        prepared (for the caller, when the client goes away mid-write)."""
-        resp: web.StreamResponse | None = None
+        prepared (for the caller, when the client goes away mid-write).
+
+        The status and headers go out now, when the request is in the engine's hands, not with
+        its first token: a client sees its request accepted while it waits in the queue (and
+        its TTFT is the engine's, not a header's). An engine that refuses the request after
+        that (it cannot: the checks above are the engine's own) would end the stream with an
+        error event, as vLLM streams an error met after its response began."""
+        resp = box[0] = await self._prepare_sse(request)
         # OpenAI: with include_usage every chunk carries "usage", null until the last
         null_usage = ',"usage":null' if gen.include_usage and not gen.continuous_usage else ""
         while pending:
@@ -710,8 +862,6 @@ class FrontDoor:
                 done = s.finish is not None and (s.record is not None or s.stopped)
                 err = self._error_of(s)
                 if err is not None:
-                    if resp is None and len(streams) == 1:
-                        raise err
                     chunks.append(json.dumps(err.body()))
                     pending.remove(s)
                     continue
@@ -738,11 +888,7 @@ class FrontDoor:
                     pending.remove(s)
             if not chunks:
                 continue
-            if resp is None:
-                resp = box[0] = await self._prepare_sse(request)
             await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
-        if resp is None:
-            resp = box[0] = await self._prepare_sse(request)
         tail = ""
         if gen.include_usage:
             u = P.usage(sum(s.prompt_len for s in streams), sum(s.n_tokens for s in streams))
@@ -757,3 +903,36 @@ class FrontDoor:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         return resp
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` (engine_host.tokenizer's Tokenizer) can
+    stand for: its longest vocabulary string (a byte-level BPE writes one character per byte,
+    and a text's characters are no more than its bytes). 64 when the vocabulary cannot be
+    read."""
+    try:
+        return max(1, max(map(len, tokenizer.tok.get_vocab(with_added_tokens=True))))
+    except (AttributeError, TypeError, ValueError):
+        return 64
+
+
+def _encode_gil_free(tk: Any, text: str, special: bool) -> list[int]:
+    """``tk.encode(text)`` through ``tokenizers``' ``encode_batch``, which releases the GIL
+    while it works (``encode`` holds it: 3.4 MB of text held every other thread 2.3 s), so
+    the server's loop goes on streaming meanwhile. The same ids as ``encode``."""
+    tok = getattr(tk, "tok", None)
+    if tok is None or not hasattr(tok, "encode_batch"):
+        return tk.encode(text, add_special_tokens=special)
+    return tok.encode_batch([text], add_special_tokens=special)[0].ids
+
+
+async def _join_ints(ids: list[int], piece: int = 1 << 16) -> bytes:
+    """``ids`` as JSON array items (``1,2,3``), written a piece at a time with the loop let go
+    between pieces: millions of ids are seconds of formatting that would hold every stream."""
+    if len(ids) <= piece:
+        return ",".join(map(str, ids)).encode()
+    out = []
+    for i in range(0, len(ids), piece):
+        out.append(",".join(map(str, ids[i:i + piece])))
+        await asyncio.sleep(0)
+    return ",".join(out).encode()
