@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -34,8 +35,10 @@ serve_options = _opts(
                  help="A local tokenizer (folder with tokenizer.json, or the file) for text "
                       "prompts and response text. Default: the model folder's own; presets get "
                       "gpuchef's bundled byte-level tokenizer."),
-    click.option("--max-concurrent-requests", default=DEFAULT_MAX_CONCURRENT, show_default=True,
-                 type=int, help="Requests in flight over HTTP beyond which the server answers 503."),
+    click.option("--max-concurrent-requests", default=DEFAULT_MAX_CONCURRENT, type=int,
+                 help="Requests in flight over HTTP beyond which the server answers 503 with "
+                      "Retry-After. Default: no limit (requests beyond max_num_seqs wait in the "
+                      "engine's queue, as in vLLM)."),
     click.option("--max-request-body-mb", default=DEFAULT_MAX_BODY_MB, show_default=True,
                  type=float, help="Largest request body accepted (MiB); larger gets 413."),
 )
@@ -64,8 +67,9 @@ def prepare_serving(o: dict[str, Any]):
     from .serve.process import ChildArgs, ServeProcess
     from .serve.session import gpuchef_version
 
-    if not o["max_concurrent_requests"] >= 1:
-        raise ConfigError(f"--max-concurrent-requests {o['max_concurrent_requests']} must be >= 1")
+    cap = o["max_concurrent_requests"]
+    if cap is not None and not cap >= 1:
+        raise ConfigError(f"--max-concurrent-requests {cap} must be >= 1")
     mb = o["max_request_body_mb"]
     if not (mb > 0 and mb == mb and mb < 1 << 20):
         raise ConfigError(f"--max-request-body-mb {mb:g} must be > 0 (MiB)")
@@ -89,6 +93,9 @@ def prepare_serving(o: dict[str, Any]):
                    "http-N), knob change (source http) and GPU sample.")
 @click.option("--trace-prompts", is_flag=True,
               help="Also store each request's generated (output) token ids in the trace.")
+@click.option("--profile-dir", default=None, type=click.Path(file_okay=False),
+              help="Where POST /start_profile writes its trace (gpuchef-profile-TIME.jsonl, "
+                   "until POST /stop_profile). Default: the current folder.")
 @click.option("--sample-hz", default=10.0, show_default=True, type=float,
               help="NVML/GPM sampling rate (0 = off, or 1..100 Hz); GPM gauges on /metrics.")
 @click.option("--gpus", default=None, help="GPUs to sample, e.g. 0 or 0,1 (default: all).")
@@ -99,7 +106,9 @@ def serve(**o) -> None:
     \b
     Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], /health,
     /version, /metrics (vLLM's names + gpuchef: series), GET/PATCH /gpuchef/v1/scheduler (the
-    knobs, live). Ctrl-C stops it. See docs/serve.md.
+    knobs, live); vLLM's /tokenize, /detokenize, /ping, /load, /reset_prefix_cache,
+    /start_profile and /stop_profile (a trace of the window in between). Ctrl-C stops it. See
+    docs/serve.md.
 
     \b
     Example (CPU):
@@ -151,10 +160,14 @@ def serve(**o) -> None:
 
 
 def _build(o: dict, err: Console):
+    from .serve.profile import ProfileSwitch
     from .serve.session import ServeSession
     from .session import Samplers, build_engine, open_trace, trace_meta
 
     check_output_files(o)
+    profile_dir = Path(o["profile_dir"] or ".").expanduser()
+    if profile_dir.exists() and not profile_dir.is_dir():
+        raise ConfigError(f"--profile-dir {o['profile_dir']!r} is a file, not a folder")
     sample_hz, gpus = check_sampling(o["sample_hz"], o["gpus"])
     ecfg = engine_config(o)
     server = prepare_serving(o)
@@ -165,11 +178,12 @@ def _build(o: dict, err: Console):
                               f"{server.args.model_vocab_size}, the model has "
                               f"{engine.model_config.vocab_size}")
         recorder = None
+        meta = trace_meta(engine, ecfg, None, "serve")
+        meta["source"] = {"kind": "hosted", "serve": server.url}
         if o["trace_path"]:
-            meta = trace_meta(engine, ecfg, None, "serve")
-            meta["source"] = {"kind": "hosted", "serve": server.url}
             recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
-        session = ServeSession(engine, server, recorder=recorder)
+        profile = ProfileSwitch(meta, profile_dir, trace_prompts=o["trace_prompts"])
+        session = ServeSession(engine, server, recorder=recorder, profile=profile)
         session.samplers = Samplers(gpus, sample_hz, sink=session.sample_sink)
         return session
     except BaseException:

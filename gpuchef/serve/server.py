@@ -507,10 +507,10 @@ class FrontDoor:
         strs = None
         if t.return_token_strs:  # a Python loop: in a thread, which yields the GIL as it goes
             strs = await loop.run_in_executor(None, lambda: [tk.tok.id_to_token(i) for i in ids])
-        # vLLM's TokenizeResponse, token_strs null unless asked for
-        head = (f'{{"count":{len(ids)},"max_model_len":{self.max_model_len},'
-                f'"token_strs":{json.dumps(strs)},"tokens":[').encode()
-        return web.Response(body=head + await _join_ints(ids) + b"]}",
+        # vLLM's TokenizeResponse (token_strs null unless asked for)
+        head = f'{{"count":{len(ids)},"max_model_len":{self.max_model_len},"tokens":['
+        tail = f'],"token_strs":{json.dumps(strs)}}}'
+        return web.Response(body=head.encode() + await _join_ints(ids) + tail.encode(),
                             content_type="application/json")
 
     async def _detokenize(self, request: web.Request) -> web.Response:
@@ -522,11 +522,14 @@ class FrontDoor:
             raise P.bad(f"'tokens' token id {bad_ids[0]} is outside the vocabulary "
                         f"[0, {self.vocab_size})", "tokens")
         # vLLM decodes with the special tokens in the text (the tokenizer's decode default)
-        if len(ids) > OFF_LOOP_BYTES // 8:
-            text = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: tk.decode(ids, skip_special_tokens=False))
-        else:
-            text = tk.decode(ids, skip_special_tokens=False)
+        try:
+            if len(ids) > OFF_LOOP_BYTES // 8:
+                text = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: tk.decode(ids, skip_special_tokens=False))
+            else:
+                text = tk.decode(ids, skip_special_tokens=False)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception subclasses
+            raise P.bad(f"'tokens' cannot be decoded by this tokenizer: {e}", "tokens") from None
         return web.json_response({"prompt": text})
 
     # -- generation ----------------------------------------------------------------------------

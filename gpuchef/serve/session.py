@@ -34,7 +34,7 @@ def gpuchef_version() -> str:
 
 
 def make_front_door(host: Any, engine: Any, *, tokenizer: Any, served_model_name: str | None,
-                    model: str, api_key: str | None, max_concurrent: int,
+                    model: str, api_key: str | None, max_concurrent: int | None,
                     max_body_bytes: int) -> tuple[FrontDoor, ServeMetrics]:
     """The FrontDoor and ServeMetrics for ``host``/``engine`` (not yet started or wired)."""
     name = served_model_name or model
@@ -53,15 +53,20 @@ class ServeSession:
     """`gpuchef serve`: the engine behind the front door until ``close``.
 
     ``server``: a started ``process.ServeProcess`` (it listens already: it bound its port before
-    the model loaded); ``recorder``: a TraceRecorder or None; ``samplers``:
+    the model loaded); ``recorder``: a TraceRecorder or None; ``profile``: a
+    ``profile.ProfileSwitch`` (POST /start_profile, /stop_profile) or None; ``samplers``:
     gpuchef.session.Samplers or None (build it with ``sink=session.sample_sink``).
     """
 
-    def __init__(self, engine: Any, server: Any, *, recorder: Any = None) -> None:
+    def __init__(self, engine: Any, server: Any, *, recorder: Any = None,
+                 profile: Any = None) -> None:
         self.engine = engine
         self.server = server
         self.recorder = recorder
-        rec = recorder.record if recorder is not None else None
+        self.profile = profile
+        server.profiler = profile
+        recs = [r.record for r in (recorder, profile) if r is not None]
+        rec = fan(*recs) if recs else None
         self.host = make_host(engine)
         sv = server
         self.host.on_step = fan(sv.on_step, rec)
@@ -89,5 +94,7 @@ class ServeSession:
         if self.samplers is not None:
             self.samplers.stop()
         self.engine.close()
+        if self.profile is not None:  # a profile never stopped ends with the session
+            self.profile.close()
         if self.recorder is not None:
             self.recorder.close()

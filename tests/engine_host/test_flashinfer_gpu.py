@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention, write_kv
 
 pytestmark = pytest.mark.gpu
@@ -382,3 +383,28 @@ def test_rejects_cpu_device(fi_backend):
     with pytest.raises(ValueError):
         fi_backend("cpu")
 
+
+
+@pytest.mark.parametrize("hq,hkv", [(20, 4), (24, 4), (28, 4)], ids=["group5", "group6", "group7"])
+@DECODE
+def test_gqa_group_sizes_5_6_7_match_reference_or_are_refused_at_load(fi_backend, hq, hkv,
+                                                                       decode_attention):
+    """FlashInfer #996: decode kernels built for group sizes 1/2/4/8 failed for 5, 6, 7 (Qwen2-7B
+    is 28/4 = 7). Each of these groups either matches the PyTorch reference in decode-only,
+    mixed and prefill-only steps, or is refused when the backend is configured — one line, never
+    a kernel error mid-run."""
+    be = fi_backend("cuda", decode_attention=decode_attention)
+    try:
+        be.configure(hq, hkv, 128, torch.bfloat16)
+        be.decode_kernel(16)
+    except (ValueError, ConfigError) as e:
+        assert "\n" not in str(e) and str(hq // hkv) in str(e)
+        return
+    for reqs, nd, seed in ((DECODE_ONLY, len(DECODE_ONLY), 2), (MIXED, 5, 1),
+                           (PREFILL_ONLY, 0, 3)):
+        meta, q, k, v, cache = make_batch(reqs, num_decodes=nd, hq=hq, hkv=hkv, seed=seed)
+        be.begin_step(meta)
+        out, ref, fi_cache, ref_cache = run_both(be, meta, q, k, v, cache)
+        qo = meta.qo_indptr.tolist()
+        for b in range(meta.num_reqs):
+            assert rel_err(out[qo[b]:qo[b + 1]], ref[qo[b]:qo[b + 1]]) <= RTOL, f"request {b}"
