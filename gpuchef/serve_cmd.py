@@ -182,7 +182,8 @@ def _build(o: dict, err: Console):
         meta["source"] = {"kind": "hosted", "serve": server.url}
         if o["trace_path"]:
             recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
-        profile = ProfileSwitch(meta, profile_dir, trace_prompts=o["trace_prompts"])
+        profile = ProfileSwitch(meta, profile_dir, trace_prompts=o["trace_prompts"],
+                                note=lambda line: click.echo(line, err=True))
         session = ServeSession(engine, server, recorder=recorder, profile=profile)
         session.samplers = Samplers(gpus, sample_hz, sink=session.sample_sink)
         return session

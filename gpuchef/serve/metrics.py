@@ -18,7 +18,7 @@ saturation per GPU (docs/serve.md).
 
 Beside them, as vLLM's API server exports them: ``process_*`` (prometheus_client's
 ProcessCollector) of the server's own process, the same series of the engine's process under
-``gpuchef:engine_process_*`` (in vLLM the engine core's process exports none), and
+``gpuchef:engine_process_*`` (vLLM's /metrics has its API server's process only), and
 ``http_requests_total{handler,method,status}`` as prometheus-fastapi-instrumentator counts it
 for vLLM (status grouped ``2xx``, ``4xx``, …; handler the route, ``none`` for no route; the
 polling routes of ``HTTP_UNCOUNTED`` left out).

@@ -142,7 +142,8 @@ class ServeProcess:
         """Connect the server to ``host`` (the EngineHost of ``engine``): from now on it
         answers requests."""
         self.host = host
-        # RemoteEngine.pid: the engine's own process; an engine built in this process has none
+        # RemoteEngine.pid: the engine's own process; an engine built in this process (no pid
+        # of its own) runs in this one
         pid = getattr(engine, "pid", None) or os.getpid()
         facts = EngineFacts(engine.max_model_len, engine.model_config.vocab_size,
                             engine.num_blocks, host.scheduler_config, host.step_id, pid)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..engine_host.config import ConfigError
 
@@ -34,13 +34,15 @@ class ProfileSwitch:
 
     ``record`` is the listener for the host's and samplers' threads (one attribute read when
     off). ``start()`` / ``stop()`` return the file's path or raise ProfileError; ``close()``
-    stops a profile still on (the server's shutdown)."""
+    stops a profile still on (the server's shutdown). ``note``: called with one line when a
+    profile starts or ends (`gpuchef serve` prints it)."""
 
     def __init__(self, meta: dict[str, Any], directory: str | Path = ".", *,
-                 trace_prompts: bool = False) -> None:
+                 trace_prompts: bool = False, note: Callable[[str], None] | None = None) -> None:
         self.meta = {**meta, "profile": True}
         self.directory = Path(directory).expanduser()
         self.trace_prompts = trace_prompts
+        self.note = note or (lambda _msg: None)
         self._rec: Any = None
         self._lock = threading.Lock()
 
@@ -71,6 +73,7 @@ class ProfileSwitch:
             except ConfigError as e:
                 raise ProfileError(500, f"the profile {str(path)!r} cannot be written: "
                                         f"{str(e).split(': ', 1)[-1]}") from None
+            self.note(f"profile: writing {path} (POST /stop_profile ends it)")
             return str(path)
 
     def stop(self) -> str:
@@ -80,6 +83,7 @@ class ProfileSwitch:
                 raise ProfileError(409, "no profile is being written: POST /start_profile first")
             self._rec = None
             rec.close()  # writes what is queued and the end record
+            self.note(f"profile: {rec.path} written")
             return str(rec.path)
 
     def close(self) -> None:

@@ -184,9 +184,10 @@ class FrontDoor:
         self.requests_total = 0
         #: completions/chat HTTP requests being answered (GET /load's server_load)
         self.http_in_flight = 0
-        #: the longest text that could fit max_model_len tokens (None: no tokenizer)
-        self.max_text_chars = (max_model_len * max_token_chars(tokenizer) * TEXT_BOUND_SLACK
-                               if tokenizer is not None else None)
+        #: the longest text that could fit max_model_len tokens (None: no bound known)
+        longest = max_token_chars(tokenizer) if tokenizer is not None else None
+        self.max_text_chars = (max_model_len * longest * TEXT_BOUND_SLACK
+                               if longest is not None else None)
         self.send_lag_ns: list[int] = []  # engine token time → written, for bench_serve
         self.record_send_lag = False
 
@@ -272,8 +273,8 @@ class FrontDoor:
         r.add_get("/metrics", self._metrics)
         r.add_get("/gpuchef/v1/scheduler", self._get_scheduler)
         r.add_patch("/gpuchef/v1/scheduler", self._patch_scheduler)
-        # vLLM's extra routes, with its methods (AIPerf's --reset-kv-cache and
-        # --server-profiler POST the last three)
+        # vLLM's extra routes, with vLLM's methods (load tools such as AIPerf POST the last
+        # three around their runs: a GET there would be a 405)
         r.add_post("/tokenize", self._tokenize)
         r.add_post("/detokenize", self._detokenize)
         r.add_get("/ping", self._health)
@@ -525,7 +526,7 @@ class FrontDoor:
         try:
             if len(ids) > OFF_LOOP_BYTES // 8:
                 text = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: tk.decode(ids, skip_special_tokens=False))
+                    None, _decode_gil_free, tk, ids)
             else:
                 text = tk.decode(ids, skip_special_tokens=False)
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception subclasses
@@ -565,8 +566,9 @@ class FrontDoor:
         bound = self.max_text_chars
         if bound is not None and len(text) > bound:
             L = self.max_model_len
+            verb = "hold" if where == "messages" else "holds"
             raise P.bad(f"This model's maximum context length is {L} tokens. However, the "
-                        f"{where} holds {len(text)} characters, more than {L} tokens of this "
+                        f"{where} {verb} {len(text)} characters, more than {L} tokens of this "
                         f"tokenizer can hold (at most {bound}). Please reduce the length of "
                         f"the {where}.", param, "context_length_exceeded")
 
@@ -843,7 +845,7 @@ class FrontDoor:
         The status and headers go out now, when the request is in the engine's hands, not with
         its first token: a client sees its request accepted while it waits in the queue (and
         its TTFT is the engine's, not a header's). An engine that refuses the request after
-        that (it cannot: the checks above are the engine's own) would end the stream with an
+        that (not expected: the server checked what the engine checks) ends the stream with an
         error event, as vLLM streams an error met after its response began."""
         resp = box[0] = await self._prepare_sse(request)
         # OpenAI: with include_usage every chunk carries "usage", null until the last
@@ -908,15 +910,15 @@ class FrontDoor:
         return resp
 
 
-def max_token_chars(tokenizer: Any) -> int:
+def max_token_chars(tokenizer: Any) -> int | None:
     """The most characters one token of ``tokenizer`` (engine_host.tokenizer's Tokenizer) can
     stand for: its longest vocabulary string (a byte-level BPE writes one character per byte,
-    and a text's characters are no more than its bytes). 64 when the vocabulary cannot be
-    read."""
+    and a text's characters are no more than its bytes). None when the vocabulary cannot be
+    read (then no text is refused for its length alone)."""
     try:
         return max(1, max(map(len, tokenizer.tok.get_vocab(with_added_tokens=True))))
     except (AttributeError, TypeError, ValueError):
-        return 64
+        return None
 
 
 def _encode_gil_free(tk: Any, text: str, special: bool) -> list[int]:
@@ -927,6 +929,16 @@ def _encode_gil_free(tk: Any, text: str, special: bool) -> list[int]:
     if tok is None or not hasattr(tok, "encode_batch"):
         return tk.encode(text, add_special_tokens=special)
     return tok.encode_batch([text], add_special_tokens=special)[0].ids
+
+
+def _decode_gil_free(tk: Any, ids: list[int]) -> str:
+    """``tk.decode(ids, skip_special_tokens=False)`` through ``tokenizers``' ``decode_batch``,
+    which releases the GIL (``decode`` held it 1.2 s for 4 M ids). ``tk._map`` is the decode's
+    own first step (the bundled tokenizer's stand-in ids): the same text as ``decode``."""
+    tok = getattr(tk, "tok", None)
+    if tok is None or not hasattr(tok, "decode_batch") or not hasattr(tk, "_map"):
+        return tk.decode(ids, skip_special_tokens=False)
+    return tok.decode_batch([tk._map(ids)], skip_special_tokens=False)[0]
 
 
 async def _join_ints(ids: list[int], piece: int = 1 << 16) -> bytes:
