@@ -13,6 +13,7 @@ nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 # files): the newest 7 that fit; the logs and JSON in res.tgz
 if [ -n "$OUT" ]; then
   tar --exclude='*.jsonl.gz' -czf $OUT/res.tgz -C /tmp res
-  ls -t $R/*.jsonl.gz 2>/dev/null | while read f; do
-    [ $(stat -c %s "$f") -lt 16000000 ] && echo "$f"; done | head -7 | xargs -r cp -t $OUT
+  find $R -name '*.jsonl.gz' -printf '%T@ %p\n' 2>/dev/null | sort -rn | cut -d' ' -f2- | while read f; do
+    [ $(stat -c %s "$f") -lt 16000000 ] && echo "$f"; done | head -7 | while read f; do
+    cp "$f" "$OUT/$(basename $(dirname "$f"))-$(basename "$f")"; done
 fi
