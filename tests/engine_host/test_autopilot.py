@@ -695,3 +695,7 @@ def test_engine_records_the_infeasible_state_and_the_trace_round_trips_it(tmp_pa
     back = read_trace(path).steps
     assert [s.autopilot_state for s in back] == [r.autopilot_state for r in recs]
     assert back == recs
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

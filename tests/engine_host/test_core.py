@@ -165,3 +165,7 @@ def test_a_dead_engine_process_is_one_line_and_ends_the_wait():
             eng.new_host()
     finally:
         eng.close()
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

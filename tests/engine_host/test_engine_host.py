@@ -347,3 +347,7 @@ def test_both_engines_implement_the_contract(engine_cfg):
     assert eng.drain().record is None and not eng.has_step_in_flight
     eng.validate_scheduler_config(eng.scheduler_config)
     eng.close()
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -435,3 +435,7 @@ def test_capture_and_replay_bookkeeping(fake_cuda_graphs, rope_append):
     want_log = [(j, next(n for n in (16, 32, 64) if n >= t)) for t in spy.tokens
                 for j in range(L + 1)]
     assert fake_cuda_graphs.log == want_log  # each piece in order, at the padded size
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -257,3 +257,7 @@ def test_side_by_side_keeps_a_row_with_an_empty_value_and_widens_for_long_values
     # the columns line up: every row ends at the same width, B's values right-aligned there
     widths = {len(ln) for ln in lines if ln[:1] in "XYZ"}
     assert len(widths) == 1 and widths.pop() >= 41 + 2 * (len(long_v) + 2) - 1
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -131,3 +131,7 @@ def test_sequential_ab_trace_has_unique_ids_and_the_report_agrees(tmp_path):
         assert ref["completed"] == 12
         for key in ref:
             assert _same(ref[key], rep[key]), (k, key, ref[key], rep[key])
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -545,3 +545,7 @@ def test_one_repetition_the_default_gives_no_verdict_and_says_how_to_get_one(ser
     assert "Mean TTFT" in table and "B better" not in table and "B worse" not in table
     h = ab("--help").output.replace("\n", " ")
     assert "[default: 1]" in h and "no noise estimate" in " ".join(h.split()), h
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -113,3 +113,7 @@ def test_replay_header_reads_it_from_the_trace_meta():
                      ({}, None), ({"async_scheduling": "on"}, None), (None, None)):
         T.meta = {"engine_config": ec} if ec is not None else {}
         assert _info(T).async_scheduling is want, ec
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -671,3 +671,7 @@ def test_impossible_gauges_are_refused_by_name_and_panel_and_numbers_agree(tmp_p
                 await pilot.press("q")
 
         drive(s, go)
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

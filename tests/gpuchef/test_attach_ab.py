@@ -252,3 +252,7 @@ def test_knob_keys_wait_and_x_stops_the_ab_keeping_what_finished(servers):
     assert ids == {"A/", "B/"}
     marks = [e.name for e in s.timeline.snapshot().events if e.kind == "mark"]
     assert marks == ["ab:1:AB:1", "ab:1:end"]
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

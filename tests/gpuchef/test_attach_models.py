@@ -132,3 +132,7 @@ def test_a_broken_server_models_meta_reads_as_unknown_never_a_traceback(tmp_path
         assert rows["Model"].startswith("m" if bad["http://h:1"]["id"] == "m" else "fake")
         assert rows["KV cache"].endswith("max_model_len ? (GET /v1/models)")
     _page_text([trace])  # renders
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

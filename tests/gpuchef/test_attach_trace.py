@@ -164,3 +164,7 @@ def test_a_headless_hosted_trace_names_its_source_hosted(tmp_path):
                                  "--output-len", "2", "--trace", str(t)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert read_trace(t).meta["source"] == {"kind": "hosted"}
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -148,3 +148,7 @@ def test_ab_with_the_autopilot_on_one_side_keeps_both_columns(tmp_path):
     for label in ("Benchmark duration (s):", "Request throughput (req/s):",
                   "Total input tokens:"):
         assert len(got[label]) == 2, (label, got[label])
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

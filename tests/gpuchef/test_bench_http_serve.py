@@ -77,3 +77,7 @@ def test_clip_warning_names_the_servers_limit():
     assert ("warning: max_model_len 64 (the server's, from GET /v1/models) clipped 2 of 2 "
             "prompts") in out, r.output
     assert "(the model's)" not in out
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -71,3 +71,7 @@ def test_native_arm_on_cpu_writes_block_size_and_a_breakdown_of_every_step(tmp_p
     out = subprocess.run([sys.executable, os.path.join(BENCH, "bench_vllm_host.py"),
                           "--report", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert "where the GPU time goes" in out.stdout and "memory-bound" in out.stdout
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

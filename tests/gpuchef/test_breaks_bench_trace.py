@@ -133,3 +133,7 @@ def test_trace_prompts_stores_what_its_help_says(tmp_path):
     assert len(reqs) == 2
     assert all(len(r["output_token_ids"]) == r["output_len"] == 2 for r in reqs)
     assert read_trace(tp).meta["trace_prompts"] is True
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -637,3 +637,7 @@ def test_cli_capacity_stopped_probe_row_prints_the_bound(tmp_path):
         assert m["completed"] + m["withdrawn"] == 8, m
         withdrew = f"{m['withdrawn']} of 8 requests withdrawn (not failed)"
         assert withdrew in p["notes"][0] and withdrew in r.output
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

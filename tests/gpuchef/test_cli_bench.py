@@ -197,3 +197,7 @@ def test_ctrl_c_prints_the_results_of_what_finished_and_a_partial_json(tmp_path)
     done = [r for r in reqs if r["finish_reason"] == "length"]
     assert d["completed"] == len(done)
     assert recs[-1]["type"] == "end"
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -271,3 +271,7 @@ def test_trace_paths_get_the_output_path_messages(tmp_path, cmd, trace, needle):
     r = invoke(*cmd, "--trace", trace.format(**fill))
     assert_refused_early(r, needle.format(**fill))
     assert "Invalid value" not in r.output
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

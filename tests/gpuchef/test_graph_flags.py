@@ -167,3 +167,7 @@ def test_vllm_none_mode_points_at_enforce_eager():
     assert "is --enforce-eager here" in out
     r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--cudagraph-mode", "bogus"])
     assert r.exit_code == 2 and "--enforce-eager" not in r.output
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

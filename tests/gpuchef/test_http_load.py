@@ -604,3 +604,7 @@ def test_bench_ramp_up_end_to_end(server, tmp_path):
     even = np.linspace(0, want[-1] - want[0], 30)
     assert np.percentile(np.abs(even - (want - want[0]) - np.median(even - (want - want[0]))),
                          80) > 0.015  # the check can tell a ramp from even spacing
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

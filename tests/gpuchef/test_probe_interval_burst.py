@@ -58,3 +58,9 @@ def test_http_ab_over_two_servers_warns_once():
                                      "--request-rate", "inf"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert r.output.count(WARNING) == 1, r.output
+
+
+import pytest  # noqa: E402
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

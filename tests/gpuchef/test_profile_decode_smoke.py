@@ -274,3 +274,7 @@ def test_kernels_without_a_launching_op_are_placed_in_their_step_by_start_time()
     placed, left = pd.place_by_start(recs, [(10.0, 0), (20.0, 1), (30.0, 2)], steps)
     assert placed == 5 and [r["start"] for r in left] == [5.0]
     assert [[r["start"] for r in s] for s in steps] == [[10.0, 10.5], [29.9], [30.0, 99.0]]
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -704,3 +704,7 @@ def test_ab_stopped_before_any_step_has_a_plain_label(tmp_path):
     (seg,) = data.views[0].segments
     assert seg.name == "A1" and seg.label == "A" and not seg.counted
     assert seg.result.why == "no finished request arrived in it"
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -197,3 +197,7 @@ def test_infeasible_steps_are_shaded_and_named_in_the_legend(tmp_path):
     out = tmp_path / "r.html"
     run("report", path, "-o", out)
     assert f"{INFEASIBLE} {n_inf}" in out.read_text(encoding="utf-8")
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

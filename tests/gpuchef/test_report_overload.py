@@ -270,3 +270,7 @@ def test_a_mode_switch_under_overload_credits_each_mode_with_its_own_work(tmp_pa
     out = tmp_path / "r.html"
     run("report", trace, "-o", out)
     assert "The mode changed during the load" in out.read_text(encoding="utf-8")
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

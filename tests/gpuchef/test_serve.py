@@ -638,3 +638,7 @@ def test_patch_of_a_start_up_setting_says_it_is_fixed_and_names_the_live_knobs(s
     after = http("GET", u)[1]
     assert {k: v for k, v in after.items() if k != "step"} == \
         {k: v for k, v in before.items() if k != "step"}
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -367,3 +367,7 @@ def test_tokenising_megabytes_lets_health_answer(server):
     st, r = out["r"]
     assert st == 200 and r["tokens"] == TOK.encode(text) and r["count"] == len(r["tokens"])
     assert len(health) >= 3 and max(health) < 1.0, health
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

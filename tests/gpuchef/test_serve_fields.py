@@ -223,3 +223,7 @@ def test_docs_table_lists_the_fields_refused():
         first = row.split("|")[1]
         listed |= set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", first)))
     assert listed == {f for f, *_ in UNSUPPORTED}
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

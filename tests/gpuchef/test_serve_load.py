@@ -201,3 +201,7 @@ def test_forty_clients_gone_mid_stream_are_aborted_and_free_their_kv(server):  #
     r = client(server).completions.create(model=MODEL, prompt=[1, 2], max_tokens=3,
                                           extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

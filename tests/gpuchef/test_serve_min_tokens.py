@@ -174,3 +174,7 @@ def test_stop_strings_do_not_end_a_request_before_min_tokens(server):  # noqa: F
         r = c.completions.create(**{**kw, "stop": [never, decoy]},
                                  extra_body={"ignore_eos": True, "min_tokens": n})
         assert (r.choices[0].text, r.choices[0].finish_reason) == (full, "length")
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -87,3 +87,7 @@ def test_no_pending_task_left_at_exit_after_clients_went_away():
             assert wait_until(lambda: one(metrics(s), "vllm:num_requests_running") == 0)
         assert s.stop() == 0
     assert "Task was destroyed" not in s.stderr, s.stderr
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -133,3 +133,7 @@ def test_an_empty_body_says_it_is_empty(server, path, method, raw):
     assert resp["error"]["message"] == ("the request body is empty: send a JSON object "
                                         "(Content-Type: application/json)")
     still_serves(server)
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -105,3 +105,7 @@ def test_replay_of_a_damaged_trace(good, tmp_path, kind):
 
     asyncio.run(go())
     assert any(says in n for n in notes), notes
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

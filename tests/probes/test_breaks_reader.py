@@ -298,3 +298,7 @@ def test_what_a_writer_does_write_is_not_impossible(tmp_path):
     assert not tr.requests
     assert tr.problems[0].endswith("request token_times_ns go back in time (allowed: "
                                    "non-decreasing) — skipped")
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -282,3 +282,7 @@ def test_memory_stays_flat_once_the_rings_are_full():
     assert sum(len(r.token_times_ns) for r in snap.requests) <= 20_000
     assert full > 500_000  # it did measure the records (~2000 steps of ~400 B)
     assert later <= full * 1.05, (full, later)
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

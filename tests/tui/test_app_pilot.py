@@ -389,3 +389,7 @@ def test_gpu_panels_live_with_nvml_and_help_lists_every_key(engine):
         run(go())
     finally:
         s.close()
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

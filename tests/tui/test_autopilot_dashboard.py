@@ -350,3 +350,7 @@ def test_switched_to_continuous_the_panel_says_the_autopilot_is_idle(engine):
         asyncio.run(go())
     finally:
         s.close()
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -351,3 +351,7 @@ def test_time_axis_draws_close_changes_legibly_in_the_app():
             counted = sum(int(x[1:]) for x in row.split() if x.startswith("+") and x[1:].isdigit())
             assert len(shown) + counted == 4, row
     run(go())
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

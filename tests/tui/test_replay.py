@@ -376,3 +376,7 @@ def test_a_trace_still_being_written_is_not_called_stopped(tmp_path):
     buf = StringIO()
     build_app(str(p), err=Console(file=buf, width=400), paused=True)
     assert "no end record" not in buf.getvalue()
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow

@@ -166,3 +166,7 @@ def test_top_serve_says_once_that_its_http_process_died_and_goes_on(tmp_path):
     recs = {r.request_id: r for r in read_trace(trace).requests}
     assert recs["http-0"].finish_reason == "abort"
     assert len(recs["http-0"].token_times_ns) == 0  # aborted while queued: no token made
+
+
+#: minutes on a 2-core machine together with the other slow files: the full run only
+pytestmark = pytest.mark.slow
