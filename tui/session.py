@@ -84,6 +84,8 @@ class SessionInfo:
     ``async_scheduling``: the engine schedules step N+1 while N runs (None = not known).
     ``serving``: `top --serve`: the URL the HTTP front door listens on ("" = none); the header
     says "serving URL" while that process lives (HeaderState.server_error once it is gone).
+    ``title``: what the header's first cell names the session (`gpuchef replay` names the trace
+    and the command that wrote it).
     """
 
     model: str
@@ -102,6 +104,7 @@ class SessionInfo:
     per_step_records: bool = True
     async_scheduling: bool | None = None
     serving: str = ""
+    title: str = "gpuchef top"
 
 
 @dataclass(frozen=True)
@@ -110,9 +113,12 @@ class LoadState:
 
     ``kind``: "random" (``rate`` in req/s), "trace" (``rate`` is the replay speed, ×) or
     "none" (no load of gpuchef's: ``name`` says what drives the server).
-    ``name``: dataset name. ``mean_rate``: the trace's mean req/s at speed 1 (0 for random).
+    ``name``: dataset name. ``mean_rate``: the trace's mean req/s at speed 1 over the whole
+    trace (0 for random): not what arrives now (the Azure trace's first minutes arrive at a
+    third of its hour's mean; tui/arrivals.py measures that).
     ``paused``: no new arrivals. ``submitted``: requests sent so far. ``done``: the stream ended
     (a bounded ``--num-prompts``/``--duration`` load). ``loop``: a trace restarts at its end.
+    The header's load line and the controls' load switch both read :attr:`status`.
     """
 
     kind: str
@@ -128,22 +134,30 @@ class LoadState:
     def rate_unit(self) -> str:
         return "req/s" if self.kind == "random" else "×"
 
+    @property
+    def trace_mean(self) -> float:
+        """The trace's mean req/s at the current speed (0 for random arrivals or unknown)."""
+        return self.rate * self.mean_rate if self.kind == "trace" else 0.0
+
+    @property
+    def status(self) -> str:
+        """"PAUSED", "done" (a bounded load that ended) or "on": the one reading of whether new
+        arrivals flow, for every place that shows it."""
+        return "PAUSED" if self.paused else "done" if self.done else "on"
+
     def describe(self) -> str:
-        """e.g. "azure-conv ×0.50 (≈2.8 req/s), loop" or "random 4.0 req/s"."""
+        """e.g. "azure-conv ×0.50, loop — PAUSED" or "random 4 req/s" (the trace's mean rate is
+        :attr:`trace_mean`, shown beside it with its label)."""
         if self.kind == "none":
             return self.name
         if self.kind == "random":
             s = f"random {self.rate:g} req/s"
         else:
             s = f"{self.name} ×{self.rate:.2f}"
-            if self.mean_rate > 0:
-                s += f" (≈{self.rate * self.mean_rate:.1f} req/s)"
             if self.loop:
                 s += ", loop"
-        if self.paused:
-            s += " — PAUSED"
-        elif self.done:
-            s += " — done"
+        if self.status != "on":
+            s += f" — {self.status}"
         return s
 
 
@@ -174,6 +188,10 @@ class ABState:
 
 
 class LoadControl(Protocol):
+    """The live load's controls. A load whose rate and pause are fixed may say why in a class
+    attribute ``REASON`` (gpuchef/attach.py's): its ``set_rate``/``pause`` raise ConfigError with
+    it, and the palette previews that refusal (``GpuchefApp.check_rate``)."""
+
     def state(self) -> LoadState: ...
     def set_rate(self, value: Any) -> float: ...
     def pause(self) -> None: ...

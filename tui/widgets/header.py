@@ -1,23 +1,33 @@
 """The header: what runs (model, engine and tensor-parallel size, the GPUs or device, attention),
-how it is scheduled (sync or async, the mode and the knobs in force), what load drives it, for how long, and where
-the trace goes."""
+how it is scheduled (sync or async, the mode and the knobs in force), what load drives it — what
+arrives per second from each source, labelled with its window, beside the trace's mean — for how
+long, and where the trace goes.
+
+Its two logical lines (the engine, the load) are made of items that are never split: at a given
+width an item that does not fit on the line starts the next one (:func:`header_text`), so at
+120, 160 or 200 columns every item shows whole. ``SessionHeader`` shows at most ``max_lines``
+such lines (the last one ends in "…" when more would be needed), plus a line for each failure.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
 from gpuchef.engine_host.config import KNOBS, SchedulerConfig
 
 from .. import theme
+from ..arrivals import Arrivals, fmt_rate
 from ..session import ABState, LoadState, SessionInfo
 
 
 @dataclass(frozen=True)
 class HeaderState:
-    """Everything the header shows; the widget redraws only when this changes."""
+    """Everything the header shows; the widget redraws only when this changes. ``arrivals``:
+    what arrives at the engine (tui/arrivals.py; None: not measured, e.g. a replay)."""
 
     info: SessionInfo
     config: SchedulerConfig
@@ -30,6 +40,7 @@ class HeaderState:
     engine_error: str | None = None
     paused_engine: bool = False
     server_error: str = ""  # `top --serve`: the HTTP server process is gone (its line)
+    arrivals: Arrivals | None = None
 
 
 def _fmt_elapsed(s: int) -> str:
@@ -38,81 +49,185 @@ def _fmt_elapsed(s: int) -> str:
     return f"{h:d}:{m:02d}:{sec:02d}"
 
 
-def header_text(st: HeaderState) -> Text:
+#: An item of a header line: (separator before it, its text). The separator is dropped when the
+#: item starts a line.
+Item = tuple[str, Text]
+
+
+def _item(sep: str, *parts: tuple[str, str]) -> Item:
+    t = Text()
+    for text, style in parts:
+        t.append(text, style=style)
+    return sep, t
+
+
+def engine_items(st: HeaderState) -> list[Item]:
+    """The first logical line: what runs and how it is scheduled."""
     i, c = st.info, st.config
-    t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(" gpuchef top ", style=f"bold #11151c on {theme.MIXED}")
-    t.append("  ")
-    t.append(i.model, style=f"bold {theme.TITLE}")
+    bold = f"bold {theme.TITLE}"
+    out = [_item("", (f" {i.title} ", f"bold #11151c on {theme.MIXED}"))]
+    model = [(i.model, bold)]
     if i.random_weights:
-        t.append(" (random weights)", style=theme.WAITING)
+        model.append((" (random weights)", theme.WAITING))
+    out.append(_item("   ", *model))
     if i.engine:
-        t.append(f"  {i.engine}", style=f"bold {theme.TITLE}")
-        t.append(f" TP {i.tensor_parallel_size}", style=f"bold {theme.TITLE}")
-    if i.gpus:
-        t.append(f"  GPU{'s' if len(i.gpus) > 1 else ''} {','.join(i.gpus)}", style=theme.TITLE)
-    else:
-        t.append(f"  {i.device}", style=theme.TITLE)
-    if i.dtype:
-        t.append(f" {i.dtype}", style=theme.LABEL)
-    t.append(f"  attention {i.attention}", style=theme.LABEL)
+        out.append(_item("  ", (f"{i.engine} TP {i.tensor_parallel_size}", bold)))
+    dev = (f"GPU{'s' if len(i.gpus) > 1 else ''} {','.join(i.gpus)}" if i.gpus else i.device)
+    out.append(_item("  ", (dev, theme.TITLE), *([(f" {i.dtype}", theme.LABEL)] if i.dtype
+                                                  else [])))
+    out.append(_item("  ", (f"attention {i.attention}", theme.LABEL)))
     if i.async_scheduling is not None:
-        t.append("  async" if i.async_scheduling else "  sync", style=theme.LABEL)
-    t.append("   mode ", style=theme.LABEL)
-    t.append(f" {c.mode} ", style=f"bold #11151c on {theme.MODE_COLOURS.get(c.mode, theme.TITLE)}")
+        out.append(_item("  ", ("async" if i.async_scheduling else "sync", theme.LABEL)))
+    out.append(_item("   ", ("mode ", theme.LABEL),
+                     (f" {c.mode} ", f"bold #11151c on {theme.MODE_COLOURS.get(c.mode, theme.TITLE)}")))
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
     for name, val in (("max_num_batched_tokens", c.max_num_batched_tokens),
                       ("long_prefill_token_threshold", chunk), ("max_num_seqs", c.max_num_seqs),
                       ("max_num_partial_prefills", c.max_num_partial_prefills)):
-        t.append(f"  {KNOBS[name].label} ", style=theme.LABEL)
-        t.append(str(val), style=f"bold {theme.TITLE}")
-    t.append("\n")
-    t.append(" load ", style=theme.LABEL)
-    t.append(st.load.describe(), style=f"bold {theme.WAITING if st.load.paused else theme.TITLE}")
-    t.append("   elapsed ", style=theme.LABEL)
-    t.append(_fmt_elapsed(st.elapsed_s), style=f"bold {theme.TITLE}")
-    t.append("   trace ", style=theme.LABEL)
-    t.append(st.trace or "off (e: write one)", style=theme.TITLE if st.trace else theme.AXIS)
+        out.append(_item("  ", (f"{KNOBS[name].label} ", theme.LABEL), (str(val), bold)))
+    return out
+
+
+def load_items(st: HeaderState) -> list[Item]:
+    """The second logical line: the load — gpuchef's own (its setting, what arrived over the
+    last window, the trace's mean) and, under `top --serve` or once any came, the HTTP
+    requests (what arrived, how many are in flight) — then elapsed time, trace, A/B, notes."""
+    i, ld, a = st.info, st.load, st.arrivals
+    bold = f"bold {theme.TITLE}"
+    http = a is not None and (bool(i.serving) or a.http_seen)
+    out = [_item(" ", ("internal load " if http else "load ", theme.LABEL),
+                 (ld.describe(), f"bold {theme.WAITING if ld.paused else theme.TITLE}"))]
+    if a is not None and ld.kind != "none":
+        out.append(_item(" · ", ("arriving ", theme.LABEL),
+                         (f"{fmt_rate(a.load_rate)} req/s", bold),
+                         (f" ({a.span_label()})", theme.LABEL)))
+    if ld.trace_mean > 0:
+        out.append(_item(" · ", ("trace mean ", theme.LABEL),
+                         (f"{ld.trace_mean:.1f} req/s", theme.TITLE)))
+    if http:
+        out.append(_item("   ", ("HTTP load ", theme.LABEL), ("arriving ", theme.LABEL),
+                         (f"{fmt_rate(a.http_rate)} req/s", bold),
+                         (f" ({a.span_label()})", theme.LABEL)))
+        out.append(_item(" · ", (str(a.http_in_flight), bold), (" in flight", theme.LABEL)))
+    out.append(_item("   ", ("elapsed ", theme.LABEL), (_fmt_elapsed(st.elapsed_s), bold)))
+    out.append(_item("   ", ("trace ", theme.LABEL),
+                     (st.trace or "off (e: write one)", theme.TITLE if st.trace else theme.AXIS)))
     if st.ab.active:
         colour = theme.AB_COLOURS.get(st.ab.current, theme.TITLE)
-        t.append("   A/B ", style=theme.LABEL)
-        t.append(f" {st.ab.current}#{st.ab.index} ", style=f"bold #11151c on {colour}")
-        t.append(f" {st.ab.window_s:g} s windows", style=theme.LABEL)
+        out.append(_item("   ", ("A/B ", theme.LABEL),
+                         (f" {st.ab.current}#{st.ab.index} ", f"bold #11151c on {colour}"),
+                         (f" {st.ab.window_s:g} s windows", theme.LABEL)))
     if i.serving and not st.server_error:  # once it is gone the last line says so instead
-        t.append(f"   serving {i.serving}", style=theme.TITLE)
+        out.append(_item("   ", (f"serving {i.serving}", theme.TITLE)))
     if i.note:
-        t.append(f"   {i.note}", style=theme.AXIS)
+        out.append(_item("   ", (i.note, theme.AXIS)))
     if st.ui_cost_pct is not None:
-        t.append(f"   UI {st.ui_cost_pct:.1f}% of a core", style=theme.AXIS)
+        out.append(_item("   ", (f"UI {st.ui_cost_pct:.1f}% of a core", theme.AXIS)))
     if st.paused_engine:
-        t.append("   ENGINE PAUSED", style=f"bold {theme.PREEMPTED}")
+        out.append(_item("   ", ("ENGINE PAUSED", f"bold {theme.PREEMPTED}")))
+    return out
+
+
+def flow(items: list[Item], width: int | None) -> list[Text]:
+    """``items`` laid out in lines of at most ``width`` cells (None: one line): an item goes on
+    the current line with its separator when it fits, else starts the next line (indented one
+    cell, without its separator). An item wider than a line gets a line of its own (the widget
+    crops it with "…")."""
+    lines: list[Text] = []
+    cur: Text | None = None
+    for sep, body in items:
+        if cur is None:  # the logical line's first item keeps its lead
+            cur = Text(sep) + body
+        elif width is None or cur.cell_len + cell_len(sep) + body.cell_len <= width:
+            cur.append(sep)
+            cur.append_text(body)
+        else:
+            lines.append(cur)
+            cur = Text(" ") + body
+    if cur is not None:
+        lines.append(cur)
+    return lines
+
+
+def header_lines(st: HeaderState, width: int | None = None) -> list[Text]:
+    """The header's lines at ``width`` cells (None: the two logical lines unwrapped), failures
+    last (``ENGINE STOPPED``, ``HTTP SERVER STOPPED``)."""
+    lines = flow(engine_items(st), width) + flow(load_items(st), width)
+    red = f"bold {theme.PREEMPTED}"
     if st.engine_error:
-        t.append(f"\n ENGINE STOPPED: {st.engine_error}", style=f"bold {theme.PREEMPTED}")
+        lines.append(Text(f" ENGINE STOPPED: {st.engine_error}", style=red))
     if st.server_error:
-        t.append(f"\n HTTP SERVER STOPPED: {st.server_error}", style=f"bold {theme.PREEMPTED}")
+        lines.append(Text(f" HTTP SERVER STOPPED: {st.server_error}", style=red))
+    return lines
+
+
+def header_text(st: HeaderState, width: int | None = None) -> Text:
+    """The header as one Text, lines joined (see :func:`header_lines`)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for k, line in enumerate(header_lines(st, width)):
+        if k:
+            t.append("\n")
+        t.append_text(line)
     return t
 
 
 class SessionHeader(Static):
+    """The header at the width it is given: as many lines as its items need, at most
+    ``max_lines`` (the last one then ends in "…"), plus one per failure. ``lines``: how many
+    it shows now (the main screen lays its charts out around it)."""
+
     DEFAULT_CSS = """
     SessionHeader { height: 2; background: #1b2130; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, max_lines: int = 4, **kw) -> None:
         super().__init__("", **kw)
         self._state: HeaderState | None = None
-        self._lines = 2
+        self._width = 0
+        self.max_lines = max_lines
+        self.lines = 2
 
-    def show(self, st: HeaderState) -> None:
-        """Redraw if anything shown changed; relayout only if the line count did."""
-        if st == self._state:
+    def wanted_lines(self, st: HeaderState | None = None, width: int | None = None) -> int:
+        """Lines the header takes for ``st`` at ``width`` (default: the ones shown / its own)."""
+        st = st or self._state
+        if st is None:
+            return self.lines
+        return len(self._lines_for(st, width or self._own_width()))
+
+    def _own_width(self) -> int:
+        return self.size.width or self.app.size.width
+
+    def _lines_for(self, st: HeaderState, width: int) -> list[Text]:
+        lines = header_lines(st, max(1, width))
+        fails = int(bool(st.engine_error)) + int(bool(st.server_error))
+        body, tail = lines[:len(lines) - fails], lines[len(lines) - fails:]
+        if len(body) > self.max_lines:  # the rest joins the last line, which the CSS crops
+            last = body[self.max_lines - 1]
+            for extra in body[self.max_lines:]:
+                last.append_text(extra)
+            body = body[:self.max_lines]
+        return body + tail
+
+    def show(self, st: HeaderState, force: bool = False) -> None:
+        """Redraw if anything shown (or the width) changed; relayout only if the line count
+        did."""
+        width = self._own_width()
+        if st == self._state and width == self._width and not force:
             return
-        self._state = st
-        text = header_text(st)
-        lines = text.plain.count("\n") + 1
-        if lines != self._lines:
-            self._lines = lines
-            self.styles.height = lines
+        self._state, self._width = st, width
+        text = Text(no_wrap=True, overflow="ellipsis")
+        lines = self._lines_for(st, width)
+        for k, line in enumerate(lines):
+            if k:
+                text.append("\n")
+            text.append_text(line)
+        if len(lines) != self.lines:
+            self.lines = len(lines)
+            self.styles.height = self.lines
             self.update(text)
         else:
             self.update(text, layout=False)
+
+    def on_resize(self) -> None:
+        if self._state is not None:
+            self.show(self._state, force=True)
