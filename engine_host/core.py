@@ -116,7 +116,17 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-Inbound = Union[NewHost, Workload, Start, Submit, Command, Stop, Shutdown]
+class Subscribe(msgspec.Struct, tag="sub", array_like=True):
+    """Send the stream to ``addr`` too (``on`` False: stop), e.g. the HTTP server's process."""
+
+    addr: str
+    on: bool
+
+
+Inbound = Union[NewHost, Workload, Start, Submit, Command, Stop, Shutdown, Subscribe]
+#: a subscriber's queue (frames) before frames for it are dropped: minutes of steps; only a
+#: subscriber that stopped reading fills it, and it must never hold the engine's stream back
+SUBSCRIBER_HWM = 100_000
 _COMMANDS = ("set_config", "pause", "resume", "pause_load", "resume_load", "mark", "abort")
 
 
@@ -236,6 +246,7 @@ class _EngineCore:
         self.out.setsockopt(zmq.LINGER, 2000)
         self.out.connect(out_addr)
         self.outq: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.subs: dict[str, Any] = {}  # addr -> PUSH socket (writer thread only)
         self.host: Any = None
         self.host_id = 0
         #: (code, record) pairs, one append each (atomic), codes as OutBatch.order's
@@ -274,12 +285,31 @@ class _EngineCore:
         self._last_status = status
         self.outq.put((self.host_id, buf, status, sched, final))
 
+    def _subscribe(self, addr: str, on: bool) -> None:
+        """The writer thread's part of Subscribe (sockets belong to the thread using them)."""
+        import zmq
+
+        old = self.subs.pop(addr, None)
+        if old is not None:
+            old.close(linger=0)
+        if on:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, SUBSCRIBER_HWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(addr)
+            self.subs[addr] = sock
+
     def _writer(self) -> None:
+        import zmq
+
         enc = msgspec.msgpack.Encoder()
         while True:
             item = self.outq.get()
             if item is None:
                 return
+            if item[0] == "sub":
+                self._subscribe(item[1], item[2])
+                continue
             host_id, buf, status, sched, final = item
             steps, outs, reqs, evs = [], [], [], []
             lists = {115: steps, 111: outs, 114: reqs, 101: evs}  # s o r e
@@ -287,9 +317,14 @@ class _EngineCore:
                 lists[code].append(rec)
             order = bytes(code for code, _ in buf)
             state, step_id, submitted, done, paused, load_paused, err = status
-            self.out.send(enc.encode(OutBatch(host_id, order, steps, outs, reqs, evs, state,
-                                              step_id, submitted, done, paused, load_paused,
-                                              sched, err, final)), copy=False)
+            frame = enc.encode(OutBatch(host_id, order, steps, outs, reqs, evs, state, step_id,
+                                        submitted, done, paused, load_paused, sched, err, final))
+            self.out.send(frame, copy=False)
+            for sock in self.subs.values():
+                try:  # never wait for a subscriber: one that stopped reading loses frames
+                    sock.send(frame, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    pass
 
     def _new_host(self, host_id: int) -> None:
         from .host import EngineHost
@@ -323,6 +358,8 @@ class _EngineCore:
                 self.host.stop()
             self.outq.put(None)
             writer.join(5)
+            for sock in self.subs.values():
+                sock.close(linger=0)
             self.engine.close()
             self.out.close()
             self.inp.close(linger=0)
@@ -344,6 +381,8 @@ class _EngineCore:
             h.set_workload([_Spec(*s) for s in msg.specs], msg.t0_ns)
         elif isinstance(msg, Start):
             h.start(msg.t0_ns)
+        elif isinstance(msg, Subscribe):
+            self.outq.put(("sub", msg.addr, msg.on))
         elif isinstance(msg, Stop):
             h.stop(abort_remaining=msg.abort_remaining, abort_reason=msg.abort_reason)
             self._flush(final=True)
@@ -523,6 +562,14 @@ class RemoteEngine:
         self._host = h
         self._send(NewHost(h.host_id))
         return h
+
+    def subscribe(self, addr: str, on: bool = True) -> None:
+        """Have the engine process send its record stream to ``addr`` (a ZMQ PULL socket's
+        ``ipc://`` or ``tcp://`` address, e.g. the HTTP server's process) as well, from the
+        next batch on, as the same encoded ``OutBatch`` frames; ``on`` False stops it. Frames
+        for a subscriber that stops reading are dropped once SUBSCRIBER_HWM are queued: it
+        never holds the engine or this process's stream back."""
+        self._send(Subscribe(addr, on))
 
     def _send(self, msg: Any) -> None:
         with self._send_lock:
@@ -764,6 +811,12 @@ class EngineCoreClient:
         self._final.set()
 
 
+def batch_records(b: OutBatch) -> list[Any]:
+    """An OutBatch's records in the engine's order (for a subscriber decoding the stream)."""
+    it = {115: iter(b.steps), 111: iter(b.outputs), 114: iter(b.requests), 101: iter(b.events)}
+    return [next(it[code]) for code in b.order]
+
+
 def make_host(engine: Any, **listeners: Any) -> Any:
     """The host for ``engine``: ``RemoteEngine.new_host`` for an engine in its own process, an
     in-thread ``EngineHost`` for one built in this process (tests, benchmarks that compare
@@ -776,4 +829,4 @@ def make_host(engine: Any, **listeners: Any) -> Any:
 
 
 __all__ = ["EngineCoreClient", "EngineProcessError", "OutBatch", "RemoteEngine", "device_name",
-           "engine_facts", "make_host"]
+           "engine_facts", "make_host", "batch_records"]

@@ -343,7 +343,15 @@ def _info(tr: Trace) -> SessionInfo:
                        int(m.get("max_model_len") or 0),
                        f"recorded {tr.meta.get('created', '')[:19]}{bad}{part}",
                        async_scheduling=asy if isinstance(asy, bool) else None,
-                       **_source(tr))
+                       title=replay_title(tr), **_source(tr))
+
+
+def replay_title(tr: Trace) -> str:
+    """"gpuchef replay — bench trace run.jsonl": the trace's file name and the command that
+    wrote it (its meta record's ``command``: bench, top, serve, ab …), not `gpuchef top`."""
+    cmd = tr.meta.get("command")
+    what = f"{cmd} trace" if isinstance(cmd, str) and cmd else "trace"
+    return f"gpuchef replay — {what} {Path(str(tr.path)).name}"
 
 
 def _source(tr: Trace) -> dict[str, Any]:

@@ -7,7 +7,9 @@ it between engine steps. A key that steps or toggles a value (``+``, ``m``, ``b`
 from the value last asked for (``requested``, tui/requested.py), not from the one the engine has
 confirmed, which arrives a step or more later: every press of a burst counts. ``ui_cost_pct``
 is the CPU time of this (the UI) thread as a share of one core over the last ~2 s — shown in the
-header, read by ``benchmarks/bench_ui.py``.
+header, read by ``benchmarks/bench_ui.py``. ``arrivals``: what arrives at a hosted engine per
+source (tui/arrivals.py), measured on every tick whatever the screen, so that no finished
+request goes uncounted while a modal screen is up.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, Schedul
                                         parse_value)
 
 from .ab_live import ABAnalyser
+from .arrivals import ArrivalMeter, Arrivals
 from .commands import DashboardCommands
 from .keys import bindings
 from .requested import Requested
-from .session import Session
+from .session import Session, parse_rate
 from .screens.ab import ABScreen
 from .screens.help import HelpScreen
 from .screens.main import MainScreen
@@ -43,6 +46,8 @@ WINDOWS_S = (10.0, 60.0, 600.0)
 DEFAULT_AUTO_BUDGET = "itl_p99:50ms,ttft_p99:2s"
 #: how often `top --serve` checks that its HTTP server process is alive (s), as `gpuchef serve`
 FRONT_DOOR_POLL_S = 0.5
+#: how often the arrival meter reads the timeline (s)
+ARRIVALS_EVERY_S = 0.25
 
 
 class GpuchefApp(App):
@@ -87,6 +92,27 @@ class GpuchefApp(App):
         self.requested = Requested()
         self.ticks = 0
         self.tick_cpu_s = 0.0
+        self.arrival_meter = self.make_arrival_meter()
+        #: the newest reading of ``arrival_meter`` (None: none yet, or nothing measured)
+        self.arrivals: Arrivals | None = None
+        self._arrivals_at = -math.inf
+
+    def make_arrival_meter(self) -> ArrivalMeter | None:
+        """What measures the arrivals over the numbers' window: a hosted engine's (its steps
+        count the requests in flight); None for attached servers."""
+        if not self.session.info.per_step_records:
+            return None
+        return ArrivalMeter(self.session.stats_window_s)
+
+    def measure_arrivals(self) -> Arrivals | None:
+        """Update :attr:`arrivals` from a snapshot taken now (see tui/arrivals.py)."""
+        m = self.arrival_meter
+        if m is None:
+            return None
+        s = self.session
+        self.arrivals = m.update(s.timeline.snapshot(s.clock()), s.load.state())
+        self._arrivals_at = time.monotonic()
+        return self.arrivals
 
     def on_mount(self) -> None:
         if self.session.info.per_step_records:
@@ -106,6 +132,8 @@ class GpuchefApp(App):
             return
         if not self._screen_live(scr):  # the timer racing the exit or a pop: widgets going
             return
+        if time.monotonic() - self._arrivals_at >= ARRIVALS_EVERY_S - 0.01:
+            self.measure_arrivals()
         if getattr(scr, "ready", False):  # set once the screen has mounted its widgets
             try:
                 scr.tick()
@@ -164,6 +192,28 @@ class GpuchefApp(App):
         self.notify(str(e), title="refused", severity="error", timeout=8)
         self._resync()
 
+    def ab_busy(self) -> str:
+        """Why a knob cannot be set now ("" = it can): an A/B run sets the knobs, or sends the
+        load to both servers."""
+        st = self.session.ab.state()
+        if not st.active:
+            return ""
+        return ("an A/B run is sending the load to both servers: stop it first (x)" if st.load
+                else "an A/B run sets the knobs now: stop it first (x)")
+
+    def check_knob(self, name: str, value: Any) -> Any:
+        """What :meth:`request_knob` would send for ``name`` = ``value``, without sending it:
+        the parsed value, or ConfigError with the refusal it would show (the palette previews
+        it). The session may still refuse (an engine limit), as it would after Enter."""
+        reason = getattr(self.session, "knobs_reason", "")  # attached read-only, a replay
+        if reason:
+            raise ConfigError(reason)
+        parsed = parse_value(name, value)
+        busy = self.ab_busy()
+        if busy:
+            raise ConfigError(busy)
+        return parsed
+
     def request_knob(self, name: str, value: Any) -> bool:
         """Send one knob, the mode or the autopilot's targets (``auto_budget``: a spec or "off")
         to the engine; show the refusal if it is bad. True if sent."""
@@ -174,10 +224,9 @@ class GpuchefApp(App):
             return False
         if getattr(self.requested_config, name, None) == parsed:
             return False  # already asked for (e.g. a field re-sent as it was): nothing to do
-        if self.session.ab.state().active:
-            self.notify("an A/B run is sending the load to both servers: stop it first (x)"
-                        if self.session.ab.state().load else
-                        "an A/B run sets the knobs now: stop it first (x)", severity="warning")
+        busy = self.ab_busy()
+        if busy:
+            self.notify(busy, severity="warning")
             self._resync()
             return False
         try:
@@ -200,8 +249,22 @@ class GpuchefApp(App):
         if resync is not None:  # fields go back to what is in force
             resync()
 
+    def check_rate(self, value: Any) -> tuple[float, str]:
+        """What :meth:`request_rate` would set, without setting it: (rate, unit — "req/s" or
+        "×"), or ConfigError with the refusal it would show: a load whose rate is fixed (its
+        ``REASON``), or ``parse_rate``'s (the load's own parser). The palette previews it."""
+        load = self.session.load
+        reason = getattr(load, "REASON", "")
+        if reason:
+            raise ConfigError(reason)
+        unit = load.state().rate_unit
+        return parse_rate(value, unit), unit
+
     def request_rate(self, value: Any) -> bool:
+        """Set the load's rate (req/s, or × for a trace); show the refusal if it is bad. True
+        if set."""
         try:
+            self.check_rate(value)
             v = self.session.load.set_rate(value)
         except ConfigError as e:
             self._refused(e)

@@ -12,8 +12,10 @@ or flags; values as in the controls panel):
 * ``ab mode=chunked vs mode=continuous``, ``ab budget=2048 vs budget=512 window=20``,
   ``ab budget=1024 vs auto=itl_p99:50ms,ttft_p99:2s`` (the autopilot's targets keep their comma)
 
-A value the engine would refuse shows its error in the palette; choosing it shows the message and
-changes nothing.
+A typed command is previewed by the same checks Enter runs (``GpuchefApp.check_rate``,
+``check_knob``, ``parse_auto_budget``, ``parse_ab``, the window's range): a value that Enter would
+refuse shows that refusal in the palette ("⚠ …"); choosing it shows the message and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, parse_auto_budget,
-                                        parse_knob, parse_mode, parse_settings, setting_name)
+                                        parse_settings, setting_name)
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 
@@ -162,6 +164,7 @@ class DashboardCommands(Provider):
         name = setting_name(head)
         if name == AUTO_BUDGET:
             try:
+                app.check_knob(AUTO_BUDGET, rest)
                 spec = parse_auto_budget(rest)
             except ConfigError as e:
                 return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
@@ -170,8 +173,14 @@ class DashboardCommands(Provider):
             return Hit(TYPED_EXCLUSIVE, what, partial(app.request_knob, AUTO_BUDGET, rest),
                        text=f"{head} {rest}", help="in force from the engine's next step")
         if head == "rate":
-            return Hit(TYPED_EXCLUSIVE, f"Set load rate to {rest}", partial(app.request_rate, rest),
-                       text=f"rate {rest}")
+            try:
+                v, unit = app.check_rate(rest)
+            except ConfigError as e:
+                return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
+                                                   title="refused"), text=f"rate {rest}")
+            shown = f"{v:g} req/s" if unit == "req/s" else f"×{v:g} (trace speed)"
+            return Hit(TYPED_EXCLUSIVE, f"Set load rate to {shown}",
+                       partial(app.request_rate, rest), text=f"rate {rest}")
         if head == "window":
             try:
                 w = float(rest.rstrip("s"))
@@ -186,7 +195,7 @@ class DashboardCommands(Provider):
         if name is None:
             return None
         try:
-            v = parse_mode(rest) if name == "mode" else parse_knob(name, rest)
+            v = app.check_knob(name, rest)
         except ConfigError as e:
             return Hit(1.0, f"⚠ {e}", partial(app.notify, str(e), severity="error",
                                                title="refused"), text=f"{head} {rest}")

@@ -30,7 +30,7 @@ from .app import GpuchefApp
 from .keys import KEYS
 from .session import READ_ONLY, ReplayControl, fmt_t, parse_time
 from .plotdata import GpuColumns, StepColumns
-from .screens.help import PANELS, HelpScreen
+from .screens.help import CLOSE_HINT, PANELS, HelpScreen
 from .screens.attach import AttachScreen
 from .screens.main import MainScreen
 from .widgets.controls import ControlsPanel
@@ -113,7 +113,8 @@ class ReplayScreen(MainScreen):
         controls = self.query_one(ControlsPanel)
         controls.disabled = True
         controls.border_title = "settings in force (read-only)"
-        controls.query_one("#load-hint", Label).update("as recorded")  # p/space: playback
+        controls.fixed_load_hint = "as recorded"  # p/space: playback, not the load
+        controls.query_one("#load-hint", Label).update("as recorded")
         self.seed()
 
     def tick(self, force: bool = False) -> None:
@@ -206,7 +207,8 @@ class ReplayHelpScreen(HelpScreen):
         t = Table.grid(padding=(0, 2))
         t.add_column(no_wrap=True, style=f"bold {theme.WAITING}")
         t.add_column(style=theme.TITLE)
-        t.add_row(Text("gpuchef replay — keys", style=f"bold {theme.MIXED}"), "")
+        t.add_row(Text("gpuchef replay — keys", style=f"bold {theme.MIXED}"),
+                  Text(CLOSE_HINT, style=f"bold {theme.WAITING}"))
         t.add_row(Text("playback", style=f"bold {theme.LABEL}"), "")
         for k in REPLAY_KEYS:
             t.add_row(f"  {k.shown}", k.help)
@@ -286,6 +288,13 @@ class ReplayApp(GpuchefApp):
                  **kw) -> None:
         super().__init__(session, **kw)
         self.warnings = list(warnings)  # what reading the trace found (shown once mounted)
+        # named after the trace and the command that wrote it, as the header's first cell
+        self.title = session.info.title
+
+    def make_arrival_meter(self) -> None:
+        """None: the arrival meter counts live requests (the engine's queues, the load's
+        sends); a trace's position moves back and forth."""
+        return None
 
     def on_mount(self, event) -> None:
         event.prevent_default()  # not GpuchefApp.on_mount: it would push the live main screen
@@ -370,8 +379,14 @@ class ReplayApp(GpuchefApp):
     def request_knob(self, name, value) -> bool:
         return self._read_only(name)
 
+    def check_knob(self, name, value):
+        raise ConfigError(f"{READ_ONLY} ({name})")
+
     def request_rate(self, value) -> bool:
         return self._read_only("load rate")
+
+    def check_rate(self, value):
+        raise ConfigError(f"{READ_ONLY} (load rate)")
 
     def action_toggle_mode(self) -> None:
         self._read_only("mode")

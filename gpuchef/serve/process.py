@@ -50,6 +50,9 @@ class EngineFacts:
     step_id: int
     #: the engine's process (its ``process_*`` series on /metrics); None: not known
     engine_pid: int | None = None
+    #: where the server's process receives the engine's record stream itself
+    #: (``RemoteEngine.subscribe``); "" for an engine in this process: the bridge forwards
+    stream_addr: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,22 +96,30 @@ class ServeProcess:
         self.profiler: Any = None
         #: ids the server submitted whose RequestRecord has not come back yet
         self._in_flight: set[str] = set()
+        #: the engine runs in its own process and sends its stream to the server's process
+        #: directly (attach): the bridge then carries only requests, replies and GPU samples
+        self._direct = False
+        self._engine: Any = None
+        self._stream_dir = ""
 
     # -- listeners (engine / sampler threads) --------------------------------------------------
     def on_output(self, o: StepOutput) -> None:
-        self._q.append(o)
-        self._wake.set()
+        if not self._direct:
+            self._q.append(o)
+            self._wake.set()
 
     def on_request(self, r: RequestRecord) -> None:
         self._in_flight.discard(r.request_id)
-        self._q.append(r)
-        self._wake.set()
+        if not self._direct:
+            self._q.append(r)
+            self._wake.set()
 
     def on_step(self, r: StepRecord) -> None:
-        self._q.append(r)
+        if not self._direct:
+            self._q.append(r)
 
     def on_event(self, e: EngineEvent) -> None:
-        if e.kind in ("knob", "mode"):  # the server keeps the knobs in force for GET
+        if e.kind in ("knob", "mode") and not self._direct:  # the knobs in force, for GET
             self._q.append(("sched", self.host.scheduler_config if self.host else None))
 
     def on_gpu_sample(self, s: Any) -> None:
@@ -145,9 +156,19 @@ class ServeProcess:
         # RemoteEngine.pid: the engine's own process; an engine built in this process (no pid
         # of its own) runs in this one
         pid = getattr(engine, "pid", None) or os.getpid()
+        addr = ""
+        if hasattr(engine, "subscribe"):  # engine_host.core.RemoteEngine
+            import tempfile
+
+            self._stream_dir = tempfile.mkdtemp(prefix="gpuchef-http-")
+            addr = f"ipc://{os.path.join(self._stream_dir, 'stream')}"
+            self._engine = engine
         facts = EngineFacts(engine.max_model_len, engine.model_config.vocab_size,
-                            engine.num_blocks, host.scheduler_config, host.step_id, pid)
+                            engine.num_blocks, host.scheduler_config, host.step_id, pid, addr)
         self._send([("ready", facts)])
+        if addr:
+            engine.subscribe(addr)  # frames queue for the server until it binds
+            self._direct = True
         for target, name in ((self._sender, "gpuchef-http-send"),
                              (self._receiver, "gpuchef-http-recv")):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -175,6 +196,19 @@ class ServeProcess:
         except OSError:
             pass
         self._proc = None
+        self._unsubscribe()
+
+    def _unsubscribe(self) -> None:
+        if self._engine is not None:
+            try:
+                self._engine.subscribe(f"ipc://{os.path.join(self._stream_dir, 'stream')}",
+                                       on=False)
+            except Exception:  # noqa: BLE001 - the engine's process may be gone already
+                pass
+            self._engine = None
+            import shutil
+
+            shutil.rmtree(self._stream_dir, ignore_errors=True)
 
     def failure(self) -> str:
         """"" while the HTTP server process serves (or before ``start``, or once ``stop`` was
@@ -212,6 +246,7 @@ class ServeProcess:
             return
         self.child_error = "the HTTP server process is gone"
         self._q = collections.deque(maxlen=0)  # the listeners' appends now keep nothing
+        self._unsubscribe()  # the engine stops sending it its stream
         for rid in list(self._in_flight):
             self.host.abort(rid, "abort")
 
@@ -233,7 +268,10 @@ class ServeProcess:
             if err is not None and last_err is None:
                 last_err = err
                 batch.append(("error", f"{type(err).__name__}: {err}"))
-            batch.append(("state", host.state))
+            if not self._direct:  # else the stream carries the state
+                batch.append(("state", host.state))
+            if not batch:
+                continue
             try:
                 self._send(batch)
             except (OSError, ValueError, BrokenPipeError):
@@ -397,8 +435,12 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
                       metrics=metrics, api_key=a.api_key, max_concurrent=a.max_concurrent,
                       max_body_bytes=a.max_body_bytes, version=a.version)
     front.start(sock)
+    stream = _EngineStream(facts.stream_addr, front, metrics, remote) \
+        if facts.stream_addr else None
     try:
         while True:
+            if stream is not None and not stream.wait(conn):
+                continue
             try:
                 batch = conn.recv()
             except EOFError:
@@ -432,3 +474,69 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
                 break
     finally:
         front.stop()
+        if stream is not None:
+            stream.close()
+
+
+class _EngineStream:
+    """The server process's own subscription to the engine's record stream
+    (``RemoteEngine.subscribe``): each OutBatch frame, decoded by msgspec, goes record by record
+    to the front door and /metrics, and its status to the RemoteHost — no hop through the
+    client's process. ``wait(conn)`` serves stream frames until the bridge's pipe has a message
+    (True) or the wait times out (False)."""
+
+    def __init__(self, addr: str, front: Any, metrics: Any, remote: "RemoteHost") -> None:
+        import msgspec
+        import zmq
+
+        from ..engine_host.core import OutBatch
+
+        self.ctx = zmq.Context(io_threads=1)
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.bind(addr)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.dec = msgspec.msgpack.Decoder(OutBatch)
+        self.front, self.metrics, self.remote = front, metrics, remote
+        self._pipe_registered = False
+
+    def wait(self, conn: Any) -> bool:
+        import zmq
+
+        if not self._pipe_registered:
+            self.poller.register(conn.fileno(), zmq.POLLIN)
+            self._pipe_registered = True
+        for s, _ in self.poller.poll(1000):
+            if s is self.sock:
+                while True:
+                    try:
+                        frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._apply(self.dec.decode(frame.buffer))
+        return conn.poll()
+
+    def _apply(self, b: Any) -> None:
+        from ..engine_host.core import batch_records
+
+        front, metrics, remote = self.front, self.metrics, self.remote
+        for item in batch_records(b):
+            if isinstance(item, StepOutput):
+                front.on_output(item)
+                metrics.on_output(item)
+            elif isinstance(item, RequestRecord):
+                front.on_request(item)
+                metrics.on_request(item)
+            elif isinstance(item, StepRecord):
+                metrics.on_step(item)
+        remote.step_id = b.step_id
+        if b.state is not None:
+            remote.state = tuple(b.state)
+        if b.sched is not None:
+            remote.scheduler_config = b.sched
+        if b.error and remote.error is None:
+            remote.error = _EngineError(b.error)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()

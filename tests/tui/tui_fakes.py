@@ -23,12 +23,13 @@ GIB = 1 << 30
 def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list[tuple[float, str]],
              budget_at: list[tuple[float, int]] = (), rate: float = 3.0, seed: int = 0,
              gpu: bool = True, marks: list[tuple[float, str]] = (), n_gpus: int = 1,
-             gpu_sm: Any = None) -> int:
+             gpu_sm: Any = None, arrivals_out: list[int] | None = None) -> int:
     """Fill ``timeline`` with ``seconds`` of a toy engine: Poisson arrivals at ``rate`` req/s,
     prompts 200–1000 tokens, outputs 20–120, step time 2 ms + 0.22 ms/prefill token + 0.35 ms/
     decode. ``mode_at``/``budget_at``: (s, value) changes (recorded as events at the step they
     apply). ``n_gpus`` > 1: one GpuSample per GPU per tick, SM active ``gpu_sm(k, sm)`` for GPU k
-    (default: the same for all). Returns the end time (ns)."""
+    (default: the same for all). ``arrivals_out``: gets the arrival time (ns) of every
+    request that arrived before the end. Returns the end time (ns)."""
     rng = np.random.default_rng(seed)
     cfg = SchedulerConfig(mode=mode_at[0][1], max_num_batched_tokens=512)
     changes = sorted([(t, "mode", v) for t, v in mode_at[1:]] +
@@ -41,6 +42,9 @@ def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list
         arrivals.append((t, int(rng.integers(200, 1000)), int(rng.integers(20, 120))))
     now = start_ns
     end = start_ns + int(seconds * 1e9)
+    if arrivals_out is not None:
+        arrivals_out.extend(start_ns + int(a * 1e9) for a, _, _ in arrivals
+                            if start_ns + int(a * 1e9) <= end)
     waiting: list[dict] = []
     running: list[dict] = []
     step = 0
@@ -196,6 +200,7 @@ class StaticSession:
                                 "" if gpu else "CPU defaults: trace ×0.5, prompts ≤1024")
         self.timeline = Timeline(origin_ns=T0, clock=lambda: self.now)
         self.start_ns = T0
+        self.arrival_ns: list[int] = []  # the simulated arrivals (not in an A/B session)
         ab = None
         if ab_window_s:
             # an A/B run: A = chunked, B = continuous, alternating from t = 0
@@ -213,7 +218,7 @@ class StaticSession:
             self.now = simulate(self.timeline, start_ns=T0, seconds=seconds,
                                 mode_at=[(0, "continuous"), (mode_switch_s, "chunked")],
                                 budget_at=[(mode_switch_s + 15, 1024)], gpu=gpu,
-                                n_gpus=n_gpus, gpu_sm=gpu_sm)
+                                n_gpus=n_gpus, gpu_sm=gpu_sm, arrivals_out=self.arrival_ns)
         self.clock = lambda: self.now
         self.load = FakeLoad()
         self.ab = FakeAB(ab)
@@ -259,6 +264,20 @@ class StaticSession:
     def close(self) -> None:
         self.closed = True
 
+    def prime_arrivals(self, meter) -> None:
+        """Give the app's ArrivalMeter (tui/arrivals.py) the reading of one window ago, as a
+        live session's meter would have had: the fake clock stands still, so without it the
+        header's arrival rates stay unmeasured. The load had sent as many fewer requests as
+        the simulation made arrive since."""
+        if not self.arrival_ns:
+            return
+        from bisect import bisect_right
+
+        t0 = self.now - int(meter.window_s * 1e9)
+        since = len(self.arrival_ns) - bisect_right(self.arrival_ns, t0)
+        meter.update(self.timeline.snapshot(t0),
+                     replace(self.load.state(), submitted=self.load.submitted - since))
+
 
 async def settle(pilot, min_ticks: int = 3, timeout_s: float = 20.0) -> None:
     """Wait until the app has mounted its screen and run ``min_ticks`` refresh ticks, then draw one
@@ -277,6 +296,10 @@ async def settle(pilot, min_ticks: int = 3, timeout_s: float = 20.0) -> None:
         await pilot.pause(0.05)
     else:
         raise AssertionError(f"the app ran {app.ticks - start} ticks in {timeout_s} s")
+    prime = getattr(app.session, "prime_arrivals", None)
+    if prime is not None and getattr(app, "arrival_meter", None) is not None:
+        prime(app.arrival_meter)  # the fake clock stands still: a window of arrivals, given
+        app.measure_arrivals()
     scr = app.screen
     if hasattr(scr, "tick"):
         scr.tick(force=True)

@@ -43,6 +43,11 @@ PANELS = (
 )
 
 
+#: How to leave the help, on its frame (always in sight, however far it is scrolled) and on its
+#: first line
+CLOSE_HINT = "Esc closes (or ? or q) · ↑↓ PgUp PgDn scroll"
+
+
 class HelpScreen(ModalScreen):
     # the app sets AUTO_FOCUS = None (keys drive the dashboard); here the text takes focus, so
     # that ↑↓, PgUp/PgDn, Home/End scroll it without a Tab first
@@ -50,7 +55,10 @@ class HelpScreen(ModalScreen):
     BINDINGS = [("escape,question_mark,q", "app.pop_screen", "close")]
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        scroll = VerticalScroll()
+        scroll.border_title = "help"
+        scroll.border_subtitle = CLOSE_HINT
+        with scroll:
             yield Static(self._content())
 
     @staticmethod
@@ -58,7 +66,8 @@ class HelpScreen(ModalScreen):
         t = Table.grid(padding=(0, 2))
         t.add_column(no_wrap=True, style=f"bold {theme.WAITING}")
         t.add_column(style=theme.TITLE)
-        t.add_row(Text("gpuchef top — keys", style=f"bold {theme.MIXED}"), "")
+        t.add_row(Text("gpuchef top — keys", style=f"bold {theme.MIXED}"),
+                  Text(CLOSE_HINT, style=f"bold {theme.WAITING}"))
         group = None
         for k in KEYS:
             if k.group != group:

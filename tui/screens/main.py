@@ -37,7 +37,7 @@ def header_state(app) -> HeaderState:
                        int((now - s.start_ns) // 1_000_000_000), s.trace_path, s.gpu_status,
                        s.ab.state(), app.ui_cost_pct, s.engine_error,
                        bool(getattr(s, "engine_paused", False)),
-                       getattr(app, "front_door_error", ""))
+                       getattr(app, "front_door_error", ""), getattr(app, "arrivals", None))
 
 
 SIDE_HIDDEN_HINT = "narrow terminal: n shows numbers/controls"
@@ -45,6 +45,13 @@ SIDE_SHOWN_HINT = "narrow terminal: n goes back to the charts"
 SCROLL_HINT = "short terminal: scroll ↓ for more charts"
 #: Below this many columns or rows nothing fits: the screen shows one "too small" line instead.
 MIN_W, MIN_H = 30, 8
+#: Rows the charts at their minimum heights (tui/gpuchef.tcss: GPU 8, DRAM/power 6, step,
+#: batch and queue 6 each, time axis 3) and the footer need: with fewer left under the header
+#: the screen is ``-short``. The autopilot's step-time panel, while shown, needs its 7 more.
+CHART_ROWS = 36
+STEP_TIME_ROWS = 7
+#: Header lines at most on a wide terminal (>= 120 columns) and on a narrow one
+HEADER_LINES_WIDE, HEADER_LINES_NARROW = 4, 2
 
 
 def too_small_text(w: int, h: int) -> str:
@@ -54,12 +61,14 @@ def too_small_text(w: int, h: int) -> str:
 
 class MainScreen(Screen):
     """Below 120 columns (``-narrow``) the side panel is hidden and ``n`` shows it full width
-    instead of the charts; below 40 rows (``-short``, where the charts no longer fit) the
-    charts shrink and scroll. A hint line says so. At 120×40 and up nothing of this shows. Its
-    layout rules: tui/gpuchef.tcss."""
+    instead of the charts; when the rows under the header are fewer than :data:`CHART_ROWS`
+    (``-short``, where the charts no longer fit) the charts shrink and scroll. A hint line says
+    so. The header wraps its items to the width (up to 4 lines; 2 on a narrow terminal), so
+    ``-short`` depends on its line count as well as on the height: set here, not by a fixed
+    breakpoint. Its layout rules: tui/gpuchef.tcss."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]  # the charts need ~39 rows
+    VERTICAL_BREAKPOINTS = []  # -short / -tall: _fit_rows (the header's height varies)
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -75,6 +84,7 @@ class MainScreen(Screen):
         self.gpus = GpuColumns()
         self.reqs = RequestColumns()
         self._seen_step = (-1, 0)  # (newest step id seen, requests submitted when it was seen)
+        self._header_lines = 0
         self.ready = False  # set once the first tick has drawn every panel
 
     def compose(self) -> ComposeResult:
@@ -138,6 +148,21 @@ class MainScreen(Screen):
         self.set_class(tiny, "-tiny")
         if tiny:
             self.query_one("#too-small", Static).update(too_small_text(w, h))
+        self._fit_rows()
+
+    def _fit_rows(self) -> None:
+        """The header's line cap for this width, and ``-short``/``-tall`` from the rows left
+        under the header at its line count."""
+        w, h = self.size.width, self.size.height
+        header = self.query_one(SessionHeader)
+        header.max_lines = HEADER_LINES_WIDE if w >= 120 else HEADER_LINES_NARROW
+        lines = header.wanted_lines(width=w) if w else header.lines
+        st = getattr(self, "step_time", None)  # set on mount
+        need = CHART_ROWS + (STEP_TIME_ROWS if st is not None and st.display else 0)
+        tall = h - lines >= need
+        if tall != self.has_class("-tall") or tall == self.has_class("-short"):
+            self.set_class(tall, "-tall")
+            self.set_class(not tall, "-short")
 
     def resync_controls(self) -> None:
         """Put what is in force back into the controls (after a refused value)."""
@@ -179,8 +204,11 @@ class MainScreen(Screen):
                 frame = build_frame(snap, grid, gpu=bool(self._gpu_on), steps=self.steps,
                                     gpus=self.gpus)
                 frame.pending = self._pending(snap, load)
-                self.step_time.display = bool(cfg.auto_budget) or bool(
+                shown = bool(cfg.auto_budget) or bool(
                     frame.allowance is not None and np.isfinite(frame.allowance).any())
+                if shown != self.step_time.display:
+                    self.step_time.display = shown
+                    self._fit_rows()  # its rows come out of the others'
                 for p in self.panels:
                     if p.display and not getattr(p, "off_reason", ""):  # skip hidden panels
                         p.set_frame(frame)
@@ -194,6 +222,9 @@ class MainScreen(Screen):
                                                    self._pending(snap, load)))
             self._last_numbers = wall
         self.header.show(header_state(app))  # redraws only if something shown changed
+        if self.header.lines != self._header_lines:  # the charts get the rows it left
+            self._header_lines = self.header.lines
+            self._fit_rows()
         if changed or force:
             self.controls.sync(cfg, load)
             self._cfg, self._load = cfg, load

@@ -1,5 +1,5 @@
 """The controls panel: mode, the four live knobs, the autopilot's targets, the load's rate and a
-load on/off switch.
+load switch, whose line says the load's state as the header does (``LoadState.status``).
 
 Inputs validate as you type (the same ``parse_knob`` the engine uses, so the red mark and the
 message agree); Enter sends the value. The session validates again and refuses a bad value with
@@ -118,6 +118,10 @@ class ControlsPanel(Vertical):
         self._rate_unit = "req/s"
         self._mode = mode  # the Select starts at the mode in force: its first Changed is a no-op
         self._shown: dict = {}  # the values last written into the fields
+        #: shown beside the load switch instead of the load's state ("": the state; a replay
+        #: sets "as recorded")
+        self.fixed_load_hint = ""
+        self._load_hint = ""
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -151,9 +155,9 @@ class ControlsPanel(Vertical):
                                 "speed (×)")
             yield Label("req/s", classes="hint", id="rate-unit")
         with Horizontal():
-            yield Label("load on")
+            yield Label("load")
             yield Switch(value=True, id="load", animate=False)
-            yield Label("p pauses/resumes", classes="hint", id="load-hint")
+            yield Label("", classes="hint", id="load-hint")
 
     # -- user input ----------------------------------------------------------------------------
     @on(Input.Submitted)
@@ -219,3 +223,16 @@ class ControlsPanel(Vertical):
         if "load" in changed and sw.value != shown["load"]:
             with self.prevent(Switch.Changed):
                 sw.value = shown["load"]
+        hint = self.fixed_load_hint or load_hint(load)
+        if hint != self._load_hint:
+            self._load_hint = hint
+            self.query_one("#load-hint", Label).update(hint)
+
+
+def load_hint(load: LoadState) -> str:
+    """The line beside the load switch: the state the header shows (``LoadState.status``) and
+    what ``p`` does from it."""
+    if load.kind == "none":
+        return "not gpuchef's load"
+    return {"PAUSED": "PAUSED · p resumes", "done": "done (the load ended)"}.get(
+        load.status, "on · p pauses")

@@ -69,7 +69,7 @@ def engine_items(st: HeaderState) -> list[Item]:
     model = [(i.model, bold)]
     if i.random_weights:
         model.append((" (random weights)", theme.WAITING))
-    out.append(_item("   ", *model))
+    out.append(_item("  ", *model))
     if i.engine:
         out.append(_item("  ", (f"{i.engine} TP {i.tensor_parallel_size}", bold)))
     dev = (f"GPU{'s' if len(i.gpus) > 1 else ''} {','.join(i.gpus)}" if i.gpus else i.device)
@@ -128,17 +128,18 @@ def load_items(st: HeaderState) -> list[Item]:
     return out
 
 
-def flow(items: list[Item], width: int | None) -> list[Text]:
+def flow(items: list[Item], width: int | None, max_lines: int | None = None) -> list[Text]:
     """``items`` laid out in lines of at most ``width`` cells (None: one line): an item goes on
     the current line with its separator when it fits, else starts the next line (indented one
-    cell, without its separator). An item wider than a line gets a line of its own (the widget
-    crops it with "…")."""
+    cell, without its separator). An item wider than a line gets a line of its own. With
+    ``max_lines``, the last line takes every item left (the widget crops it with "…")."""
     lines: list[Text] = []
     cur: Text | None = None
     for sep, body in items:
         if cur is None:  # the logical line's first item keeps its lead
             cur = Text(sep) + body
-        elif width is None or cur.cell_len + cell_len(sep) + body.cell_len <= width:
+        elif (width is None or cur.cell_len + cell_len(sep) + body.cell_len <= width
+              or (max_lines is not None and len(lines) + 1 >= max_lines)):
             cur.append(sep)
             cur.append_text(body)
         else:
@@ -149,11 +150,26 @@ def flow(items: list[Item], width: int | None) -> list[Text]:
     return lines
 
 
-def header_lines(st: HeaderState, width: int | None = None) -> list[Text]:
-    """The header's lines at ``width`` cells (None: the two logical lines unwrapped), failures
-    last (``ENGINE STOPPED``, ``HTTP SERVER STOPPED``)."""
-    lines = flow(engine_items(st), width) + flow(load_items(st), width)
+def header_lines(st: HeaderState, width: int | None = None,
+                 max_lines: int | None = None) -> list[Text]:
+    """The header's lines at ``width`` cells (None: the two logical lines, engine and load,
+    unwrapped), then one line per failure (``ENGINE STOPPED``, ``HTTP SERVER STOPPED``).
+    ``max_lines``: at most this many lines before the failures — each logical line keeps its
+    first, the engine's and then the load's next ones follow in turn, and the items that find
+    no line go on their logical line's last one (which the widget crops with "…")."""
+    items = [engine_items(st), load_items(st)]
+    need = [len(flow(it, width)) for it in items]
+    quota = need
+    if max_lines is not None and sum(need) > max_lines:
+        quota = [1] * len(items)
+        left = max(0, max_lines - len(items))
+        while left and any(q < n for q, n in zip(quota, need)):
+            for k, n in enumerate(need):
+                if left and quota[k] < n:
+                    quota[k] += 1
+                    left -= 1
     red = f"bold {theme.PREEMPTED}"
+    lines = [line for it, q in zip(items, quota) for line in flow(it, width, q)]
     if st.engine_error:
         lines.append(Text(f" ENGINE STOPPED: {st.engine_error}", style=red))
     if st.server_error:
@@ -198,15 +214,7 @@ class SessionHeader(Static):
         return self.size.width or self.app.size.width
 
     def _lines_for(self, st: HeaderState, width: int) -> list[Text]:
-        lines = header_lines(st, max(1, width))
-        fails = int(bool(st.engine_error)) + int(bool(st.server_error))
-        body, tail = lines[:len(lines) - fails], lines[len(lines) - fails:]
-        if len(body) > self.max_lines:  # the rest joins the last line, which the CSS crops
-            last = body[self.max_lines - 1]
-            for extra in body[self.max_lines:]:
-                last.append_text(extra)
-            body = body[:self.max_lines]
-        return body + tail
+        return header_lines(st, max(1, width), self.max_lines)
 
     def show(self, st: HeaderState, force: bool = False) -> None:
         """Redraw if anything shown (or the width) changed; relayout only if the line count

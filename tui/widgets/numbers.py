@@ -145,6 +145,11 @@ def _line(t: Text, name: str, a: str = "", b: str = "", *, name_style: str = the
     t.append("\n")
 
 
+def window_label(s: float) -> str:
+    """The numbers' window, at most 7 cells: "30 s", "600 s", "60 min"."""
+    return f"{s:g} s" if s < 1000 else f"{s / 60:.0f} min"
+
+
 def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
     """The panel's lines as one Text (fixed columns; no Rich layout per refresh). Always
     ``NUMBERS_LINES`` lines, so that the panel never changes height."""
@@ -174,7 +179,9 @@ def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
     else:
         _line(t, "goodput", "–", "no SLO", b_style=theme.AXIS)
         t.append(" --goodput ttft:MS tpot:MS sets one\n", style=theme.AXIS)
-    _line(t, "engine", name_style=head)
+    # the window said here too: the step waveform's readouts beside it are over ~2 s
+    _line(t, "engine", "", f"last {window_label(n.window_s)}", name_style=head,
+          b_style=theme.LABEL)
     busy = n.busy * 100
     _line(t, "steps/s", _f(m.steps_per_s if m else None, 1), f"busy {_f(busy)}%",
           b_style=theme.LABEL)
@@ -215,7 +222,7 @@ class NumbersPanel(Static):
         self._shown = None  # the table last shown (no repaint when nothing moved)
 
     def show(self, n: Numbers) -> None:
-        title = f"Numbers · last {n.window_s:g} s"
+        title = f"Numbers · last {window_label(n.window_s)}"
         if title != self.border_title:
             self.border_title = title
         text = numbers_text(n, self.percentiles)

@@ -16,8 +16,9 @@ class QueueKvPanel(ChartPanel):
     TITLE = "Queue and KV cache"
     UNIT = "requests; KV blocks used, %"
     SOURCE = "StepRecord queues, kv_blocks"
+    UNIT_SHORT = "requests; KV %"
     LEGEND = (("running", theme.RUNNING), ("waiting", theme.WAITING),
-              ("× preempted", theme.PREEMPTED), ("KV", theme.KV))
+              ("× preempted", theme.PREEMPTED, "× preempt"), ("KV", theme.KV))
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
         hk = max(1, h // 3) if h >= 3 else 0

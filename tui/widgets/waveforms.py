@@ -4,7 +4,14 @@ vs actual step time, and the time axis with the change markers.
 
 Each panel is a Line-API widget: ``set_frame(WaveFrame)`` rebuilds its rows once (numpy → Strips)
 and ``render_line`` hands them to Textual; nothing is recomputed when Textual repaints. Row 0 is
-the title: what is drawn, its unit and where the numbers come from.
+the title: what is drawn, its legend (what each colour is), its unit and where the numbers come
+from, and at its right end the window of the readouts under it, if they are over one.
+
+One rule fits every title row to its width (:meth:`ChartPanel.title_variants`): parts show whole
+or not at all, and when the row is too narrow they give way in this order — the source, then the
+unit for its short form (``UNIT_SHORT``), then the unit, then each legend entry for its short
+name (a third element of the entry). The title, the legend and the readout window stay; only a
+row too narrow for even their short forms is cut, with "…".
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.geometry import Region
@@ -56,6 +64,25 @@ def _right(rows: int, items: Sequence[tuple[str, str]]) -> list[tuple[str, Style
 MIN_COLS = 4
 
 
+def fit_title(variants: Sequence[list[tuple[str, Style]]], width: int, right: str = "") -> Strip:
+    """The first of ``variants`` (title row parts, longest first) that fits ``width`` cells
+    with ``right`` at the row's right end (two blanks before it); when none does, the last
+    one cut with "…" before ``right``."""
+    tail = [(f"  {right}", LBL)] if right else []
+    rlen = cell_len(tail[0][0]) if tail else 0
+    for parts in variants:
+        used = sum(cell_len(t) for t, _ in parts)
+        if used + rlen <= width:
+            pad = [(" " * (width - used - rlen), LBL)] if width - used - rlen else []
+            return text_strip(list(parts) + pad + tail, width, BG)
+    parts = list(variants[-1]) if variants else []
+    room = max(0, width - rlen)
+    strip = text_strip(parts, room, BG)
+    if room:
+        strip = Strip(list(strip.crop(0, room - 1)) + [Segment("…", LBL)], room)
+    return Strip(list(strip) + [Segment(t, st) for t, st in tail], width)
+
+
 def too_small(w: int, h: int) -> list[Strip]:
     """A panel too narrow to draw: one line saying so (cropped to ``w``), then blank rows."""
     line = text_strip([("too small", style(theme.AXIS, BG))], w, BG)
@@ -70,8 +97,11 @@ class ChartPanel(Widget):
     """
     TITLE = ""
     UNIT = ""
+    #: the unit's short form, for a title row too narrow for ``UNIT`` ("" = none)
+    UNIT_SHORT = ""
     SOURCE = ""
-    LEGEND: tuple[tuple[str, str], ...] = ()
+    #: (name, colour) or (name, colour, short name) per colour drawn
+    LEGEND: tuple[tuple[str, ...], ...] = ()
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -130,21 +160,44 @@ class ChartPanel(Widget):
         return Strip.blank(self.size.width, style(bg=BG))
 
     # -- drawing -------------------------------------------------------------------------------
-    def title_parts(self) -> list[tuple[str, Style]]:
+    def title_parts(self, *, unit: str | None = None, source: bool = True,
+                    short_legend: bool = False) -> list[tuple[str, Style]]:
+        """The title row's parts: ``unit`` instead of ``UNIT`` ("" = none), the source or not,
+        the legend's short names or not."""
         parts = [(" ▍", style(theme.AXIS, BG)), (self.TITLE, style(theme.TITLE, BG, bold=True))]
-        if self.UNIT:
-            parts.append((f"  {self.UNIT}", style(theme.LABEL, BG)))
-        if self.SOURCE:
+        u = self.UNIT if unit is None else unit
+        if u:
+            parts.append((f"  {u}", style(theme.LABEL, BG)))
+        if self.SOURCE and source:
             parts.append((f"  · {self.SOURCE}", style(theme.AXIS, BG)))
-        for text, colour in self.LEGEND:
-            parts.append(("   ■ ", style(colour, BG)))
+        for entry in self.LEGEND:
+            text = entry[2] if short_legend and len(entry) > 2 else entry[0]
+            parts.append(("   ■ ", style(entry[1], BG)))
             parts.append((text, style(theme.LABEL, BG)))
         return parts
 
+    def title_variants(self) -> list[list[tuple[str, Style]]]:
+        """The title row's forms, longest first: the module docstring's rule."""
+        out = [self.title_parts()]
+        if self.SOURCE:
+            out.append(self.title_parts(source=False))
+        if self.UNIT_SHORT and self.UNIT:
+            out.append(self.title_parts(unit=self.UNIT_SHORT, source=False))
+        if self.UNIT:
+            out.append(self.title_parts(unit="", source=False))
+        if any(len(e) > 2 for e in self.LEGEND):
+            out.append(self.title_parts(unit="", source=False, short_legend=True))
+        return out
+
+    def title_right(self) -> str:
+        """Text at the right end of the title row, over the readouts ("" = none)."""
+        return ""
+
     def title_strip(self, width: int) -> Strip:
-        key = (width, self.UNIT, self.SOURCE, self.LEGEND)  # titles change only with these
+        right = self.title_right()
+        key = (width, self.UNIT, self.SOURCE, self.LEGEND, right)  # titles change with these
         if self._title_key != key:
-            self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
+            self._title_key, self._title = key, fit_title(self.title_variants(), width, right)
         return self._title
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:  # pragma: no cover
@@ -170,9 +223,25 @@ class StepPanel(ChartPanel):
 
     TITLE = "Step waveform"
     UNIT = "engine busy, % of each slice"
+    UNIT_SHORT = "busy % per slice"
     SOURCE = "StepRecord spans, gpu_ms"
-    LEGEND = (("prefill-only", theme.PREFILL), ("mixed", theme.MIXED),
-              ("decode-only step", theme.DECODE))
+    LEGEND = (("prefill-only", theme.PREFILL, "prefill"), ("mixed", theme.MIXED),
+              ("decode-only step", theme.DECODE, "decode"))
+    #: the readouts (busy, steps/s) are over about this long of the newest complete columns
+    READOUT_S = 2.0
+
+    @classmethod
+    def readout_cols(cls, f: WaveFrame) -> int:
+        """Columns the readouts are over: the newest complete ones spanning ~READOUT_S (one
+        at least; the partial last column is too young to read)."""
+        return max(1, min(len(f.busy) - 1, int(round(cls.READOUT_S / max(f.grid.bin_s, 1e-9)))))
+
+    def title_right(self) -> str:
+        """The readouts' window, over them: "last 1.9 s" (whole columns, so not always 2 s)."""
+        f = self._frame
+        if f is None or not len(f.busy):
+            return ""
+        return f"last {fmt_span(self.readout_cols(f) * f.grid.bin_s)}"
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
         c = Cells(h, cols, [])
@@ -180,8 +249,8 @@ class StepPanel(ChartPanel):
                   self.fit(f.busy_decode, cols) * h]
         c.stacked(layers, [theme.PREFILL, theme.MIXED, theme.DECODE])
         c.markers(self.marker_cols(f, cols))
-        # over the last ~2 s of complete columns: the partial last one is too young to read
-        k = max(1, min(len(f.busy) - 1, int(round(2.0 / max(f.grid.bin_s, 1e-9)))))
+        # over the last ~2 s of complete columns (the title row says how long exactly)
+        k = self.readout_cols(f)
         done = slice(-k - 1, -1) if len(f.busy) > 1 else slice(None)
         busy = float(np.mean(f.busy[done])) * 100
         steps_s = float(np.nansum(f.steps[done])) / max(1e-9, k * f.grid.bin_s)
@@ -199,14 +268,16 @@ class BatchPanel(ChartPanel):
 
     TITLE = "Batch composition"
     UNIT = "tokens of the largest step in each slice"
+    UNIT_SHORT = "tokens per step"
     SOURCE = "StepRecord"
-    LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE), ("╌ token budget", theme.BUDGET))
+    LEGEND = (("prefill", theme.PREFILL), ("decode", theme.DECODE),
+              ("╌ token budget", theme.BUDGET, "╌ budget"))
     #: title and legend while the window holds autopilot steps: their prefill allowance is
     #: drawn too (the unit shorter, the source left out, so that the legend fits)
     UNIT_AUTO = "tokens per step"
     #: the title parts set before the autopilot legend took over (None: not taken over)
     _plain: tuple | None = None
-    LEGEND_AUTO = LEGEND + (("━ autopilot allowance", theme.ALLOWANCE),)
+    LEGEND_AUTO = LEGEND + (("━ autopilot allowance", theme.ALLOWANCE, "━ allowance"),)
     OVER_NOTES = ("▲ above the budget line: a prompt longer than the budget runs alone, whole",
                   "▲ above budget: a long prompt runs alone", "▲ > budget")
 
@@ -267,10 +338,11 @@ class StepTimePanel(ChartPanel):
 
     TITLE = "Autopilot step time"
     UNIT = "ms: actual (bars), predicted ━, ITL target ╌"
+    UNIT_SHORT = "ms: bars actual, ━ predicted"
     SOURCE = "StepRecord wall_ms, predicted_ms"
 
-    def title_parts(self) -> list[tuple[str, Style]]:
-        parts = super().title_parts()
+    def title_parts(self, **kw) -> list[tuple[str, Style]]:
+        parts = super().title_parts(**kw)
         ap = self._frame.autopilot if self._frame is not None else None
         if ap is not None:  # the status first: on a narrow panel the unit and source give way
             colour = {STEERING: theme.DECODE, FALLBACK: theme.PREEMPTED,
@@ -282,7 +354,7 @@ class StepTimePanel(ChartPanel):
         ap = self._frame.autopilot if self._frame is not None else None
         key = (width, ap.line() if ap else "")
         if self._title_key != key:
-            self._title_key, self._title = key, text_strip(self.title_parts(), width, BG)
+            self._title_key, self._title = key, fit_title(self.title_variants(), width)
         return self._title
 
     def draw(self, f: WaveFrame, cols: int, h: int) -> list[Strip]:
@@ -395,6 +467,7 @@ class GpuPanel(SeriesPanel):
     TITLE = "GPU saturation"
     OFF_TITLE = "GPU panels"
     UNIT = "% (GPM SM active, tensor active; GPU-Util = any kernel running)"
+    UNIT_SHORT = "% (GPM; GPU-Util = any kernel)"
     SOURCE = "NVML/GPM"
     SERIES = (("sm_active", "SM act", theme.SM_ACTIVE, 100.0, "%"),
               ("tensor_active", "tensor", theme.TENSOR_ACTIVE, 100.0, "%"),
@@ -404,6 +477,7 @@ class GpuPanel(SeriesPanel):
 class MemPowerPanel(SeriesPanel):
     TITLE = "DRAM bandwidth and power"
     UNIT = "% of peak (GPM DRAM BW), W"
+    UNIT_SHORT = "% of peak, W"
     SOURCE = "NVML/GPM"
     SERIES = (("dram_bw_util", "DRAM BW", theme.DRAM_BW, 100.0, "%"),
               ("power_w", "power", theme.POWER, 0.0, "W"))
@@ -540,6 +614,15 @@ def change_labels(markers: Sequence[tuple[int, str]], cols: int) -> str:
                 put(j, tag)
                 break
     return "".join(line)
+
+
+def fmt_span(s: float) -> str:
+    """A readout's window: "1.9 s", "12 s", "1.5 min"."""
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 120:
+        return f"{s:.0f} s"
+    return f"{s / 60:.1f} min"
 
 
 def _tick_step(window_s: float, cols: int) -> float:
