@@ -4,7 +4,9 @@ on loopback for gpuchef's dashboard (docs/attach.md, "gpuchef's vLLM plugin").
 Registered in pyproject.toml under the entry-point group ``vllm.stat_logger_plugins`` as
 ``gpuchef = "gpuchef.vllm_plugin:GpuchefStatLogger"``: ``pip install gpuchef`` in vLLM's
 environment and ``GPUCHEF_PUBLISH=127.0.0.1:PORT vllm serve ...``. Without ``GPUCHEF_PUBLISH`` it
-binds nothing and imports nothing beyond the standard library.
+binds nothing and imports nothing beyond the standard library. The transport (a zmq ROUTER on
+loopback, msgspec records, drops counted per reader) and why: ``publisher.py``'s docstring; the
+record's fields: ``gpuchef.probes.plugin_wire``; the reader: ``gpuchef.probes.plugin_reader``.
 
 Importing this package imports no vLLM, torch, Textual or the rest of gpuchef: ``GpuchefStatLogger``
 is made on first access (PEP 562). When vLLM's ``vllm.v1.metrics.loggers`` is loaded (it is: vLLM

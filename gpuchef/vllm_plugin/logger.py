@@ -11,7 +11,7 @@ engine_idx=...)``; every ``VLLM_LOG_STATS_INTERVAL`` seconds ``log()``; once
 ``log_engine_initialized()``; around sleep mode ``record_sleep_state(...)``.
 
 Nothing here may raise into vLLM. The first error (a stats object without a field this version
-reads, a socket error) logs one line on the ``gpuchef.vllm_plugin`` logger and the instance goes
+reads, a socket error) logs one line on the ``vllm.gpuchef_plugin`` logger and the instance goes
 quiet: it publishes nothing more, and each later call returns at once.
 """
 
@@ -22,7 +22,10 @@ import time
 
 from . import publisher as _publisher
 
-log = logging.getLogger("gpuchef.vllm_plugin")
+#: a child of vLLM's logger, so that in vLLM its lines come out with vLLM's handler, format and
+#: level (VLLM_LOGGING_LEVEL); vLLM's own "vllm" logger does not propagate to the root
+LOGGER_NAME = "vllm.gpuchef_plugin"
+log = logging.getLogger(LOGGER_NAME)
 
 
 def _opt_int(obj, name):

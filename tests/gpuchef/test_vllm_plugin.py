@@ -33,7 +33,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import tomllib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from gpuchef.vllm_plugin import GpuchefStatLoggerCore, parse_publish
 from gpuchef.vllm_plugin.publisher import ConfigError, config_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
-LOGGER = "gpuchef.vllm_plugin"
+LOGGER = "vllm.gpuchef_plugin"
 #: every record() must return within this, whatever the reader does (typical: 20-150 us)
 RECORD_BOUND_S = 0.1
 
@@ -632,6 +631,7 @@ def test_parse_publish():
 
 # -- how vLLM finds and makes it -------------------------------------------------------------
 def entry_point_object():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     value = meta["project"]["entry-points"]["vllm.stat_logger_plugins"]["gpuchef"]
     module, _, attr = value.partition(":")
