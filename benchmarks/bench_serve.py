@@ -1,7 +1,8 @@
 """The front door's cost: the same seeded arrivals and lengths sent to the same engine in-process
 and over HTTP (`gpuchef serve`'s front door, streamed), interleaved over ``--rounds``.
 
-* in-process: ``gpuchef.session.run_load`` — the host admits each request at its arrival time.
+* in-process: ``gpuchef.session.run_load`` — the host admits each request at its arrival time
+  (the engine in its own process, as every command runs it; no HTTP).
 * HTTP: the front door on the same engine, in its own process as `gpuchef serve` runs it
   (``--server-thread`` adds the same server on a thread of this process); the load from
   `gpuchef bench --base-url` in a *separate* process (as a user's load tool would be), token-id prompts,
@@ -57,7 +58,7 @@ def main() -> None:
     from rich.console import Console
 
     from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
-    from gpuchef.engine_host.host import EngineHost
+    from gpuchef.engine_host.core import make_host
     from gpuchef.engine_host.tokenizer import load_tokenizer
     from gpuchef.engine_host.workload import WorkloadConfig, generate
     from gpuchef.probes.metrics import summarize
@@ -85,7 +86,7 @@ def main() -> None:
         return _row(m)
 
     def http(thread: bool) -> dict:
-        host = EngineHost(engine)
+        host = make_host(engine)  # the engine in its own process, as every command runs it
         server_recs = []
         if thread:  # the front door on a thread of this process (the design before process.py)
             tok = load_tokenizer(a.model, engine.model_config.vocab_size)
