@@ -261,25 +261,83 @@ def _hist(fam: Any) -> Hist | None:
     return Hist(tuple(sorted(buckets.items())), count, total)
 
 
-def bucket_quantile(buckets: tuple[tuple[float, float], ...], q: float) -> float:
+@dataclass(frozen=True)
+class HistQuantile:
+    """A quantile read from a histogram's bucket counts, in the histogram's unit (seconds for
+    the latency histograms). ``value``: Prometheus' ``histogram_quantile`` estimate, a linear
+    interpolation inside the bucket — a guess that assumes the bucket's observations are spread
+    evenly over it (an E2E p99 whose observations sit near 2.85 s, inside vLLM's (2.5, 5] s
+    bucket, interpolates to 4.5 s). ``lower``, ``upper``: that bucket's bounds, what the
+    counts do know: the ⌈q·n⌉-th smallest of the n observations (q > 0) lies in (lower,
+    upper]. ``upper`` is inf when the quantile falls in the +Inf bucket (only ``lower``, the highest
+    finite bound, is known; ``value`` is then ``lower``, as Prometheus returns). All three are
+    NaN when the histogram holds no observation. Shown only through :func:`hist_quantile_text`."""
+
+    value: float
+    lower: float
+    upper: float
+
+    @property
+    def empty(self) -> bool:
+        return math.isnan(self.value)
+
+    @property
+    def open_ended(self) -> bool:
+        """The quantile fell in the +Inf bucket: only its lower bound is known."""
+        return math.isinf(self.upper)
+
+
+NO_QUANTILE = HistQuantile(math.nan, math.nan, math.nan)
+
+
+def bucket_quantile(buckets: tuple[tuple[float, float], ...], q: float) -> HistQuantile:
     """The ``q``-quantile (0–1) of a histogram given as per-bucket counts ``(le, count)`` (not
-    cumulative; +Inf last), interpolated linearly inside the bucket as Prometheus'
-    ``histogram_quantile`` does (the lower edge of the first bucket is 0; a quantile in the +Inf
-    bucket is the highest finite edge). NaN when the buckets hold nothing. Units: ``le``'s."""
+    cumulative; +Inf last): the bucket holding the rank ``q·n`` observation, and the value
+    interpolated linearly inside it as Prometheus' ``histogram_quantile`` does (the lower edge
+    of the first bucket is 0; in the +Inf bucket the value is the highest finite edge). See
+    :class:`HistQuantile`; :data:`NO_QUANTILE` when the buckets hold nothing. Units: ``le``'s."""
     total = sum(c for _, c in buckets)
     if total <= 0 or not buckets:
-        return float("nan")
+        return NO_QUANTILE
     rank = q * total
     lo, cum = 0.0, 0.0
-    for le, c in buckets:
+    for i, (le, c) in enumerate(buckets):
+        if i == 0 and le <= 0:  # Prometheus: a first bucket bounded at or below 0 gives its bound
+            lo = -math.inf
         if c > 0 and cum + c >= rank:
             if math.isinf(le):
-                return lo
-            return lo + (le - lo) * max(0.0, rank - cum) / c
+                return HistQuantile(lo, lo, math.inf)
+            if math.isinf(lo):
+                return HistQuantile(le, lo, le)
+            return HistQuantile(lo + (le - lo) * max(0.0, rank - cum) / c, lo, le)
         cum += c
         if not math.isinf(le):
             lo = le
-    return lo
+    # q > 1, or a negative interval count (a bucket counter went down): the rank is past the
+    # last bucket, so only a lower bound is known
+    return HistQuantile(lo, lo, math.inf)
+
+
+def _secs(x: float, unit: str) -> str:
+    return f"{x * (1e3 if unit == 'ms' else 1.0):,g}"
+
+
+def hist_quantile_text(h: HistQuantile) -> str:
+    """How every surface shows a latency quantile (seconds) read from a /metrics histogram: the
+    bucket it lies in, not the interpolated point (which can be anywhere in the bucket: "4.5 s"
+    for a true 2.85 s in (2.5, 5] s). "2.5–5 s" (ms when the upper bound is under 1 s:
+    "500–750 ms"), "> 80 s" in the +Inf bucket (only a lower bound), "–" when empty; at most 13
+    characters for vLLM's latency buckets (the numbers panel's column is 16). The surface's
+    heading or label says that these are /metrics histogram buckets."""
+    if h.empty:
+        return "–"
+    if h.open_ended:
+        unit = "s" if h.lower >= 1 else "ms"
+        return f"> {_secs(h.lower, unit)} {unit}"
+    unit = "s" if h.upper >= 1 else "ms"
+    if math.isinf(h.lower):
+        return f"≤ {_secs(h.upper, unit)} {unit}"
+    return f"{_secs(h.lower, unit)}–{_secs(h.upper, unit)} {unit}"
 
 
 def sample_to_json(s: ScrapeSample) -> dict[str, Any]:

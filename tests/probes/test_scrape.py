@@ -4,12 +4,14 @@ every way a scrape fails (one status line, the scraper goes on)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
 import pytest
 
 from gpuchef.engine_host.records import RequestRecord, StepOutput, StepRecord
+from gpuchef.probes import scrape
 from gpuchef.probes.scrape import Scraper, delta, parse_metrics
 from gpuchef.serve.metrics import ServeMetrics
 
@@ -236,3 +238,63 @@ def test_vllm_024_h200_scrapes_around_a_bench_match_its_client():
     assert 0.060 < d.hist_mean["ttft"] < 0.0736
     assert 0.0090 < d.hist_mean["itl"] < 0.0095
     assert d.gauges["running"] == d.gauges["waiting"] == 0
+
+
+# -- percentiles from a histogram: the bucket, not only the interpolated point ------------------
+
+#: vLLM V1's vllm:e2e_request_latency_seconds buckets (s), as its /metrics exports them
+E2E_LE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+          120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def _e2e_text(obs) -> str:
+    """vLLM's E2E histogram holding the observations ``obs`` (s): cumulative bucket counts,
+    counted here independently of probes.scrape."""
+    lab = 'engine="0",model_name="m"'
+    lines = ["# TYPE vllm:e2e_request_latency_seconds histogram"]
+    for le in (*E2E_LE, math.inf):
+        n = sum(1 for x in obs if x <= le)
+        le_s = "+Inf" if le == math.inf else str(le)
+        lines.append(f'vllm:e2e_request_latency_seconds_bucket{{le="{le_s}",{lab}}} {n}')
+    lines += [f"vllm:e2e_request_latency_seconds_count{{{lab}}} {len(obs)}",
+              f"vllm:e2e_request_latency_seconds_sum{{{lab}}} {sum(obs)}", ""]
+    return "\n".join(lines)
+
+
+def _interval_p(obs, q):
+    """``q``-quantile of the E2E histogram's interval counts between an empty scrape and one
+    holding ``obs``."""
+    d = delta(parse_metrics(_e2e_text([]), t_ns=0), parse_metrics(_e2e_text(obs), t_ns=10**9))
+    return scrape.bucket_quantile(d.hist_buckets["e2e"], q)
+
+
+def test_histogram_p99_gives_its_bucket_bounds_not_only_the_interpolated_point():
+    # 95 requests under 2.5 s, 5 in (2.5, 5] s near 2.85 s: the true p99 (the 99th smallest of
+    # 100, nearest rank) is 2.85 s; Prometheus' interpolation puts it at 4.5 s
+    obs = [0.4] * 60 + [1.2] * 35 + [2.6, 2.7, 2.8, 2.85, 2.9]
+    true_p99 = sorted(obs)[99 - 1]
+    assert true_p99 == 2.85
+    p = _interval_p(obs, 0.99)
+    assert p.value == pytest.approx(4.5)  # 2.5 + (5 - 2.5) · (99 - 95) / 5
+    assert (p.lower, p.upper) == (2.5, 5.0) and not p.open_ended
+    assert p.lower < true_p99 <= p.upper
+    assert scrape.hist_quantile_text(p) == "2.5–5 s"
+    # under 1 s the bounds read in ms; the first bucket's lower bound is 0
+    p50 = _interval_p(obs, 0.5)
+    assert (p50.lower, p50.upper) == (0.3, 0.5) and scrape.hist_quantile_text(p50) == "300–500 ms"
+    assert scrape.hist_quantile_text(_interval_p([0.1] * 3, 0.5)) == "0–300 ms"
+
+
+def test_histogram_percentile_in_the_inf_bucket_has_only_a_lower_bound():
+    obs = [1.0] * 90 + [9000.0] * 10  # 10 % beyond the last finite bucket (7680 s)
+    p = _interval_p(obs, 0.99)
+    assert p.open_ended and p.lower == 7680.0 and p.upper == float("inf")
+    assert p.value == 7680.0  # Prometheus' answer: the highest finite bound
+    assert scrape.hist_quantile_text(p) == "> 7,680 s"
+
+
+def test_empty_histogram_percentile_is_empty_not_zero():
+    p = _interval_p([], 0.99)
+    assert p.empty and math.isnan(p.lower) and math.isnan(p.upper)
+    assert scrape.hist_quantile_text(p) == "–"
+    assert scrape.bucket_quantile((), 0.5).empty

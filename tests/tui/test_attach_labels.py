@@ -2,8 +2,9 @@
 scrape intervals of the stats window) and the client's TTFT (gpuchef's own requests finished in
 that window) count different requests; the numbers panel and the server latency chart say which
 is which and over what window. Pilot on a fake attached session whose server histogram and
-client requests have known, different TTFTs (625 ms by linear interpolation inside the
-(0.5, 0.75] s bucket, as Prometheus' histogram_quantile; 40 ms exactly)."""
+client requests have known, different TTFTs (every first token in the (0.5, 0.75] s bucket:
+the server's p50 reads as that bucket, "500–750 ms", not Prometheus' interpolated 625 ms;
+the client's 40 ms exactly)."""
 
 from __future__ import annotations
 
@@ -110,18 +111,20 @@ def test_server_and_client_ttft_say_whose_requests_and_over_what_window():
             await pilot.pause()
             lines = [str(ln) for ln in
                      str(app.screen.query_one("#a-numbers").render()).splitlines()]
-            i = lines.index(" server (ms), /metrics histograms: every client's")
-            j = lines.index(" client (ms): gpuchef's own load only, its")
+            i = lines.index(" server, /metrics histograms: every client's")
+            j = lines.index(" client-side (ms, exact): gpuchef's own load only,")
             server, client = lines[i:j], lines[j:]
             assert server[1] == "  requests seen in the last 20 s (TTFT: first tokens)", lines
-            assert client[1] == "  requests finished in the last 20 s", lines
-            assert all(len(ln) <= 58 for ln in (*server[:2], *client[:2]))  # the side panel
+            assert server[2] == "  each percentile: the histogram bucket it is in", lines
+            assert client[1] == "  its requests finished in the last 20 s", lines
+            assert all(len(ln) <= 58 for ln in (*server[:3], *client[:2]))  # the side panel
             # each block holds its own requests' figures: the server's bucket, the client's 40 ms
             row = next(ln for ln in server if ln.startswith(" TTFT p50"))
-            assert row.split()[-1] == "625.0", server
+            assert row.split(None, 2)[-1].strip() == "500–750 ms", server
             row = next(ln for ln in client if ln.startswith(" TTFT p50"))
             assert row.split()[-1] == "40.0", client
-            assert app.screen.shown[URL]["ttft_p50"] == 625.0
+            p50 = app.screen.shown[URL]["ttft_p50"]  # seconds; the interpolated point is kept
+            assert (p50.lower, p50.upper) == (0.5, 0.75) and p50.value == 0.625
             # the chart of the server's histograms says whose requests it draws
             title = app.screen.query_one("#a-latency")._strips[0].text
             assert "Server latency" in title and "every client's requests" in title, title

@@ -20,7 +20,8 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widgets import Static
 
-from gpuchef.probes.scrape import SERIES, ScrapeDelta, ScrapeSample, bucket_quantile
+from gpuchef.probes.scrape import (SERIES, HistQuantile, ScrapeDelta, ScrapeSample,
+                                   bucket_quantile, hist_quantile_text)
 
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
@@ -125,10 +126,11 @@ def build_scrape_frame(deltas: Sequence[ScrapeDelta], grid: TimeGrid, kind: str,
 
 
 def window_quantiles(deltas: Sequence[ScrapeDelta], name: str, t0_ns: int,
-                     qs: Sequence[float]) -> list[float]:
+                     qs: Sequence[float]) -> list[HistQuantile]:
     """The quantiles ``qs`` (0–100) of histogram ``name`` over the intervals ending after
-    ``t0_ns``: their bucket counts summed, then ``probes.scrape.bucket_quantile``. NaN when no
-    observation fell in the window. Units: the histogram's (seconds for latencies)."""
+    ``t0_ns``: their bucket counts summed, then ``probes.scrape.bucket_quantile`` (each the
+    bucket it lies in and the interpolated value; empty when no observation fell in the
+    window). Units: the histogram's (seconds for latencies)."""
     acc: dict[float, float] = {}
     for d in deltas:
         if d.t_ns <= t0_ns:
@@ -363,13 +365,15 @@ def _fmt(v: float | None, nd: int = 1, unit: str = "") -> str:
 
 @dataclass(frozen=True)
 class ServerNumbers:
-    """One server's column of the numbers panel (the latest interval; latency quantiles over
-    the stats window, from the histograms' bucket counts, in ms)."""
+    """One server's column of the numbers panel: ``values``, the latest interval's figures
+    (floats or None) and, under ``ttft_p50``-like keys, the latency quantiles over the stats
+    window from the histograms' bucket counts (``probes.scrape.HistQuantile``, seconds: the
+    bucket, not a bare number, so that no surface shows the interpolated point alone)."""
 
     url: str
     kind: str
     status: str
-    values: dict[str, float | None]
+    values: dict[str, float | HistQuantile | None]
 
 
 def server_numbers(url: str, kind: str, status: str, deltas: Sequence[ScrapeDelta],
@@ -381,7 +385,7 @@ def server_numbers(url: str, kind: str, status: str, deltas: Sequence[ScrapeDelt
     scrape), and the server's TTFT/ITL/E2E quantiles (``percentiles``' first and last) over
     the last ``window_s``."""
     lt = deltas[-1] if deltas else None
-    v: dict[str, float | None] = {}
+    v: dict[str, float | HistQuantile | None] = {}
     for name in ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens",
                  "preemptions", "requests_finished", "iteration_tokens", "iter_rate", "busy"):
         v[name] = _value(lt, name) if lt is not None else None
@@ -393,8 +397,8 @@ def server_numbers(url: str, kind: str, status: str, deltas: Sequence[ScrapeDelt
     qs = (percentiles[0], percentiles[-1])
     for name in ("ttft", "itl", "e2e"):
         lo, hi = window_quantiles(deltas, name, t0, qs)
-        v[f"{name}_p{qs[0]:g}"] = lo * 1e3
-        v[f"{name}_p{qs[1]:g}"] = hi * 1e3
+        v[f"{name}_p{qs[0]:g}"] = lo
+        v[f"{name}_p{qs[1]:g}"] = hi
     return ServerNumbers(url, kind, status, v)
 
 
@@ -404,8 +408,9 @@ def attach_numbers_text(servers: Sequence[ServerNumbers], client, percentiles: t
     TTFT/ITL (``client``: a probes.metrics.BenchMetrics of gpuchef's load, or None). The two
     blocks count different requests and each heading says which: the server's histograms hold
     every client's requests, observed in the scrape intervals of the last ``window_s`` (TTFT
-    when the first token came); the client's figures are gpuchef's own requests that finished
-    in the last ``window_s``."""
+    when the first token came), and its percentiles are shown as the histogram bucket each
+    lies in (``probes.scrape.hist_quantile_text``); the client-side figures are gpuchef's own
+    requests that finished in the last ``window_s``, exact per request, in ms."""
     lo, hi = percentiles[0], percentiles[-1]
     t = Text(no_wrap=True, overflow="ellipsis")
     names = [s.url.split("//", 1)[-1] for s in servers]
@@ -438,14 +443,26 @@ def attach_numbers_text(servers: Sequence[ServerNumbers], client, percentiles: t
     row("tok/iteration", "iteration_tokens", 1)
     row("iterations/s", "iter_rate", 1)
     # the two blocks count different requests over different events: say which, and when
-    t.append(" server (ms), /metrics histograms: every client's\n", style=theme.AXIS)
+    t.append(" server, /metrics histograms: every client's\n", style=theme.AXIS)
     t.append(f"  requests seen in the last {window_s:g} s (TTFT: first tokens)\n",
              style=theme.AXIS)
+    # a histogram knows only which bucket a percentile falls in; the interpolated point can be
+    # anywhere in it (4.5 s for a true 2.85 s in vLLM's 2.5–5 s E2E bucket): show the bucket
+    t.append("  each percentile: the histogram bucket it is in\n", style=theme.AXIS)
+
+    def hist_row(label: str, key: str) -> None:
+        t.append(f" {label:<13}", style=theme.LABEL)
+        for s in servers:
+            x = s.values.get(key)
+            cell = hist_quantile_text(x) if isinstance(x, HistQuantile) else "–"
+            t.append(f"{cell:>{width}} ", style=f"bold {theme.TITLE}")
+        t.append("\n")
+
     for m, label in (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E")):
-        row(f"{label} p{lo:g}", f"{m}_p{lo:g}", 1)
-        row(f"{label} p{hi:g}", f"{m}_p{hi:g}", 1)
-    t.append(" client (ms): gpuchef's own load only, its\n", style=theme.AXIS)
-    t.append(f"  requests finished in the last {window_s:g} s\n", style=theme.AXIS)
+        hist_row(f"{label} p{lo:g}", f"{m}_p{lo:g}")
+        hist_row(f"{label} p{hi:g}", f"{m}_p{hi:g}")
+    t.append(" client-side (ms, exact): gpuchef's own load only,\n", style=theme.AXIS)
+    t.append(f"  its requests finished in the last {window_s:g} s\n", style=theme.AXIS)
     if client is None:
         t.append("  no requests finished (no load from gpuchef, or none yet)\n", style=theme.AXIS)
     else:
