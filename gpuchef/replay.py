@@ -351,7 +351,8 @@ def replay_title(tr: Trace) -> str:
     wrote it (its meta record's ``command``: bench, top, serve, ab …), not `gpuchef top`."""
     cmd = tr.meta.get("command")
     what = f"{cmd} trace" if isinstance(cmd, str) and cmd else "trace"
-    return f"gpuchef replay — {what} {Path(str(tr.path)).name}"
+    path = getattr(tr, "path", None)
+    return f"gpuchef replay — {what}" + (f" {Path(str(path)).name}" if path else "")
 
 
 def _source(tr: Trace) -> dict[str, Any]:

@@ -35,11 +35,12 @@ MIN_SPAN_S = 1.0
 
 @dataclass(frozen=True)
 class Arrivals:
-    """One reading. ``window_s``: the window asked for (s); ``span_s``: the seconds the rates are
-    over (``window_s`` once the session is that old, less before). ``load_rate``/``http_rate``:
-    req/s that arrived from gpuchef's load / over HTTP in that span (NaN: under
-    :data:`MIN_SPAN_S` measured yet). ``http_in_flight``: HTTP requests not finished now.
-    ``http_seen``: an HTTP request arrived in this session."""
+    """One reading, rounded as the header shows it (so that an unchanged reading compares
+    equal and redraws nothing). ``window_s``: the window asked for (s); ``span_s``: the whole
+    seconds the rates are over (``window_s`` once the session is that old, less before).
+    ``load_rate``/``http_rate``: req/s that arrived from gpuchef's load / over HTTP in that
+    span, to 0.1 (NaN: under :data:`MIN_SPAN_S` measured yet). ``http_in_flight``: HTTP
+    requests not finished now. ``http_seen``: an HTTP request arrived in this session."""
 
     window_s: float
     span_s: float
@@ -51,7 +52,7 @@ class Arrivals:
     def span_label(self) -> str:
         """"last 30 s" (the seconds the rates are over, whole), or "measuring" before
         :data:`MIN_SPAN_S`."""
-        if self.span_s < MIN_SPAN_S:
+        if not math.isfinite(self.load_rate):
             return "measuring"
         return f"last {min(self.span_s, self.window_s):.0f} s"
 
@@ -69,6 +70,9 @@ class ArrivalMeter:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = float(window_s)
+        self._reset()
+
+    def _reset(self) -> None:
         self._hist: deque[tuple[int, int, int]] = deque()  # (t_ns, load arrivals, HTTP arrivals)
         self._last_rec = None       # the newest finished request counted
         self._last_key: int | None = None
@@ -97,9 +101,12 @@ class ArrivalMeter:
             self._last_key, self._last_rec = pairs[-1]
 
     def update(self, snap: TimelineSnapshot, load: LoadState) -> Arrivals:
-        """The reading at ``snap.t_ns`` (also kept as :attr:`last`)."""
-        self._count_finished(snap)
+        """The reading at ``snap.t_ns`` (also kept as :attr:`last`). A snapshot older than the
+        last one starts the measure over from it (a live clock never goes back)."""
         t = snap.t_ns
+        if self._hist and t < self._hist[-1][0]:
+            self._reset()
+        self._count_finished(snap)
         last = snap.steps[-1] if snap.steps else None
         newest = last.step if last is not None else -1
         if newest != self._seen_step[0]:
@@ -112,8 +119,6 @@ class ArrivalMeter:
         # reads one request too few for a moment
         self._http_arrived = max(self._http_arrived, self.http_done + http_in_flight)
         h = self._hist
-        if h and t < h[-1][0]:  # the clock went back: start over
-            h.clear()
         h.append((t, load.submitted, self._http_arrived))
         w_ns = int(self.window_s * 1e9)
         # keep one sample at or before the window's start: the base the growth is measured from
@@ -122,12 +127,12 @@ class ArrivalMeter:
         t0, load0, http0 = h[0]
         span = (t - t0) / 1e9
         if span >= MIN_SPAN_S:
-            load_rate = (load.submitted - load0) / span
-            http_rate = (self._http_arrived - http0) / span
+            load_rate = round((load.submitted - load0) / span, 1)
+            http_rate = round((self._http_arrived - http0) / span, 1)
         else:
             load_rate = http_rate = math.nan
-        self.last = Arrivals(self.window_s, span, load_rate, http_rate, http_in_flight,
-                             self._http_arrived > 0)
+        self.last = Arrivals(self.window_s, float(round(span)), load_rate, http_rate,
+                             http_in_flight, self._http_arrived > 0)
         return self.last
 
 

@@ -2,13 +2,15 @@
 samples), so that the pictures depend on the code only. Update with --snapshot-update after
 looking at the new SVGs."""
 
+import pytest
 from tui_fakes import StaticSession, settle
 
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (160, 48)
-
-
+#: the widths the legends and the header must fit whole (tests/tui/test_screen_traps.py checks
+#: the same sizes for cut text)
+WIDTHS = [(120, 40), (160, 48), (200, 60)]
 
 
 async def settle_long(pilot):
@@ -42,3 +44,17 @@ def test_ab_screen(snap_compare):
 def test_help_screen(snap_compare):
     assert snap_compare(app(StaticSession(gpu=False)), press=["question_mark"],
                         terminal_size=SIZE, run_before=settle)
+
+
+@pytest.mark.parametrize("size", WIDTHS, ids=[f"{w}x{h}" for w, h in WIDTHS])
+def test_main_screen_cpu_at_width(snap_compare, size):
+    """The CPU session (the longest header: its note) at each width: every legend entry and
+    header item whole, the readouts' windows said."""
+    assert snap_compare(app(StaticSession(gpu=False)), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", WIDTHS, ids=[f"{w}x{h}" for w, h in WIDTHS])
+def test_main_screen_serve_http_load_at_width(snap_compare, size):
+    """`top --serve` driven over HTTP, the internal load paused: the header shows both loads."""
+    assert snap_compare(app(StaticSession(gpu=True, http=True)), terminal_size=size,
+                        run_before=settle)

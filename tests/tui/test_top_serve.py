@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -51,6 +52,13 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
             reqs = s.timeline.snapshot().requests
             assert sorted(r.request_id for r in reqs) == [f"http-{i}" for i in range(5)]
             assert s.load.state().submitted == 0  # the internal load sent nothing
+            # the header shows the HTTP load beside the paused internal one: what arrived over
+            # the window it has measured, and none left in flight (each request was answered)
+            shown = header_text(app.screen.query_one(SessionHeader)._state).plain
+            m = re.search(r"HTTP load arriving ([\d.]+) req/s \(last \d+ s\) · (\d+) in flight",
+                          shown)
+            assert m and float(m.group(1)) > 0 and m.group(2) == "0", shown
+            assert "internal load" in shown and "PAUSED" in shown, shown
             await pilot.press("p")  # the user starts the internal load beside HTTP
             for _ in range(100):
                 if s.load.state().submitted:

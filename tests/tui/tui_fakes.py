@@ -23,13 +23,15 @@ GIB = 1 << 30
 def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list[tuple[float, str]],
              budget_at: list[tuple[float, int]] = (), rate: float = 3.0, seed: int = 0,
              gpu: bool = True, marks: list[tuple[float, str]] = (), n_gpus: int = 1,
-             gpu_sm: Any = None, arrivals_out: list[int] | None = None) -> int:
+             gpu_sm: Any = None, arrivals_out: list[int] | None = None,
+             id_prefix: str = "req-") -> int:
     """Fill ``timeline`` with ``seconds`` of a toy engine: Poisson arrivals at ``rate`` req/s,
     prompts 200–1000 tokens, outputs 20–120, step time 2 ms + 0.22 ms/prefill token + 0.35 ms/
     decode. ``mode_at``/``budget_at``: (s, value) changes (recorded as events at the step they
     apply). ``n_gpus`` > 1: one GpuSample per GPU per tick, SM active ``gpu_sm(k, sm)`` for GPU k
     (default: the same for all). ``arrivals_out``: gets the arrival time (ns) of every
-    request that arrived before the end. Returns the end time (ns)."""
+    request that arrived before the end. ``id_prefix``: of the request ids (``http-`` for
+    requests from `top --serve`'s front door). Returns the end time (ns)."""
     rng = np.random.default_rng(seed)
     cfg = SchedulerConfig(mode=mode_at[0][1], max_num_batched_tokens=512)
     changes = sorted([(t, "mode", v) for t, v in mode_at[1:]] +
@@ -66,8 +68,8 @@ def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list
                                            old, v))
         while ai < len(arrivals) and start_ns + int(arrivals[ai][0] * 1e9) <= now:
             a, p, o = arrivals[ai]
-            waiting.append({"id": f"req-{ai}", "arr": start_ns + int(a * 1e9), "p": p, "o": o,
-                            "done": 0, "toks": []})
+            waiting.append({"id": f"{id_prefix}{ai}", "arr": start_ns + int(a * 1e9), "p": p,
+                            "o": o, "done": 0, "toks": []})
             ai += 1
         if not waiting and not running:
             nxt = start_ns + int(arrivals[ai][0] * 1e9) if ai < len(arrivals) else end
@@ -189,18 +191,19 @@ class FakeAB:
 
 
 class StaticSession:
-    """The ``tui.session.Session`` interface over a fixed timeline and a fixed clock."""
+    """The ``tui.session.Session`` interface over a fixed timeline and a fixed clock. ``http``:
+    the requests came over HTTP (ids ``http-N``; `top --serve` with its internal load paused)."""
 
     def __init__(self, *, seconds: float = 70.0, gpu: bool = True, mode_switch_s: float = 35.0,
                  ab_window_s: float | None = None, n_gpus: int = 1, gpu_sm: Any = None,
-                 gpu_label: str = "NVIDIA H200") -> None:
+                 gpu_label: str = "NVIDIA H200", http: bool = False) -> None:
         self.info = SessionInfo("llama-3-8b" if gpu else "tiny", True, "cuda:0" if gpu else "cpu",
                                 "flashinfer" if gpu else "reference",
                                 "bfloat16" if gpu else "float32", 30000, 16, 8192,
                                 "" if gpu else "CPU defaults: trace ×0.5, prompts ≤1024")
         self.timeline = Timeline(origin_ns=T0, clock=lambda: self.now)
         self.start_ns = T0
-        self.arrival_ns: list[int] = []  # the simulated arrivals (not in an A/B session)
+        self.arrival_ns: list[int] = []  # the simulated arrivals
         ab = None
         if ab_window_s:
             # an A/B run: A = chunked, B = continuous, alternating from t = 0
@@ -209,7 +212,7 @@ class StaticSession:
                      for i in range(n + 1)]
             marks = [(i * ab_window_s, f"ab:1:{'AB'[i % 2]}:{i // 2 + 1}") for i in range(n + 1)]
             self.now = simulate(self.timeline, start_ns=T0, seconds=seconds, mode_at=modes,
-                                marks=marks, gpu=gpu)
+                                marks=marks, gpu=gpu, arrivals_out=self.arrival_ns)
             cur = n % 2
             ab = ABState(True, {"A": {"mode": "chunked"}, "B": {"mode": "continuous"}},
                          ab_window_s, None, "AB"[cur], n // 2 + 1,
@@ -218,9 +221,15 @@ class StaticSession:
             self.now = simulate(self.timeline, start_ns=T0, seconds=seconds,
                                 mode_at=[(0, "continuous"), (mode_switch_s, "chunked")],
                                 budget_at=[(mode_switch_s + 15, 1024)], gpu=gpu,
-                                n_gpus=n_gpus, gpu_sm=gpu_sm, arrivals_out=self.arrival_ns)
+                                n_gpus=n_gpus, gpu_sm=gpu_sm, arrivals_out=self.arrival_ns,
+                                id_prefix="http-" if http else "req-")
         self.clock = lambda: self.now
         self.load = FakeLoad()
+        self.http = http
+        if http:  # `top --serve` driven from outside: the requests came over HTTP, the
+            # internal load started paused and sent nothing
+            self.info = replace(self.info, serving="http://127.0.0.1:8000")
+            self.load.paused, self.load.submitted = True, 0
         self.ab = FakeAB(ab)
         self.slos = {"ttft": 500.0, "tpot": 50.0}
         self.percentiles = (50.0, 99.0)
@@ -274,7 +283,7 @@ class StaticSession:
         from bisect import bisect_right
 
         t0 = self.now - int(meter.window_s * 1e9)
-        since = len(self.arrival_ns) - bisect_right(self.arrival_ns, t0)
+        since = 0 if self.http else len(self.arrival_ns) - bisect_right(self.arrival_ns, t0)
         meter.update(self.timeline.snapshot(t0),
                      replace(self.load.state(), submitted=self.load.submitted - since))
 

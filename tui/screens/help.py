@@ -13,13 +13,19 @@ from .. import theme
 from ..keys import KEYS
 
 PANELS = (
+    ("header", "what runs and the knobs in force; the load: 'arriving' is what arrived per "
+     "second over the numbers' window (its span said), 'trace mean' the whole trace's mean at "
+     "the current speed (a trace's first minutes can arrive far below it); under --serve the "
+     "HTTP load too (ids http-N: arriving, in flight)."),
     ("GPU saturation", "NVML/GPM SM active and tensor active (saturation); GPU-Util is NVML's "
      "'any kernel running' (liveness: one tiny kernel reads 100 %)."),
     ("DRAM bandwidth, power", "GPM DRAM bandwidth (% of peak); board power (W, NVML, a 1 s mean "
      "on Ampere and newer)."),
     ("Step waveform", "per time slice, the share of time the engine computed (step wall spans and "
      "gpu_ms), coloured by step kind: prefill-only, mixed, decode-only. Continuous batching shows "
-     "prefill bursts and decode stretches (|*****____|); chunked prefill a steady mixed batch."),
+     "prefill bursts and decode stretches (|*****____|); chunked prefill a steady mixed batch. "
+     "Its busy and steps/s readouts are over the newest ~2 s of complete slices (the title row "
+     "says how long); the numbers' are over their window."),
     ("Batch composition", "tokens of the largest step ending in each slice (a real step, not a "
      "mean), prefill under decode, against the token budget (╌). ▲ marks a step above the "
      "budget: continuous batching runs a prompt longer than the budget alone, whole. With the "

@@ -50,8 +50,9 @@ MIN_W, MIN_H = 30, 8
 #: the screen is ``-short``. The autopilot's step-time panel, while shown, needs its 7 more.
 CHART_ROWS = 36
 STEP_TIME_ROWS = 7
-#: Header lines at most on a wide terminal (>= 120 columns) and on a narrow one
-HEADER_LINES_WIDE, HEADER_LINES_NARROW = 4, 2
+#: Header lines at most on a wide terminal (>= 120 columns: every item whole — 120 columns take
+#: up to 5 under `top --serve`) and on a narrow one (each logical line's first, cut with "…")
+HEADER_LINES_WIDE, HEADER_LINES_NARROW = 6, 2
 
 
 def too_small_text(w: int, h: int) -> str:
@@ -63,7 +64,7 @@ class MainScreen(Screen):
     """Below 120 columns (``-narrow``) the side panel is hidden and ``n`` shows it full width
     instead of the charts; when the rows under the header are fewer than :data:`CHART_ROWS`
     (``-short``, where the charts no longer fit) the charts shrink and scroll. A hint line says
-    so. The header wraps its items to the width (up to 4 lines; 2 on a narrow terminal), so
+    so. The header wraps its items to the width (up to 6 lines; 2 on a narrow terminal), so
     ``-short`` depends on its line count as well as on the height: set here, not by a fixed
     breakpoint. Its layout rules: tui/gpuchef.tcss."""
 

@@ -4,9 +4,10 @@ arrives per second from each source, labelled with its window, beside the trace'
 long, and where the trace goes.
 
 Its two logical lines (the engine, the load) are made of items that are never split: at a given
-width an item that does not fit on the line starts the next one (:func:`header_text`), so at
-120, 160 or 200 columns every item shows whole. ``SessionHeader`` shows at most ``max_lines``
-such lines (the last one ends in "…" when more would be needed), plus a line for each failure.
+width an item that does not fit on the line starts the next one (:func:`flow`), so at 120, 160
+or 200 columns every item shows whole. ``SessionHeader`` shows at most ``max_lines`` such lines
+(a narrow terminal's 2: each logical line's first, ending in "…" where items are left out),
+plus a line for each failure.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def engine_items(st: HeaderState) -> list[Item]:
     out.append(_item("  ", (f"attention {i.attention}", theme.LABEL)))
     if i.async_scheduling is not None:
         out.append(_item("  ", ("async" if i.async_scheduling else "sync", theme.LABEL)))
-    out.append(_item("   ", ("mode ", theme.LABEL),
-                     (f" {c.mode} ", f"bold #11151c on {theme.MODE_COLOURS.get(c.mode, theme.TITLE)}")))
+    mode_bg = theme.MODE_COLOURS.get(c.mode, theme.TITLE)
+    out.append(_item("   ", ("mode ", theme.LABEL), (f" {c.mode} ", f"bold #11151c on {mode_bg}")))
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
     for name, val in (("max_num_batched_tokens", c.max_num_batched_tokens),
                       ("long_prefill_token_threshold", chunk), ("max_num_seqs", c.max_num_seqs),
@@ -177,10 +178,11 @@ def header_lines(st: HeaderState, width: int | None = None,
     return lines
 
 
-def header_text(st: HeaderState, width: int | None = None) -> Text:
+def header_text(st: HeaderState, width: int | None = None,
+                max_lines: int | None = None) -> Text:
     """The header as one Text, lines joined (see :func:`header_lines`)."""
     t = Text(no_wrap=True, overflow="ellipsis")
-    for k, line in enumerate(header_lines(st, width)):
+    for k, line in enumerate(header_lines(st, width, max_lines)):
         if k:
             t.append("\n")
         t.append_text(line)
@@ -189,14 +191,14 @@ def header_text(st: HeaderState, width: int | None = None) -> Text:
 
 class SessionHeader(Static):
     """The header at the width it is given: as many lines as its items need, at most
-    ``max_lines`` (the last one then ends in "…"), plus one per failure. ``lines``: how many
-    it shows now (the main screen lays its charts out around it)."""
+    ``max_lines`` (see :func:`header_lines` for what gives way), plus one per failure.
+    ``lines``: how many it shows now (the main screen lays its charts out around it)."""
 
     DEFAULT_CSS = """
     SessionHeader { height: 2; background: #1b2130; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
-    def __init__(self, max_lines: int = 4, **kw) -> None:
+    def __init__(self, max_lines: int = 6, **kw) -> None:
         super().__init__("", **kw)
         self._state: HeaderState | None = None
         self._width = 0
@@ -208,13 +210,10 @@ class SessionHeader(Static):
         st = st or self._state
         if st is None:
             return self.lines
-        return len(self._lines_for(st, width or self._own_width()))
+        return len(header_lines(st, max(1, width or self._own_width()), self.max_lines))
 
     def _own_width(self) -> int:
         return self.size.width or self.app.size.width
-
-    def _lines_for(self, st: HeaderState, width: int) -> list[Text]:
-        return header_lines(st, max(1, width), self.max_lines)
 
     def show(self, st: HeaderState, force: bool = False) -> None:
         """Redraw if anything shown (or the width) changed; relayout only if the line count
@@ -223,15 +222,11 @@ class SessionHeader(Static):
         if st == self._state and width == self._width and not force:
             return
         self._state, self._width = st, width
-        text = Text(no_wrap=True, overflow="ellipsis")
-        lines = self._lines_for(st, width)
-        for k, line in enumerate(lines):
-            if k:
-                text.append("\n")
-            text.append_text(line)
-        if len(lines) != self.lines:
-            self.lines = len(lines)
-            self.styles.height = self.lines
+        text = header_text(st, max(1, width), self.max_lines)
+        lines = text.plain.count("\n") + 1
+        if lines != self.lines:
+            self.lines = lines
+            self.styles.height = lines
             self.update(text)
         else:
             self.update(text, layout=False)

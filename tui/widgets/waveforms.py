@@ -427,14 +427,19 @@ class SeriesPanel(ChartPanel):
 
     def _rebuild(self) -> None:
         if self.off_reason:
-            w = self.size.width
+            w, h = self.size.width, self.size.height
             if w <= 0:
                 return
-            parts = [(" ▍", style(theme.AXIS, BG)),
-                     (self.OFF_TITLE or self.TITLE, style(theme.TITLE, BG, bold=True)),
-                     ("  ⊘ off — ", style(theme.PREEMPTED, BG, bold=True)),
-                     (self.off_reason, style(theme.LABEL, BG))]
-            self._strips = [text_strip(parts, w, BG)]
+            lead = [(" ▍", style(theme.AXIS, BG)),
+                    (self.OFF_TITLE or self.TITLE, style(theme.TITLE, BG, bold=True)),
+                    ("  ⊘ off — ", style(theme.PREEMPTED, BG, bold=True))]
+            # the reason wraps at words onto the panel's other rows (it names what is missing:
+            # not a line to lose); what finds no row ends in "…"
+            first = max(1, w - sum(cell_len(t) for t, _ in lead))
+            lines = _wrap(self.off_reason, first, max(1, w - 3), max(1, h))
+            rows = [lead + [(lines[0], style(theme.LABEL, BG))]]
+            rows += [[("   " + line, style(theme.LABEL, BG))] for line in lines[1:]]
+            self._strips = [text_strip(r, w, BG) for r in rows]
             self.refresh()
             return
         super()._rebuild()
@@ -614,6 +619,29 @@ def change_labels(markers: Sequence[tuple[int, str]], cols: int) -> str:
                 put(j, tag)
                 break
     return "".join(line)
+
+
+def _wrap(text: str, first: int, rest: int, rows: int) -> list[str]:
+    """``text`` in at most ``rows`` lines, broken at spaces: the first ``first`` cells wide,
+    the others ``rest``; a last line that cannot hold the rest ends in "…"."""
+    words = text.split(" ")
+    lines: list[str] = []
+    cur = ""
+    for word in words:
+        width = first if not lines else rest
+        cand = f"{cur} {word}" if cur else word
+        if cell_len(cand) <= width or not cur:
+            cur = cand
+            continue
+        lines.append(cur)
+        cur = word
+    lines.append(cur)
+    if len(lines) > rows:
+        lines = lines[:rows - 1] + [" ".join(lines[rows - 1:])]
+    width = first if len(lines) == 1 else rest
+    if cell_len(lines[-1]) > width:
+        lines[-1] = lines[-1][:max(0, width - 1)] + "…"
+    return lines
 
 
 def fmt_span(s: float) -> str:
