@@ -341,13 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     PROFILE = a.profile
     err = Console(stderr=True)
     log = err.print
+    from gpuchef.engine_host.engine import resolve_device
+
+    cpu = resolve_device(a.device).type == "cpu"
+    budget = a.budget or (512 if cpu else 2048)
     engine = build_engine(EngineConfig(model=a.model, device=a.device,
                                        enforce_eager=a.enforce_eager,
-                                       scheduler=SchedulerConfig()), err)
-    cpu = engine.device.type == "cpu"
-    budget = a.budget or (512 if cpu else 2048)
-    engine.set_scheduler_config(engine.scheduler_config.with_changes(
-        mode=a.mode, max_num_batched_tokens=budget))
+                                       scheduler=SchedulerConfig(
+                                           mode=a.mode, max_num_batched_tokens=budget)), err)
     import platform
 
     import torch

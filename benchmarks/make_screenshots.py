@@ -67,9 +67,6 @@ def session_for(engine, *, dataset: str | None, speed: float | None, budget: int
                 gpus: list[int] | None = None) -> LiveSession:
     """A LiveSession with `gpuchef top`'s defaults for the engine's device."""
     cpu = engine.device.type == "cpu"
-    sc = engine.scheduler_config
-    engine.set_scheduler_config(sc.with_changes(
-        mode="continuous", max_num_batched_tokens=budget or (CPU_BUDGET if cpu else 2048)))
     wcfg = WorkloadConfig(
         dataset=dataset or "azure-conv",
         trace_speed=speed or (CPU_TRACE_SPEED if cpu else 1.0),
@@ -80,8 +77,12 @@ def session_for(engine, *, dataset: str | None, speed: float | None, budget: int
     # as `gpuchef top` says it: the budget's number is the header's live one, not the note's
     note = (f"CPU defaults: prompt≤{CPU_MAX_INPUT_LEN} output≤{CPU_MAX_OUTPUT_LEN}; "
             "CPU default budget") if cpu and not dataset else ""
-    return LiveSession(engine, wcfg, sample_hz=sample_hz, gpus=gpus, trace_path=trace,
-                       slos=DEFAULT_SLOS_CPU if cpu else DEFAULT_SLOS_GPU, note=note)
+    s = LiveSession(engine, wcfg, sample_hz=sample_hz, gpus=gpus, trace_path=trace,
+                    slos=DEFAULT_SLOS_CPU if cpu else DEFAULT_SLOS_GPU, note=note)
+    # in force from the first step (the engine runs in its own process: a command, not a set)
+    s.host.set_config(mode="continuous",
+                      max_num_batched_tokens=budget or (CPU_BUDGET if cpu else 2048))
+    return s
 
 
 def parse_size(spec: str) -> tuple[int, int]:
