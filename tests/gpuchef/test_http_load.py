@@ -340,9 +340,12 @@ def test_arrivals_keep_to_absolute_time_over_2000_requests_at_200_per_s(server):
     slope_ms_per_s = np.polyfit([s.arrival_s for s in sp], late, 1)[0]
     assert slope_ms_per_s < 0.5
     assert np.percentile(late, 50) < 5.0
-    # the last request left when it was due, ~9.995 s after the first
+    # the last request left when it was due, ~9.995 s after the first: within 20 ms, plus that
+    # one request's own stall beyond its neighbours' (a loaded 2-core machine can hold one send
+    # for tens of ms; a drift would move the neighbours too, which the median checks above see)
     span = (run.results[-1].dispatch_ns - run.results[0].dispatch_ns) / 1e9
-    assert span == pytest.approx(sp[-1].arrival_s, abs=0.02)
+    stall_s = max(0.0, late[-1] - np.median(late[-200:])) / 1e3
+    assert span == pytest.approx(sp[-1].arrival_s, abs=0.02 + stall_s)
 
 
 def test_ramp_up_rates_and_arrivals_follow_vllm():
