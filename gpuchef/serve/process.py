@@ -447,15 +447,9 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
                 break
             stop = False
             for item in batch:
-                if isinstance(item, StepOutput):
-                    front.on_output(item)
-                    metrics.on_output(item)
-                elif isinstance(item, RequestRecord):
-                    front.on_request(item)
-                    metrics.on_request(item)
-                elif isinstance(item, StepRecord):
-                    remote.step_id = item.step + 1
-                    metrics.on_step(item)
+                if _to_server(item, front, metrics):
+                    if isinstance(item, StepRecord):
+                        remote.step_id = item.step + 1
                 elif isinstance(item, tuple):
                     k = item[0]
                     if k == "state":
@@ -476,6 +470,22 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
         front.stop()
         if stream is not None:
             stream.close()
+
+
+def _to_server(item: Any, front: Any, metrics: Any) -> bool:
+    """Hand one engine record to the front door (streams) and /metrics; False when ``item`` is
+    not an engine record (the bridge's own messages, GPU samples)."""
+    if isinstance(item, StepOutput):
+        front.on_output(item)
+        metrics.on_output(item)
+    elif isinstance(item, RequestRecord):
+        front.on_request(item)
+        metrics.on_request(item)
+    elif isinstance(item, StepRecord):
+        metrics.on_step(item)
+    else:
+        return False
+    return True
 
 
 class _EngineStream:
@@ -521,14 +531,7 @@ class _EngineStream:
 
         front, metrics, remote = self.front, self.metrics, self.remote
         for item in batch_records(b):
-            if isinstance(item, StepOutput):
-                front.on_output(item)
-                metrics.on_output(item)
-            elif isinstance(item, RequestRecord):
-                front.on_request(item)
-                metrics.on_request(item)
-            elif isinstance(item, StepRecord):
-                metrics.on_step(item)
+            _to_server(item, front, metrics)
         remote.step_id = b.step_id
         if b.state is not None:
             remote.state = tuple(b.state)
