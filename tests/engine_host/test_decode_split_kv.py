@@ -36,6 +36,7 @@ def test_a_fixed_split_is_refused_saying_why(value):
         decode_split_kv_args(value)
 
 
+@pytest.mark.slow  # starts the engine's process per case
 @pytest.mark.parametrize("var,value,line", [
     ("GPUCHEF_DECODE_SPLIT_KV", "sometimes", "GPUCHEF_DECODE_SPLIT_KV='sometimes' is not allowed"),
     ("GPUCHEF_ROPE_APPEND", "yes",

@@ -65,3 +65,9 @@ def test_e2e_p99_from_the_histogram_shows_its_bucket_bounds(tmp_path):
                 await pilot.press("q")
 
         drive(s, go)
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

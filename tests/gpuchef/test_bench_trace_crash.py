@@ -41,3 +41,9 @@ def test_sigkilled_bench_trace_reads_back(tmp_path):
     last = max(s.t_end_ns for s in tr.steps)
     assert (killed_at - last) / 1e9 <= 1.0, "more than the last second of steps was lost"
     assert tr.meta["command"] == "bench" and tr.meta["model"]["name"] == "tiny"
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

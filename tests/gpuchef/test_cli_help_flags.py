@@ -119,6 +119,7 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     assert "--ab-load runs an A/B of two attached servers" in refused.output
 
 
+@pytest.mark.slow  # starts the engine's process per case
 @pytest.mark.parametrize("flag", ["--num-gpu-blocks", "--num-gpu-blocks-override"])
 def test_vllm_spelling_of_the_kv_block_count_sizes_the_cache(tmp_path, flag):
     """vLLM's --num-gpu-blocks-override is accepted as gpuchef's --num-gpu-blocks: the KV cache

@@ -63,3 +63,7 @@ def test_what_ran_is_in_the_result_json_and_the_trace(tmp_path):
 def test_no_warning_for_the_default():
     r = CliRunner().invoke(cli, ["bench", *SMALL], catch_exceptions=False)
     assert r.exit_code == 0 and "--decode-attention" not in r.output
+
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

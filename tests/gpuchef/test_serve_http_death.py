@@ -42,3 +42,9 @@ def test_serve_exits_1_when_its_http_process_is_killed(tmp_path):
             assert c.connect_ex((host, int(port))) != 0
     # the engine was stopped cleanly: the trace has its end record
     assert '"type":"end"' in trace.read_text().splitlines()[-1]
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

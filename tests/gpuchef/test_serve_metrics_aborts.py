@@ -122,3 +122,9 @@ def test_a_request_aborted_while_queued_counts_nowhere_but_the_abort_counter():
             assert one(m, VLLM_METRICS[key].name + "_count") == 1, key
         assert one(m, "vllm:request_prompt_tokens_sum") == 4
         assert one(m, "vllm:request_success_total", finished_reason="abort") == 0
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

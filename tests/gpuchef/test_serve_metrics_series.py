@@ -122,3 +122,7 @@ def test_docs_list_exactly_the_vllm_series_exported_and_not():
     assert names <= vllm, names - vllm
     assert not_listed == vllm - names
 
+
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

@@ -42,3 +42,7 @@ def test_response_format_text_with_null_keys_is_off(server):
                                       response_format=rf)
         assert e.value.body["param"] == "response_format", e.value.body
         assert "is not supported by gpuchef serve" in e.value.body["message"]
+
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

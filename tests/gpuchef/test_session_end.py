@@ -43,3 +43,9 @@ def test_requests_in_the_engine_at_close_are_withdrawn_not_failed(tmp_path):
     assert m.completed == sum(r.finish_reason in ("length", "stop") for r in t.requests) > 0
     rows = {label: v for _, label, v in results_block_rows(m)}
     assert str(rows.get("Withdrawn requests (not failed):")) == str(len(ended)), rows
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow

@@ -104,3 +104,9 @@ def test_bench_trace_gz_then_report(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     html = (tmp_path / "x.html").read_text()
     assert "x" in html and "<html" in html.lower()
+
+
+import pytest  # noqa: E402
+
+#: each test starts the engine's process (seconds on 2 cores): the full run only
+pytestmark = pytest.mark.slow
