@@ -506,11 +506,11 @@ class RemoteEngine:
             try:
                 if not parent.poll(min(left, 1.0)):
                     if not proc.is_alive():
-                        raise fail(f"the engine process exited while starting ({_exit_how(proc)})")
+                        raise fail(f"the engine process exited while starting ({exit_how(proc)})")
                     continue
                 msg = parent.recv()
             except (EOFError, OSError):
-                raise fail(f"the engine process exited while starting ({_exit_how(proc)})") \
+                raise fail(f"the engine process exited while starting ({exit_how(proc)})") \
                     from None
             if msg[0] == "progress":
                 if progress is not None:
@@ -590,7 +590,7 @@ class RemoteEngine:
                 if self._closed:
                     return
                 if not self._proc.is_alive():
-                    self._died(f"the engine process is gone ({_exit_how(self._proc)})")
+                    self._died(f"the engine process is gone ({exit_how(self._proc)})")
                     return
                 continue
             try:
@@ -639,7 +639,9 @@ class RemoteEngine:
         shutil.rmtree(self._tmpdir, ignore_errors=True)
 
 
-def _exit_how(proc: Any) -> str:
+def exit_how(proc: Any) -> str:
+    """How a ``multiprocessing`` process ended, for one-line messages: "killed by SIGKILL",
+    "exit code 1", or "still running" (``exitcode`` None)."""
     code = proc.exitcode
     if code is None:
         return "still running"
@@ -787,11 +789,10 @@ class EngineCoreClient:
 
     # -- the receiver thread ------------------------------------------------------------------
     def _receive(self, b: OutBatch) -> None:
-        it = {115: iter(b.steps), 111: iter(b.outputs), 114: iter(b.requests),
-              101: iter(b.events)}
-        calls = {115: self.on_step, 111: self.on_output, 114: self.on_request, 101: self.on_event}
-        for code in b.order:
-            calls[code](next(it[code]))
+        calls = {StepRecord: self.on_step, StepOutput: self.on_output,
+                 RequestRecord: self.on_request, EngineEvent: self.on_event}
+        for rec in batch_records(b):
+            calls[type(rec)](rec)
         self.paused = b.paused
         self.load_paused = b.load_paused
         if b.error and self.error is None:
@@ -829,4 +830,4 @@ def make_host(engine: Any, **listeners: Any) -> Any:
 
 
 __all__ = ["EngineCoreClient", "EngineProcessError", "OutBatch", "RemoteEngine", "device_name",
-           "engine_facts", "make_host", "batch_records"]
+           "engine_facts", "exit_how", "make_host", "batch_records"]

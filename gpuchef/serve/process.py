@@ -222,18 +222,9 @@ class ServeProcess:
         if not self.child_error and p.is_alive():
             return ""
         p.join(1.0)  # the pipe closes a moment before the process is reaped
-        code = p.exitcode
-        if code is None:
-            how = "its pipe to the engine closed"
-        elif code < 0:
-            import signal
+        from ..engine_host.core import exit_how
 
-            try:
-                how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = f"exit code {code}"
+        how = "its pipe to the engine closed" if p.exitcode is None else exit_how(p)
         return f"the HTTP server process is gone ({how}): nothing listens on {self.url}"
 
     # -- bridge threads ------------------------------------------------------------------------
