@@ -3,8 +3,7 @@
 # put all results so far into $OUT/res.tgz (one file: the machine returns at most 8).
 source /tmp/g/benchmarks/device/env.sh
 end=$(( $(date +%s) + ${1:-0} ))
-all_done() { for w in $(cat $F/workers 2>/dev/null || echo worker_a worker_b); do
-  [ -e $F/${w#worker_}_done ] || return 1; done; }
+all_done() { for w in $(cat $F/workers 2>/dev/null); do [ -e $F/${w}_done ] || return 1; done; }
 while [ $(date +%s) -lt $end ] && ! all_done; do sleep 5; done
 cat $R/status.txt; ls $F
 for f in $R/*.log; do echo "== $(basename $f): $(tail -c 300 $f | tr '\n' ' ' | tail -c 300)"; done 2>/dev/null | tail -40

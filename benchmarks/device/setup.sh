@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Call 1 of a device session (args: the workers to start; default worker_a worker_b): install the carried wheels, copy the checkout to /tmp/g (the
-# background workers run from there, so later calls cannot change their files), start the two
-# workers in their own process sessions (they outlive this call; the machine stays while calls
-# follow each other within ~30 s).
+# Call 1 of a device session (args: the job lists to run, jobs/NAME.txt): install the carried
+# wheels, copy the checkout to /tmp/g (the background workers run from there, so later calls
+# cannot change their files), start one run.sh worker per job list in its own process session
+# (they outlive this call; the machine stays while calls follow each other within ~30 s).
 set -e
+[ $# -gt 0 ] || { echo "usage: setup.sh jobs/NAME.txt [jobs/NAME2.txt ...]" >&2; exit 2; }
 rm -rf /tmp/g /tmp/res /tmp/flags && mkdir -p /tmp/g /tmp/res /tmp/flags /tmp/vparts /tmp/vdeps
 # a committed snapshot (.snap.tgz: `git archive HEAD ... | gzip`) when carried, so that edits in
 # progress in the checkout do not travel into the runs; else the working tree
@@ -26,16 +27,11 @@ elif ls benchmarks/device/aot/aot.tar.xz.* >/dev/null 2>&1; then
 fi
 cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"
-# arguments: job lists (jobs/NAME.txt, run by run.sh) or worker scripts (NAME, NAME.sh)
-WORKERS=${*:-worker_a worker_b}
+# arguments: job lists (jobs/NAME.txt), each run by run.sh in a worker of its own
 names=""
-for w in $WORKERS; do
-  case "$w" in
-    *.txt) n=$(basename $w .txt)
-           setsid nohup bash /tmp/g/benchmarks/device/run.sh $w > /tmp/res/$n.out 2>&1 < /dev/null & ;;
-    *) n=$w
-       setsid nohup bash /tmp/g/benchmarks/device/$w.sh > /tmp/res/$w.out 2>&1 < /dev/null & ;;
-  esac
+for w in "$@"; do
+  n=$(basename $w .txt)
+  setsid nohup bash /tmp/g/benchmarks/device/run.sh $w > /tmp/res/$n.out 2>&1 < /dev/null &
   names="$names $n"
 done
 echo $names > /tmp/flags/workers
