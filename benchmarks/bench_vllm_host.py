@@ -121,44 +121,6 @@ def _engine_config(a: argparse.Namespace, engine: str):
                                   max_num_seqs=a.max_num_seqs))
 
 
-def step_breakdown(steps, *, layer_matmul_params: int, lm_head_params: int, weight_bytes: int,
-                   kv_bytes_per_block: int, mem_bw: float, peak_flops: float) -> dict:
-    """Where an offline run's GPU time goes, from its StepRecords.
-
-    Each step's ideal time is the larger of its memory time (every weight byte plus the KV of
-    the ``kv_blocks_used`` blocks, an upper bound of what the step reads, over ``mem_bw``
-    bytes/s) and its compute time (2 FLOPs a token per ``layer_matmul_params``, plus the
-    lm_head for each sampled row, over ``peak_flops``; attention FLOPs left out, so prefill's
-    ideal is a lower bound). Steps are grouped by ``StepRecord.kind`` and by the bound
-    ("compute" or "memory"). Returns {"by_kind": {kind: totals}, "by_bound": {bound: totals}},
-    totals = steps, gpu_ms, wall_ms, ideal_ms, prefill_tokens, decode_rows, graph_steps, and
-    efficiency = ideal_ms / gpu_ms (ms; fractions)."""
-    def empty() -> dict:
-        return dict(steps=0, gpu_ms=0.0, wall_ms=0.0, ideal_ms=0.0, prefill_tokens=0,
-                    decode_rows=0, graph_steps=0)
-    by_kind: dict[str, dict] = {}
-    by_bound: dict[str, dict] = {}
-    for s in steps:
-        sampled = s.num_decode_reqs + s.num_prefill_reqs  # at most: a chunk samples at its end
-        flops = 2 * s.num_tokens * layer_matmul_params + 2 * sampled * lm_head_params
-        compute_ms = flops / peak_flops * 1e3
-        memory_ms = (weight_bytes + s.kv_blocks_used * kv_bytes_per_block) / mem_bw * 1e3
-        bound = "compute" if compute_ms > memory_ms else "memory"
-        for group, key in ((by_kind, s.kind), (by_bound, bound)):
-            t = group.setdefault(key, empty())
-            t["steps"] += 1
-            t["gpu_ms"] += s.gpu_ms
-            t["wall_ms"] += s.wall_ms
-            t["ideal_ms"] += max(compute_ms, memory_ms)
-            t["prefill_tokens"] += s.num_prefill_tokens
-            t["decode_rows"] += s.num_decode_reqs
-            t["graph_steps"] += bool(s.cuda_graph)
-    for group in (by_kind, by_bound):
-        for t in group.values():
-            t["efficiency"] = t["ideal_ms"] / t["gpu_ms"] if t["gpu_ms"] > 0 else None
-    return {"by_kind": by_kind, "by_bound": by_bound}
-
-
 def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
     from rich.console import Console
 
@@ -197,6 +159,7 @@ def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
              if hasattr(eng, "kv") else a.block_size)
     if engine == "native":
         from gpuchef.engine_host.kv_cache import KVCacheManager
+        from gpuchef.probes.gpu_time import step_breakdown
 
         mc = eng.model_config
         d["step_breakdown"] = step_breakdown(

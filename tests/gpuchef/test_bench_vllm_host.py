@@ -1,5 +1,5 @@
 """benchmarks/bench_vllm_host.py's native arm on the CPU: --block-size reaches the engine, and
-the step breakdown (where an offline run's GPU time goes) against a computation by hand from
+the step breakdown (probes.gpu_time.step_breakdown (where an offline run's GPU time goes) against a computation by hand from
 the run's own step records."""
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-sys.path.insert(0, os.path.abspath(BENCH))
-import bench_vllm_host as bvh  # noqa: E402
+from gpuchef.engine_host.records import StepRecord
+from gpuchef.probes.gpu_time import step_breakdown
 
-from gpuchef.engine_host.records import StepRecord  # noqa: E402
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
 def rec(step, prefill, decodes, blocks, gpu_ms, graph=False, prefill_reqs=None):
@@ -38,7 +37,7 @@ def test_breakdown_against_a_hand_computation():
     steps = [rec(0, 2000, 0, 100, 5.0),          # compute 4.0 + 0.0002, memory 2.1
              rec(1, 0, 32, 500, 4.0, graph=True),  # compute 0.064 + 0.0064, memory 2.5
              rec(2, 100, 10, 300, 3.0)]           # compute 0.22 + 0.0022, memory 2.3
-    bd = bvh.step_breakdown(steps, **kw)
+    bd = step_breakdown(steps, **kw)
     assert set(bd["by_kind"]) == {"prefill_only", "decode_only", "mixed"}
     p, d, m = (bd["by_kind"][k] for k in ("prefill_only", "decode_only", "mixed"))
     assert p["ideal_ms"] == pytest.approx(4.0 + 0.0002)

@@ -1,19 +1,21 @@
-"""benchmarks/lane_ttft.py (the one owner of the lane's short/long TTFT split, issue 17 item 4)
-on committed traces, against the split computed here from the raw JSONL with gzip/json/numpy."""
+"""probes.metrics.lane_ttft (the one owner of the lane's short/long TTFT split) and its script
+benchmarks/lane_ttft.py on committed traces, against the split computed here from the raw JSONL
+with gzip/json/numpy."""
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-sys.path.insert(0, os.path.abspath(BENCH))
-import lane_ttft  # noqa: E402
+from gpuchef.probes.metrics import lane_ttft
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "lane_ttft.py")
 
 # a CPU autopilot run with a long-prompt lane (threshold 256), kept as a test fixture
 TRACE = Path(__file__).parent.parent / "data" / "lane_long1.jsonl.gz"
@@ -34,19 +36,25 @@ def _reference(path: Path, thr: int) -> dict:
 
 def test_split_and_percentiles_equal_the_raw_records():
     want, thr, n = _reference(TRACE, 256)
-    got = lane_ttft.lane_ttft(str(TRACE))
+    got = lane_ttft(str(TRACE))
     assert got["threshold"] == thr == 256 and got["requests"] == n
     for side in ("short", "long"):
         g = got[side]
         assert (g["n"], g["p50"], g["p90"], g["p99"]) == pytest.approx(want[side])
-    got = lane_ttft.lane_ttft(str(TRACE), short=1024)  # an explicit threshold wins
+    got = lane_ttft(str(TRACE), short=1024)  # an explicit threshold wins
     want, _, _ = _reference(TRACE, 1024)
     assert got["threshold"] == 1024 and got["short"]["n"] == want["short"][0]
 
 
-def test_bad_input_is_one_line(tmp_path, capsys):
-    assert lane_ttft.main([str(tmp_path / "missing.jsonl")]) == 2
-    err = capsys.readouterr().err
+def test_bad_input_is_one_line(tmp_path):
+    r = _script(str(tmp_path / "missing.jsonl"))
+    assert r.returncode == 2
+    err = r.stderr
     assert err.count("error:") == 1 and "missing.jsonl" in err
-    with pytest.raises(SystemExit):
-        lane_ttft.main(["--short", "0", str(TRACE)])
+    r = _script("--short", "0", str(TRACE))  # argparse's error: exit 2, usage on stderr
+    assert r.returncode == 2 and "--short 0 must be" in r.stderr
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                          timeout=120)

@@ -1,17 +1,24 @@
-"""CPU smoke test of benchmarks/profile_decode.py (the H200 decode-step profiler) and its kernel
-categoriser."""
+"""CPU smoke test of benchmarks/profile_decode.py (the H200 decode-step profiler) and of its
+kernel categoriser and tables (probes.gpu_time)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-sys.path.insert(0, os.path.abspath(BENCH))
-import profile_decode as pd  # noqa: E402
+from gpuchef.probes import gpu_time as gt
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "profile_decode.py")
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    """benchmarks/profile_decode.py in a process of its own: stdout, stderr and return code."""
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.mark.parametrize("name,labels,cat", [
@@ -39,7 +46,7 @@ import profile_decode as pd  # noqa: E402
     ("some_new_kernel", ["forward", "step0"], "other"),
 ])
 def test_categorize(name, labels, cat):
-    assert pd.categorize(name, labels) == cat
+    assert gt.categorize(name, labels) == cat
 
 
 def test_align_graph_gemms_by_order():
@@ -47,21 +54,21 @@ def test_align_graph_gemms_by_order():
         return dict(name=name, start=0.0, us=1.0, labels=["forward", "step0"], cat=cat)
     eager = [[rec("k", "rmsnorm")]]
     graph = [[rec(f"gemm{i}", "gemm (unattributed)") for i in range(8)]]
-    assert "order" in pd.align_graph_to_eager(graph, eager, num_layers=2)
-    assert [r["cat"] for r in graph[0]] == list(pd.LINEARS) * 2
+    assert "order" in gt.align_graph_to_eager(graph, eager, num_layers=2)
+    assert [r["cat"] for r in graph[0]] == list(gt.LINEARS) * 2
 
 
 def test_busy_and_span():
     recs = [dict(start=0.0, us=2.0), dict(start=1.0, us=2.0), dict(start=5.0, us=1.0)]
-    assert pd.busy_and_span(recs) == (4.0, 6.0)
+    assert gt.busy_and_span(recs) == (4.0, 6.0)
 
 
-def test_profile_decode_cpu_smoke(tmp_path, capsys):
+def test_profile_decode_cpu_smoke(tmp_path):
     out = tmp_path / "pd.json"
-    rc = pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1,2", "--kv-len", "32",
-                  "--iters", "3", "--prof-iters", "1", "--json", str(out),
-                  "--trace-dir", str(tmp_path / "traces")])
-    assert rc == 0
+    r = run_script("--model", "tiny", "--device", "cpu", "--batches", "1,2", "--kv-len", "32",
+                   "--iters", "3", "--prof-iters", "1", "--json", str(out),
+                   "--trace-dir", str(tmp_path / "traces"))
+    assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(out.read_text())
     assert {"header", "args", "model", "batches", "mem_bw"} <= set(d)
     assert [b["batch"] for b in d["batches"]] == [1, 2]
@@ -81,18 +88,18 @@ def test_profile_decode_cpu_smoke(tmp_path, capsys):
             assert cats[c]["us"] > 0
         assert set(b["bytes"]) >= {"qkv_proj", "lm_head", "attention"}
         assert os.path.getsize(b["trace"]) > 0
-    text = capsys.readouterr().out
+    text = r.stdout
     assert "ideal at 4.3 TB/s" in text and "decode batch 2" in text
 
 
-def test_profile_decode_mixed_eager_and_piecewise_columns(tmp_path, capsys):
+def test_profile_decode_mixed_eager_and_piecewise_columns(tmp_path):
     """``--mixed``: each shape eager and, within the largest capture size, through the pieces
     (on the CPU run eagerly, padded: the bookkeeping only); the side-by-side table."""
     out = tmp_path / "pd.json"
-    rc = pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "32",
-                  "--iters", "2", "--prof-iters", "1", "--mixed", "0+16,4+30,0+60",
-                  "--cudagraph-capture-sizes", "48,16", "--json", str(out)])
-    assert rc == 0
+    proc = run_script("--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "32",
+                      "--iters", "2", "--prof-iters", "1", "--mixed", "0+16,4+30,0+60",
+                      "--cudagraph-capture-sizes", "48,16", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads(out.read_text())
     m = {(r["decodes"], r["prefill_tokens"]): r for r in d["mixed"]}
     assert set(m) == {(0, 16), (4, 30), (0, 60)}
@@ -107,25 +114,24 @@ def test_profile_decode_mixed_eager_and_piecewise_columns(tmp_path, capsys):
         assert p["wall_ms"] > 0 and p["phases"]["gpu_forward_ms"] > 0
         assert p["profile"]["forward_kernels_per_step"] > 0
     assert d["batches"][0]["piecewise_wall_ms"] > 0
-    text = capsys.readouterr().out
+    text = proc.stdout
     assert "piecewise 16,48 tokens (CPU: pieces run eagerly, padded)" in text
     assert "decodes+prefill" in text and "piecewise graphs (48 tokens padded)" in text
 
 
 def test_profile_decode_full_decode_only_has_no_piecewise_column(tmp_path):
     out = tmp_path / "pd.json"
-    assert pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "8",
-                    "--iters", "1", "--prof-iters", "1", "--mixed", "0+16",
-                    "--cudagraph-mode", "FULL_DECODE_ONLY", "--json", str(out)]) == 0
+    assert run_script("--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "8",
+                      "--iters", "1", "--prof-iters", "1", "--mixed", "0+16",
+                      "--cudagraph-mode", "FULL_DECODE_ONLY", "--json", str(out)).returncode == 0
     d = json.loads(out.read_text())
     assert d["mixed"][0]["piecewise"] is None and d["batches"][0]["piecewise_wall_ms"] is None
 
 
-def test_profile_decode_refuses_bad_capture_sizes(capsys):
-    with pytest.raises(SystemExit) as e:
-        pd.main(["--model", "tiny", "--device", "cpu", "--cudagraph-capture-sizes", "16,x"])
-    assert e.value.code == 2
-    assert "--cudagraph-capture-sizes '16,x' must be comma-separated" in capsys.readouterr().err
+def test_profile_decode_refuses_bad_capture_sizes():
+    r = run_script("--model", "tiny", "--device", "cpu", "--cudagraph-capture-sizes", "16,x")
+    assert r.returncode == 2
+    assert "--cudagraph-capture-sizes '16,x' must be comma-separated" in r.stderr
 
 
 # ---- graphed profiles that traced no kernels inside the replays (CUPTI on torch 2.11+cu130) ----
@@ -151,27 +157,27 @@ def _res(graph_steps):
     return dict(batch=32, wall_ms=1.0, roofline_ms=0.5, bytes={"qkv_proj": 10**6, "lm_head": 10**6},
                 phases=dict(wall_ms=1.0, gpu_forward_ms=0.8),
                 eager_phases=dict(wall_ms=2.0, gpu_forward_ms=1.5),
-                graph_profile=pd.summarize(graph_steps) if graph_steps else None,
-                eager_profile=pd.summarize([_eager_step()]))
+                graph_profile=gt.summarize(graph_steps) if graph_steps else None,
+                eager_profile=gt.summarize([_eager_step()]))
 
 
 def test_graph_untraced_rule():
-    eager = pd.summarize([_eager_step()])
+    eager = gt.summarize([_eager_step()])
     assert eager["forward_kernels_per_step"] == 4
-    assert pd.graph_untraced(pd.summarize([_untraced_graph_step()]), eager)
-    assert not pd.graph_untraced(pd.summarize([_eager_step()]), eager)  # traced: as many kernels
+    assert gt.graph_untraced(gt.summarize([_untraced_graph_step()]), eager)
+    assert not gt.graph_untraced(gt.summarize([_eager_step()]), eager)  # traced: as many kernels
     one = _untraced_graph_step() + [_k("attn", "attention", 50, 3, "forward")]  # 1 of 4 < 50 %
-    assert pd.graph_untraced(pd.summarize([one]), eager)
+    assert gt.graph_untraced(gt.summarize([one]), eager)
     two = one + [_k("attn", "attention", 60, 3, "forward")]  # 2 of 4: not below the share
-    assert not pd.graph_untraced(pd.summarize([two]), eager)
-    assert not pd.graph_untraced(None, eager) and not pd.graph_untraced(eager, None)
+    assert not gt.graph_untraced(gt.summarize([two]), eager)
+    assert not gt.graph_untraced(None, eager) and not gt.graph_untraced(eager, None)
 
 
 def test_untraced_decode_table_is_the_eager_profile_said_once(capsys):
     said: set = set()
-    pd.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
+    gt.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
     text = capsys.readouterr().out
-    assert text.count(pd.UNTRACED_NOTE) == 1
+    assert text.count(gt.UNTRACED_NOTE) == 1
     assert "per step, eager kernels:" in text and "graph kernels" not in text
     assert "  graph: " not in text and "event-timed graph replay" not in text
     split, ideal = text.split("ideal at")
@@ -189,32 +195,32 @@ def test_untraced_decode_table_is_the_eager_profile_said_once(capsys):
     # the time not in kernels is against the eager step's wall (2 ms), not the graph's
     assert "phased wall 2000.0 µs − kernels" in text and f"{2000 - 180:.1f}" in text
     assert "event-timed forward: 1500.0 µs vs forward kernels busy 150.0 µs" in text
-    pd.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
+    gt.print_table(_res([_untraced_graph_step()]), 4.3e12, said)
     again = capsys.readouterr().out
-    assert pd.UNTRACED_NOTE not in again and "see the NOTE above" in again
+    assert gt.UNTRACED_NOTE not in again and "see the NOTE above" in again
 
 
 def test_traced_graph_decode_table_is_the_graphs(capsys):
-    pd.print_table(_res([_eager_step()]), 4.3e12, set())
+    gt.print_table(_res([_eager_step()]), 4.3e12, set())
     text = capsys.readouterr().out
-    assert pd.UNTRACED_NOTE not in text
+    assert gt.UNTRACED_NOTE not in text
     assert "per step, graph kernels (eager µs alongside):" in text
     assert "graph: 6 kernels/step (4 in the forward)" in text
 
 
 def test_untraced_piecewise_mixed_step_gives_no_busy_verdict(capsys):
-    eager = pd.summarize([_eager_step()])
+    eager = gt.summarize([_eager_step()])
     ph = dict(host_inputs_ms=0.1, host_plan_ms=0.1, gpu_total_ms=1.0, gpu_forward_ms=0.8,
               gpu_logits_ms=0.1, gpu_sample_ms=0.1)
     said: set = set()
-    pd.print_mixed("piecewise", ph, pd.summarize([_untraced_graph_step()]), ["n of m outside"],
+    gt.print_mixed("piecewise", ph, gt.summarize([_untraced_graph_step()]), ["n of m outside"],
                    eager=eager, said=said)
     text = capsys.readouterr().out
-    assert text.count(pd.UNTRACED_NOTE) == 1 and "NOTE (piecewise): n of m outside" in text
+    assert text.count(gt.UNTRACED_NOTE) == 1 and "NOTE (piecewise): n of m outside" in text
     assert "busy" not in text and "launch-bound" not in text and "kernel-bound" not in text
     # a traced step: busy 2 × 10 µs of a 100 µs span → 20 % busy, launch-bound
     traced = [_k("a", "attention", 0, 10, "forward"), _k("b", "attention", 90, 10, "forward")]
-    pd.print_mixed("piecewise", ph, pd.summarize([traced]), [], eager=pd.summarize([traced]),
+    gt.print_mixed("piecewise", ph, gt.summarize([traced]), [], eager=gt.summarize([traced]),
                    said=said)
     text = capsys.readouterr().out
     assert "forward kernels: 2/step, busy 0.020 ms of a 0.100 ms span (20% busy: launch-bound)" \
@@ -223,46 +229,45 @@ def test_untraced_piecewise_mixed_step_gives_no_busy_verdict(capsys):
 
 def test_enqueue_note_calls_a_forward_host_bound_only_when_the_gpu_waited_on_it():
     # the GPU's forward took as long as the host took to enqueue it: it waited on the launches
-    assert pd.enqueue_note(dict(host_forward_ms=5.8, gpu_forward_ms=6.0)) == \
+    assert gt.enqueue_note(dict(host_forward_ms=5.8, gpu_forward_ms=6.0)) == \
         ", host enqueue 5.800: host-bound"
     # enqueued well ahead of the GPU (one graph replay): GPU-bound
-    assert pd.enqueue_note(dict(host_forward_ms=0.05, gpu_forward_ms=6.2)).endswith("GPU-bound")
-    edge = pd.HOST_BOUND_SHARE * 4.0
-    assert pd.enqueue_note(dict(host_forward_ms=edge, gpu_forward_ms=4.0)).endswith("host-bound")
-    assert pd.enqueue_note(dict(host_forward_ms=edge - 0.01, gpu_forward_ms=4.0)).endswith(
+    assert gt.enqueue_note(dict(host_forward_ms=0.05, gpu_forward_ms=6.2)).endswith("GPU-bound")
+    edge = gt.HOST_BOUND_SHARE * 4.0
+    assert gt.enqueue_note(dict(host_forward_ms=edge, gpu_forward_ms=4.0)).endswith("host-bound")
+    assert gt.enqueue_note(dict(host_forward_ms=edge - 0.01, gpu_forward_ms=4.0)).endswith(
         "GPU-bound")
     # no host figure (the CPU, old JSON) or no GPU time: nothing said
-    assert pd.enqueue_note(dict(gpu_forward_ms=6.0)) == ""
-    assert pd.enqueue_note(dict(host_forward_ms=1.0, gpu_forward_ms=0.0)) == ""
+    assert gt.enqueue_note(dict(gpu_forward_ms=6.0)) == ""
+    assert gt.enqueue_note(dict(host_forward_ms=1.0, gpu_forward_ms=0.0)) == ""
 
 
-def test_profile_decode_times_each_mixed_attention(tmp_path, capsys):
+def test_profile_decode_times_each_mixed_attention(tmp_path):
     """``--mixed-attention split,single``: the piecewise timing once per mode (its own entry in
     the JSON, the first mode the one recorded as ``piecewise``) and their table."""
     out = tmp_path / "pd.json"
-    assert pd.main(["--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "16",
-                    "--iters", "1", "--prof-iters", "1", "--mixed", "2+14",
-                    "--cudagraph-capture-sizes", "16", "--mixed-attention", "split,single",
-                    "--json", str(out)]) == 0
+    r = run_script("--model", "tiny", "--device", "cpu", "--batches", "1", "--kv-len", "16",
+                   "--iters", "1", "--prof-iters", "1", "--mixed", "2+14",
+                   "--cudagraph-capture-sizes", "16", "--mixed-attention", "split,single",
+                   "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads(out.read_text())["mixed"][0]
     assert m["piecewise"]["mixed_attention"] == "split"
     assert set(m["piecewise_by_attention"]) == {"split", "single"}
     assert all(v["wall_ms"] > 0 for v in m["piecewise_by_attention"].values())
-    assert "by mixed-step attention (split, single)" in capsys.readouterr().out
+    assert "by mixed-step attention (split, single)" in r.stdout
 
 
-def test_profile_decode_refuses_unknown_mixed_attention(capsys):
-    with pytest.raises(SystemExit) as e:
-        pd.main(["--model", "tiny", "--device", "cpu", "--mixed-attention", "split,fused"])
-    assert e.value.code == 2
-    assert "--mixed-attention 'split,fused': allowed split, single" in capsys.readouterr().err
+def test_profile_decode_refuses_unknown_mixed_attention():
+    r = run_script("--model", "tiny", "--device", "cpu", "--mixed-attention", "split,fused")
+    assert r.returncode == 2
+    assert "--mixed-attention 'split,fused': allowed split, single" in r.stderr
 
 
-def test_profile_decode_refuses_unknown_decode_attention(capsys):
-    with pytest.raises(SystemExit) as e:
-        pd.main(["--model", "tiny", "--device", "cpu", "--decode-attention", "fast"])
-    assert e.value.code == 2
-    assert "--decode-attention 'fast' is not one of auto, flashinfer, xqa" in capsys.readouterr().err
+def test_profile_decode_refuses_unknown_decode_attention():
+    r = run_script("--model", "tiny", "--device", "cpu", "--decode-attention", "fast")
+    assert r.returncode == 2
+    assert "--decode-attention 'fast' is not one of auto, flashinfer, xqa" in r.stderr
 
 
 def test_kernels_without_a_launching_op_are_placed_in_their_step_by_start_time():
@@ -271,7 +276,7 @@ def test_kernels_without_a_launching_op_are_placed_in_their_step_by_start_time()
     steps = [[], [], []]
     recs = [dict(name="BatchPrefillWithPagedKVCacheKernel", start=s, us=1.0)
             for s in (5.0, 10.0, 10.5, 29.9, 30.0, 99.0)]
-    placed, left = pd.place_by_start(recs, [(10.0, 0), (20.0, 1), (30.0, 2)], steps)
+    placed, left = gt.place_by_start(recs, [(10.0, 0), (20.0, 1), (30.0, 2)], steps)
     assert placed == 5 and [r["start"] for r in left] == [5.0]
     assert [[r["start"] for r in s] for s in steps] == [[10.0, 10.5], [29.9], [30.0, 99.0]]
 
