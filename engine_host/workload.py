@@ -12,6 +12,10 @@ Two sources of load:
   ``get_request``, vllm/benchmarks/datasets.py ``RandomDataset``).
 * a trace (``dataset="azure-conv"`` or a CSV path with ``TIMESTAMP,ContextTokens,GeneratedTokens``):
   arrivals replayed from the timestamps, time-scaled by ``trace_speed``; lengths from the file.
+* a phased workload (``dataset="conv_long_burst"``, a bundled one, or a path to a ``.yaml``
+  file): phases back to back, each with its own arrivals, rate and lengths, bursts and
+  mixtures (``phases.py`` parses the file and draws them); time-scaled by ``trace_speed`` as a
+  trace is.
 
 Everything is seeded: the same config gives the same stream, token ids included, so both arms of
 an A/B experiment see identical requests.
@@ -183,7 +187,10 @@ class WorkloadConfig:
 
     Source of requests:
       ``dataset``: "random", "azure-conv" (the bundled Azure LLM inference trace 2023,
-      conversation service), or a path to a CSV with ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+      conversation service), a path to a CSV with ``TIMESTAMP,ContextTokens,GeneratedTokens``,
+      or a phased workload: a bundled one's name (``phases.BUNDLED_WORKLOADS``) or a path to a
+      ``.yaml``/``.yml`` file (docs/workloads.md). A phased workload brings its own arrivals
+      and lengths, as a trace does, and is time-scaled by ``trace_speed``.
 
     Arrivals (random dataset only; a trace brings its own times, so ``request_rate``,
     ``burstiness`` and ``arrival`` are ignored for it):
@@ -245,7 +252,11 @@ class WorkloadConfig:
             raise ConfigError(f"--dataset {self.dataset!r} is empty: use one of "
                               f"{', '.join(DATASET_NAMES)} or a path to a CSV file")
         self.dataset = ds
-        if not self.is_random:
+        if self.is_phased:
+            from .phases import load_workload
+
+            load_workload(ds)  # raises for a missing file, bad YAML, a bad key or value
+        elif not self.is_random:
             dataset_path(ds)  # raises for an unknown name or a missing file
 
         rate = _num("--request-rate", self.request_rate, allow_inf=True)
@@ -315,6 +326,13 @@ class WorkloadConfig:
     def is_random(self) -> bool:
         return self.dataset == "random"
 
+    @property
+    def is_phased(self) -> bool:
+        """A phased workload (a bundled name or a .yaml/.yml path), not a trace CSV."""
+        from .phases import is_workload
+
+        return is_workload(self.dataset)
+
 
 def dataset_path(name: str) -> Path:
     """The CSV file of a trace dataset: a bundled name ("azure-conv") or a path to a file.
@@ -330,9 +348,11 @@ def dataset_path(name: str) -> Path:
     p = Path(key).expanduser()
     looks_like_path = p.suffix.lower() == ".csv" or "/" in key or "\\" in key or p.exists()
     if not looks_like_path:
+        from .phases import BUNDLED_WORKLOADS
+
         raise ConfigError(f"--dataset {name!r} is not known: use one of "
-                          f"{', '.join(DATASET_NAMES)} or a path to a CSV file "
-                          f"({', '.join(TRACE_COLUMNS)})")
+                          f"{', '.join((*DATASET_NAMES, *BUNDLED_WORKLOADS))}, a path to a CSV "
+                          f"file ({', '.join(TRACE_COLUMNS)}) or a workload .yaml file")
     if not p.is_file():
         raise ConfigError(f"--dataset {name!r}: no such file")
     return p
@@ -556,13 +576,46 @@ def _trace_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
     return out
 
 
+def _phased_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
+    """A phased workload's items, time-scaled by ``trace_speed`` from the load's start (not
+    from the first arrival: a quiet first phase stays quiet) and cut as a trace is."""
+    from .phases import load_workload, phase_items
+
+    out = []
+    for a, ctx, gen in (x for ph in phase_items(load_workload(cfg.dataset), cfg.seed) for x in ph):
+        a = a / cfg.trace_speed if a > 0 else 0.0  # speed inf: all at 0
+        if cfg.duration_s is not None and a >= cfg.duration_s:
+            break
+        out.append((a, ctx, gen))
+        if cfg.num_prompts is not None and len(out) >= cfg.num_prompts:
+            break
+    return out
+
+
 def _items(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
     """The load's ``(arrival_s, prompt_len, output_len)`` before clipping (probes left out)."""
     if cfg.is_random:
         arrivals = _random_arrivals(cfg)
         ins, outs = _random_lengths(cfg, len(arrivals))
         return list(zip(arrivals.tolist(), ins.tolist(), outs.tolist()))
+    if cfg.is_phased:
+        return _phased_rows(cfg)
     return _trace_rows(cfg)
+
+
+def _probe_horizon(cfg: WorkloadConfig, specs: list[RequestSpec]) -> float:
+    """Where probes stop (s): ``duration_s``; else a phased workload's end (its quiet last
+    phase counts) unless ``num_prompts`` cut it short; else the last load arrival."""
+    last = specs[-1].arrival_s if specs else 0.0
+    if cfg.is_phased:
+        from .phases import load_workload
+
+        end = load_workload(cfg.dataset).duration_s / cfg.trace_speed
+        if cfg.duration_s is not None:
+            end = min(end, cfg.duration_s)
+        cut = cfg.num_prompts is not None and len(specs) >= cfg.num_prompts
+        return last if cut else end
+    return cfg.duration_s if cfg.duration_s is not None else last
 
 
 @dataclass(frozen=True)
@@ -629,8 +682,7 @@ def generate(cfg: WorkloadConfig) -> list[RequestSpec]:
         specs.append(RequestSpec(f"{REQUEST_ID_PREFIX}{i}", float(a), ids, o, False))
 
     if cfg.probe_interval_s is not None:
-        horizon = cfg.duration_s if cfg.duration_s is not None else (
-            specs[-1].arrival_s if specs else 0.0)
+        horizon = _probe_horizon(cfg, specs)
         plen, _ = _clip(cfg, cfg.probe_input_len, 1)
         n_probes = int(math.floor(horizon / cfg.probe_interval_s + 1e-9))
         for k in range(n_probes):
