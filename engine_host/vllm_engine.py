@@ -43,12 +43,12 @@ import torch
 
 from .config import ConfigError, EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
-from .kv_cache import KVUsage
+from .kv_cache import KVUsage, cdiv
 from .records import RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams, check_prompt
 from .vllm_env import (INSTALL_HINT, VLLM_TESTED, check_vllm_environment, first_line, import_vllm,
                        use_spawn_for_workers)
-from .vllm_mapping import (StepSplit, cdiv, check_live_knobs, check_startup_knobs,
+from .vllm_mapping import (StepSplit, check_live_knobs, check_startup_knobs,
                            record_from_split, split_scheduler_output, vllm_sampling_kwargs)
 from .vllm_models import VllmModelSource, model_info, resolve_vllm_model
 

@@ -40,10 +40,6 @@ from .records import StepRecord
 from .request import SamplingParams
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # ------------------------------------------------------------------------------ the step record
 
 

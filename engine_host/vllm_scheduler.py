@@ -40,7 +40,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from .config import SchedulerConfig
-from .vllm_mapping import (QueuedRequest, cdiv, chunked_admission_limit, plan_continuous)
+from .kv_cache import cdiv
+from .vllm_mapping import (QueuedRequest, chunked_admission_limit, plan_continuous)
 
 
 class _GpuchefMixin:

@@ -39,6 +39,7 @@ from .probes.ab import (FAILED_ROW, LABELS, MIN_REPETITIONS, MIN_WINDOWS, NOT_EN
                         rep_request_id, window_results)
 from .probes.ab import compare as _compare
 from .probes.ab import windows as ab_windows
+from .probes.metrics import DEFAULT_PERCENTILES
 
 __all__ = ["Comparison", "DeltaRow", "MetricSpec", "Run", "Setting", "compare", "format_deltas",
            "metric_specs", "parse_setting", "pool", "run_interleaved", "run_orders",
@@ -209,7 +210,7 @@ class _Records:
 
 def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Setting],
                    repetitions: int = 1, *, listeners: Sequence[Callable[[str, Any], None]] = (),
-                   console: Any = None, percentiles: Sequence[float] = (50.0, 99.0),
+                   console: Any = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                    goodput: dict[str, float] | None = None, samplers: Any = None,
                    run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None
                    ) -> list[Run]:
@@ -309,7 +310,7 @@ def windows_from_marks(events: Sequence[Any], run_id: int, end_ns: int) -> list[
 def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setting],
                     window_s: float, repetitions: int = 1, *,
                     listeners: Sequence[Callable[[str, Any], None]] = (), console: Any = None,
-                    percentiles: Sequence[float] = (50.0, 99.0),
+                    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                     goodput: dict[str, float] | None = None, samplers: Any = None,
                     run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None
                     ) -> tuple[list[Run], float]:
@@ -360,7 +361,7 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
 
 # ---- comparison ---------------------------------------------------------------------------------
 
-def compare(runs: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 99.0),
+def compare(runs: Sequence[WindowResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES,
             goodput: dict[str, float] | None = None, *, interleaved: bool = False) -> Comparison:
     """``probes.ab.compare`` of the counted windows: each setting pooled, B − A per metric with
     the verdict needing ``MIN_WINDOWS`` pairs of interleaved windows or ``MIN_REPETITIONS``

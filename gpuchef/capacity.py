@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from .engine_host.config import ConfigError, parse_latency_targets
 from .engine_host.workload import PROBE_ID_PREFIX
-from .probes.metrics import WITHDRAWN_REASON, is_completed
+from .probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 RATE_RANGE = (1e-3, 1e6)  # req/s
@@ -346,7 +346,7 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
 
 
 def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
-                percentiles: Sequence[float] = (50.0, 99.0), goodput: dict | None = None,
+                percentiles: Sequence[float] = DEFAULT_PERCENTILES, goodput: dict | None = None,
                 stopped: str = "", stopped_ns: int | None = None) -> Measured:
     """A probe's :class:`Measured` from its records alone (``gpuchef ab --capacity`` and the
     report of its trace both call this): ``summarize`` over its requests (duration from

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuchef.engine_host.config import ConfigError, SchedulerConfig
+from gpuchef.probes.metrics import DEFAULT_PERCENTILES
 from gpuchef.probes.recorder import Trace, read_trace, trace_span
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.session import READ_ONLY, ABState, LoadState, SessionInfo
@@ -323,7 +324,7 @@ def _default_percentiles(tr: Trace) -> tuple[float, ...]:
     if isinstance(rec, list) and rec and all(isinstance(v, (int, float)) and 0 < v < 100
                                              for v in rec):
         return tuple(float(v) for v in rec)
-    return (50.0, 99.0)
+    return DEFAULT_PERCENTILES
 
 
 def _info(tr: Trace) -> SessionInfo:

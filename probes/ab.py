@@ -70,7 +70,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from gpuchef.probes.metrics import BenchMetrics, is_completed, is_probe_id, summarize
+from gpuchef.probes.metrics import (DEFAULT_PERCENTILES, BenchMetrics, is_completed, is_probe_id,
+                                     json_safe, percentile_label, summarize)
 
 LABELS = ("A", "B")
 #: A window shorter than this share of its run's median window length is not counted.
@@ -291,7 +292,7 @@ def _span_end(reqs_near: Sequence[Any], steps: Sequence[Any], t0: int, t1: int,
     return min(t1, max(last + 1, t0 + 1))
 
 
-def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 99.0),
+def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES,
          goodput: dict[str, float] | None = None) -> tuple[BenchMetrics, dict[str, float]]:
     """The figures of ``windows`` as one (the setting's pooled figures, or one window's own):
     ``probes.metrics.summarize`` over their requests and steps with their spans summed as the
@@ -329,7 +330,7 @@ def pool(windows: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 
 
 
 def window_results(wins: Sequence[Window], requests: Sequence[Any], steps: Sequence[Any], *,
-                   percentiles: Sequence[float] = (50.0, 99.0),
+                   percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                    goodput: dict[str, float] | None = None,
                    gpu_means: Callable[[int, int], dict[str, float]] | None = None,
                    cache: dict | None = None, whole_loads: bool = False) -> list[WindowResult]:
@@ -413,10 +414,6 @@ def _pct_get(stem: str, q: float) -> Callable[[BenchMetrics, dict], float]:
     return get
 
 
-def _pw(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
 def metric_specs(percentiles: Sequence[float], goodput: bool, gpu: bool) -> list[MetricSpec]:
     """The rows compared, in vllm bench serve's order (failed requests first), then gpuchef's
     step and GPU figures."""
@@ -435,7 +432,8 @@ def metric_specs(percentiles: Sequence[float], goodput: bool, gpu: bool) -> list
         out.append(MetricSpec(f"mean_{stem}_ms", f"Mean {name} (ms)", "lower",
                               lambda m, g, s=stem: getattr(m, f"mean_{s}_ms"), "ms"))
         for p in percentiles:
-            out.append(MetricSpec(f"p{_pw(p)}_{stem}_ms", f"P{_pw(p)} {name} (ms)", "lower",
+            pl = percentile_label(p)
+            out.append(MetricSpec(f"p{pl}_{stem}_ms", f"P{pl} {name} (ms)", "lower",
                                   _pct_get(stem, p), "ms"))
     out += [MetricSpec("steps_per_s", "Steps per second", "", lambda m, g: m.steps_per_s, "/s"),
             MetricSpec("mean_tokens_per_step", "Mean tokens per step", "",
@@ -450,16 +448,6 @@ def metric_specs(percentiles: Sequence[float], goodput: bool, gpu: bool) -> list
                 MetricSpec("power_w", "GPU power (mean W)", "",
                            lambda m, g: g.get("power_w", math.nan), "W")]
     return out
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return v
 
 
 @dataclass
@@ -501,7 +489,7 @@ class DeltaRow:
 
     def as_dict(self) -> dict[str, Any]:
         lo, hi = self.spread
-        return _finite({"key": self.key, "label": self.label, "better": self.better,
+        return json_safe({"key": self.key, "label": self.label, "better": self.better,
                         "a": self.a, "b": self.b, "delta": self.delta,
                         "delta_pct": self.delta_pct, "deltas": self.deltas,
                         "delta_median": self.median_delta, "delta_min": lo, "delta_max": hi,
@@ -638,7 +626,7 @@ class Comparison:
                 "not_comparable": self.not_comparable or None}
 
 
-def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.0, 99.0),
+def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES,
             goodput: dict[str, float] | None = None, min_pairs: int = MIN_WINDOWS) -> Comparison:
     """Pool each setting's counted windows and compute B − A per metric; with each setting's
     requests sent / completed / failed per window, and no verdict on the judged rows when the
@@ -678,7 +666,7 @@ def compare(results: Sequence[WindowResult], percentiles: Sequence[float] = (50.
 
 
 def analyse(events: Sequence[Any], requests: Sequence[Any], steps: Sequence[Any], *,
-            run: int | None = None, percentiles: Sequence[float] = (50.0, 99.0),
+            run: int | None = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
             goodput: dict[str, float] | None = None, min_pairs: int = MIN_WINDOWS,
             gpu_means: Callable[[int, int], dict[str, float]] | None = None,
             cache: dict | None = None, whole_loads: bool = False

@@ -168,20 +168,12 @@ def parse_goodput(spec: str | Iterable[str] | None) -> dict[str, float]:
     return out
 
 
-def _mean(a: Sequence[float]) -> float:
-    return float(np.mean(a)) if len(a) else NAN
-
-
 def _median(a: Sequence[float]) -> float:
     return float(np.median(a)) if len(a) else NAN
 
 
-def _std(a: Sequence[float]) -> float:
-    return float(np.std(a)) if len(a) else NAN
-
-
-def _pw(p: float) -> str:
-    """vllm's percentile label: 99 -> "99", 99.9 -> "99.9"."""
+def percentile_label(p: float) -> str:
+    """vllm's percentile label: 99 -> "99", 99.9 -> "99.9" (``p99_ttft_ms``, "P99.9 TTFT")."""
     return str(int(p)) if int(p) == p else str(p)
 
 
@@ -270,25 +262,28 @@ class BenchMetrics:
         }
         for stem, _, _ in _METRICS:
             for p, v in d.pop(f"percentiles_{stem}_ms"):
-                d[f"p{_pw(p)}_{stem}_ms"] = v
+                d[f"p{percentile_label(p)}_{stem}_ms"] = v
         d["percentiles"] = list(d["percentiles"])
         if empty_as_zero:
-            stats = [*("mean", "median", "std"), *(f"p{_pw(p)}" for p in self.percentiles)]
+            stats = [*("mean", "median", "std"),
+                     *(f"p{percentile_label(p)}" for p in self.percentiles)]
             for stem, _, _ in _METRICS:
                 for k in (f"{x}_{stem}_ms" for x in stats):
                     if isinstance(d.get(k), float) and math.isnan(d[k]):
                         d[k] = 0.0
         out.update(d)
-        return {k: _json_safe(v) for k, v in out.items()}
+        return {k: json_safe(v) for k, v in out.items()}
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
+    """``v`` with every non-finite float (NaN, ±inf: not JSON) as None, dicts, lists and tuples
+    walked (tuples become lists)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
 
 
@@ -714,7 +709,7 @@ def results_block_rows(m: BenchMetrics, extra: dict[str, str] | None = None
         row(f"Mean {name} (ms):", getattr(m, f"mean_{stem}_ms"))
         row(f"Median {name} (ms):", getattr(m, f"median_{stem}_ms"))
         for p, v in getattr(m, f"percentiles_{stem}_ms"):
-            row(f"P{_pw(p)} {name} (ms):", v)
+            row(f"P{percentile_label(p)} {name} (ms):", v)
     if m.probe_completed or m.probe_failed:
         sec = "Probe Requests"
         row("Probe requests completed:", m.probe_completed)

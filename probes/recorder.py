@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import platform
 import queue
@@ -50,6 +49,7 @@ from typing import Any
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.probes.metrics import json_safe
 
 from .sampler import HostSample
 from .nvml import GpuSample
@@ -110,16 +110,6 @@ def clock_origin() -> dict[str, int]:
     return {"monotonic_ns": (m0 + m1) // 2, "time_ns": w, "uncertainty_ns": m1 - m0}
 
 
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
 def _json_default(o: Any) -> Any:
     if isinstance(o, (set, frozenset)):
         return sorted(o, key=str)
@@ -134,7 +124,7 @@ def _dumps(d: dict[str, Any]) -> str:
     try:
         return json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default)
     except ValueError:  # NaN/inf somewhere: strict JSON has none, write null
-        return json.dumps(_finite(d), separators=(",", ":"), default=_json_default)
+        return json.dumps(json_safe(d), separators=(",", ":"), default=_json_default)
 
 
 def encode_record(rec: Any, *, trace_prompts: bool = False) -> str:

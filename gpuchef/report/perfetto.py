@@ -193,25 +193,3 @@ def _default(o: Any) -> Any:
     if isinstance(o, float):
         return None
     return str(o)
-
-
-def validate_nesting(events: Sequence[dict[str, Any]]) -> list[str]:
-    """Problems with ``X`` slices that overlap partially on one (pid, tid) — Perfetto would
-    mis-draw them. Empty when every pair of slices is nested or disjoint."""
-    by: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
-    for e in events:
-        if e.get("ph") == "X":
-            by.setdefault((e["pid"], e.get("tid")), []).append(
-                (e["ts"], e["ts"] + e["dur"], e["name"]))
-    bad = []
-    for key, sl in by.items():
-        sl.sort(key=lambda x: (x[0], -x[1]))
-        stack: list[tuple[float, float, str]] = []
-        for a, b, n in sl:
-            while stack and stack[-1][1] <= a + 1e-6:  # µs floats: touching is not overlapping
-                stack.pop()
-            if stack and b > stack[-1][1] + 1e-6:
-                bad.append(f"pid {key[0]} tid {key[1]}: {n!r} [{a}, {b}] overlaps "
-                           f"{stack[-1][2]!r} [{stack[-1][0]}, {stack[-1][1]}]")
-            stack.append((a, b, n))
-    return bad

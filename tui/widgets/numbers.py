@@ -14,7 +14,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 
-from gpuchef.probes.metrics import BenchMetrics, RequestTable, gpu_means, summarize, window_metrics
+from gpuchef.probes.metrics import (DEFAULT_PERCENTILES, BenchMetrics, RequestTable, gpu_means,
+                                     summarize, window_metrics)
 from gpuchef.probes.timeline import TimelineSnapshot
 
 from ..chart import fmt_age
@@ -154,7 +155,7 @@ def numbers_text(n: Numbers, percentiles: tuple[float, ...]) -> Text:
     """The panel's lines as one Text (fixed columns; no Rich layout per refresh). Always
     ``NUMBERS_LINES`` lines, so that the panel never changes height."""
     m = n.metrics
-    lo, hi = (percentiles[0], percentiles[-1]) if percentiles else (50.0, 99.0)
+    lo, hi = (percentiles[0], percentiles[-1]) if percentiles else DEFAULT_PERCENTILES
     head = f"bold {theme.TITLE}"
     t = Text(no_wrap=True, overflow="crop")
     _line(t, "latency (ms)", f"P{lo:g}", f"P{hi:g}", name_style=head, a_style=head, b_style=head)
