@@ -549,6 +549,7 @@ class AttachSession:
             self.ab = NoAB("an A/B of the attached servers sends them gpuchef's load: give "
                            "--dataset or --request-rate (restart top)")
         from .client.http_load import server_models_meta
+        from .session import phases_meta
 
         # each server's GET /v1/models, once: the load's answer where it asked, else asked now
         # (a short limit; never raises: what went wrong is the answer's note)
@@ -575,6 +576,8 @@ class AttachSession:
             self._meta_extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
                                         "model": load.cfg.model,
                                         "num_requests": len(load.specs)}
+            if (ph := phases_meta(load.wcfg)) is not None:
+                self._meta_extra["phases"] = ph
         if isinstance(self.ab, AttachAB):  # as `gpuchef ab --a url=U1 --b url=U2` writes it
             self._meta_extra["ab"] = {
                 "interleave": False, "load": ab_load, "repetitions": ab_repetitions,
@@ -629,6 +632,7 @@ class AttachSession:
         from dataclasses import replace
 
         from .client.http_load import server_models_meta
+        from .session import phases_meta
 
         old = self.server_info.get(srv.url)
         if old is not None and not old.fatal:

@@ -96,7 +96,7 @@ def _bench(o: dict, err: Console) -> None:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
     if (w := probe_warning(o, specs)):
         print_warning(w)
-    from .session import Samplers, load_desc, open_trace, trace_meta
+    from .session import Samplers, load_desc, open_trace, phase_marks, trace_meta
 
     listeners = []
     recorder = None
@@ -116,7 +116,8 @@ def _bench(o: dict, err: Console) -> None:
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
     samplers.start()
     try:
-        res = run_load(engine, specs, listeners=listeners, console=err, on_start=started.append)
+        res = run_load(engine, specs, listeners=listeners, console=err, on_start=started.append,
+                       marks=phase_marks(wcfg))
     finally:
         samplers.stop()
         if recorder is not None:

@@ -8,6 +8,11 @@ unit-rate process for random arrivals (gamma gaps of mean 1, shape ``burstiness`
 (req/s); a rate change or a pause re-anchors at the current τ, so the stream bends without a jump.
 Each request is submitted when due, with its scheduled arrival time (``EngineHost.submit``'s
 ``arrival_ns``), so TTFT counts from when the request should have arrived.
+
+A phased workload (``--dataset FILE.yaml``) runs as a trace does (× speed, looping at the end of
+its last phase), and as each phase starts the feeder sends ``host.mark("phase:<name>")``, so the
+phase change is an engine event: on the dashboard's time axis and in the trace, where it took
+effect whatever the speed or pauses did to the schedule.
 """
 
 from __future__ import annotations
@@ -15,17 +20,29 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from .engine_host.config import ConfigError
 from .engine_host.request import SamplingParams
-from .engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, WorkloadConfig,
-                                   generate)
+from .engine_host.phases import load_workload, phase_mark
+from .engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,
+                                   WorkloadConfig, generate)
 from .tui.session import LoadState, parse_rate
 
 #: Load time generated per chunk of an endless random stream (request units).
 RANDOM_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class PhaseStart:
+    """A stream item that is no request: phase ``name`` of a phased workload starts at
+    ``arrival_s`` (load time at speed 1); its mark is sent when due, as a request is submitted."""
+
+    name: str
+    arrival_s: float
+
+
 class LiveLoad:
     """Feeds ``host.submit`` from ``cfg``'s arrival stream on a daemon thread.
 
@@ -69,6 +86,7 @@ class LiveLoad:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.submitted = 0
+        self.phase = ""  # a phased workload: the phase whose mark was sent last
         self.done = False
         self._n_load = 0
         self._n_probe = 0
@@ -83,12 +101,9 @@ class LiveLoad:
         cfg = self.cfg
         n = 0
         if self.kind == "trace":
-            specs = generate(replace(cfg, trace_speed=1.0, duration_s=None, num_prompts=None))
+            specs, period = self._trace_stream()
             if not specs:
                 return
-            span = specs[-1].arrival_s
-            self.mean_rate = (len(specs) - 1) / span if span > 0 else 0.0
-            gap = span / max(1, len(specs) - 1)
             limit = None if self.duration_s is None else self.duration_s * cfg.trace_speed
             offset = 0.0
             while True:
@@ -98,10 +113,10 @@ class LiveLoad:
                             (self.num_prompts is not None and n >= self.num_prompts):
                         return
                     yield tau, s
-                    n += 0 if s.is_probe else 1
+                    n += 1 if isinstance(s, RequestSpec) and not s.is_probe else 0
                 if not self.loop:
                     return
-                offset += span + gap
+                offset += period
         else:
             # unit-rate process: τ counts expected requests; speed = req/s
             limit = None if self.duration_s is None else self.duration_s * cfg.request_rate
@@ -120,6 +135,26 @@ class LiveLoad:
                     yield tau, s
                     n += 0 if s.is_probe else 1
                 chunk += 1
+
+    def _trace_stream(self) -> tuple[list[Any], float]:
+        """A trace's (or a phased workload's) requests at speed 1, with ``PhaseStart`` items at
+        each phase's start, and the period it loops with: one mean gap after its last request
+        (a phased workload: its last phase's end). Sets ``mean_rate``."""
+        specs: list[Any] = generate(replace(self.cfg, trace_speed=1.0, duration_s=None,
+                                            num_prompts=None))
+        n = sum(1 for s in specs if not s.is_probe)
+        if self.cfg.is_phased:
+            wl = load_workload(self.cfg.dataset)
+            self.mean_rate = n / wl.duration_s
+            marks = [PhaseStart(p.name, p.start_s) for p in wl.phases]
+            # a phase's mark before the requests arriving at its first instant
+            merged = sorted([*marks, *specs], key=lambda x: (x.arrival_s, isinstance(x, RequestSpec)))
+            return merged, wl.duration_s
+        if not specs:
+            return [], 0.0
+        span = specs[-1].arrival_s
+        self.mean_rate = (len(specs) - 1) / span if span > 0 else 0.0
+        return specs, span + span / max(1, len(specs) - 1)
 
     # -- controls (any thread) -------------------------------------------------------------------
     @property
@@ -170,7 +205,7 @@ class LiveLoad:
 
     def state(self) -> LoadState:
         return LoadState(self.kind, self.cfg.dataset, self._speed, self.mean_rate, self.paused,
-                         self.submitted, self.done, self.loop)
+                         self.submitted, self.done, self.loop, phase=self.phase)
 
     # -- thread ------------------------------------------------------------------------------------
     def start(self, paused: bool = False) -> "LiveLoad":
@@ -212,6 +247,11 @@ class LiveLoad:
                 wait = 0.1 if due is None else min(0.1, (due - now) / 1e9)
                 self._wake.wait(max(0.0, wait))
                 self._wake.clear()
+                continue
+            if isinstance(spec, PhaseStart):
+                self.host.mark(phase_mark(spec.name))
+                self.phase = str(spec.name)
+                self._next = None
                 continue
             if spec.is_probe:
                 rid = f"{PROBE_ID_PREFIX}{self._n_probe}"

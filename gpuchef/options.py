@@ -112,7 +112,10 @@ scheduler_options = _opts(
 workload_options = _opts(
     click.option("--dataset", default="random", show_default=True,
                  help="random, azure-conv (the bundled Azure LLM inference trace 2023, "
-                      "conversation) or a path to a CSV with TIMESTAMP,ContextTokens,GeneratedTokens."),
+                      "conversation), a path to a CSV with TIMESTAMP,ContextTokens,GeneratedTokens, "
+                      "or a workload that shifts: a phase list in a .yaml file or a bundled one "
+                      "(conv_long_burst, diurnal, long_mix; docs/workloads.md), time-scaled by "
+                      "--trace-speed."),
     click.option("--request-rate", default="inf",
                  help="Requests per second for random arrivals (inf = all at once). Ignored "
                       "when replaying a trace: use --trace-speed. Default: inf (bench, ab); "
@@ -363,7 +366,10 @@ def trace_flags_warning(o: dict[str, Any]) -> str | None:
     given = [k for k in _RANDOM_ONLY_FLAGS if flag_given(k)]
     if not given:
         return None
-    return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: a trace brings its "
+    from .engine_host.phases import is_workload
+
+    what = "its phases bring their" if is_workload(o["dataset"]) else "a trace brings its"
+    return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: {what} "
             "own arrival times and lengths (--trace-speed scales the times)")
 
 

@@ -81,13 +81,17 @@ class LoadResult:
 def run_load(engine: LLMEngine, specs: Sequence[Any], *,
              listeners: Sequence[Callable[[str, Any], None]] = (),
              console: Console | None = None, timeout_s: float | None = None,
-             on_start: Callable[[EngineHost], None] | None = None) -> LoadResult:
+             on_start: Callable[[EngineHost], None] | None = None,
+             marks: Sequence[tuple[float, str]] = ()) -> LoadResult:
     """Replay ``specs`` (workload RequestSpecs) through an EngineHost until all have finished.
 
     ``listeners`` are called on the engine thread as ``listener(kind, record)`` with kind
     "step", "request" or "event" (e.g. a trace recorder). ``on_start(host)`` is called just
     before the host starts: commands it queues (``set_config``, ``mark``) are in force from the
-    first step (``gpuchef ab`` switches settings and marks runs this way). Shows a progress bar
+    first step (``gpuchef ab`` switches settings and marks runs this way). ``marks``: ``(s from
+    the load's start, label)`` pairs sent as ``host.mark(label)`` when due (a phased workload's
+    phase starts, ``phase_marks``); those not yet due when the load ends are not sent. Shows a
+    progress bar
     on a terminal. Ctrl-C (KeyboardInterrupt) ends the run early: the requests still in the engine
     are withdrawn (``finish_reason`` ``probes.metrics.SESSION_END_REASON``, one RequestRecord
     each, to the listeners too) and the result says ``interrupted``. Raises the engine thread's
@@ -125,11 +129,19 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
         task = progress.add_task("requests", total=total)
         if on_start is not None:
             on_start(host)
+        due = sorted(marks)
+        while due and due[0][0] <= 0:  # in force from the first step, as on_start's commands
+            host.mark(due.pop(0)[1])
         host.start()
         res.t0_ns = host.t0_ns
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        wait = 0.1
         try:
-            while not host.wait_done(0.1):
+            while not host.wait_done(wait):
+                now_s = (time.monotonic_ns() - host.t0_ns) / 1e9
+                while due and due[0][0] <= now_s:
+                    host.mark(due.pop(0)[1])
+                wait = min(0.1, max(0.001, due[0][0] - now_s)) if due else 0.1
                 progress.update(task, completed=done_count[0])
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within {timeout_s} s "
@@ -153,7 +165,34 @@ def load_desc(w: Any) -> str:
     """One line naming a WorkloadConfig's load, for results blocks."""
     if w.dataset == "random":
         return f"random, {w.request_rate} req/s, burstiness {w.burstiness}"
+    if w.is_phased:
+        from .engine_host.phases import load_workload
+
+        names = " → ".join(p.name for p in load_workload(w.dataset).phases)
+        return f"{w.dataset} at {w.trace_speed}x ({names})"
     return f"{w.dataset} at {w.trace_speed}x"
+
+
+def phase_marks(w: Any) -> list[tuple[float, str]]:
+    """``run_load``'s ``marks`` for a phased WorkloadConfig: each phase's start as run (s from
+    the load's start) and its mark (``phases.phase_mark``); [] for any other load."""
+    if w is None or not w.is_phased:
+        return []
+    from .engine_host.phases import load_workload, phase_mark, schedule
+
+    return [(p["start_s"], phase_mark(p["name"]))
+            for p in schedule(load_workload(w.dataset), w.trace_speed, w.duration_s)]
+
+
+def phases_meta(w: Any) -> dict[str, Any] | None:
+    """The trace meta's ``phases`` record of a phased WorkloadConfig (each phase's start and
+    end as run, s from the load's start, and its definition: ``phases.phases_meta``), else
+    None."""
+    if w is None or not w.is_phased:
+        return None
+    from .engine_host.phases import load_workload, phases_meta as meta
+
+    return meta(load_workload(w.dataset), w.trace_speed, w.duration_s)
 
 
 def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -> dict[str, Any]:
@@ -171,6 +210,7 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
         # async scheduling as run: the flag's default (None) resolved by the engine
         "engine_config": {**asdict(ecfg), "async_scheduling": bool(engine.async_scheduling)},
         **({"workload": asdict(wcfg)} if wcfg is not None else {}),
+        **({"phases": ph} if (ph := phases_meta(wcfg)) is not None else {}),
         "source": {"kind": "hosted"},  # `top --attach` and `ab` over HTTP: "attached"
         "max_model_len": engine.max_model_len, "kv_blocks": engine.num_blocks,
         "block_size": engine.kv.block_size,

@@ -21,6 +21,7 @@ import numpy as np
 
 from gpuchef.engine_host.autopilot import ERROR_ENTER, FALLBACK, INFEASIBLE, LEARNING, STEERING
 from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
+from gpuchef.engine_host.phases import parse_phase_mark
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
@@ -99,7 +100,8 @@ class TimeGrid:
 @dataclass(frozen=True)
 class Marker:
     """A change on the waveforms: column, short label, kind ("mode", "knob", "mark", "load",
-    "ab"), the step at which it took effect and its time."""
+    "ab", "phase": a phased workload's phase started, labelled with its name), the step at
+    which it took effect and its time."""
 
     col: int
     label: str
@@ -614,6 +616,9 @@ def event_label(ev: EngineEvent) -> tuple[str, str] | None:
             if m is None:
                 return None
             return ("A/B end" if m.label == "end" else f"{m.label}#{m.n}"), "ab"
+        phase = parse_phase_mark(name)  # engine_host/phases.py owns the format
+        if phase is not None:
+            return phase, "phase"
         return name, "mark"
     return None
 

@@ -118,6 +118,7 @@ class LoadState:
     third of its hour's mean; tui/arrivals.py measures that).
     ``paused``: no new arrivals. ``submitted``: requests sent so far. ``done``: the stream ended
     (a bounded ``--num-prompts``/``--duration`` load). ``loop``: a trace restarts at its end.
+    ``phase``: a phased workload's current phase ("" otherwise).
     The header's load line and the controls' load switch both read :attr:`status`.
     """
 
@@ -129,6 +130,7 @@ class LoadState:
     submitted: int = field(default=0, compare=False)  # not shown: no redraw when it moves
     done: bool = False
     loop: bool = False
+    phase: str = ""
 
     @property
     def rate_unit(self) -> str:
@@ -154,6 +156,8 @@ class LoadState:
             s = f"random {self.rate:g} req/s"
         else:
             s = f"{self.name} ×{self.rate:.2f}"
+            if self.phase:
+                s += f", phase {self.phase}"
             if self.loop:
                 s += ", loop"
         if self.status != "on":

@@ -25,6 +25,7 @@ BUDGET = "#e0e0e0"
 ALLOWANCE = "#a6e22e"    # the autopilot: its prefill allowance, its predicted step time
 STEP_ACTUAL = "#6f7f99"  # the actual step time the prediction is set against
 MARKER = "#c0c0c0"
+PHASE = "#80ffdb"        # a phased workload's phase starts, on the time axis
 AXIS = "#6c7689"
 LABEL = "#9aa5b8"
 PANEL_BG = "#11151c"

@@ -378,6 +378,7 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
     """The trace's meta: ``source`` as `top --attach` writes it (``kind`` attached, the URLs),
     ``ab`` as hosted `ab` writes it (settings, ``interleave`` false, repetitions) plus the
     ``load`` and each side's ``url``; ``server_models``: what each server's /v1/models said."""
+    from ..session import phases_meta
     from .http_load import server_models_meta
 
     urls = list(dict.fromkeys(a.url for a in arms.values()))
@@ -392,6 +393,7 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
         "percentiles": list(pcts),
         "load": {"desc": pa.desc, "endpoint": pa.cfg.endpoint, "model": pa.cfg.model,
                  "num_requests": len(pa.specs)},
+        **({"phases": ph} if (ph := phases_meta(pa.wcfg)) is not None else {}),
         "ab": {"run": 1, "interleave": False, "repetitions": reps, "load": load,
                "settings": {k: {"spec": a.spec, "describe": f"{a.url}: {a.describe()}"
                                 if len(urls) > 1 else a.describe(), "url": a.url,

@@ -122,3 +122,62 @@ def test_bad_rates_are_refused_with_the_range():
     assert trace.set_rate("x2") == 2.0
     with pytest.raises(ConfigError, match=r"trace speed \(×\)"):
         trace.set_rate("0")
+
+
+# ---- a phased workload (engine_host/phases.py): its phase marks, in order, when due ---------
+
+class OrderHost(FakeHost):
+    """Submissions and marks in one list, in the order the feeder sent them."""
+
+    def __init__(self):
+        super().__init__()
+        self.seq = []
+
+    def submit(self, rid, prompt, sampling, arrival_ns=None):
+        super().submit(rid, prompt, sampling, arrival_ns)
+        self.seq.append(("req", time.monotonic_ns()))
+
+    def mark(self, label):
+        super().mark(label)
+        self.seq.append((label, time.monotonic_ns()))
+
+
+def phased_cfg(tmp_path, **kw):
+    p = tmp_path / "w.yaml"
+    p.write_text("phases:\n"
+                 "  - {name: a, duration_s: 0.4, request_rate: 20, arrival: constant, input_len: 4, output_len: 1}\n"
+                 "  - {name: b, duration_s: 0.4, request_rate: 0, burst: {at_s: 0, count: 3}, input_len: 4}\n"
+                 "  - {name: c, duration_s: 0.4, request_rate: 10, arrival: constant, input_len: 4}\n")
+    return WorkloadConfig(dataset=str(p), vocab_size=100, **kw)
+
+
+def test_a_phased_load_marks_each_phase_as_it_starts(tmp_path):
+    host = OrderHost()
+    load = LiveLoad(host, phased_cfg(tmp_path), loop=False)
+    assert load.kind == "trace" and load.mean_rate == pytest.approx((8 + 3 + 4) / 1.2)
+    load.start()
+    try:
+        assert wait_until(lambda: load.done, timeout=10)
+    finally:
+        load.stop()
+    assert host.marks == ["phase:a", "phase:b", "phase:c"]
+    assert load.state().phase == "c" and "phase c" in load.state().describe()
+    labels = [x[0] for x in host.seq]
+    # each mark before its phase's requests: 8 in a (constant 20 req/s × 0.4 s), the burst of
+    # 3 at b's start, 4 in c
+    assert labels == ["phase:a", *["req"] * 8, "phase:b", *["req"] * 3, "phase:c", *["req"] * 4]
+    t = {x[0]: x[1] for x in host.seq if x[0] != "req"}
+    # due 0.4 s apart (at speed 1); no tight bound on a loaded machine, only the order of size
+    assert 0.3e9 <= t["phase:b"] - t["phase:a"] <= 2e9
+    assert 0.3e9 <= t["phase:c"] - t["phase:b"] <= 2e9
+
+
+def test_a_looping_phased_load_starts_its_phases_again(tmp_path):
+    host = OrderHost()
+    load = LiveLoad(host, phased_cfg(tmp_path, trace_speed=4.0))  # unbounded: loops; 0.3 s a turn
+    load.start()
+    try:
+        assert wait_until(lambda: len(host.marks) >= 5, timeout=10)
+    finally:
+        load.stop()
+    assert host.marks[:5] == ["phase:a", "phase:b", "phase:c", "phase:a", "phase:b"]

@@ -520,14 +520,17 @@ class TimeAxis(ChartPanel):
             col = mk.col + shift
             if 0 <= col < cols:
                 c0.chars[0, col] = "┃"
-                c0.fg[0, col] = c0.colour(theme.AB_COLOURS.get(mk.label[:1], theme.TITLE)
-                                          if mk.kind == "ab" else theme.TITLE)
+                c0.fg[0, col] = c0.colour(_marker_colour(mk))
         rows = c0.strips([("mode", LBL)], [("", LBL)], BG)
         # row 1: marker labels, whole or not at all (see change_labels)
         line = change_labels([(mk.col + shift, mk.label) for mk in f.markers], cols)
         c1 = Cells(1, cols, [])
         c1.chars[0] = list(line)
         c1.fg[0] = c1.colour(theme.TITLE)
+        for mk in f.markers:  # a phase's name in the phase colour, where it was placed
+            if mk.kind == "phase":
+                for a, b in label_cells(line, mk.col + shift, mk.label):
+                    c1.fg[0, a:b] = c1.colour(theme.PHASE)
         # "1 col =" sits right above its value (the time row's right gutter)
         rows += c1.strips([("changes", LBL)], [(" 1 col =", LBL)], BG)
         # row 2: ticks back from now
@@ -562,6 +565,25 @@ class TimeAxis(ChartPanel):
                 k += 1
         rows += c2.strips([("time", LBL)], [(f"▏{_fmt_dur(f.grid.bin_s)}", LBL)], BG)
         return rows[:h]
+
+
+def _marker_colour(mk) -> str:
+    """A marker's tick colour on the mode strip: an A/B window's side, a phase, else the
+    title colour."""
+    if mk.kind == "ab":
+        return theme.AB_COLOURS.get(mk.label[:1], theme.TITLE)
+    return theme.PHASE if mk.kind == "phase" else theme.TITLE
+
+
+def label_cells(line: str, col: int, label: str) -> list[tuple[int, int]]:
+    """Where ``change_labels`` put the marker at ``col`` with ``label`` in ``line``: [(start,
+    end)] of its "▲label" or "label▲" cells, or of a bare "▲" at ``col``; [] when not shown."""
+    n = len(label) + 1
+    if line[col:col + n] == "▲" + label:
+        return [(col, col + n)]
+    if col - n + 1 >= 0 and line[col - n + 1:col + 1] == label + "▲":
+        return [(col - n + 1, col + 1)]
+    return [(col, col + 1)] if 0 <= col < len(line) and line[col] == "▲" else []
 
 
 def change_labels(markers: Sequence[tuple[int, str]], cols: int) -> str:
