@@ -67,7 +67,7 @@ VIEW_ACTIONS = ("set_window", "cycle_window", "toggle_side", "screenshot", "help
 def status_text(s: ReplayControl) -> Text:
     """"REPLAY file · t = mm:ss.s / total · speed ×N · playing" and the last step's numbers."""
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(" REPLAY ", style=f"bold #11151c on {theme.WAITING}")
+    t.append(" REPLAY ", style=f"bold {theme.PANEL_BG} on {theme.WAITING}")
     t.append(f" {s.path}", style=f"bold {theme.TITLE}")
     t.append("  ·  t = ", style=theme.LABEL)
     t.append(f"{fmt_t(s.position_s)}", style=f"bold {theme.TITLE}")
@@ -87,7 +87,7 @@ def status_text(s: ReplayControl) -> Text:
 
 
 class ReplayBar(Static):
-    DEFAULT_CSS = "ReplayBar { height: 1; background: #11151c; }"
+    DEFAULT_CSS = f"ReplayBar {{ height: 1; background: {theme.PANEL_BG}; }}"
 
     def __init__(self, **kw) -> None:
         super().__init__("", **kw)
@@ -176,10 +176,10 @@ class GotoScreen(ModalScreen[str | None]):
     """Asks for a time; dismisses with the text (None: cancelled)."""
 
     BINDINGS = [("escape", "cancel", "cancel")]
-    DEFAULT_CSS = """
-    GotoScreen { align: center middle; }
-    GotoScreen > Vertical { width: 50; height: auto; background: #11151c;
-                            border: round #b56cff; padding: 0 1; }
+    DEFAULT_CSS = f"""
+    GotoScreen {{ align: center middle; }}
+    GotoScreen > Vertical {{ width: 50; height: auto; background: {theme.PANEL_BG};
+                            border: round #b56cff; padding: 0 1; }}
     """
 
     def __init__(self, total_s: float) -> None:

@@ -43,20 +43,7 @@ class SideTitle(Static):
 class ABScreen(Screen):
     BINDINGS = [("a,escape", "app.pop_screen", "back"), ("x", "app.ab_stop", "stop A/B"),
                 ("r", "app.ab_restart", "run again")]
-    DEFAULT_CSS = """
-    ABScreen { background: #0b0e14; }
-    #ab-banner { height: 2; padding: 0 1; background: #11151c; }
-    #ab-sides { height: 1fr; }
-    #ab-sides > Vertical { width: 1fr; height: 1fr; margin: 0 1 0 0; }
-    #ab-sides StepPanel { height: 1fr; min-height: 5; }
-    #ab-sides BatchPanel { height: 1fr; min-height: 5; }
-    #ab-sides GpuPanel { height: 7; }
-    #ab-sides GpuPanel.off { display: none; }
-    #ab-sides TimeAxis { height: 3; }
-    #ab-table { height: 1; padding: 0 1; background: #11151c; margin-top: 1; }
-    #ab-aheader { height: auto; background: #11151c; }
-    #ab-sides .ab-nums { height: auto; padding: 0 1; margin-top: 1; }
-    """
+    # layout: tui/gpuchef.tcss (ABScreen)
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -141,7 +128,7 @@ class ABScreen(Screen):
             title = self.query_one(f"#title-{label}", SideTitle)
             colour = theme.AB_COLOURS[label]
             t = Text()
-            t.append(f" {label} ", style=f"bold #11151c on {colour}")
+            t.append(f" {label} ", style=f"bold {theme.PANEL_BG} on {colour}")
             t.append(f"  {describe_setting(st.settings.get(label, {}))}", style=f"bold {theme.TITLE}")
             if w is None:
                 t.append("   no window yet", style=theme.LABEL)
@@ -193,7 +180,7 @@ class ABScreen(Screen):
                 m = pool(side.windows, self.app.session.percentiles, s.slos or None)[0]
             self.figures[label] = m
             t = Text()
-            t.append(f" {label} ", style=f"bold #11151c on {theme.AB_COLOURS[label]}")
+            t.append(f" {label} ", style=f"bold {theme.PANEL_BG} on {theme.AB_COLOURS[label]}")
             t.append(f"  {st.servers.get(label, '?')}", style=f"bold {theme.TITLE}")
             t.append(f"   {len(side.windows)} counted repetition"
                      f"{'' if len(side.windows) == 1 else 's'}", style=theme.LABEL)
@@ -246,7 +233,7 @@ class ABScreen(Screen):
         if st.active:
             left = max(0.0, st.window_s - (now - st.window_t0_ns) / 1e9)
             t.append("   now ", style=theme.LABEL)
-            t.append(f" {st.current}#{st.index} ", style=f"bold #11151c on "
+            t.append(f" {st.current}#{st.index} ", style=f"bold {theme.PANEL_BG} on "
                      f"{theme.AB_COLOURS.get(st.current, theme.TITLE)}")
             t.append(f" {left:.1f} s left", style=theme.TITLE)
             if st.rounds:

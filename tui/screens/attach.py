@@ -38,7 +38,7 @@ def attach_header_text(s, elapsed_s: int) -> Text:
     """Two or more lines: the servers and their kinds, the load, elapsed time, trace, knobs;
     then one line per thing that is wrong now (a scrape failing, the load stopped)."""
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(" gpuchef top --attach ", style=f"bold #11151c on {theme.MIXED}")
+    t.append(" gpuchef top --attach ", style=f"bold {theme.PANEL_BG} on {theme.MIXED}")
     for srv in s.servers:
         t.append(f"  {srv.url}", style=f"bold {theme.TITLE}")
         t.append(f" ({srv.kind})", style=theme.LABEL)

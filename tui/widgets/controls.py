@@ -22,6 +22,7 @@ from textual.widgets import Input, Label, Select, Switch
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError,
                                         SchedulerConfig, parse_auto_budget, parse_knob)
 
+from .. import theme
 from ..session import LoadState, parse_rate
 
 #: The knobs the panel shows, in its order (labels: engine_host.config.KNOBS)
@@ -93,8 +94,9 @@ class ControlsPanel(Vertical):
 
         run: bool
 
-    DEFAULT_CSS = """
-    ControlsPanel { height: auto; padding: 0 1; background: #11151c; }
+    DEFAULT_CSS = f"""
+    ControlsPanel {{ height: auto; padding: 0 1; background: {theme.PANEL_BG}; }}
+    """ + """
     ControlsPanel Horizontal { height: 1; margin: 0 0 1 0; }
     ControlsPanel Label { width: 10; color: #9aa5b8; }
     ControlsPanel Label.hint { width: 1fr; color: #6c7689; padding: 0 0 0 1; }

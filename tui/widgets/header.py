@@ -66,7 +66,7 @@ def engine_items(st: HeaderState) -> list[Item]:
     """The first logical line: what runs and how it is scheduled."""
     i, c = st.info, st.config
     bold = f"bold {theme.TITLE}"
-    out = [_item("", (f" {i.title} ", f"bold #11151c on {theme.MIXED}"))]
+    out = [_item("", (f" {i.title} ", f"bold {theme.PANEL_BG} on {theme.MIXED}"))]
     model = [(i.model, bold)]
     if i.random_weights:
         model.append((" (random weights)", theme.WAITING))
@@ -80,7 +80,7 @@ def engine_items(st: HeaderState) -> list[Item]:
     if i.async_scheduling is not None:
         out.append(_item("  ", ("async" if i.async_scheduling else "sync", theme.LABEL)))
     mode_bg = theme.MODE_COLOURS.get(c.mode, theme.TITLE)
-    out.append(_item("   ", ("mode ", theme.LABEL), (f" {c.mode} ", f"bold #11151c on {mode_bg}")))
+    out.append(_item("   ", ("mode ", theme.LABEL), (f" {c.mode} ", f"bold {theme.PANEL_BG} on {mode_bg}")))
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
     for name, val in (("max_num_batched_tokens", c.max_num_batched_tokens),
                       ("long_prefill_token_threshold", chunk), ("max_num_seqs", c.max_num_seqs),
@@ -116,7 +116,7 @@ def load_items(st: HeaderState) -> list[Item]:
     if st.ab.active:
         colour = theme.AB_COLOURS.get(st.ab.current, theme.TITLE)
         out.append(_item("   ", ("A/B ", theme.LABEL),
-                         (f" {st.ab.current}#{st.ab.index} ", f"bold #11151c on {colour}"),
+                         (f" {st.ab.current}#{st.ab.index} ", f"bold {theme.PANEL_BG} on {colour}"),
                          (f" {st.ab.window_s:g} s windows", theme.LABEL)))
     if i.serving and not st.server_error:  # once it is gone the last line says so instead
         out.append(_item("   ", (f"serving {i.serving}", theme.TITLE)))

@@ -212,8 +212,8 @@ NUMBERS_LINES = 21
 class NumbersPanel(Static):
     """The numbers column. ``show(numbers)`` replaces the table (about once a second)."""
 
-    DEFAULT_CSS = """
-    NumbersPanel { height: 22; padding: 0 1; background: #11151c; }
+    DEFAULT_CSS = f"""
+    NumbersPanel {{ height: 22; padding: 0 1; background: {theme.PANEL_BG}; }}
     """
 
     def __init__(self, percentiles: tuple[float, ...], **kw) -> None:
