@@ -1,6 +1,6 @@
 """benchmarks/bench_vllm_host.py's native arm on the CPU: --block-size reaches the engine, and
-the step breakdown (probes.gpu_time.step_breakdown (where an offline run's GPU time goes) against a computation by hand from
-the run's own step records."""
+the step breakdown (probes.gpu_time.step_breakdown: where an offline run's GPU time goes)
+against a computation by hand from the run's own step records."""
 
 from __future__ import annotations
 

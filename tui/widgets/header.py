@@ -80,7 +80,8 @@ def engine_items(st: HeaderState) -> list[Item]:
     if i.async_scheduling is not None:
         out.append(_item("  ", ("async" if i.async_scheduling else "sync", theme.LABEL)))
     mode_bg = theme.MODE_COLOURS.get(c.mode, theme.TITLE)
-    out.append(_item("   ", ("mode ", theme.LABEL), (f" {c.mode} ", f"bold {theme.PANEL_BG} on {mode_bg}")))
+    out.append(_item("   ", ("mode ", theme.LABEL),
+                     (f" {c.mode} ", f"bold {theme.PANEL_BG} on {mode_bg}")))
     chunk = "off" if c.long_prefill_token_threshold == 0 else str(c.long_prefill_token_threshold)
     for name, val in (("max_num_batched_tokens", c.max_num_batched_tokens),
                       ("long_prefill_token_threshold", chunk), ("max_num_seqs", c.max_num_seqs),
