@@ -201,7 +201,8 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> PhasedWorkload:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+        why = getattr(e, "strerror", None) or e
+        raise ConfigError(f"{where}: cannot read it ({why})") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

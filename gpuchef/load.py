@@ -148,7 +148,8 @@ class LiveLoad:
             self.mean_rate = n / wl.duration_s
             marks = [PhaseStart(p.name, p.start_s) for p in wl.phases]
             # a phase's mark before the requests arriving at its first instant
-            merged = sorted([*marks, *specs], key=lambda x: (x.arrival_s, isinstance(x, RequestSpec)))
+            merged = sorted([*marks, *specs],
+                            key=lambda x: (x.arrival_s, isinstance(x, RequestSpec)))
             return merged, wl.duration_s
         if not specs:
             return [], 0.0

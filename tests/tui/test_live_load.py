@@ -145,9 +145,12 @@ class OrderHost(FakeHost):
 def phased_cfg(tmp_path, **kw):
     p = tmp_path / "w.yaml"
     p.write_text("phases:\n"
-                 "  - {name: a, duration_s: 0.4, request_rate: 20, arrival: constant, input_len: 4, output_len: 1}\n"
-                 "  - {name: b, duration_s: 0.4, request_rate: 0, burst: {at_s: 0, count: 3}, input_len: 4}\n"
-                 "  - {name: c, duration_s: 0.4, request_rate: 10, arrival: constant, input_len: 4}\n")
+                 "  - {name: a, duration_s: 0.4, request_rate: 20, arrival: constant,\n"
+                 "     input_len: 4, output_len: 1}\n"
+                 "  - {name: b, duration_s: 0.4, request_rate: 0, burst: {at_s: 0, count: 3},\n"
+                 "     input_len: 4}\n"
+                 "  - {name: c, duration_s: 0.4, request_rate: 10, arrival: constant,\n"
+                 "     input_len: 4}\n")
     return WorkloadConfig(dataset=str(p), vocab_size=100, **kw)
 
 
