@@ -37,10 +37,27 @@ With a TTFT target, each request in line for prefill (the running partial prefil
 step of the T/P it waits costs f + c·P; the allowance is raised toward the
 largest such P among the requests that the full budget could still serve in time (a request
 already past rescue is not chased at every decode's expense), but only as far as the predicted
-step time stays within the ITL target itself: the relaxation spends the headroom, never the
-target (past it both SLOs would fail together). Guards: the allowance is never
+step time stays within κ × the ITL target (never the target itself): the relaxation spends
+the model's margin only as far as the feedback finds it unused.
+
+**The feedback** (the ITL target is a promise: its statistic over the tokens the decodes see,
+not the model's prediction of a step): each steered step's decode rows report the gap they saw
+since their previous token (``itl_ms``: the step plus the engine's own work between steps,
+which the model of the step's own time does not see), and ln κ moves by η·D·(aim − 1[gap > target]) for D decode rows
+(η = ``FEEDBACK_GAIN``, at most ``FEEDBACK_MAX_STEP`` a step, so a stall of any length moves
+κ by a bounded amount): the Robbins–Monro stochastic approximation of the level at which the
+share of tokens over the target equals ``aim`` (Robbins & Monro, "A stochastic approximation
+method", Ann. Math. Stat. 1951; the same recursion tracks a quantile), aim = ``ITL_AIM`` × (1 −
+q) for the statistic's quantile q (p99: 0.5 %, half of what p99 allows, so a 30 s window's
+share stays within it). The goal is g = target × min(1, κ/(1 + z·σ)), κ in [``KAPPA_MIN``,
+1 + z·σ]: where the model's margin is too small (a step time it cannot fit, such as long
+chunks whose cost is not linear, the engine's gap between steps, the TTFT relaxation) κ falls
+below 1; where it is too large κ rises until the goal reaches the target. Only steered steps
+move it; new targets reset it. Guards: the allowance is never
 above the budget left after the decodes (``max_num_batched_tokens``, the user's cap), never below
-``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves); while the model is not fitted (fewer
+``MIN_PREFILL_ALLOWANCE`` tokens (prefill never starves) unless that would put a step whose
+decodes fit under the target over it (then the largest allowance within the target, at least
+one token); while the model is not fitted (fewer
 than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient ≤ 0)
 it learns with allowances of 1/8, 1/4 and 1/2 of the budget left in turn (within the static
 budget: the fit sees every size, and a prompt gives several prefill steps), and while its error
@@ -59,6 +76,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from itertools import islice
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable
@@ -94,6 +112,11 @@ TTFT_EVERY = 4             # steps between two looks (its answer holds in betwee
 MIN_GOAL_SHARE = 0.5       # the headroom never takes the goal below half the target
 INFEASIBLE_ENTER = 1.10    # the fixed part f predicted over 1.1 × the ITL target: infeasible
 INFEASIBLE_LEAVE = 1.00    # and feasible again once f is predicted within the target
+ITL_AIM = 0.5              # aim the share of decode tokens over the ITL target at half what the
+                           # target's statistic allows (p99: 0.5 %), so a window's share holds
+FEEDBACK_GAIN = 1e-3       # change of ln κ per decode token (a step of 64 rows over: −6 %)
+FEEDBACK_MAX_STEP = 0.1    # and at most this much per step (one stall moves κ by ≤ 10 %)
+KAPPA_MIN = 0.25           # the feedback never takes the goal below a quarter of the target
 
 #: The autopilot's states (``Autopilot.state``, ``StepRecord.autopilot_state``), the one
 #: spelling of each; ``STATES`` gives each its meaning: what the step's allowance was.
@@ -121,6 +144,15 @@ Notify = Callable[[str, str], None]
 
 def _noop(kind: str, message: str) -> None:
     pass
+
+
+def stat_quantile(stat: str) -> float:
+    """The quantile a target's statistic names: ``p99`` → 0.99, ``median`` → 0.5; ``mean`` →
+    0.5 (a step-time distribution skewed right has its mean above its median, so the feedback
+    holds the mean under the target by holding the share over it at a quarter)."""
+    if stat.startswith("p"):
+        return min(max(float(stat[1:]) / 100.0, 0.0), 1.0)
+    return 0.5
 
 
 def stat_z(stat: str) -> float:
@@ -217,6 +249,29 @@ class StepTimeModel:
                 and self._err_n > 0 and self._th[3] > 0.0)
 
 
+@dataclass(slots=True)
+class Decision:
+    """What the autopilot decided for one chunked step, returned by :meth:`Autopilot.choose`
+    and completed by :meth:`Autopilot.finish` (the scheduler hands it on as
+    ``SchedulerOutput.autopilot``; the engine copies it into the StepRecord and gives it back
+    to :meth:`Autopilot.observe` with the step's times).
+
+    ``allowance``: prefill tokens the step may carry; ``state``: one of ``STATES``;
+    ``goal_ms``: the step time it aimed under (ms; -1 when it did not steer);
+    ``predicted_ms``: the model's prediction for the step as scheduled (ms; -1 before
+    ``MIN_STEPS``); ``fit_error``: the model's tracked mean relative error (fraction; -1 not
+    tracked yet); ``features``: the step's scaled features (``StepTimeModel.features``);
+    ``decode_ctx``: Σ context of the decode rows (tokens)."""
+
+    allowance: int
+    state: str
+    decode_ctx: int
+    goal_ms: float = -1.0
+    predicted_ms: float = -1.0
+    fit_error: float = -1.0
+    features: tuple = ()
+
+
 class Autopilot:
     """Chooses each chunked step's prefill allowance (see the module docstring).
 
@@ -234,6 +289,8 @@ class Autopilot:
         self.state = LEARNING
         self.infeasible = False  # the decodes alone predicted over the ITL target (hysteresis)
         self.last_allowance = -1
+        #: the feedback's factor on the goal (ln κ kept; see the module docstring)
+        self.log_kappa = 0.0
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
         self._learn_i = 0
@@ -244,43 +301,60 @@ class Autopilot:
                                "1/8 to 1/2 of the static budget; not steering until then")
 
     def set_spec(self, spec: AutoBudgetSpec) -> None:
-        """New targets; the fitted model is kept (the step time does not depend on them)."""
+        """New targets; the fitted model is kept (the step time does not depend on them), the
+        feedback starts afresh (its factor belongs to the old target's statistic)."""
         self.spec = spec
         self.canonical = spec.canonical  # the scheduler compares it with its config's each step
         self._z_itl = stat_z(spec.itl_stat)
         self._z_ttft = stat_z(spec.ttft_stat)
+        self._aim = max(ITL_AIM * (1.0 - stat_quantile(spec.itl_stat)), 1e-4)
+        self.log_kappa = 0.0
+
+    @property
+    def kappa(self) -> float:
+        """The feedback's factor κ on the model's goal (1 = the model's own margin)."""
+        return math.exp(self.log_kappa)
 
     # -- per step ------------------------------------------------------------------------------
-    def _goal(self, target_ms: float, z: float) -> float:
-        sigma = 1.25 * self.model.error
-        return target_ms * max(MIN_GOAL_SHARE, 1.0 / (1.0 + z * sigma))
+    def _share(self, z: float) -> float:
+        """The model's own margin: the share of a target its prediction may take (see
+        ``_goal``)."""
+        return max(MIN_GOAL_SHARE, 1.0 / (1.0 + z * (1.25 * self.model.error)))
 
-    def choose(self, sched: "Scheduler", out: "SchedulerOutput", budget_left: int) -> int:
-        """The prefill allowance for the step being scheduled (tokens, ≤ ``budget_left``): its
-        decodes are in ``out``. Stores ``ap_decode_ctx`` on ``out`` for :meth:`finish`."""
+    def _goal(self, target_ms: float, z: float) -> float:
+        return target_ms * self._share(z)
+
+    def itl_goal(self) -> float:
+        """The step time the ITL rule aims under (ms): the target × the model's margin × κ,
+        never above the target itself."""
+        return self.spec.itl_ms * min(1.0, self._share(self._z_itl) * math.exp(self.log_kappa))
+
+    def choose(self, sched: "Scheduler", out: "SchedulerOutput", budget_left: int) -> Decision:
+        """The decision for the step being scheduled: its prefill allowance (tokens, ≤
+        ``budget_left``) and state; its decodes are in ``out``."""
         decodes = out.decodes
         nd = len(decodes)
         # (a list, not map(attrgetter) nor the scheduler's decode pass: 4.8 vs 6.3 µs for
         # 256 decodes, and carried by the decode pass it cost that pass 4.5 µs, on or off)
-        out.ap_decode_ctx = ctx = sum([r.num_computed_tokens for r in decodes]) + nd
+        ctx = sum([r.num_computed_tokens for r in decodes]) + nd
         if budget_left <= 0:
-            return 0
+            return Decision(0, self.state, ctx)
         self._update_status()
         if not self.active:
             if self.model.fitted:  # fitted, but its error is too large: the static budget
                 self.state = FALLBACK
-                return budget_left
+                return Decision(budget_left, FALLBACK, ctx)
             # learning: step sizes of 1/8, 1/4, 1/2 of the budget left in turn — every size the
             # fit needs to see, more prefill steps per prompt, never above the static budget
             self.state = LEARNING
             self._learn_i = (self._learn_i + 1) % len(LEARN_SHIFTS)
-            return max(min(MIN_PREFILL_ALLOWANCE, budget_left),
-                       budget_left >> LEARN_SHIFTS[self._learn_i])
+            return Decision(max(min(MIN_PREFILL_ALLOWANCE, budget_left),
+                                budget_left >> LEARN_SHIFTS[self._learn_i]), LEARNING, ctx)
         th = self.model._th
         fixed = th[0] + th[1] + th[2] * nd / 64.0 + th[4] * ctx / 65536.0
         if self._infeasible(fixed):
             self.state = INFEASIBLE  # no allowance meets the ITL target: serve the TTFT
-            return budget_left
+            return Decision(budget_left, INFEASIBLE, ctx)
         self.state = STEERING
         # the prefills in line: with budget left, every running request not in prefill got its
         # decode (the stall-free rule), so they are the running requests not in ``decodes``
@@ -298,16 +372,28 @@ class Autopilot:
         e = max(th[5], 0.0) / 1048576.0         # ms per query-key pair
         o = line[0].num_computed_tokens if line else 0
         b = c + e * o
-        p = _largest_p(self._goal(self.spec.itl_ms, self._z_itl) - fixed, b, e / 2.0)
+        itl = self.spec.itl_ms
+        goal = self.itl_goal()
+        p = _largest_p(goal - fixed, b, e / 2.0)
         if self.spec.ttft_ms is not None and p < budget_left:
             self._ttft_age += 1
             if self._ttft_age >= TTFT_EVERY:  # the line moves by a few requests a step
                 self._ttft_age = 0
                 self._ttft_p = self._ttft_need(sched, line, fixed, c, budget_left)
-            if self._ttft_p > p:  # TTFT at risk: spend the headroom, not the ITL target
-                p = min(self._ttft_p, _largest_p(self.spec.itl_ms - fixed, b, e / 2.0))
+            if self._ttft_p > p:
+                # TTFT at risk: spend the model's margin, as far as the feedback finds it unused
+                # (κ·target: the measured share over the target stays at the aim), never the
+                # target itself
+                ceiling = itl * min(1.0, math.exp(self.log_kappa))
+                if ceiling > goal:
+                    goal = ceiling
+                    p = min(self._ttft_p, _largest_p(ceiling - fixed, b, e / 2.0))
+        # the floor keeps prefill moving when the decodes leave less, but within the target
+        # itself while the decodes alone fit under it (the ITL target is the promise)
         floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
-        return max(floor, min(int(p), budget_left))
+        if fixed <= itl and p < floor:
+            floor = max(1, min(floor, int(_largest_p(itl - fixed, b, e / 2.0))))
+        return Decision(max(floor, min(int(p), budget_left)), STEERING, ctx, goal_ms=goal)
 
     def _infeasible(self, fixed_ms: float) -> bool:
         """Whether the step's fixed part, predicted at ``fixed_ms`` (its decodes plus what a
@@ -358,25 +444,38 @@ class Autopilot:
                     need = work / room
         return math.ceil(need)
 
-    def finish(self, out: "SchedulerOutput", allowance: int) -> None:
-        """Record the step's allowance, features and predicted time on ``out``."""
+    def finish(self, out: "SchedulerOutput", d: Decision) -> Decision:
+        """Complete ``d`` with the scheduled step's features, predicted time and fit error;
+        returns it."""
         pt = 0
         pctx = 0.0
         for r, n in out.prefills:
             pt += n
             pctx += n * (r.num_computed_tokens + (n + 1) / 2.0)
-        x = StepTimeModel.features(len(out.decodes), pt, out.ap_decode_ctx, pctx)
-        out.ap_features = x
-        out.prefill_allowance = allowance
+        x = StepTimeModel.features(len(out.decodes), pt, d.decode_ctx, pctx)
+        d.features = x
         m = self.model
-        out.predicted_ms = float(m.predict(x)) if m.n >= MIN_STEPS else -1.0
-        out.autopilot_state = self.state
-        out.fit_error = float(m.error) if m._err_n else -1.0
-        self.last_allowance = allowance
+        d.predicted_ms = float(m.predict(x)) if m.n >= MIN_STEPS else -1.0
+        d.fit_error = float(m.error) if m._err_n else -1.0
+        self.last_allowance = d.allowance
+        return d
 
-    def observe(self, features, wall_ms: float) -> None:
-        """Fit the model to one executed step (its features and measured wall time, ms)."""
-        self.model.update(features, wall_ms)
+    def observe(self, d: Decision, wall_ms: float, itl_ms: float = -1.0,
+                decode_rows: int = 0) -> None:
+        """Learn from one executed step: ``d`` its decision, ``wall_ms`` its measured time
+        (ms), ``itl_ms`` the gap its ``decode_rows`` decode rows saw since their previous token
+        (ms; -1 when it has none). The model is fitted to ``wall_ms`` (the step's own time,
+        which its features explain); a step the controller steered moves the feedback with
+        ``itl_ms`` (what the promise is about: the step plus the engine's own work between
+        steps; see the module docstring)."""
+        self.model.update(d.features, wall_ms)
+        if itl_ms > 0 and d.state == STEERING:
+            over = 1.0 if itl_ms > self.spec.itl_ms else 0.0
+            lk = self.log_kappa - min(FEEDBACK_GAIN * decode_rows, FEEDBACK_MAX_STEP) * (
+                over - self._aim)
+            # κ within [KAPPA_MIN, the value that puts the goal at the target itself]
+            hi = -math.log(self._share(self._z_itl))
+            self.log_kappa = min(max(lk, _LOG_KAPPA_MIN), hi)
 
     def _update_status(self) -> None:
         m = self.model
@@ -393,6 +492,9 @@ class Autopilot:
             self.notify("notice", f"autopilot: step-time model fitted ({m.n} steps, error "
                                   f"{m.error:.0%}); choosing the prefill allowance for "
                                   f"{self.spec.canonical}")
+
+
+_LOG_KAPPA_MIN = math.log(KAPPA_MIN)
 
 
 def _largest_p(slack: float, b: float, a: float) -> float:

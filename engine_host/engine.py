@@ -24,6 +24,9 @@ from . import ops
 from .runner import CudaGraphDecode, CudaGraphPiecewise, ModelRunner, StepHandle
 from .scheduler import Postprocessed, Scheduler, SchedulerOutput, usable_blocks
 
+#: A StepRecord's autopilot fields for a step it did not decide (off, or not a chunked step).
+_NO_DECISION: dict = {}
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -304,7 +307,7 @@ class LLMEngine:
                                           self.max_model_len)
         finished = self._retire(post)
         rec = self._step_record(self.step_id, out, t_start, gpu_ms, len(finished),
-                                self.runner.last_step_used_graph)
+                                self.runner.last_step_used_graph, self._itl_ms(out, now))
         self.step_id += 1
         return StepResult(rec, finished, _step_output(rec.step, now, post, finished))
 
@@ -315,8 +318,9 @@ class LLMEngine:
         return [self._record(r) for r in post.finished]
 
     def _step_record(self, step_id: int, out: SchedulerOutput, t_start: int, gpu_ms: float,
-                     num_finished: int, cuda_graph: bool) -> StepRecord:
+                     num_finished: int, cuda_graph: bool, itl_ms: float) -> StepRecord:
         cfg = out.config
+        d = out.autopilot
         usage = self.kv.usage()
         rec = StepRecord(
             step=step_id, t_start_ns=t_start, t_end_ns=time.monotonic_ns(), gpu_ms=gpu_ms,
@@ -330,11 +334,26 @@ class LLMEngine:
             num_preempted=len(out.preempted), kv_blocks_used=usage.used,
             kv_blocks_total=usage.total, num_finished=num_finished, cuda_graph=cuda_graph,
             max_long_partial_prefills=cfg.max_long_partial_prefills, auto_budget=cfg.auto_budget,
-            prefill_allowance=out.prefill_allowance, predicted_ms=out.predicted_ms,
-            autopilot_state=out.autopilot_state, fit_error=out.fit_error,
+            itl_ms=itl_ms, **(_NO_DECISION if d is None else dict(
+                prefill_allowance=d.allowance, predicted_ms=d.predicted_ms,
+                autopilot_state=d.state, fit_error=d.fit_error, goal_ms=d.goal_ms)),
         )
-        self.scheduler.observe(out, rec.wall_ms)  # the autopilot's model learns the step time
+        # the autopilot learns from the step (after the record: its model's update is the
+        # step's, not the record's, business)
+        self.scheduler.observe(out, rec.wall_ms, itl_ms)
         return rec
+
+    @staticmethod
+    def _itl_ms(out: SchedulerOutput, now: int) -> float:
+        """The gap (ms) the step's decode rows saw since their previous token, timed on its
+        first decode row (the longest running: in a chunked step every decode row got its
+        previous token in the same step, but in continuous mode a request admitted since got
+        its first token later). -1 for a step without decode rows, or one whose first row's
+        token was discarded (its request ended while the step ran)."""
+        if not out.decodes:
+            return -1.0
+        t = out.decodes[0].token_times_ns
+        return (now - t[-2]) / 1e6 if len(t) >= 2 and t[-1] == now else -1.0
 
     # -- async scheduling ------------------------------------------------------------------
     def _step_async(self) -> StepResult:
@@ -403,7 +422,7 @@ class LLMEngine:
             self.kv.free(r)
         t_start = max(cur.t_sched_ns, self._last_t_end)
         rec = self._step_record(cur.step_id, cur.out, t_start, gpu_ms, len(finished),
-                                cur.handle.used_graph)
+                                cur.handle.used_graph, self._itl_ms(cur.out, now))
         self._last_t_end = rec.t_end_ns
         return StepResult(rec, finished, _step_output(cur.step_id, now, post, finished))
 

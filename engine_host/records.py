@@ -35,7 +35,12 @@ class StepRecord:
     their meanings: "learning", "steering", "infeasible", "fallback"; "" = off).
     ``fit_error``: the model's tracked mean relative a-priori error |wall - predicted| / wall
     when the step was scheduled (fraction; -1: not tracked yet) — the number its status lines
-    and fallback rule use.
+    and fallback rule use. ``goal_ms``: the step time the autopilot aimed under while it
+    steered (ms; -1: it did not steer this step): the ITL target × its model's margin × its
+    feedback's factor, never above the target.
+    ``itl_ms``: the inter-token latency the step's decode rows saw — from the previous step
+    that emitted tokens to this step's tokens (ms; -1: no decode rows, or an engine that does
+    not time it); it counts the engine's own work between steps, which ``wall_ms`` does not.
     ``cuda_graph``: the step's forward ran from CUDA graphs — for a decode-only step the full
     decode graph (vLLM's FULL), for a step with prefill tokens the piecewise graphs with
     attention eager between them (vLLM's PIECEWISE; docs/engine-graphs.md); ``kind`` tells
@@ -68,6 +73,8 @@ class StepRecord:
     predicted_ms: float = -1.0
     autopilot_state: str = ""
     fit_error: float = -1.0
+    goal_ms: float = -1.0
+    itl_ms: float = -1.0
 
     @property
     def num_decode_tokens(self) -> int:

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .autopilot import Autopilot
+from .autopilot import Autopilot, Decision
 from .config import SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .request import PLACEHOLDER_TOKEN, Request, RequestStatus
@@ -79,13 +79,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_partial_prefills: int = 0
     config: SchedulerConfig | None = None
-    # the autopilot's choice (tokens; -1 = off) and its model's prediction (ms; -1 = none)
-    prefill_allowance: int = -1
-    predicted_ms: float = -1.0
-    autopilot_state: str = ""   # Autopilot.state ("" = off); fit_error: its model's (-1 = none)
-    fit_error: float = -1.0
-    ap_features: tuple | None = None
-    ap_decode_ctx: int = 0
+    # the autopilot's decision for this step (None: off, or not a chunked step)
+    autopilot: Decision | None = None
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -244,10 +239,11 @@ class Scheduler:
             ap.set_spec(cfg.auto_budget_spec)
         return ap
 
-    def observe(self, out: SchedulerOutput, wall_ms: float) -> None:
-        """Feed one executed step's measured time (ms) to the autopilot's model."""
-        if out.ap_features is not None and self.autopilot is not None:
-            self.autopilot.observe(out.ap_features, wall_ms)
+    def observe(self, out: SchedulerOutput, wall_ms: float, itl_ms: float = -1.0) -> None:
+        """Tell the autopilot how one executed step went: its measured time ``wall_ms`` and
+        the gap ``itl_ms`` its decode rows saw since their previous token (ms; -1: none)."""
+        if out.autopilot is not None and self.autopilot is not None:
+            self.autopilot.observe(out.autopilot, wall_ms, itl_ms, len(out.decodes))
 
     def preempt(self, victim: Request, out: SchedulerOutput) -> None:
         """Preempt ``victim`` by recompute (vLLM's ``PreemptionMode.RECOMPUTE``): its blocks
@@ -353,7 +349,8 @@ class Scheduler:
         budget = self._schedule_decodes(out, cfg.max_num_batched_tokens)
         ap = self._autopilot(cfg) if cfg.auto_budget else None
         if ap is not None:
-            budget = allowance = ap.choose(self, out, budget)
+            decision = ap.choose(self, out, budget)
+            budget = decision.allowance
         limit = cfg.chunk_limit
         partial = 0
         # the long-prompt lane (vLLM V0's PartialPrefillMetadata): with more than one partial
@@ -400,7 +397,7 @@ class Scheduler:
             self.waiting.extendleft(reversed(passed))
         out.num_partial_prefills = partial
         if ap is not None:
-            ap.finish(out, allowance)
+            out.autopilot = ap.finish(out, decision)
 
     def _schedule_continuous(self, out: SchedulerOutput) -> None:
         cfg = self.config

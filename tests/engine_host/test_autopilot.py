@@ -6,6 +6,7 @@ targets."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -58,10 +59,14 @@ def make_req(i, prompt, out, arrival_ns=0):
 
 def simulate(cfg, steps, true_time, *, seed=0, noise=0.03, every=3, prompt=(600, 1500),
              output=(40, 90), change_at=None, changed=None, num_blocks=8192, clock=None,
-             autopilot=None, arrivals_until=None):
+             autopilot=None, arrivals_until=None, gap=None, arrivals=None, hook=None):
     """Run the scheduler for ``steps`` steps under a Poisson-ish stream of requests (one every
     ``every`` steps, until step ``arrivals_until``), each step taking ``true_time(out)`` ms
-    (times (1 + N(0, noise))) on a simulated clock. Returns per-step dicts and the scheduler."""
+    (times (1 + N(0, noise))) on a simulated clock, plus ``gap(rng)`` ms of the engine's own
+    work before the next step (none by default), which the decodes' ITL counts and the step's
+    wall time does not. ``arrivals(step)``, when given, is how many requests arrive before
+    that step instead; ``hook(step, sched)`` runs before each step (a knob change mid-run).
+    Returns per-step dicts and the scheduler."""
     rng = random.Random(seed)
     kv = KVCacheManager(1, num_blocks, BS, 1, 1, torch.float32, torch.device("cpu"))
     sched = Scheduler(cfg, kv)
@@ -74,9 +79,15 @@ def simulate(cfg, steps, true_time, *, seed=0, noise=0.03, every=3, prompt=(600,
     for step in range(steps):
         if change_at is not None and step == change_at:
             true_time = changed
-        if step % every == 0 and (arrivals_until is None or step < arrivals_until):
+        if arrivals is not None:
+            k = arrivals(step)
+        else:
+            k = int(step % every == 0 and (arrivals_until is None or step < arrivals_until))
+        for _ in range(k):
             sched.add(make_req(n, rng.randint(*prompt), rng.randint(*output), clock.ns))
             n += 1
+        if hook is not None:
+            hook(step, sched)
         if sched.autopilot is not None:
             sched.autopilot.clock = clock
         waiting = len(sched.waiting)
@@ -86,19 +97,25 @@ def simulate(cfg, steps, true_time, *, seed=0, noise=0.03, every=3, prompt=(600,
             continue
         t_true = true_time(out)
         t_meas = t_true * (1.0 + rng.gauss(0.0, noise))
+        t_gap = gap(rng) if gap is not None else 0.0
+        itl = t_meas + t_gap if out.decodes else -1.0
         ap = sched.autopilot
-        rows.append(dict(step=step, true=t_true, meas=t_meas, pred=out.predicted_ms,
-                         allowance=out.prefill_allowance, P=out.num_prefill_tokens,
+        d = out.autopilot
+        rows.append(dict(step=step, true=t_true, meas=t_meas, itl=itl,
+                         pred=d.predicted_ms if d else -1.0,
+                         allowance=d.allowance if d else -1, P=out.num_prefill_tokens,
                          D=len(out.decodes), waiting=waiting,
                          active=ap is not None and ap.active,
-                         fitted=ap is not None and ap.model.fitted, fit_error=out.fit_error,
-                         state=out.autopilot_state))
+                         fitted=ap is not None and ap.model.fitted,
+                         fit_error=d.fit_error if d else -1.0, state=d.state if d else "",
+                         goal=d.goal_ms if d else -1.0))
         for r in out.decodes:
             r.num_computed_tokens += 1
         for r, k in out.prefills:
             r.num_computed_tokens += k
-        clock.ns += int(t_meas * 1e6)
-        sched.observe(out, t_meas)
+        clock.ns += int((t_meas + t_gap) * 1e6)
+        rows[-1]["t_ns"] = clock.ns
+        sched.observe(out, t_meas, itl)
         for r in out.decodes + [r for r, _ in out.prefills]:
             if r.num_computed_tokens == r.num_tokens:
                 r.output_token_ids.append(7)
@@ -264,7 +281,7 @@ def test_ttft_at_risk_raises_the_allowance():
         for i in range(20):  # 20 × 2000 tokens waiting since t = 0
             sched.waiting.append(make_req(100 + i, 2000, 10, arrival_ns=0))
         out = sched.schedule()
-        return out.prefill_allowance, len(out.decodes)
+        return out.autopilot.allowance, len(out.decodes)
 
     model.error = 0.10  # a 10 % model error: the ITL goal keeps headroom under the target
     p_itl, d = allowance(f"itl_p99:{ITL}ms")
@@ -334,8 +351,8 @@ def test_autopilot_cost_per_step_is_small():
     out = sched.schedule()
     t = time.perf_counter()
     for _ in range(200):
-        a.finish(out, a.choose(sched, out, 2048 - len(out.decodes)))
-        a.observe(out.ap_features, 20.0)
+        d = a.finish(out, a.choose(sched, out, 2048 - len(out.decodes)))
+        a.observe(d, 20.0, 21.0, len(out.decodes))
     per = (time.perf_counter() - t) / 200
     assert per < 2e-3
 
@@ -359,7 +376,7 @@ def test_engine_same_tokens_with_the_autopilot_on(async_on):
         orig = sched.observe
         # the fit hears a known step time (CPU timing on a shared machine is not one); the
         # tokens are the model's, computed for real
-        sched.observe = lambda out, ms: orig(out, true(out))
+        sched.observe = lambda out, ms, itl: orig(out, true(out))
         rng = random.Random(4)
         for i in range(N):  # at most 4 running: prompts keep arriving at the scheduler
             p = rng.randint(60, 300)
@@ -556,8 +573,12 @@ def recorded_decisions(name):
 
 
 @pytest.mark.parametrize("name", list(RECORDED))
-def test_cheaper_path_makes_the_recorded_choices(name):
+def test_cheaper_path_makes_the_recorded_choices(name, monkeypatch):
     import json
+
+    # the loads were recorded before the ITL feedback existed: the model's own path is what is
+    # compared (the feedback is tested on its own below)
+    monkeypatch.setattr(ap_mod, "FEEDBACK_GAIN", 0.0)
     from pathlib import Path
 
     want = json.loads((Path(__file__).with_name("test_autopilot_decisions.json")).read_text())[name]
@@ -636,14 +657,15 @@ def test_infeasible_itl_target_takes_the_static_budget_and_leaves_when_the_decod
 
 def test_infeasible_state_serves_the_queue_the_minimum_allowance_starves(monkeypatch):
     # the same load with the state disabled: the allowance sits at the 64-token floor and the
-    # queue grows; with it, the static budget keeps the queue short
+    # queue grows; with it, the static budget keeps the queue shorter (by less than the floor
+    # alone would: while the decodes fit just under the target, the floor keeps within it)
     rows, _ = infeasible_run()
     monkeypatch.setattr(ap_mod, "INFEASIBLE_ENTER", float("inf"))
     floor, _ = infeasible_run()
     assert ap_mod.INFEASIBLE not in {r["state"] for r in floor}
     assert any(r["active"] and r["allowance"] == MIN_PREFILL_ALLOWANCE and r["waiting"] > 100
                for r in floor)
-    assert max(r["waiting"] for r in rows) * 3 < max(r["waiting"] for r in floor)
+    assert max(r["waiting"] for r in rows) * 2 < max(r["waiting"] for r in floor)
 
 
 def test_infeasible_hysteresis_enters_over_the_margin_and_leaves_within_the_target():
@@ -676,7 +698,7 @@ def test_engine_records_the_infeasible_state_and_the_trace_round_trips_it(tmp_pa
     true = TrueTime(a=6.0, m=0.5, b=0.1, c=0.01, d=1e-5, e=1e-7)
     sched = eng.scheduler
     orig = sched.observe
-    sched.observe = lambda out, ms: orig(out, true(out))
+    sched.observe = lambda out, ms, itl: orig(out, true(out))
     rng = random.Random(2)
     for i in range(24):
         eng.add_request(f"q{i}", [rng.randrange(1, 500) for _ in range(rng.randint(60, 200))],
@@ -699,3 +721,214 @@ def test_engine_records_the_infeasible_state_and_the_trace_round_trips_it(tmp_pa
 
 #: minutes on a 2-core machine together with the other slow files: the full run only
 pytestmark = pytest.mark.slow
+
+
+# -- the ITL contract: P99 ITL over any 30 s window ≤ 1.05 × the target where feasible ----------
+
+class LongChunkTime(TrueTime):
+    """The property that broke the contract on the GPU (long prompts, a TTFT target at risk):
+    a step time whose error grows with the prefill chunk (2 % + 15 % per 4096 tokens) and whose
+    cost grows faster than linear past 2048 tokens, which no linear model fits, under an H100
+    8B-like cost (ms)."""
+
+    def __init__(self, seed=1):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def __call__(self, out):
+        t = super().__call__(out)
+        P = sum(n for _, n in out.prefills)
+        t *= 1.0 + self.rng.gauss(0.0, 0.02 + 0.15 * P / 4096)
+        return t + (0.004 * (P - 2048) ** 2 / 2048 if P > 2048 else 0.0)
+
+
+def host_gap(rng):
+    """The engine's own work between steps (ms): 0.5 ms plus an exponential of mean 2 ms."""
+    return 0.5 + rng.expovariate(0.5)
+
+
+def weighted_p99(itl, rows):
+    """P99 of the per-token ITL: each step's ITL counted once per decode row."""
+    x = np.asarray(itl, dtype=float)
+    w = np.asarray(rows, dtype=float)
+    o = np.argsort(x)
+    c = np.cumsum(w[o]) / w.sum()
+    return float(x[o][np.searchsorted(c, 0.99)])
+
+
+def window_p99s(rows, key="itl", window_s=30.0, every_s=5.0):
+    """The token-weighted P99 of ``key`` over each ``window_s`` window (every ``every_s``) of
+    the steps the contract covers: steered, with decode rows (the infeasible state, learning
+    and fallback are outside it)."""
+    cov = [r for r in rows if r["state"] == ap_mod.STEERING and r["itl"] > 0]
+    t = np.array([r["t_ns"] for r in cov]) / 1e9
+    out = []
+    for w0 in np.arange(t[0], t[-1] - window_s + every_s, every_s):
+        sel = [r for r, ti in zip(cov, t) if w0 <= ti < w0 + window_s]
+        if len(sel) >= 100:
+            out.append(weighted_p99([r[key] for r in sel], [r["D"] for r in sel]))
+    return out
+
+
+def contract_run(every, *, gain=None, monkeypatch=None, steps=3000, seed=3, **kw):
+    if gain is not None:
+        monkeypatch.setattr(ap_mod, "FEEDBACK_GAIN", gain)
+    cfg = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256,
+                          auto_budget="itl_p99:50ms,ttft_p50:2s")
+    rows, sched = simulate(cfg, steps, LongChunkTime(seed), every=every, prompt=(2000, 8000),
+                           output=(20, 200), noise=0.0, gap=host_gap, seed=seed,
+                           num_blocks=200_000, **kw)
+    return rows, sched
+
+
+@pytest.mark.parametrize("every", [1, 3], ids=["overload", "near_capacity"])
+def test_itl_contract_holds_in_every_30s_window_under_overload(every, monkeypatch):
+    # long prompts (2-8K), a TTFT target at risk, a step time no linear model fits and the
+    # engine's own gap between steps: the P99 ITL in every 30 s window within 1.05 × 50 ms
+    rows, sched = contract_run(every)
+    assert sum(r["state"] == ap_mod.STEERING for r in rows) > 0.9 * len(rows)
+    assert rows[-1]["waiting"] > 50 or every > 1  # overloaded: the queue keeps growing
+    windows = window_p99s(rows)
+    assert len(windows) >= 10
+    assert max(windows) <= 1.05 * 50.0, windows
+    # the feedback found the model's margin short and tightened the goal
+    assert sched.autopilot.kappa < 1.0
+
+
+def test_without_the_feedback_the_ttft_rule_breaks_the_itl_contract(monkeypatch):
+    # the rule before the feedback (the TTFT relaxation up to the ITL target itself, the
+    # model's margin alone): near capacity its P99 ITL is over the target by more than noise,
+    # so the test above can fail (on the GPU: 62.7 ms against 50 at 4×)
+    old, _ = contract_run(3, gain=0.0, monkeypatch=monkeypatch)
+    monkeypatch.undo()
+    new, _ = contract_run(3)
+    assert max(window_p99s(old)) > 1.1 * 50.0
+    # kept without turning timid: the steered steps' mean ITL uses most of the target
+    steered = [r for r in new if r["state"] == ap_mod.STEERING and r["itl"] > 0]
+    assert np.average([r["itl"] for r in steered], weights=[r["D"] for r in steered]) > 0.75 * 50
+
+
+def test_itl_contract_holds_through_a_burst_and_knob_changes_mid_run():
+    # light load, a burst of 200 long prompts at once, light again; mid-run the target goes
+    # 50 → 35 ms and the budget 4096 → 2048, then back: each step is judged against the
+    # target in force when it was scheduled
+    def arrivals(step):
+        return 200 if step == 600 else int(step % 6 == 0)
+
+    targets = {}
+
+    def hook(step, sched):
+        if step == 1000:
+            sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=2048,
+                                               auto_budget="itl_p99:35ms,ttft_p50:2s")
+        if step == 2000:
+            sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=4096,
+                                               auto_budget="itl_p99:50ms,ttft_p50:2s")
+        targets[step] = parse_auto_budget(sched.config.auto_budget).itl_ms
+
+    cfg = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256,
+                          auto_budget="itl_p99:50ms,ttft_p50:2s")
+    rows, _ = simulate(cfg, 3000, LongChunkTime(7), prompt=(2000, 8000), output=(20, 200),
+                       noise=0.0, gap=host_gap, seed=7, num_blocks=200_000, arrivals=arrivals,
+                       hook=hook)
+    for r in rows:
+        r["ratio"] = r["itl"] / targets[r["step"]]
+    assert max(r["waiting"] for r in rows) > 100  # the burst queued
+    windows = window_p99s(rows, key="ratio")
+    assert len(windows) >= 8
+    assert max(windows) <= 1.05, windows
+    # the smaller budget was in force: no step over it
+    assert all(r["P"] + r["D"] <= 2048 for r in rows if 1000 <= r["step"] < 2000)
+
+
+def test_feedback_moves_kappa_by_the_share_over_the_target():
+    a = Autopilot(parse_auto_budget("itl_p99:50ms"))
+    a.model.error = 0.1
+    d = ap_mod.Decision(100, ap_mod.STEERING, 0, features=StepTimeModel.features(64, 100, 0, 0))
+    # one step of 64 rows over the target: ln κ falls by gain × 64 × (1 − aim)
+    a.observe(d, 40.0, 60.0, 64)
+    aim = ap_mod.ITL_AIM * 0.01
+    assert a.log_kappa == pytest.approx(-ap_mod.FEEDBACK_GAIN * 64 * (1 - aim))
+    # under the target: it rises by gain × rows × aim
+    before = a.log_kappa
+    a.observe(d, 40.0, 45.0, 64)
+    assert a.log_kappa - before == pytest.approx(ap_mod.FEEDBACK_GAIN * 64 * aim)
+    # a stall of any length moves it by at most FEEDBACK_MAX_STEP
+    before = a.log_kappa
+    a.observe(d, 40.0, 10_000.0, 1000)
+    assert before - a.log_kappa == pytest.approx(ap_mod.FEEDBACK_MAX_STEP * (1 - aim))
+    # bounded: never below KAPPA_MIN, never a goal above the target itself
+    for _ in range(200):
+        a.observe(d, 40.0, 60.0, 256)
+    assert a.kappa == pytest.approx(ap_mod.KAPPA_MIN)
+    for _ in range(200_000):
+        a.observe(d, 40.0, 10.0, 256)
+    assert a.itl_goal() == pytest.approx(50.0)
+    # steps it did not steer, and steps without decode rows, leave it alone
+    k = a.log_kappa
+    a.observe(ap_mod.Decision(100, ap_mod.INFEASIBLE, 0, features=d.features), 40.0, 500.0, 64)
+    a.observe(d, 40.0, -1.0, 0)
+    assert a.log_kappa == k
+    # new targets start it afresh
+    a.set_spec(parse_auto_budget("itl_p50:50ms"))
+    assert a.kappa == 1.0
+
+
+def test_itl_contract_holds_on_the_tiny_engine_under_overload(monkeypatch):
+    # the engine itself (tiny model, CPU: real scheduling, tokens, records, the ITL it times
+    # from its tokens, the decision round trip) with its clock driven by a step time that has
+    # the property above, scaled to its short prompts (a CPU step's own time, on a shared
+    # machine, is not one a test can hold to 5 %), plus the engine's gap between steps
+    import types
+
+    from gpuchef.engine_host import engine as engine_mod
+    from gpuchef.engine_host.engine import LLMEngine
+
+    clock = FakeClock()
+    clock.ns = 1_000_000_000
+    fake_time = types.SimpleNamespace(monotonic_ns=clock)
+    monkeypatch.setattr(engine_mod, "time", fake_time)
+    monkeypatch.setattr(ap_mod, "time", fake_time)
+    rng = random.Random(11)
+
+    def step_ms(out):  # 8 ms + 2 mixed + 0.06/decode row + 0.2/prefill token, superlinear past
+        P = out.num_prefill_tokens  # 128, its error growing with the chunk
+        t = 8.0 + 2.0 * (P > 0) + 0.06 * len(out.decodes) + 0.2 * P
+        t *= 1.0 + rng.gauss(0.0, 0.02 + 0.10 * P / 256)
+        return t + (0.06 * (P - 128) ** 2 / 128 if P > 128 else 0.0)
+
+    cfg = EngineConfig(model="tiny", device="cpu", max_model_len=1024,
+                       cache=CacheConfig(num_gpu_blocks=2048),
+                       scheduler=SchedulerConfig(mode="chunked", max_num_batched_tokens=512,
+                                                 max_num_seqs=64,
+                                                 auto_budget="itl_p99:50ms,ttft_p50:2s"))
+    eng = LLMEngine(cfg)
+    execute = eng.runner.execute
+
+    def timed(out):
+        res = execute(out)
+        clock.ns += int(step_ms(out) * 1e6)
+        return res
+
+    eng.runner.execute = timed
+    recs = []
+    for i in range(900):
+        if True:  # a 100-400 token prompt every step: more than it can prefill
+            p = rng.randint(100, 400)
+            eng.add_request(f"q{i}", [rng.randrange(1, 500) for _ in range(p)],
+                            SamplingParams(max_tokens=rng.randint(10, 40), ignore_eos=True))
+        clock.ns += int(host_gap(rng) * 1e6)
+        res = eng.step()
+        if res.record is not None:
+            recs.append(res.record)
+    assert recs[-1].num_waiting > 50  # overloaded
+    rows = [dict(state=r.autopilot_state, itl=r.itl_ms, D=r.num_decode_reqs, t_ns=r.t_end_ns)
+            for r in recs]
+    assert sum(r["state"] == ap_mod.STEERING for r in rows) > 0.9 * len(rows)
+    windows = window_p99s(rows, every_s=1.0)
+    assert len(windows) >= 4
+    assert max(windows) <= 1.05 * 50.0, windows
+    # the ITL the engine timed is the gap between a decode row's tokens, engine work included
+    steered = [r for r in recs if r.autopilot_state == ap_mod.STEERING and r.itl_ms > 0]
+    assert all(r.goal_ms <= 50.0 for r in steered)
+    assert np.median([r.itl_ms - r.wall_ms for r in steered]) > 0.5

@@ -157,8 +157,8 @@ def test_infeasible_steps_are_shaded_and_named_in_the_legend(tmp_path):
                                                            max_num_seqs=8,
                                                            auto_budget="itl_p99:5ms")))
     orig = eng.scheduler.observe
-    eng.scheduler.observe = lambda out, ms: orig(out, 6.0 + 0.5 * bool(out.prefills) + 0.1 * len(
-        out.decodes) + 0.01 * out.num_prefill_tokens)
+    eng.scheduler.observe = lambda out, ms, itl: orig(
+        out, 6.0 + 0.5 * bool(out.prefills) + 0.1 * len(out.decodes) + 0.01 * out.num_prefill_tokens)
     rng = random.Random(2)
     for i in range(24):
         eng.add_request(f"q{i}", [rng.randrange(1, 500) for _ in range(rng.randint(60, 200))],

@@ -290,7 +290,7 @@ def test_infeasible_target_shows_its_status_line(engine, monkeypatch):
     sched = engine.scheduler
     sched.autopilot = None  # a fresh controller: the earlier tests fitted this one to the CPU
     orig = sched.observe
-    monkeypatch.setattr(sched, "observe", lambda out, ms: orig(
+    monkeypatch.setattr(sched, "observe", lambda out, ms, itl: orig(
         out, 6.0 + 0.5 * bool(out.prefills) + 0.1 * len(out.decodes)
         + 0.01 * out.num_prefill_tokens))
     start = START.with_changes(auto_budget="itl_p99:5ms")
