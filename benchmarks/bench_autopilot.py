@@ -89,7 +89,8 @@ def measure(sched: Scheduler, steps: int, with_observe: bool) -> list[int]:
         out = sched.schedule()
         if with_observe:  # a step time that leaves the ITL rule short of the budget, so
             # the TTFT scan runs too (the costliest path)
-            sched.observe(out, synthetic_ms(out) * (1.0 + 0.02 * ((i % 5) - 2)))
+            ms = synthetic_ms(out) * (1.0 + 0.02 * ((i % 5) - 2))
+            sched.observe(out, ms, ms + 0.5 if out.decodes else -1.0)  # the feedback too
         ts.append(pc() - t0)
         reset(sched, out)
     return ts
@@ -152,8 +153,8 @@ def main() -> None:
     rng = random.Random(1)
     for _ in range(200):  # then fits its model on varied steps (the bench's own are all alike)
         d, p = rng.randint(1, 300), rng.randint(0, 2048)
-        on.autopilot.observe(StepTimeModel.features(d, p, 2000 * d, p * p / 2),
-                             8.0 + 2.0 * bool(p) + 0.06 * d + 0.02 * p)
+        on.autopilot.model.update(StepTimeModel.features(d, p, 2000 * d, p * p / 2),
+                                  8.0 + 2.0 * bool(p) + 0.06 * d + 0.02 * p)
     measure(on, 200, True)
     rows = {}
     # interleaved in blocks of 10, so that both see the same machine (a shared VM's neighbours
@@ -169,8 +170,8 @@ def main() -> None:
     rows["autopilot_us"] = {k: rows["on"][k] - rows["off"][k] for k in ("median_us", "p99_us")}
     rows["active"] = bool(on.autopilot and on.autopilot.active)
     out = on.schedule()
-    rows["allowance_in_force"] = out.prefill_allowance
-    rows["state"] = out.autopilot_state
+    rows["allowance_in_force"] = out.autopilot.allowance
+    rows["state"] = out.autopilot.state
     reset(on, out)
     if a.parts:
         rows["parts"] = parts(on, a.steps)

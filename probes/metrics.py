@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.autopilot import STEERING
+from gpuchef.engine_host.config import ConfigError, parse_auto_budget
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 
@@ -634,28 +635,64 @@ def format_value(v: Any) -> str:
     return "{:<10.2f}".format(float(v))
 
 
+def steered_itl_ms(steps: Iterable[StepRecord], stat: str) -> float:
+    """The ITL statistic ``stat`` ("p99", "p<q>", "median" or "mean", as an autopilot target
+    names it) over the decode tokens of the steps the autopilot steered (ms; NaN when there
+    are none): each step's ``itl_ms`` counted once per decode row, which is the pooled
+    per-token ITL ``vllm bench serve`` computes (one gap per token, linear interpolation) for
+    the tokens those steps produced. The number the autopilot's promise is about: its ITL
+    target holds where this is within it (docs/autopilot.md, "The ITL contract")."""
+    itl, rows = [], []
+    for x in steps:
+        if x.autopilot_state == STEERING and x.itl_ms > 0 and x.num_decode_reqs:
+            itl.append(x.itl_ms)
+            rows.append(x.num_decode_reqs)
+    if not itl:
+        return NAN
+    a, w = np.asarray(itl), np.asarray(rows)
+    if stat == "mean":
+        return float(np.dot(a, w) / w.sum())
+    q = 50.0 if stat == "median" else float(stat[1:])
+    return float(np.percentile(np.repeat(a, w), q))
+
+
 @dataclass
 class AutopilotTotals:
     """What the autopilot did over a run: ``steps`` (StepRecords that ran with it: ``auto_budget``
     set and a ``prefill_allowance`` ≥ 0, i.e. chunked steps), ``states`` (steps per
-    ``autopilot_state``, engine_host.autopilot.STATES' names), ``last`` (the newest such step)."""
+    ``autopilot_state``, engine_host.autopilot.STATES' names), ``last`` (the newest such step),
+    ``itl_ms`` (the ITL statistic of the targets in force at the end, over the steered steps'
+    decode tokens: :func:`steered_itl_ms`; NaN when none)."""
     steps: int
     states: dict[str, int]
     last: StepRecord
+    itl_ms: float = NAN
+
+    def itl_text(self) -> str:
+        """``"P99 ITL 47.2 ms ≤ 50 ms: kept"`` / ``"… > 50 ms: missed"`` (steered steps), ""
+        when no steered step had decode rows."""
+        if self.itl_ms != self.itl_ms:
+            return ""
+        spec = parse_auto_budget(self.last.auto_budget)
+        kept = self.itl_ms <= spec.itl_ms
+        return (f"{spec.itl_stat.upper() if spec.itl_stat.startswith('p') else spec.itl_stat} "
+                f"ITL {self.itl_ms:.1f} ms {'≤' if kept else '>'} {spec.itl_ms:g} ms: "
+                f"{'kept' if kept else 'missed'}")
 
     def short(self) -> str:
         """``"steering 858/940"``: the share of steps the model chose (fits an A/B column)."""
-        from gpuchef.engine_host.autopilot import STEERING
         return f"{STEERING} {self.states.get(STEERING, 0)}/{self.steps}"
 
     def line(self) -> str:
         """``"itl_p99:50ms,ttft_p99:2000ms; 940 steps: steering 858, learning 72; fit error at
-        the end 12 %"`` (the targets in force at the end)."""
+        the end 12 %; steered: P99 ITL 47.2 ms ≤ 50 ms: kept"`` (the targets in force at the
+        end)."""
         states = ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))
         fe = self.last.fit_error
         err = f"{fe * 100:.0f} %" if fe is not None and fe >= 0 else "not tracked yet"
+        itl = self.itl_text()
         return (f"{self.last.auto_budget}; {self.steps} steps: {states}; fit error at the end "
-                f"{err}")
+                f"{err}" + (f"; steered: {itl}" if itl else ""))
 
 
 def autopilot_totals(steps: Iterable[StepRecord]) -> AutopilotTotals | None:
@@ -669,7 +706,11 @@ def autopilot_totals(steps: Iterable[StepRecord]) -> AutopilotTotals | None:
     states: dict[str, int] = {}
     for x in ap:
         states[x.autopilot_state] = states.get(x.autopilot_state, 0) + 1
-    return AutopilotTotals(len(ap), states, ap[-1])
+    last = ap[-1]
+    stat = parse_auto_budget(last.auto_budget).itl_stat
+    return AutopilotTotals(len(ap), states, last,
+                           steered_itl_ms((x for x in ap if x.auto_budget == last.auto_budget),
+                                          stat))
 
 
 #: the results block's section of gpuchef's engine-step rows

@@ -24,7 +24,7 @@ from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_l
 from gpuchef.engine_host.phases import parse_phase_mark
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
-from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value
+from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value, steered_itl_ms
 from gpuchef.probes.timeline import TimelineSnapshot
 
 NAN = float("nan")
@@ -214,11 +214,31 @@ class AutopilotStatus:
     wall_ms: float
     budget: int
     mode: str = "chunked"
+    achieved_ms: float = NAN
 
     @classmethod
-    def of(cls, s: StepRecord) -> "AutopilotStatus":
+    def of(cls, s: StepRecord, window: Sequence[StepRecord] = ()) -> "AutopilotStatus":
+        """The status of the newest step ``s``; ``achieved_ms``: the ITL statistic of its
+        targets over the steered steps of ``window`` (``probes.metrics.steered_itl_ms``)."""
+        achieved = NAN
+        if s.auto_budget and window:
+            stat = parse_auto_budget(s.auto_budget).itl_stat
+            achieved = steered_itl_ms((x for x in window if x.auto_budget == s.auto_budget),
+                                      stat)
         return cls(s.auto_budget, s.autopilot_state, s.fit_error, s.prefill_allowance,
-                   s.predicted_ms, s.wall_ms, s.max_num_batched_tokens, s.mode)
+                   s.predicted_ms, s.wall_ms, s.max_num_batched_tokens, s.mode, achieved)
+
+    @property
+    def contract_text(self) -> str:
+        """The promise against what the window's steered steps got: "P99 ITL 47.2 ≤ 50 ms:
+        kept", "P99 ITL 61.0 > 50 ms: missed"; "" when no steered step had decode rows."""
+        if self.achieved_ms != self.achieved_ms or not self.auto_budget:
+            return ""
+        spec = parse_auto_budget(self.auto_budget)
+        stat = spec.itl_stat.upper() if spec.itl_stat.startswith("p") else spec.itl_stat
+        kept = self.achieved_ms <= spec.itl_ms
+        return (f"{stat} ITL {self.achieved_ms:.1f} {'≤' if kept else '>'} {spec.itl_ms:g} ms: "
+                f"{'kept' if kept else 'missed'}")
 
     @property
     def itl_target_ms(self) -> float:
@@ -232,7 +252,8 @@ class AutopilotStatus:
         return f"{self.fit_error * 100:.0f} %" if self.fit_error >= 0 else "–"
 
     def line(self) -> str:
-        """One status line: "steering itl_p99:50ms: fitted, err 7 %", "infeasible: decodes
+        """One status line: "steering itl_p99:50ms: P99 ITL 47.2 ≤ 50 ms: kept, err 7 %" (the
+        window's steered steps against the promise), "infeasible: decodes
         alone over ITL 50 ms; static budget 2048 for TTFT (err 4 %)", "fallback: static budget
         2048 (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
         if not self.auto_budget:
@@ -241,7 +262,9 @@ class AutopilotStatus:
             return (f"{self.auto_budget}: idle in continuous mode (it steers chunked steps; "
                     "m switches back)")
         if self.state == STEERING:
-            return f"{STEERING} {self.auto_budget}: fitted, err {self.error_text}"
+            kept = self.contract_text
+            return (f"{STEERING} {self.auto_budget}: {kept or 'fitted'}, "
+                    f"err {self.error_text}")
         if self.state == INFEASIBLE:
             return (f"{INFEASIBLE}: decodes alone over ITL {self.itl_target_ms:g} ms; static "
                     f"budget {self.budget} for TTFT (err {self.error_text})")
@@ -566,7 +589,7 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
                      preempted, kv, cnt, modes, gpu_series, per_gpu,
                      markers_for(snap.events_between(t0, t1), grid), kv_total, latest,
                      allowance=allow, predicted_ms=predicted, step_ms=step_ms,
-                     autopilot=AutopilotStatus.of(snap.steps[-1]) if snap.steps else None)
+                     autopilot=AutopilotStatus.of(snap.steps[-1], snap.steps) if snap.steps else None)
 
 
 def _kv_share(rows: np.ndarray) -> np.ndarray:

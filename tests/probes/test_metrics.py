@@ -347,3 +347,54 @@ def test_a_multi_token_chunk_is_one_itl_as_vllm_bench_serve_records_it():
     from gpuchef.probes.metrics import _itls_ms
     assert _itls_ms([r.token_times_ns, other.token_times_ns]).tolist() == \
         r.itls_ms + other.itls_ms
+
+
+def test_steered_itl_is_the_pooled_per_token_itl_of_the_steered_steps():
+    # the tiny engine with the autopilot on (its model hears a known step time, so that it
+    # steers on a shared CPU): the statistic over the steps' itl_ms × decode rows equals the
+    # one over the requests' own token gaps whose later token a steered step produced
+    import random
+
+    from gpuchef.engine_host.autopilot import STEERING
+    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.engine import LLMEngine
+    from gpuchef.engine_host.request import SamplingParams
+    from gpuchef.probes.metrics import autopilot_totals, steered_itl_ms
+
+    cfg = EngineConfig(model="tiny", device="cpu", max_model_len=512,
+                       cache=CacheConfig(num_gpu_blocks=512),
+                       scheduler=SchedulerConfig(mode="chunked", max_num_batched_tokens=128,
+                                                 max_num_seqs=8, auto_budget="itl_p99:6ms"))
+    eng = LLMEngine(cfg)
+    orig = eng.scheduler.observe
+    eng.scheduler.observe = lambda out, ms, itl: orig(
+        out, 1.0 + 0.5 * bool(out.prefills) + 0.05 * len(out.decodes)
+        + 0.02 * out.num_prefill_tokens, itl)
+    rng = random.Random(3)
+    for i in range(24):
+        eng.add_request(f"q{i}", [rng.randrange(1, 500) for _ in range(rng.randint(40, 160))],
+                        SamplingParams(max_tokens=rng.randint(10, 30), ignore_eos=True))
+    steps, reqs = [], []
+    while eng.has_unfinished():
+        res = eng.step()
+        if res.record is not None:
+            steps.append(res.record)
+        reqs += res.finished
+    steered = [s for s in steps if s.autopilot_state == STEERING]
+    assert len(steered) > 20
+    gaps = []
+    for r in reqs:
+        t = r.token_times_ns
+        for a, b in zip(t, t[1:]):
+            s = next(s for s in steps if s.t_start_ns <= b <= s.t_end_ns)
+            if s.autopilot_state == STEERING:
+                gaps.append((b - a) / 1e6)
+    assert len(gaps) == sum(s.num_decode_reqs for s in steered if s.itl_ms > 0)
+    for stat, want in (("p99", np.percentile(gaps, 99)), ("median", np.percentile(gaps, 50)),
+                       ("mean", np.mean(gaps))):
+        assert steered_itl_ms(steps, stat) == pytest.approx(want, rel=1e-6)
+    tot = autopilot_totals(steps)
+    assert tot.itl_ms == pytest.approx(np.percentile(gaps, 99), rel=1e-6)
+    kept = "≤ 6 ms: kept" if tot.itl_ms <= 6 else "> 6 ms: missed"
+    assert f"steered: P99 ITL {tot.itl_ms:.1f} ms {kept}" in tot.line()
+    assert math.isnan(steered_itl_ms([s for s in steps if s.autopilot_state != STEERING], "p99"))

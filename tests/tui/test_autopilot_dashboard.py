@@ -9,6 +9,7 @@ import asyncio
 import math
 import time
 
+import numpy as np
 import pytest
 from textual.command import CommandPalette
 from textual.widgets import Input
@@ -229,7 +230,7 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
             title = "".join(seg.text for seg in panel.render_line(0))
             err = f"{last.fit_error * 100:.0f} %"
             assert err in title, title
-            assert {STEERING: "fitted", FALLBACK: "fallback: static budget",
+            assert {STEERING: f"{STEERING} {last.auto_budget}: ", FALLBACK: "fallback: static budget",
                     LEARNING: "learning: not fitted",
                     INFEASIBLE: "infeasible: decodes alone"}[last.autopilot_state] in title
             btitle = "".join(seg.text for seg in batch.render_line(0))
@@ -266,6 +267,31 @@ def test_status_line_names_the_state_the_budget_and_the_error(state, fit_error, 
         assert st.itl_target_ms == 50.0
     else:
         assert math.isnan(st.itl_target_ms)  # off: no target line
+
+
+@pytest.mark.parametrize("itls, says", [
+    ([(40.0, 60), (45.0, 30), (49.0, 10)], "P99 ITL 49.0 ≤ 50 ms: kept"),
+    ([(40.0, 50), (45.0, 45), (70.0, 5)], "P99 ITL 70.0 > 50 ms: missed"),
+])
+def test_status_line_says_whether_the_window_kept_the_itl_promise(itls, says):
+    # the window's steered steps, each ITL once per decode row, against the target; steps not
+    # steered (here an infeasible one with a 900 ms ITL) and other targets' steps are not in it
+    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.tui.plotdata import AutopilotStatus
+
+    def rec(i, itl, rows, state="steering", spec="itl_p99:50ms"):
+        return StepRecord(i, i * 10**7, i * 10**7 + 10**6, 1.0, "chunked", 2048, 256, 0, 1, 1,
+                          64, rows, 0, 3, 0, 0, 5, 100, auto_budget=spec,
+                          autopilot_state=state, fit_error=0.07, prefill_allowance=64,
+                          itl_ms=itl)
+
+    window = [rec(i, itl, rows) for i, (itl, rows) in enumerate(itls)]
+    window += [rec(10, 900.0, 50, state="infeasible"), rec(11, 900.0, 50, spec="itl_p99:80ms")]
+    st = AutopilotStatus.of(window[0], window)
+    pooled = [itl for itl, rows in itls for _ in range(rows)]  # one ITL per decode token
+    assert st.achieved_ms == pytest.approx(float(np.percentile(pooled, 99)))
+    assert says in st.line(), st.line()
+    assert st.line().startswith("steering itl_p99:50ms: ") and st.line().endswith("err 7 %")
 
 
 def test_palette_ab_takes_the_autopilot_with_its_comma():
