@@ -7,24 +7,25 @@ writer) takes it then and holds it up to the interpreter's switch interval, and 
 steps stretch (measured on an H100: TPOT under ``gpuchef serve`` was 2.2× the in-process
 engine's when the bridge lived beside the engine). So the engine runs alone:
 
-* **engine process** (``_engine_main``): builds the engine, then runs an ``EngineHost`` loop
-  (scheduler + runner + async pipeline) whose listeners append records to a list, flushed once
-  per loop turn as one batch onto a ``queue.SimpleQueue``. Its two other threads are I/O:
-  the *input* thread (the process's main thread) is blocked in ``zmq`` ``recv`` with the GIL
-  released and turns each message into the host call it names (``submit``, ``abort``, knob
-  changes, ``pause``…: queue puts); the *output* thread is blocked on the batch queue and
-  encodes each batch with msgspec (C, no per-record Python) and sends it (GIL released).
-* **client** (``RemoteEngine`` / ``EngineCoreClient``, in the caller's process): the engine's
-  facts (model, device, KV cache, limits) for the surfaces, and a host with ``EngineHost``'s
-  API whose listeners (``on_step``, ``on_output``, ``on_request``, ``on_event``) a receiver
-  thread calls for every record of the stream, in the engine's order. The sinks — trace
-  recorder, timeline, front door, /metrics, load results, A/B — are those listeners.
+* **engine process** (``core_proc.engine_main``, ``EngineCoreProc``): builds the engine, then
+  runs an ``EngineHost`` loop (scheduler + runner + async pipeline) whose listeners append
+  records to a list, flushed once per loop turn as one batch. Its two other threads are I/O:
+  the *input* thread is blocked in ``zmq`` ``recv`` with the GIL released and turns each
+  message into the host call it names; the *output* thread encodes each batch with msgspec
+  (C, no per-record Python) and sends it (GIL released).
+* **client** (this module: ``RemoteEngine`` / ``EngineCoreClient``, in the caller's process): the
+  engine's facts (model, device, KV cache, limits) for the surfaces, and a host with
+  ``EngineHost``'s API whose listeners (``on_step``, ``on_output``, ``on_request``,
+  ``on_event``) a receiver thread calls for every record of the stream, in the engine's order.
+  The sinks — trace recorder, timeline, front door, /metrics, load results, A/B — are those
+  listeners.
 
-The wire: ZMQ PUSH/PULL over ``ipc://`` sockets in a private temporary folder (the client binds
-the output socket, the engine binds the input socket), msgpack by msgspec. One ``OutBatch`` per
-engine loop turn that emitted anything or changed the host's status; inputs are tagged
-``msgspec.Struct`` messages. Clock: ``time.monotonic_ns()`` is CLOCK_MONOTONIC, one clock for
-all processes of a machine, so record times need no translation.
+The wire (``core_wire``): ZMQ PUSH/PULL over ``ipc://`` sockets in a private temporary folder
+(the client binds the output socket, the engine binds the input socket), msgpack by msgspec.
+One ``OutBatch`` per engine loop turn that emitted anything or changed the host's status;
+inputs are tagged ``msgspec.Struct`` messages. Clock: ``time.monotonic_ns()`` is
+CLOCK_MONOTONIC, one clock for all processes of a machine, so record times need no
+translation.
 
 Errors: a start-up failure (bad model folder, vLLM missing) is the ConfigError of the engine
 process, raised here with its one line; a crash of the engine process afterwards (killed, a
@@ -35,17 +36,19 @@ segfault) sets ``host.error`` and sends one "error" EngineEvent naming it to ``o
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable
 
 import msgspec
 
 from .config import ConfigError, EngineConfig, SchedulerConfig, parse_value
+from .core_proc import SUBSCRIBER_HWM, engine_facts, engine_main
+from .core_wire import (Command, NewHost, OutBatch, Shutdown, Start, Stop, Submit, Subscribe,
+                        Workload, batch_records)
 from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 
@@ -55,93 +58,7 @@ START_TIMEOUT_S = 1800.0
 #: how often the receiver looks whether the engine process is still alive when nothing arrives
 LIVENESS_POLL_MS = 200
 
-
-# ---- the wire ----------------------------------------------------------------------------------
-
-class OutBatch(msgspec.Struct, array_like=True):
-    """One engine loop turn's records, in emission order: ``order`` holds one code per record
-    (b"s" step, b"o" output, b"r" request, b"e" event) saying which list the next one comes from.
-    The rest is the host's status after the turn."""
-
-    host: int
-    order: bytes
-    steps: list[StepRecord]
-    outputs: list[StepOutput]
-    requests: list[RequestRecord]
-    events: list[EngineEvent]
-    state: Union[tuple[int, int, int, int], None]
-    step_id: int
-    submitted: int
-    done: bool
-    paused: bool
-    load_paused: bool
-    sched: Union[SchedulerConfig, None] = None
-    error: str = ""
-    final: bool = False
-
-
-class NewHost(msgspec.Struct, tag="host", array_like=True):
-    host: int
-
-
-class Workload(msgspec.Struct, tag="workload", array_like=True):
-    specs: list[tuple[str, float, list[int], int]]  # request_id, arrival_s, prompt, output_len
-    t0_ns: Union[int, None]
-
-
-class Start(msgspec.Struct, tag="start", array_like=True):
-    t0_ns: int
-
-
-class Submit(msgspec.Struct, tag="submit", array_like=True):
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    arrival_ns: Union[int, None]
-    load: bool
-
-
-class Command(msgspec.Struct, tag="cmd", array_like=True):
-    kind: str  # an EngineHost method: set_config, pause, resume, pause_load, resume_load, mark, abort
-    args: list[Any]
-    kwargs: dict[str, Any]
-
-
-class Stop(msgspec.Struct, tag="stop", array_like=True):
-    abort_remaining: bool
-    abort_reason: str
-
-
-class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
-    pass
-
-
-class Subscribe(msgspec.Struct, tag="sub", array_like=True):
-    """Send the stream to ``addr`` too (``on`` False: stop), e.g. the HTTP server's process."""
-
-    addr: str
-    on: bool
-
-
-Inbound = Union[NewHost, Workload, Start, Submit, Command, Stop, Shutdown, Subscribe]
-#: a subscriber's queue (frames) before frames for it are dropped: minutes of steps; only a
-#: subscriber that stopped reading fills it, and it must never hold the engine's stream back
-SUBSCRIBER_HWM = 100_000
-_COMMANDS = ("set_config", "pause", "resume", "pause_load", "resume_load", "mark", "abort")
-
-
 # ---- the engine's facts, as the client's process sees them -------------------------------------
-
-@dataclass(frozen=True)
-class LoadedInfo:
-    """``loader.LoadedModel`` without the model: what the surfaces name."""
-
-    name: str
-    random_weights: bool
-    source: str
-    num_params: int
-    weight_bytes: int
-
 
 @dataclass(frozen=True)
 class _Backend:
@@ -164,34 +81,6 @@ class _KV:
         return KVUsage(st[2], st[3]) if st else KVUsage(0, self._owner.num_blocks)
 
 
-def engine_facts(engine: Any) -> dict[str, Any]:
-    """What the client's process needs to know of a built engine (sent once, pickled)."""
-    lm = engine.loaded
-    facts = {
-        "config": engine.config, "device": str(engine.device),
-        "dtype": str(engine.dtype).replace("torch.", ""),
-        "loaded": LoadedInfo(lm.name, lm.random_weights, lm.source, lm.num_params,
-                             getattr(lm, "weight_bytes", 0)),
-        "model_config": engine.model_config, "max_model_len": engine.max_model_len,
-        "num_blocks": engine.num_blocks, "block_size": engine.kv.block_size,
-        "attn": engine.attn.name, "decode_attention": getattr(engine, "decode_attention", None),
-        "kernels": getattr(engine, "kernels", None), "engine_name": engine.engine_name,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "async_scheduling": bool(engine.async_scheduling),
-        "scheduler_config": engine.scheduler_config, "step_id": engine.step_id,
-        "live_limits": None, "device_name": "",
-    }
-    lim = getattr(engine, "max_num_batched_tokens_limit", None)
-    if lim is not None:  # vLLM: the budget and max_num_seqs at most their start-up values
-        facts["live_limits"] = {"max_num_batched_tokens": lim,
-                                "max_num_seqs": engine.max_num_seqs_limit}
-    if engine.device.type == "cuda":
-        import torch
-
-        facts["device_name"] = torch.cuda.get_device_name(engine.device)
-    return facts
-
-
 def device_name(engine: Any) -> str:
     """The GPU's name for a trace's meta ("" on a CPU), without touching CUDA in a process
     that does not run the engine."""
@@ -203,197 +92,6 @@ def device_name(engine: Any) -> str:
     import torch
 
     return torch.cuda.get_device_name(engine.device)
-
-
-# ---- the engine process ------------------------------------------------------------------------
-
-def _engine_main(conn: Any, cfg: EngineConfig, in_addr: str, out_addr: str) -> None:
-    """The engine process: build, say ready, then serve its input socket until Shutdown."""
-    import signal
-
-    # Ctrl-C goes to the whole process group; the client decides how a session ends (it
-    # stops the host: requests withdrawn, records flushed) and then shuts this process down.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from .factory import make_engine
-
-    def progress(stage: str, done: int, total: int) -> None:
-        conn.send(("progress", stage, done, total))
-
-    try:
-        engine = make_engine(cfg, progress=progress)
-        facts = engine_facts(engine)
-    except ConfigError as e:
-        conn.send(("error", str(e)))
-        return
-    except BaseException as e:  # noqa: BLE001 - one line to the parent, whatever it was
-        conn.send(("error", f"the engine could not start: {type(e).__name__}: {e}"))
-        return
-    _EngineCore(engine, in_addr, out_addr).run(lambda: conn.send(("ready", facts)))
-
-
-class _EngineCore:
-    """The engine process's loop: the host thread, the output thread, and the input loop on the
-    main thread."""
-
-    def __init__(self, engine: Any, in_addr: str, out_addr: str) -> None:
-        import zmq
-
-        self.engine = engine
-        self.ctx = zmq.Context(io_threads=1)
-        self.inp = self.ctx.socket(zmq.PULL)
-        self.inp.bind(in_addr)
-        self.out = self.ctx.socket(zmq.PUSH)
-        self.out.setsockopt(zmq.LINGER, 2000)
-        self.out.connect(out_addr)
-        self.outq: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.subs: dict[str, Any] = {}  # addr -> PUSH socket (writer thread only)
-        self.host: Any = None
-        self.host_id = 0
-        #: (code, record) pairs, one append each (atomic), codes as OutBatch.order's
-        self._buf: list[tuple[int, Any]] = []
-        self._last_status: tuple = ()
-        self._last_sched: SchedulerConfig | None = None
-
-    # listeners: the engine thread's whole cost is these appends
-    def _on_step(self, r: StepRecord) -> None:
-        self._buf.append((115, r))
-
-    def _on_output(self, o: StepOutput) -> None:
-        self._buf.append((111, o))
-
-    def _on_request(self, r: RequestRecord) -> None:
-        self._buf.append((114, r))
-
-    def _on_event(self, e: EngineEvent) -> None:
-        self._buf.append((101, e))
-
-    def _flush(self, final: bool = False) -> None:
-        h = self.host
-        if h is None:
-            return
-        err = "" if h.error is None else f"{type(h.error).__name__}: {h.error}"
-        status = (h.state, self.engine.step_id, h.submitted, h._done.is_set(), h.paused,
-                  h.load_paused, err)
-        if not self._buf and status == self._last_status and not final:
-            return
-        sched = self.engine.scheduler_config
-        if sched == self._last_sched:
-            sched = None
-        else:
-            self._last_sched = sched
-        buf, self._buf = self._buf, []
-        self._last_status = status
-        self.outq.put((self.host_id, buf, status, sched, final))
-
-    def _subscribe(self, addr: str, on: bool) -> None:
-        """The writer thread's part of Subscribe (sockets belong to the thread using them)."""
-        import zmq
-
-        old = self.subs.pop(addr, None)
-        if old is not None:
-            old.close(linger=0)
-        if on:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, SUBSCRIBER_HWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(addr)
-            self.subs[addr] = sock
-
-    def _writer(self) -> None:
-        import zmq
-
-        enc = msgspec.msgpack.Encoder()
-        while True:
-            item = self.outq.get()
-            if item is None:
-                return
-            if item[0] == "sub":
-                self._subscribe(item[1], item[2])
-                continue
-            host_id, buf, status, sched, final = item
-            steps, outs, reqs, evs = [], [], [], []
-            lists = {115: steps, 111: outs, 114: reqs, 101: evs}  # s o r e
-            for code, rec in buf:
-                lists[code].append(rec)
-            order = bytes(code for code, _ in buf)
-            state, step_id, submitted, done, paused, load_paused, err = status
-            frame = enc.encode(OutBatch(host_id, order, steps, outs, reqs, evs, state, step_id,
-                                        submitted, done, paused, load_paused, sched, err, final))
-            self.out.send(frame, copy=False)
-            for sock in self.subs.values():
-                try:  # never wait for a subscriber: one that stopped reading loses frames
-                    sock.send(frame, zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    pass
-
-    def _new_host(self, host_id: int) -> None:
-        from .host import EngineHost
-
-        if self.host is not None:
-            self.host.stop()
-        self.host_id = host_id
-        self._last_status = ()
-        self.host = EngineHost(self.engine, on_step=self._on_step, on_request=self._on_request,
-                               on_event=self._on_event, on_output=self._on_output,
-                               on_flush=self._flush)
-
-    def run(self, ready: Callable[[], None]) -> None:
-        writer = threading.Thread(target=self._writer, name="gpuchef-engine-out", daemon=True)
-        writer.start()
-        ready()
-        dec = msgspec.msgpack.Decoder(Inbound)
-        parent = os.getppid()
-        try:
-            while True:
-                if not self.inp.poll(1000):
-                    if os.getppid() != parent:  # orphaned: the client's process is gone
-                        break
-                    continue
-                msg = dec.decode(self.inp.recv(copy=False).buffer)
-                if isinstance(msg, Shutdown):
-                    break
-                self._handle(msg)
-        finally:
-            if self.host is not None:
-                self.host.stop()
-            self.outq.put(None)
-            writer.join(5)
-            for sock in self.subs.values():
-                sock.close(linger=0)
-            self.engine.close()
-            self.out.close()
-            self.inp.close(linger=0)
-            self.ctx.term()
-
-    def _handle(self, msg: Any) -> None:
-        h = self.host
-        if isinstance(msg, Submit):
-            h.submit(msg.request_id, msg.prompt_token_ids, msg.sampling, msg.arrival_ns,
-                     load=msg.load)
-        elif isinstance(msg, Command):
-            try:
-                getattr(h, msg.kind)(*msg.args, **msg.kwargs)
-            except ConfigError as e:  # checked by the client already; say it if it slipped by
-                h._emit("error", message=str(e), source=str(msg.kwargs.get("source", "")))
-        elif isinstance(msg, NewHost):
-            self._new_host(msg.host)
-        elif isinstance(msg, Workload):
-            h.set_workload([_Spec(*s) for s in msg.specs], msg.t0_ns)
-        elif isinstance(msg, Start):
-            h.start(msg.t0_ns)
-        elif isinstance(msg, Subscribe):
-            self.outq.put(("sub", msg.addr, msg.on))
-        elif isinstance(msg, Stop):
-            h.stop(abort_remaining=msg.abort_remaining, abort_reason=msg.abort_reason)
-            self._flush(final=True)
-
-
-@dataclass(frozen=True)
-class _Spec:
-    request_id: str
-    arrival_s: float
-    prompt_token_ids: list[int]
-    output_len: int
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -483,7 +181,7 @@ class RemoteEngine:
         # not a daemon: vLLM's engine may start worker processes of its own (tensor
         # parallelism), which a daemonic process may not; an exit hook shuts it down instead,
         # and the engine process leaves by itself when this one is gone
-        proc = mpc.Process(target=_engine_main, args=(child, cfg, in_addr, out_addr),
+        proc = mpc.Process(target=engine_main, args=(child, cfg, in_addr, out_addr),
                            name="gpuchef-engine", daemon=False)
 
         def fail(msg: str) -> ConfigError:
@@ -812,12 +510,6 @@ class EngineCoreClient:
         self._final.set()
 
 
-def batch_records(b: OutBatch) -> list[Any]:
-    """An OutBatch's records in the engine's order (for a subscriber decoding the stream)."""
-    it = {115: iter(b.steps), 111: iter(b.outputs), 114: iter(b.requests), 101: iter(b.events)}
-    return [next(it[code]) for code in b.order]
-
-
 def make_host(engine: Any, **listeners: Any) -> Any:
     """The host for ``engine``: ``RemoteEngine.new_host`` for an engine in its own process, an
     in-thread ``EngineHost`` for one built in this process (tests, benchmarks that compare
@@ -830,4 +522,5 @@ def make_host(engine: Any, **listeners: Any) -> Any:
 
 
 __all__ = ["EngineCoreClient", "EngineProcessError", "OutBatch", "RemoteEngine", "device_name",
-           "engine_facts", "exit_how", "make_host", "batch_records"]
+           "engine_facts", "exit_how", "make_host", "batch_records", "START_TIMEOUT_S",
+           "SUBSCRIBER_HWM"]

@@ -490,7 +490,7 @@ class _EngineStream:
         import msgspec
         import zmq
 
-        from ..engine_host.core import OutBatch
+        from ..engine_host.core_wire import OutBatch
 
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.PULL)
@@ -518,7 +518,7 @@ class _EngineStream:
         return conn.poll()
 
     def _apply(self, b: Any) -> None:
-        from ..engine_host.core import batch_records
+        from ..engine_host.core_wire import batch_records
 
         front, metrics, remote = self.front, self.metrics, self.remote
         for item in batch_records(b):
