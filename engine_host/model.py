@@ -124,21 +124,7 @@ class ModelConfig:
         """
         if not isinstance(cfg, dict):
             raise ConfigError(f"a model config must be a JSON object, got {type(cfg).__name__}")
-        archs = cfg.get("architectures")
-        if archs:
-            if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-                raise ConfigError(f"config field architectures must be a list of names, "
-                                  f"got {archs!r}")
-            arch = archs[0]
-            if arch not in ARCHITECTURES:
-                raise ConfigError(f"architecture {arch!r} is not supported; "
-                                  f"allowed: {', '.join(ARCHITECTURES)}")
-        else:
-            mt = cfg.get("model_type")
-            if mt not in _MODEL_TYPES:
-                raise ConfigError(f"config has no 'architectures' and model_type {mt!r} is not "
-                                  f"one of {', '.join(_MODEL_TYPES)}")
-            arch = _MODEL_TYPES[mt]
+        arch = _architecture_from(cfg)
         model_type = _ARCH_TYPES[arch]
 
         for key in _REQUIRED:
@@ -146,21 +132,7 @@ class ModelConfig:
                 raise ConfigError(f"config is missing the required field {key!r} "
                                   f"(needed: {', '.join(_REQUIRED)})")
         ints = {key: _pos_int(cfg, key) for key in _REQUIRED}
-        heads = ints["num_attention_heads"]
-        kv_heads = _pos_int(cfg, "num_key_value_heads") if cfg.get(
-            "num_key_value_heads") is not None else heads
-        if heads % kv_heads:
-            raise ConfigError(f"num_attention_heads {heads} must be a multiple of "
-                              f"num_key_value_heads {kv_heads}")
-        if cfg.get("head_dim") is not None:
-            head_dim = _pos_int(cfg, "head_dim")
-        else:
-            if ints["hidden_size"] % heads:
-                raise ConfigError(f"hidden_size {ints['hidden_size']} is not divisible by "
-                                  f"num_attention_heads {heads} and head_dim is not given")
-            head_dim = ints["hidden_size"] // heads
-        if head_dim % 2:
-            raise ConfigError(f"head_dim {head_dim} must be even (rotary embeddings)")
+        kv_heads, head_dim = _heads_from(cfg, ints)
 
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
@@ -169,23 +141,8 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope_from(cfg)
 
         eos_ids = eos_token_ids(cfg.get("eos_token_id"))
-
-        # Qwen2 and Mistral ignore attention_bias/mlp_bias fields: their biases are fixed.
-        if model_type == "qwen2":
-            attention_bias, mlp_bias = True, False
-        elif model_type == "mistral":
-            attention_bias, mlp_bias = False, False
-        else:
-            attention_bias = bool(cfg.get("attention_bias", False))
-            mlp_bias = bool(cfg.get("mlp_bias", False))
-
-        window = cfg.get("sliding_window")
-        if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
-            window = None  # Qwen2 windows only when use_sliding_window is set
-        if model_type == "llama":
-            window = None
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ConfigError(f"sliding_window must be a positive int or null, got {window!r}")
+        attention_bias, mlp_bias = _biases_from(cfg, model_type)
+        window = _sliding_window_from(cfg, model_type)
 
         eps = cfg.get("rms_norm_eps", 1e-6)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
@@ -209,6 +166,70 @@ class ModelConfig:
             sliding_window=window,
             extra={k: v for k, v in cfg.items() if k not in known},
         )
+
+
+def _architecture_from(cfg: dict[str, Any]) -> str:
+    """The config's architecture, one of ARCHITECTURES: ``architectures[0]``, else the one of its
+    ``model_type``. Raises ConfigError naming the bad field and what is allowed."""
+    archs = cfg.get("architectures")
+    if archs:
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ConfigError(f"config field architectures must be a list of names, "
+                              f"got {archs!r}")
+        arch = archs[0]
+        if arch not in ARCHITECTURES:
+            raise ConfigError(f"architecture {arch!r} is not supported; "
+                              f"allowed: {', '.join(ARCHITECTURES)}")
+        return arch
+    mt = cfg.get("model_type")
+    if mt not in _MODEL_TYPES:
+        raise ConfigError(f"config has no 'architectures' and model_type {mt!r} is not "
+                          f"one of {', '.join(_MODEL_TYPES)}")
+    return _MODEL_TYPES[mt]
+
+
+def _heads_from(cfg: dict[str, Any], ints: dict[str, int]) -> tuple[int, int]:
+    """(num_key_value_heads, head_dim): KV heads default to the attention heads (no GQA),
+    head_dim to hidden_size / heads. Raises ConfigError when the heads don't divide or
+    head_dim is odd (rotary embeddings rotate pairs)."""
+    heads = ints["num_attention_heads"]
+    kv_heads = _pos_int(cfg, "num_key_value_heads") if cfg.get(
+        "num_key_value_heads") is not None else heads
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads {heads} must be a multiple of "
+                          f"num_key_value_heads {kv_heads}")
+    if cfg.get("head_dim") is not None:
+        head_dim = _pos_int(cfg, "head_dim")
+    else:
+        if ints["hidden_size"] % heads:
+            raise ConfigError(f"hidden_size {ints['hidden_size']} is not divisible by "
+                              f"num_attention_heads {heads} and head_dim is not given")
+        head_dim = ints["hidden_size"] // heads
+    if head_dim % 2:
+        raise ConfigError(f"head_dim {head_dim} must be even (rotary embeddings)")
+    return kv_heads, head_dim
+
+
+def _biases_from(cfg: dict[str, Any], model_type: str) -> tuple[bool, bool]:
+    """(attention_bias, mlp_bias). Qwen2 and Mistral ignore the config's fields: their biases
+    are fixed by the architecture."""
+    if model_type == "qwen2":
+        return True, False
+    if model_type == "mistral":
+        return False, False
+    return bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False))
+
+
+def _sliding_window_from(cfg: dict[str, Any], model_type: str) -> int | None:
+    """The attention window (tokens) or None. Raises ConfigError unless a positive int."""
+    window = cfg.get("sliding_window")
+    if model_type == "qwen2" and not cfg.get("use_sliding_window", False):
+        window = None  # Qwen2 windows only when use_sliding_window is set
+    if model_type == "llama":
+        window = None
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ConfigError(f"sliding_window must be a positive int or null, got {window!r}")
+    return window
 
 
 def eos_token_ids(value: Any) -> tuple[int, ...]:
