@@ -1,7 +1,7 @@
 """The front door's cost: the same seeded arrivals and lengths sent to the same engine in-process
 and over HTTP (`gpuchef serve`'s front door, streamed), interleaved over ``--rounds``.
 
-* in-process: ``gpuchef.session.run_load`` — the host admits each request at its arrival time
+* in-process: ``gpuchef.sessions.headless.run_load`` — the host admits each request at its arrival time
   (the engine in its own process, as every command runs it; no HTTP).
 * HTTP: the front door on the same engine, in its own process as `gpuchef serve` runs it
   (``--server-thread`` adds the same server on a thread of this process); the load from
@@ -65,7 +65,7 @@ def main() -> None:
     from gpuchef.serve.process import ChildArgs, ServeProcess
     from gpuchef.serve.server import bind_socket
     from gpuchef.serve.session import fan, make_front_door
-    from gpuchef.session import build_engine, run_load
+    from gpuchef.sessions.headless import build_engine, run_load
 
     err = Console(stderr=True)
     ecfg = EngineConfig(model=a.model, device=a.device, seed=a.seed, max_model_len=a.max_model_len,

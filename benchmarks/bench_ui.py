@@ -44,9 +44,9 @@ from rich.console import Console
 
 from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.workload import WorkloadConfig, generate
-from gpuchef.live import LiveSession
+from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.metrics import summarize
-from gpuchef.session import Samplers, build_engine, run_load
+from gpuchef.sessions.headless import Samplers, build_engine, run_load
 from gpuchef.tui.app import GpuchefApp
 
 SIZE = (170, 50)

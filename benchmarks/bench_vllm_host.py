@@ -10,7 +10,7 @@ own process (one GPU, each engine takes most of its memory), one after the other
   ``ignore_eos`` and the forced lengths (vLLM's engine core in its own process, its defaults:
   async scheduling, torch.compile, CUDA graphs).
 * ``hosted``: the same vLLM (same knobs) as ``VllmEngine`` under gpuchef's ``EngineHost``, every
-  step recorded (``gpuchef.session.run_load``): the issue's bar is ≥ 98 % of ``plain``.
+  step recorded (``gpuchef.sessions.headless.run_load``): the issue's bar is ≥ 98 % of ``plain``.
 * ``native``: gpuchef's own engine, same load and knobs.
 
 Throughput = completed requests, output tokens and all tokens over the wall time of the run
@@ -125,7 +125,7 @@ def run_gpuchef(a: argparse.Namespace, engine: str) -> dict:
     from rich.console import Console
 
     from gpuchef.engine_host.request import SamplingParams
-    from gpuchef.session import run_load
+    from gpuchef.sessions.headless import run_load
 
     t0 = time.perf_counter()
     if engine == "vllm":

@@ -1,6 +1,6 @@
 """A fake engine for measuring the dashboard at a GPU's step rate on a CPU machine.
 
-``SyntheticFeed(session, steps_per_s)`` drives a real :class:`gpuchef.live.LiveSession` (its
+``SyntheticFeed(session, steps_per_s)`` drives a real :class:`gpuchef.sessions.live.LiveSession` (its
 engine is built but never started) with made-up but realistic records: a thread emits one
 StepRecord every ``1 / steps_per_s`` s and a RequestRecord (with a token time per decode step)
 for every request that finishes, through the session host's ``on_step`` / ``on_request``

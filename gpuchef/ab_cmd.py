@@ -175,7 +175,7 @@ def _check(o: dict) -> dict[str, Any]:
 
 def _ab(o: dict, err: Console) -> None:
     from .engine_host.workload import generate
-    from .session import Samplers, build_engine, open_trace, trace_meta
+    from .sessions.headless import Samplers, build_engine, open_trace, trace_meta
 
     c = _check(o)
     settings = c["settings"]
@@ -227,7 +227,7 @@ def _ab(o: dict, err: Console) -> None:
 
 def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None) -> list[str]:
     """The run's header lines; ``specs_n``: the request count, or a phrase when it varies."""
-    from .session import load_desc
+    from .sessions.headless import load_desc
 
     lm = engine.loaded
     n = f"{specs_n} requests" if isinstance(specs_n, int) else specs_n
@@ -392,7 +392,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     from .capacity import EARLY_STOP_REASON, WARMUP_SHARE, EarlyStop, Measured, capacity_ratio, capacity_search, \
         judge_probe, probe_mark, slo_percentiles, stop_mark
     from .engine_host.workload import generate
-    from .session import run_load
+    from .sessions.headless import run_load
 
     settings, slos = c["settings"], c["slos"]
     pcts = tuple(sorted(set(c["pcts"]) | set(slo_percentiles(slos))))

@@ -223,7 +223,7 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
     run, in execution order; figures by ``probes.ab``: a run's span ends at its last token).
     Raises RuntimeError if the engine is not idle between runs, and what ``run_load`` raises.
     """
-    from .session import run_load
+    from .sessions.headless import run_load
 
     rec = _Records()
     orders = run_orders(repetitions)
@@ -323,7 +323,7 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
     window) are ``probes.ab``'s. Raises ConfigError when the load is too short for one counted
     window per setting; RuntimeError if the engine is not idle at the start; what ``run_load``
     raises."""
-    from .session import run_load
+    from .sessions.headless import run_load
 
     rec = _Records()
     counts = {k: 0 for k in LABELS}

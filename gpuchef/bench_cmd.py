@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from .engine_host.config import ConfigError
-from .options import (attention_label, check_output_files, check_sampling, engine_config, engine_options, run_config,
+from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json, http_load_options, print_warning, probe_warning,
                       trace_flags_warning)
@@ -77,7 +77,7 @@ def _bench(o: dict, err: Console) -> None:
     from .engine_host.workload import generate
     from .probes.metrics import (autopilot_totals, benchmark_duration_s, format_results_block,
                                  load_start_event, parse_goodput, parse_percentiles, summarize)
-    from .session import build_engine, run_load
+    from .sessions.headless import attention_label, build_engine, run_load
 
     # everything that can be refused is refused before the model loads
     check_output_files(o)
@@ -96,7 +96,7 @@ def _bench(o: dict, err: Console) -> None:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
     if (w := probe_warning(o, specs)):
         print_warning(w)
-    from .session import Samplers, load_desc, open_trace, phase_marks, trace_meta
+    from .sessions.headless import Samplers, load_desc, open_trace, phase_marks, trace_meta
 
     listeners = []
     recorder = None

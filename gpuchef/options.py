@@ -565,13 +565,6 @@ def scheduling_desc(engine: Any) -> str:
     return "async (step N+1 launched while N runs)"
 
 
-def attention_label(engine: Any) -> str:
-    """The attention backend as the headers show it: its name, and the decode kernel where it
-    is not the backend's own (``flashinfer (decode xqa)``); vLLM's engine: its backend name."""
-    name = engine.attn.name
-    dec = getattr(engine, "decode_attention", None)
-    return name if not dec or dec == name else f"{name} (decode {dec})"
-
 
 def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
     """The ``config`` section of a headless command's ``--result-json``: what the engine ran

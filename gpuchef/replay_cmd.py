@@ -56,7 +56,7 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     Raises ConfigError for a file that is not a readable gpuchef trace or a bad option."""
     from .probes.recorder import TraceReadError, read_trace
     from .report.data import cut_short_line
-    from .replay import SPEED_MAX, SPEED_MIN, ReplaySession
+    from .sessions.replay import SPEED_MAX, SPEED_MIN, ReplaySession
     from .tui.replay import ReplayApp
     from .top_cmd import check_screenshot_dir, parse_window
 

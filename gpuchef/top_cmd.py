@@ -289,8 +289,8 @@ def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = Fals
 
 def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, duration_s,
            load_given):
-    from .live import LiveSession
-    from .session import build_engine
+    from .sessions.live import LiveSession
+    from .sessions.headless import build_engine
     from .tui.app import GpuchefApp
 
     engine = build_engine(ecfg, err)
@@ -321,10 +321,10 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
 
 
 def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
-    """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/attach.py).
+    """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/sessions/attach.py).
     ``need_terminal``: as :func:`_build`'s."""
     from .ab_runs import check_repetitions
-    from .attach import AttachSession, base_of
+    from .sessions.attach import AttachSession, base_of
     from .probes.sampler import check_sample_hz
     from .probes.metrics import parse_goodput, parse_percentiles
     from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus

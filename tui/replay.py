@@ -1,5 +1,5 @@
 """`gpuchef replay`'s app: the live dashboard's screens over a saved trace played back
-(:class:`tui.session.ReplayControl`, built by ``gpuchef/replay.py``).
+(:class:`tui.session.ReplayControl`, built by ``gpuchef/sessions/replay.py``).
 
 Composition, not a fork: :class:`ReplayApp` is ``GpuchefApp`` with playback keys added and every
 steering action refused ("replay is read-only"); :class:`ReplayScreen` is the main screen with a

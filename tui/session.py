@@ -1,6 +1,6 @@
 """What the dashboard needs from a live session: the contract between the TUI and its host.
 
-The TUI imports engine_host and probes, never ``gpuchef`` itself: ``gpuchef/live.py`` builds the
+The TUI imports engine_host and probes, never ``gpuchef`` itself: ``gpuchef/sessions/live.py`` builds the
 real session (engine + EngineHost + live load + samplers + timeline + trace) and tests build a
 static one. Everything here is read from the UI thread and must not block: commands are queue
 puts, reads are attributes or lock-free timeline snapshots. The one slow call, ``export_trace``,
@@ -52,7 +52,7 @@ def parse_time(text: str) -> float:
 def parse_rate(value: Any, unit: str) -> float:
     """A live load rate from a control or the palette: req/s (``unit`` "req/s") or a trace's
     speed (×; "2", "2x", "×2"), in (0, MAX_RATE]. Raises ConfigError naming the value. Shared by
-    the load (gpuchef.load) and the controls' validator, so the red mark and the refusal agree."""
+    the load (gpuchef.sessions.live_load) and the controls' validator, so the red mark and the refusal agree."""
     what = "request rate (req/s)" if unit == "req/s" else "trace speed (×)"
     if isinstance(value, bool):
         raise ConfigError(f"{what} must be a number in (0, {MAX_RATE:g}], got {value!r}")
@@ -193,7 +193,7 @@ class ABState:
 
 class LoadControl(Protocol):
     """The live load's controls. A load whose rate and pause are fixed may say why in a class
-    attribute ``REASON`` (gpuchef/attach.py's): its ``set_rate``/``pause`` raise ConfigError with
+    attribute ``REASON`` (gpuchef/sessions/attach.py's): its ``set_rate``/``pause`` raise ConfigError with
     it, and the palette previews that refusal (``GpuchefApp.check_rate``)."""
 
     def state(self) -> LoadState: ...
@@ -210,7 +210,7 @@ class ABControl(Protocol):
 
 
 class Session(Protocol):
-    """A running session as the dashboard drives it (see ``gpuchef/live.py``).
+    """A running session as the dashboard drives it (see ``gpuchef/sessions/live.py``).
 
     ``set_knob``/``set_config`` validate in the caller's thread (ConfigError naming the value and
     the allowed range; nothing changes) and take effect before the engine's next step.
@@ -245,7 +245,7 @@ class Session(Protocol):
 
 
 class ScrapedServer(Protocol):
-    """One attached server as the dashboard reads it (``gpuchef/attach.py``). ``url``: its base
+    """One attached server as the dashboard reads it (``gpuchef/sessions/attach.py``). ``url``: its base
     URL; ``kind``: "vllm" / "sglang" / "gpuchef" / "unknown" (from the names in its /metrics);
     ``hz``: scrapes per second; ``status``: "" or one line saying why the last scrape failed.
     ``samples()``: scrapes so far (oldest first, failed ones included, the last ~10 min);
@@ -279,7 +279,7 @@ class AttachedSession(Session, Protocol):
 
 
 class ReplayControl(Session, Protocol):
-    """A saved trace played back as a session (``gpuchef/replay.py``'s ReplaySession): the
+    """A saved trace played back as a session (``gpuchef/sessions/replay.py``'s ReplaySession): the
     timeline holds what was recorded up to ``position_ns``; every steering call raises
     ConfigError (``READ_ONLY``). ``path``: the trace; ``start_ns``/``end_ns``: its span
     (monotonic ns of the recording); ``playing``, ``speed`` (× real time). ``seek``/``seek_s``/

@@ -153,7 +153,7 @@ def knob_state(arm: Arm, api_key: str | None) -> None:
     that state (``gpuchef.ab_runs.parse_setting``). Raises ConfigError naming the URL and what is
     missing, or the spec's fault."""
     from ..ab_runs import parse_setting
-    from ..attach import AttachedServer
+    from ..sessions.attach import AttachedServer
 
     if not arm.spec:
         return
@@ -378,7 +378,7 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
     """The trace's meta: ``source`` as `top --attach` writes it (``kind`` attached, the URLs),
     ``ab`` as hosted `ab` writes it (settings, ``interleave`` false, repetitions) plus the
     ``load`` and each side's ``url``; ``server_models``: what each server's /v1/models said."""
-    from ..session import phases_meta
+    from ..sessions.headless import phases_meta
     from .http_load import server_models_meta
 
     urls = list(dict.fromkeys(a.url for a in arms.values()))

@@ -127,7 +127,7 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     Raises ConfigError for bad input or an unreachable server, before any request is sent."""
     from ..engine_host.workload import generate
     from ..options import workload_config
-    from ..session import load_desc
+    from ..sessions.headless import load_desc
     from .http_load import apply_ramp_up, fetch_server_info, request_body, tokenizer_vocab_size
 
     cfg = http_config(o, base_url, model)

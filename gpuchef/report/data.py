@@ -438,7 +438,7 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
     return view._probes
 
 
-#: gpuchef/load.py marks a live rate change as ``rate→<value><unit>`` (unit "×" for a trace's
+#: gpuchef/sessions/live_load.py marks a live rate change as ``rate→<value><unit>`` (unit "×" for a trace's
 #: speed, " req/s" for random arrivals).
 RATE_MARK = "rate→"
 

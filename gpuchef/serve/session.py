@@ -55,7 +55,7 @@ class ServeSession:
     ``server``: a started ``process.ServeProcess`` (it listens already: it bound its port before
     the model loaded); ``recorder``: a TraceRecorder or None; ``profile``: a
     ``profile.ProfileSwitch`` (POST /start_profile, /stop_profile) or None; ``samplers``:
-    gpuchef.session.Samplers or None (build it with ``sink=session.sample_sink``).
+    gpuchef.sessions.headless.Samplers or None (build it with ``sink=session.sample_sink``).
     """
 
     def __init__(self, engine: Any, server: Any, *, recorder: Any = None,

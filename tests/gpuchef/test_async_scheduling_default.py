@@ -62,7 +62,7 @@ def test_a_bad_value_is_refused_with_what_is_allowed():
 
 @pytest.mark.parametrize("flag,on", [(None, False), (True, True), (False, False)])
 def test_cpu_engine_runs_as_resolved_and_says_so(flag, on):
-    from gpuchef.session import trace_meta
+    from gpuchef.sessions.headless import trace_meta
 
     ecfg = EngineConfig(model="tiny", device="cpu", async_scheduling=flag,
                         scheduler=SchedulerConfig())
@@ -104,7 +104,7 @@ def test_header_labels_sync_or_async():
 
 
 def test_replay_header_reads_it_from_the_trace_meta():
-    from gpuchef.replay import _info
+    from gpuchef.sessions.replay import _info
 
     class T:
         problems, complete = [], True

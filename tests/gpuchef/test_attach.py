@@ -460,7 +460,7 @@ def test_e_without_trace_writes_every_scrape_held_and_goes_on_recording(tmp_path
 def test_local_gpus_through_the_nvml_sampler_with_gpus_and_off_with_the_reason_without(tmp_path):
     import numpy as np
 
-    from gpuchef.attach import AttachSession
+    from gpuchef.sessions.attach import AttachSession
     from gpuchef.probes.nvml.fake import FakeNvml
     from gpuchef.tui.app import GpuchefApp
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuchef.attach import AttachedServer
+from gpuchef.sessions.attach import AttachedServer
 from gpuchef.probes.scrape import NO_STEP_MERGE_MAX_S, DeltaStream, parse_metrics
 
 TOKENS = 96
@@ -83,7 +83,7 @@ def test_report_and_replay_draw_the_intervals_the_live_dashboard_drew():
     between 0 and twice the rate (a tester's finding after d0dcec5)."""
     from types import SimpleNamespace
 
-    from gpuchef.replay import ReplayScrapedServer
+    from gpuchef.sessions.replay import ReplayScrapedServer
     from gpuchef.report.scrape_plots import trace_deltas
 
     calls = {"n": 0, "gen": 0.0}

@@ -68,7 +68,7 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     line with the rate once every check has passed (the session itself is replaced here by
     one that stops the command); with --ab-load and one --attach it stops with one error line
     before announcing any load."""
-    import gpuchef.attach as attach_mod
+    import gpuchef.sessions.attach as attach_mod
     from gpuchef.engine_host.config import ConfigError
 
     def no_session(*a, **kw):

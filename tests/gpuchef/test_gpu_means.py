@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from gpuchef.probes.nvml import GpuSample
-from gpuchef.session import Samplers
+from gpuchef.sessions.headless import Samplers
 
 
 def test_gpu_means_skip_none_and_nan_readings():

@@ -20,7 +20,7 @@ from gpuchef.engine_host.config import (AUTO_BUDGET, CacheConfig, EngineConfig, 
                                         parse_value)
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.workload import WorkloadConfig
-from gpuchef.live import LiveSession
+from gpuchef.sessions.live import LiveSession
 from gpuchef.tui.app import DEFAULT_AUTO_BUDGET as DEFAULT_TYPED
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.widgets.waveforms import BatchPanel, StepTimePanel

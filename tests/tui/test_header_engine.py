@@ -12,7 +12,7 @@ from tui_fakes import StaticSession
 from gpuchef.engine_host.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.workload import WorkloadConfig
-from gpuchef.live import LiveSession, engine_identity
+from gpuchef.sessions.live import LiveSession, engine_identity
 from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.widgets.header import SessionHeader

@@ -7,7 +7,7 @@ import pytest
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.workload import WorkloadConfig
-from gpuchef.load import LiveLoad
+from gpuchef.sessions.live_load import LiveLoad
 
 
 class FakeHost:

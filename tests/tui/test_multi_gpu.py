@@ -120,7 +120,7 @@ def _live(gpus):
     from gpuchef.engine_host.config import CacheConfig, EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.workload import WorkloadConfig
-    from gpuchef.live import LiveSession
+    from gpuchef.sessions.live import LiveSession
     from gpuchef.probes.nvml.fake import FakeNvml
 
     fake = FakeNvml(n_gpus=8, pcie_window_s=0)

@@ -12,7 +12,7 @@ from tui_fakes import T0, capture_notes, palette, simulate
 from gpuchef.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.timeline import Timeline
-from gpuchef.replay import ReplaySession
+from gpuchef.sessions.replay import ReplaySession
 from gpuchef.tui.session import READ_ONLY, fmt_t, parse_time
 from gpuchef.tui.replay import ReplayApp, ReplayBar, ReplayHelpScreen
 from gpuchef.replay_cmd import build_app

@@ -13,7 +13,7 @@ from tui_fakes import T0, simulate
 from gpuchef.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder
 from gpuchef.probes.timeline import Timeline
-from gpuchef.replay import ReplaySession
+from gpuchef.sessions.replay import ReplaySession
 from gpuchef.tui.replay import ReplayApp
 
 _register()

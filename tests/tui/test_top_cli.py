@@ -72,8 +72,8 @@ def test_header_shows_only_the_live_budget_after_a_change(monkeypatch, tmp_path)
 def test_stdout_not_a_terminal_is_refused_before_anything_is_built(monkeypatch, args):
     """CliRunner's stdout is not a terminal, as `gpuchef top > file`'s: one error line naming
     the problem and the headless commands, exit 2, no engine, HTTP server or scrape started."""
-    import gpuchef.attach
-    import gpuchef.session
+    import gpuchef.sessions.attach
+    import gpuchef.sessions.headless
 
     built = []
 
@@ -83,9 +83,9 @@ def test_stdout_not_a_terminal_is_refused_before_anything_is_built(monkeypatch, 
             raise AssertionError(f"{what} started")
         return f
 
-    monkeypatch.setattr(gpuchef.session, "build_engine", no("engine"))
+    monkeypatch.setattr(gpuchef.sessions.headless, "build_engine", no("engine"))
     monkeypatch.setattr(top_cmd, "prepare_serving", no("HTTP server"))
-    monkeypatch.setattr(gpuchef.attach, "AttachSession", no("attach session"))
+    monkeypatch.setattr(gpuchef.sessions.attach, "AttachSession", no("attach session"))
     r = run(*args)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2, r.output

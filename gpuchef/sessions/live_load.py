@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from .engine_host.config import ConfigError
-from .engine_host.request import SamplingParams
-from .engine_host.phases import load_workload, phase_mark
-from .engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,
+from ..engine_host.config import ConfigError
+from ..engine_host.request import SamplingParams
+from ..engine_host.phases import load_workload, phase_mark
+from ..engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,
                                    WorkloadConfig, generate)
-from .tui.session import LoadState, parse_rate
+from ..tui.session import LoadState, parse_rate
 
 #: Load time generated per chunk of an endless random stream (request units).
 RANDOM_CHUNK = 2000

@@ -17,14 +17,13 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .engine_host.config import EngineConfig
-from .engine_host.engine import LLMEngine
-from .engine_host.factory import make_engine
-from .engine_host.core import RemoteEngine, device_name, make_host
-from .engine_host.host import EngineHost
-from .engine_host.records import EngineEvent, RequestRecord, StepRecord
-from .options import attention_label
-from .probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
+from ..engine_host.config import EngineConfig
+from ..engine_host.engine import LLMEngine
+from ..engine_host.factory import make_engine
+from ..engine_host.core import RemoteEngine, device_name, make_host
+from ..engine_host.host import EngineHost
+from ..engine_host.records import EngineEvent, RequestRecord, StepRecord
+from ..probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None, *,
@@ -62,6 +61,14 @@ def build_engine(cfg: EngineConfig, console: Console | None = None, *,
                   f"KV cache {engine.num_blocks} blocks × {engine.kv.block_size} tokens; "
                   f"attention {attention_label(engine)}[/dim]")
     return engine
+
+
+def attention_label(engine: Any) -> str:
+    """The attention backend as the headers show it: its name, and the decode kernel where it
+    is not the backend's own (``flashinfer (decode xqa)``); vLLM's engine: its backend name."""
+    name = engine.attn.name
+    dec = getattr(engine, "decode_attention", None)
+    return name if not dec or dec == name else f"{name} (decode {dec})"
 
 
 @dataclass
@@ -153,7 +160,7 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
             host.stop(abort_remaining=res.interrupted, abort_reason=SESSION_END_REASON)
     if host.error is not None:
         raise host.error
-    from .probes.metrics import benchmark_duration_s
+    from ..probes.metrics import benchmark_duration_s
 
     res.duration_s = benchmark_duration_s(res.t0_ns, res.requests)  # the one definition
     return res
@@ -166,7 +173,7 @@ def load_desc(w: Any) -> str:
     if w.dataset == "random":
         return f"random, {w.request_rate} req/s, burstiness {w.burstiness}"
     if w.is_phased:
-        from .engine_host.phases import load_workload
+        from ..engine_host.phases import load_workload
 
         names = " → ".join(p.name for p in load_workload(w.dataset).phases)
         return f"{w.dataset} at {w.trace_speed}x ({names})"
@@ -178,7 +185,7 @@ def phase_marks(w: Any) -> list[tuple[float, str]]:
     the load's start) and its mark (``phases.phase_mark``); [] for any other load."""
     if w is None or not w.is_phased:
         return []
-    from .engine_host.phases import load_workload, phase_mark, schedule
+    from ..engine_host.phases import load_workload, phase_mark, schedule
 
     return [(p["start_s"], phase_mark(p["name"]))
             for p in schedule(load_workload(w.dataset), w.trace_speed, w.duration_s)]
@@ -190,7 +197,7 @@ def phases_meta(w: Any) -> dict[str, Any] | None:
     None."""
     if w is None or not w.is_phased:
         return None
-    from .engine_host.phases import load_workload, phases_meta as meta
+    from ..engine_host.phases import load_workload, phases_meta as meta
 
     return meta(load_workload(w.dataset), w.trace_speed, w.duration_s)
 
@@ -224,7 +231,7 @@ def open_trace(path: str, meta: dict[str, Any], *, trace_prompts: bool = False):
     """A TraceRecorder writing to ``path`` with ``meta``; ``recorder.listener(kind, record)``
     is the ``run_load`` listener that feeds it. Raises ConfigError when ``path`` cannot be
     opened."""
-    from .probes.recorder import TraceRecorder
+    from ..probes.recorder import TraceRecorder
 
     rec = TraceRecorder(path, meta=meta, trace_prompts=trace_prompts)
     rec.listener = lambda kind, r: rec.record(r)
@@ -239,8 +246,8 @@ class Samplers:
 
     def __init__(self, gpus: list[int] | None, sample_hz: float,
                  sink: Callable[[Any], None] | None = None, *, nvml: Any = None) -> None:
-        from .probes.sampler import HostSampler
-        from .probes.nvml import NvmlSampler
+        from ..probes.sampler import HostSampler
+        from ..probes.nvml import NvmlSampler
 
         # nvml: a stand-in for the pynvml module (tests); None = pynvml
         # status changes (GPU lost, GPM held by a profiler, …) go to the trace as events

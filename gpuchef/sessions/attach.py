@@ -26,15 +26,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, not_a_knob,
+from ..engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, not_a_knob,
                                  parse_value)
 from .live import next_part_path
-from .probes.metrics import DEFAULT_PERCENTILES
-from .probes.nvml import NvmlSampler
-from .probes.recorder import TraceRecorder
-from .probes.scrape import DeltaStream, ScrapeDelta, ScrapeSample, Scraper
-from .probes.timeline import Timeline
-from .tui.session import ABState, LoadState, SessionInfo
+from ..probes.metrics import DEFAULT_PERCENTILES
+from ..probes.nvml import NvmlSampler
+from ..probes.recorder import TraceRecorder
+from ..probes.scrape import DeltaStream, ScrapeDelta, ScrapeSample, Scraper
+from ..probes.timeline import Timeline
+from ..tui.session import ABState, LoadState, SessionInfo
 
 KNOB_PATH = "/gpuchef/v1/scheduler"
 KNOB_TIMEOUT_S = 2.0
@@ -51,7 +51,7 @@ def base_of(url: str) -> str:
     trace; the message shows it as ``***@``)."""
     from urllib.parse import urlsplit
 
-    from .client.http_load import normalize_base_url
+    from ..client.http_load import normalize_base_url
 
     u = url.strip().rstrip("/")
     try:
@@ -96,7 +96,7 @@ def _http_json(method: str, url: str, body: dict | None, api_key: str | None,
 def _ask_models(url: str, api_key: str | None) -> Any:
     """``client.http_load.fetch_server_info`` of ``url`` within KNOB_TIMEOUT_S, never raising
     (an unreachable server is its ServerInfo's note; the scrapes say so too)."""
-    from .client.http_load import HttpLoadConfig, fetch_server_info
+    from ..client.http_load import HttpLoadConfig, fetch_server_info
 
     return fetch_server_info(HttpLoadConfig(base_url=url, api_key=api_key),
                              timeout_s=KNOB_TIMEOUT_S, strict=False)
@@ -298,7 +298,7 @@ class HttpLoadControl:
         raise ConfigError(self.REASON)
 
     def _on_result(self, r: Any) -> None:
-        from .client.http_load import to_request_records
+        from ..client.http_load import to_request_records
 
         self.finished += 1
         if not r.success:
@@ -311,12 +311,12 @@ class HttpLoadControl:
         (``client.http_load.error_lines``)."""
         if not self.failed:
             return ""
-        from .client.http_load import error_lines
+        from ..client.http_load import error_lines
 
         return "load: " + "; ".join(error_lines(list(self.failed)))
 
     def start(self) -> None:
-        from .client.http_load import run_http_load_async
+        from ..client.http_load import run_http_load_async
 
         def run() -> None:
             loop = asyncio.new_event_loop()
@@ -388,7 +388,7 @@ class AttachAB:
     def __init__(self, urls: Sequence[str], loads: dict[str, Any], ab_load: str,
                  repetitions: int, on_event: Callable[[Any], None],
                  on_record: Callable[[Any], None], busy: Callable[[], str] = lambda: "") -> None:
-        from .client.ab_http import Arm
+        from ..client.ab_http import Arm
 
         self.arms = {k: Arm(k, u, "") for k, u in zip(("A", "B"), urls)}
         self.loads = loads
@@ -435,9 +435,9 @@ class AttachAB:
         return self._state
 
     def _run(self, run_id: int, reps: int) -> None:
-        from .client.ab_http import end_mark, run_ab
-        from .client.http_load import error_lines
-        from .probes.ab import parse_mark
+        from ..client.ab_http import end_mark, run_ab
+        from ..client.http_load import error_lines
+        from ..probes.ab import parse_mark
 
         def on_event(ev: Any) -> None:
             m = parse_mark(ev.name)
@@ -548,8 +548,8 @@ class AttachSession:
         else:
             self.ab = NoAB("an A/B of the attached servers sends them gpuchef's load: give "
                            "--dataset or --request-rate (restart top)")
-        from .client.http_load import server_models_meta
-        from .session import phases_meta
+        from ..client.http_load import server_models_meta
+        from .headless import phases_meta
 
         # each server's GET /v1/models, once: the load's answer where it asked, else asked now
         # (a short limit; never raises: what went wrong is the answer's note)
@@ -631,8 +631,8 @@ class AttachSession:
         its first when gpuchef sends no load (whose --model names it)."""
         from dataclasses import replace
 
-        from .client.http_load import server_models_meta
-        from .session import phases_meta
+        from ..client.http_load import server_models_meta
+        from .headless import phases_meta
 
         old = self.server_info.get(srv.url)
         if old is not None and not old.fatal:

@@ -17,23 +17,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from .engine_host.config import ConfigError, SchedulerConfig
-from .engine_host.contract import Engine
-from .engine_host.engine import LLMEngine
-from .engine_host.core import make_host
-from .engine_host.host import EngineHost
-from .engine_host.records import RequestRecord, StepRecord
-from .engine_host.workload import WorkloadConfig
-from .load import LiveLoad
-from .options import attention_label
-from .probes.ab import mark_name
-from .probes.sampler import HostSampler
-from .probes.metrics import DEFAULT_PERCENTILES, SESSION_END_REASON
-from .probes.nvml import NvmlSampler
-from .probes.recorder import TraceRecorder
-from .probes.timeline import Timeline
-from .session import trace_meta
-from .tui.session import ABState, SessionInfo
+from ..engine_host.config import ConfigError, SchedulerConfig
+from ..engine_host.contract import Engine
+from ..engine_host.engine import LLMEngine
+from ..engine_host.core import make_host
+from ..engine_host.host import EngineHost
+from ..engine_host.records import RequestRecord, StepRecord
+from ..engine_host.workload import WorkloadConfig
+from .live_load import LiveLoad
+from ..probes.ab import mark_name
+from ..probes.sampler import HostSampler
+from ..probes.metrics import DEFAULT_PERCENTILES, SESSION_END_REASON
+from ..probes.nvml import NvmlSampler
+from ..probes.recorder import TraceRecorder
+from ..probes.timeline import Timeline
+from .headless import attention_label, trace_meta
+from ..tui.session import ABState, SessionInfo
 
 AB_WINDOW_RANGE = (0.5, 3600.0)
 
