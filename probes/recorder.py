@@ -713,67 +713,70 @@ def iter_trace(path: str | os.PathLike[str],
     except OSError as e:
         raise TraceReadError(f"{p}: cannot read: {e.strerror or e}") from None
     with f:
-        try:
-            first = f.readline()
-        except (OSError, EOFError, zlib.error) as e:  # gzip: a bad header, a cut or corrupt stream
-            raise TraceReadError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}"
-                                 ) from None
-        if not first:
-            raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
-        if not first.strip():
-            raise TraceReadError(f"{p}: line 1 is blank, not a gpuchef trace (a trace starts "
-                                 "with its meta record on line 1)")
-        if first.startswith("\ufffd\ufffd") and "\x00" in first[:8]:  # a UTF-16 byte-order mark
-            raise TraceReadError(f"{p}: UTF-16 text (e.g. saved through PowerShell's '>'); a "
-                                 "trace is UTF-8 JSON Lines — convert it back to UTF-8")
-        meta = _check_meta(p, first.removeprefix("\ufeff"))  # a UTF-8 BOM an editor added
+        meta = _read_meta_line(f, p)
         for msg in _meta_problems(meta):
             on_problem(f"{p} line 1: {msg}")
         yield TraceRecord("meta", 1, meta)
         for n, line in _numbered_lines(f, p, on_problem):
-            truncated = not line.endswith("\n")
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                d = json.loads(s)
-            except (ValueError, RecursionError) as e:
-                if truncated:
-                    on_problem(f"{p} line {n}: truncated last record (the writer stopped "
-                               "mid-line) — skipped")
-                else:
-                    on_problem(f"{p} line {n}: not valid JSON ({_json_error(e)}) — skipped")
-                continue
-            if not isinstance(d, dict):
-                on_problem(f"{p} line {n}: not a JSON object — skipped")
-                continue
-            kind = d.get("type")
-            if not isinstance(kind, str):  # e.g. a list: not hashable, not a type name
-                why = ('has no "type" key' if kind is None
-                       else f'record type {_short(kind)} is not a string')
-                on_problem(f"{p} line {n}: {why} — skipped")
-                continue
-            if kind == "end":
-                yield TraceRecord("end", n, d)
-                continue
-            if kind == "meta":
-                on_problem(f"{p} line {n}: a second meta record — skipped")
-                continue
-            if kind == SCRAPE_TYPE:
-                try:
-                    yield TraceRecord(kind, n, sample_from_json(d))
-                except ValueError as e:
-                    on_problem(f"{p} line {n}: {e} — skipped")
-                continue
-            if kind not in RECORD_TYPES:
-                on_problem(f"{p} line {n}: unknown record type {_short(kind)} — skipped")
-                continue
-            try:
-                rec = decode_record(kind, d)
-            except (ValueError, TypeError) as e:
-                on_problem(f"{p} line {n}: {e} — skipped")
-                continue
-            yield TraceRecord(kind, n, rec)
+            got = _record_from_line(p, n, line)
+            if isinstance(got, str):
+                on_problem(got)
+            elif got is not None:
+                yield got
+
+
+def _read_meta_line(f: Any, p: Path) -> dict[str, Any]:
+    """Line 1, the meta record; TraceReadError when unreadable, empty, blank, UTF-16 or no meta."""
+    try:
+        first = f.readline()
+    except (OSError, EOFError, zlib.error) as e:  # gzip: a bad header, a cut or corrupt stream
+        raise TraceReadError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if not first:
+        raise TraceReadError(f"{p}: empty file, not a gpuchef trace")
+    if not first.strip():
+        raise TraceReadError(f"{p}: line 1 is blank, not a gpuchef trace (a trace starts "
+                             "with its meta record on line 1)")
+    if first.startswith("\ufffd\ufffd") and "\x00" in first[:8]:  # a UTF-16 byte-order mark
+        raise TraceReadError(f"{p}: UTF-16 text (e.g. saved through PowerShell's '>'); a "
+                             "trace is UTF-8 JSON Lines — convert it back to UTF-8")
+    return _check_meta(p, first.removeprefix("\ufeff"))  # a UTF-8 BOM an editor added
+
+
+def _record_from_line(p: Path, n: int, line: str) -> TraceRecord | str | None:
+    """Line ``n`` as a TraceRecord, or the problem that skips it (str: the caller reports it, so
+    the default warning's stacklevel holds), or None (a blank line)."""
+    s = line.strip()
+    if not s:
+        return None
+    try:
+        d = json.loads(s)
+    except (ValueError, RecursionError) as e:
+        if not line.endswith("\n"):  # the last line, cut short
+            return f"{p} line {n}: truncated last record (the writer stopped mid-line) — skipped"
+        return f"{p} line {n}: not valid JSON ({_json_error(e)}) — skipped"
+    if not isinstance(d, dict):
+        return f"{p} line {n}: not a JSON object — skipped"
+    kind = d.get("type")
+    if not isinstance(kind, str):  # e.g. a list: not hashable, not a type name
+        why = ('has no "type" key' if kind is None
+               else f'record type {_short(kind)} is not a string')
+        return f"{p} line {n}: {why} — skipped"
+    if kind == "end":
+        return TraceRecord("end", n, d)
+    if kind == "meta":
+        return f"{p} line {n}: a second meta record — skipped"
+    if kind == SCRAPE_TYPE:
+        try:
+            return TraceRecord(kind, n, sample_from_json(d))
+        except ValueError as e:
+            return f"{p} line {n}: {e} — skipped"
+    if kind not in RECORD_TYPES:
+        return f"{p} line {n}: unknown record type {_short(kind)} — skipped"
+    try:
+        rec = decode_record(kind, d)
+    except (ValueError, TypeError) as e:
+        return f"{p} line {n}: {e} — skipped"
+    return TraceRecord(kind, n, rec)
 
 
 _LISTS = {"step": "steps", "gpu_sample": "gpu_samples", "host_sample": "host_samples",
