@@ -22,7 +22,7 @@ under the machine's 10-minute limit, the JSON files collect in --out):
   python benchmarks/bench_vllm_host.py --run plain  --out bench-vllm
   python benchmarks/bench_vllm_host.py --run hosted --out bench-vllm
   python benchmarks/bench_vllm_host.py --run native --out bench-vllm
-  python benchmarks/bench_vllm_host.py --report bench-vllm      # the table, RESULTS.md style
+  python benchmarks/bench_vllm_host.py --report bench-vllm      # the table (docs/benchmarks.md)
   python benchmarks/bench_vllm_host.py --run all --out bench-vllm  # all three, one per process
 
 Smaller smoke run: --model tiny --num-prompts 50 --max-model-len 2048 --enforce-eager.

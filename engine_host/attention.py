@@ -73,7 +73,7 @@ MIXED_ATTENTION = ("split", "single")
 #: ...)``): FlashInfer's own decode wrapper, or TensorRT-LLM's XQA decode kernel as FlashInfer
 #: ships it (``flashinfer.decode.xqa_batch_decode_with_kv_cache``; page sizes 16/32/64/128, head
 #: dim ≤ 256, fp16/bf16). "auto": FlashInfer's wrapper (measured faster in the whole decode step
-#: on the H200: benchmarks/RESULTS.md, session 10).
+#: on the H200: docs/benchmarks.md, "Decode attention alone").
 DECODE_ATTENTION = ("auto", "flashinfer", "xqa")
 XQA_PAGE_SIZES = (16, 32, 64, 128)
 

@@ -4,7 +4,7 @@ A decode step of ``B`` requests replayed from the graph captured for ``n ≥ B``
 row, the token to decode, its position, the KV slot it writes, and the paged-KV page table. The
 straightforward per-request Python loop (``indices.extend(block_ids[:pages])`` then
 ``torch.tensor``) is host time that grows with the batch and the context, paid every decode
-step (what it cost and what this saves: benchmarks/RESULTS.md, "Engine step against the
+step (what it cost and what this saves: docs/benchmarks.md, "Engine step against the
 roofline"); here each request's block table is kept as a cached int32 numpy array and the page
 table is one ``np.concatenate``.
 """

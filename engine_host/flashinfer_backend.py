@@ -19,7 +19,7 @@ float workspace. Both are planned from the CPU int32 tensors of ``AttentionMetad
 ``q_data_type``/``kv_data_type`` set to the cache dtype (FlashInfer defaults to float16) and
 ``pos_encoding_mode="NONE"`` (the model applies RoPE itself). Facts: ../shared/REFERENCE.md §4.
 Planning is host work, once per step, and does not wait for the GPU, so it overlaps the previous
-step's kernels (its cost: benchmarks/RESULTS.md, "Attention kernels"). That holds for the eager
+step's kernels (its cost: docs/benchmarks.md, "Attention kernels"). That holds for the eager
 wrappers; a CUDA-graph wrapper's plan copies CPU page indices into its device buffer with a
 blocking copy, so under async scheduling the indices are handed over on the device
 (``device_page_indices``, set by the engine).
@@ -77,7 +77,7 @@ class FlashInferAttention(AttentionBackend):
             ``"scatter"`` (two ``index_copy_`` into a flat view of the pool). FlashInfer's is
             the default because it costs less GPU and host time a layer for a dearer index
             set-up once a step (the KV-append table under "Attention kernels" in
-            benchmarks/RESULTS.md), and it can be captured in a CUDA graph.
+            docs/benchmarks.md), and it can be captured in a CUDA graph.
         mixed_attention: how a step holding both decode rows and prefill chunks attends:
             ``"split"`` (default: the decode wrapper for the decode rows, the prefill wrapper
             for the chunks, two kernels a layer) or ``"single"`` (the prefill wrapper over all
@@ -187,9 +187,9 @@ class FlashInferAttention(AttentionBackend):
     def decode_kernel(self, block_size: int) -> str:
         """The kernel decode rows use with pages of ``block_size`` tokens: "flashinfer" or
         "xqa" (``decode_attention`` resolved: "auto" is FlashInfer's wrapper, which measured
-        faster in the whole decode step on the H200 — benchmarks/RESULTS.md, session 10). The
-        first call for a page size with "xqa" after ``configure`` builds or loads XQA's module
-        for the shape.
+        faster in the whole decode step on the H200 — docs/benchmarks.md, "Decode attention
+        alone"). The first call for a page size with "xqa" after ``configure`` builds or loads
+        XQA's module for the shape.
 
         Raises ValueError when ``decode_attention`` is "xqa" and XQA does not take this page
         size, head dim, dtype or GPU, or its module does not build.

@@ -80,7 +80,7 @@ def strided_qk() -> bool:
 # with the same arithmetic as before. The piecewise forward runs the kernel at the end of each
 # piece, inside its graph (``model.piece(kv_append=...)``), and only attends between the pieces.
 # GPUCHEF_ROPE_APPEND (read once, here): fused (both), fused-except-piecewise (the default: what
-# the H200 measured and tested, RESULTS.md session 12; the in-piece kernel is CPU-tested only so
+# the H200 measured and tested, docs/benchmarks.md; the in-piece kernel is CPU-tested only so
 # far), separate (neither); ``bench_engine_step.py --rope-append`` and ``profile_decode.py
 # --rope-append`` measure them.
 ROPE_APPEND = ("fused", "fused-except-piecewise", "separate")
@@ -126,9 +126,9 @@ def fused_rope_append(piecewise: bool = False) -> bool:
 def prefer_blas(device: torch.device) -> str | None:
     """The BLAS library the engine's GEMMs use on ``device``: on CUDA cuBLASLt
     (``torch.backends.cuda.preferred_blas_library``, process-wide), which made the decode step
-    faster on the H200 (RESULTS.md, session 12), unless the user chose with torch's own
-    TORCH_BLAS_PREFER_CUBLASLT (then left as torch set it). Returns "cublaslt" or "cublas";
-    None off CUDA."""
+    faster on the H200 (docs/benchmarks.md, "Engine step against the roofline"), unless the user
+    chose with torch's own TORCH_BLAS_PREFER_CUBLASLT (then left as torch set it). Returns
+    "cublaslt" or "cublas"; None off CUDA."""
     if device.type != "cuda":
         return None
     lib = torch.backends.cuda.preferred_blas_library

@@ -28,7 +28,7 @@ Work counted per case, the same for every backend (useful work, not what a kerne
   ``qo·(kv − qo) + qo·(qo + 1)/2`` pairs, so a full prefill counts about half of ``qo·kv``; a
   decode row sees all ``kv`` keys.
 
-Ceilings default to what was measured on an H200 (benchmarks/RESULTS.md): 4.3 TB/s
+Ceilings default to what was measured on an H200 (docs/benchmarks.md): 4.3 TB/s
 device-to-device copy, 790 TFLOP/s bf16 matmul. Times are medians over ``--iters`` runs timed
 with CUDA events, L2 flushed before each (the method of ``triton.testing.do_bench``).
 """
@@ -354,10 +354,10 @@ def _csv(choices):
                    "naive only, CPU-sized defaults).")
 @click.option("--peak-tbps", type=float, default=4.3, show_default=True,
               help="Memory ceiling, TB/s. Default measured on an H200: 4.3 TB/s device copy, "
-                   "790 TFLOP/s bf16 matmul (benchmarks/RESULTS.md).")
+                   "790 TFLOP/s bf16 matmul (docs/benchmarks.md).")
 @click.option("--peak-tflops", type=float, default=790.0, show_default=True,
               help="Compute ceiling, TFLOP/s. Default measured on an H200: 4.3 TB/s device "
-                   "copy, 790 TFLOP/s bf16 matmul (benchmarks/RESULTS.md).")
+                   "copy, 790 TFLOP/s bf16 matmul (docs/benchmarks.md).")
 @click.option("--json", "json_path", type=click.Path(), default=None,
               help="Also write the results as JSON here.")
 def bench_attention(batch_size, seq_len, num_heads, num_kv_heads, head_dim, dtype, chunk_len,

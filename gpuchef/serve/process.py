@@ -1,9 +1,10 @@
 """The front door in its own process, as vLLM runs its API server apart from its engine core.
 
-Measured on the H200 (benchmarks/RESULTS.md, 2026-12-01): with the HTTP server on a thread of
-the engine's process, its per-token Python work (a task wake-up, a detokenise step, a JSON chunk
-and a socket write per stream per step) took the GIL from the engine thread — the engine's own
-P50 ITL went from 10 to 40 ms at 3× the Azure trace. So the server runs in a child process
+Measured on the H200 (docs/benchmarks.md, "The engine process and the HTTP front door",
+2026-12-01): with the HTTP server on a thread of the engine's process, its per-token Python work
+(a task wake-up, a detokenise step, a JSON chunk and a socket write per stream per step) took the
+GIL from the engine thread — the engine's own P50 ITL went from 10 to 40 ms at 3× the Azure
+trace. So the server runs in a child process
 (``multiprocessing`` spawn: no fork after CUDA), and the engine's process keeps only a bridge:
 
 * engine side (``ServeProcess``): listeners that append each record to a deque (the engine

@@ -22,7 +22,7 @@ a field that answered NotSupported once is not asked again. The count matters mo
 each call takes (~10 µs): every pynvml call is a ctypes call, which releases the GIL and has to
 win it back afterwards — behind a GIL-bound thread (the engine, the dashboard) that waits up to
 ``sys.getswitchinterval()`` (Python's 5 ms; gpuchef's sessions set 0.5 ms, engine_host/host.py),
-so 6–8 calls per GPU cost tens of ms per tick at 5 ms (benchmarks/RESULTS.md, "NVML/GPM sampler
+so 6–8 calls per GPU cost tens of ms per tick at 5 ms (docs/benchmarks.md, "NVML/GPM sampler
 cost"). ``nvmlDeviceGetFieldValues`` cannot merge these: of the sampled fields only power has a
 field id (``NVML_FI_DEV_POWER_AVERAGE`` / ``_INSTANT``), none exists for utilization, memory,
 clocks or the GPU temperature, so it would replace one call by one.
@@ -192,7 +192,7 @@ class NvmlSampler(PeriodicSampler):
     refresh period (0 = off). ``slow_interval_s``: refresh period of temperature and clocks
     (0 = every tick; see the module doc). ``parallel``: read the GPUs of a tick on one worker
     thread each (opt-in: beside a GIL-bound thread it keeps the rate with many GPUs, but that
-    thread loses more of its throughput; the figures are in benchmarks/RESULTS.md).
+    thread loses more of its throughput; the figures are in docs/benchmarks.md).
 
     NVML is initialised in the thread, so ``start()`` never blocks the caller; ``wait_ready()``
     waits for set-up. Read ``status``, ``latest`` (dict gpu → newest sample), ``gpu_names``,

@@ -194,7 +194,7 @@ def test_bench_attention_device_defaults_to_auto():
     assert "[default: auto]" in text
     assert "../shared" not in text
     assert "measured on an H200: 4.3 TB/s device copy, 790 TFLOP/s bf16 matmul " \
-           "(benchmarks/RESULTS.md)" in text
+           "(docs/benchmarks.md)" in text
 
 
 @pytest.mark.parametrize("args,needle", [
