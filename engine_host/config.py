@@ -121,7 +121,7 @@ def parse_latency_targets(spec: str, *, flag: str, metrics: tuple[str, ...],
     """Parse ``"itl_p99:50ms,ttft_p99:2s"``: pairs split by commas or spaces (an empty pair, as
     after a trailing comma, is skipped), each ``<metric>_<stat>:<duration>`` with ``metric`` in
     ``metrics``, stat mean, median or p<q> (q in [0, 100]) and the duration in ms by default or
-    with a ``ms``/``s`` unit. The one grammar of ``--slo`` (gpuchef/capacity.py) and
+    with a ``ms``/``s`` unit. The one grammar of ``--slo`` (gpuchef/experiments/capacity.py) and
     ``--auto-budget`` (:func:`parse_auto_budget`); each caller passes its metrics and bounds.
 
     Returns the targets in the order given (possibly empty). Raises ConfigError starting

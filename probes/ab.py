@@ -1,6 +1,6 @@
 """A/B runs: the one owner of their marks, windows, per-window metrics, the window-throughput
 definition and the B − A table. The dashboard's live A/B screen (tui/ab_live.py), ``gpuchef ab``
-(gpuchef/ab_runs.py) and ``gpuchef report`` (gpuchef/report/data.py) all call this module, so the
+(gpuchef/experiments/ab.py) and ``gpuchef report`` (gpuchef/report/data.py) all call this module, so the
 same records give the same numbers on every surface (tests/probes/test_ab.py asserts it).
 
 **Marks.** Each window (an interleaved window, or one whole run of ``gpuchef ab``'s sequential

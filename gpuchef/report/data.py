@@ -8,7 +8,7 @@ Grouping:
   ``probes.ab``'s (marks, windows, which windows count, membership, the window throughput,
   pooling), the code ``gpuchef ab`` and the live A/B screen run, so the three agree;
 * a ``gpuchef ab --capacity`` trace is cut into its probes (``capacity:<A|B>:<rate>`` marks,
-  ``gpuchef.capacity.parse_capacity_mark``); its groups are the settings A and B, each pooling
+  ``gpuchef.experiments.capacity.parse_capacity_mark``); its groups are the settings A and B, each pooling
   its probes — which ran at different rates, so the report draws no B − A comparison of them
   (the Capacity probes section compares, probe by probe);
 * any other trace is cut where the scheduler mode changes (first step of each mode stretch);
@@ -180,11 +180,11 @@ def ab_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
 
 def capacity_segments(events: Sequence[EngineEvent], end_ns: int) -> list[Segment]:
     """The probes of a ``gpuchef ab --capacity`` trace, in time order: one segment per
-    ``capacity:<A|B>:<rate>`` mark (``gpuchef.capacity.parse_capacity_mark``), label "A"/"B",
+    ``capacity:<A|B>:<rate>`` mark (``gpuchef.experiments.capacity.parse_capacity_mark``), label "A"/"B",
     name ``A@<rate asked>``, ``probe_rate`` the rate asked (req/s), running to the next probe's
     mark or ``end_ns``. Stop marks (``capacity:<A|B>:stopped:…``) do not cut. [] for a trace
     without them."""
-    from gpuchef.capacity import parse_capacity_mark
+    from gpuchef.experiments.capacity import parse_capacity_mark
 
     opens = []
     for e in events:
@@ -271,7 +271,7 @@ def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestReco
     file — inside the probe that withdrew it. Records of newer traces are returned as they are."""
     from dataclasses import replace
 
-    from gpuchef.capacity import EARLY_STOP_REASON
+    from gpuchef.experiments.capacity import EARLY_STOP_REASON
 
     out, t = [], 0
     for r in requests:
@@ -403,7 +403,7 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
     view."""
     if view._probes is not None:
         return view._probes
-    from gpuchef.capacity import judge_probe, parse_capacity_mark, parse_slos, probe_of, \
+    from gpuchef.experiments.capacity import judge_probe, parse_capacity_mark, parse_slos, probe_of, \
         slo_percentiles
     from gpuchef.engine_host.config import ConfigError
 

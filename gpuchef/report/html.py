@@ -9,7 +9,7 @@ import numbers
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rules_note
+from gpuchef.experiments.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rules_note
 from gpuchef.probes.metrics import STEPS_SECTION, format_value, results_block_rows
 
 from . import plots

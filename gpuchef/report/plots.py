@@ -198,7 +198,7 @@ def _events_overlay(ax: Any, view: TraceView, label: bool, ymax_frac: float = 1.
             ax.axvspan(tf(seg.t0_ns), tf(seg.t1_ns), color=c, alpha=0.10, lw=0, zorder=0)
             items.append((tf(seg.t0_ns), seg.name, c))
     knobs = [e for e in view.events if e.kind in ("knob", "mode")]
-    from gpuchef.capacity import parse_capacity_mark
+    from gpuchef.experiments.capacity import parse_capacity_mark
 
     def opens_probe(name: str) -> bool:  # shaded as its segment; a stop mark stays a line
         m = parse_capacity_mark(name) if view.capacity else None

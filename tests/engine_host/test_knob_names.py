@@ -82,7 +82,7 @@ def test_grammar_refuses_with_a_message_naming_the_value(text, needle):
 
 
 def test_palette_and_ab_share_the_grammar():
-    from gpuchef.ab_runs import parse_setting as ab_setting
+    from gpuchef.experiments.ab import parse_setting as ab_setting
 
     pytest.importorskip("textual")
     from gpuchef.tui.commands import parse_setting as palette_setting
@@ -166,9 +166,9 @@ def test_controls_labels_come_from_the_table(relabelled):
 
 def test_ab_imports_without_textual():
     code = ("import sys; sys.modules['textual'] = None\n"
-            "import gpuchef.ab_runs, gpuchef.ab_cmd\n"
+            "import gpuchef.experiments.ab, gpuchef.ab_cmd\n"
             "from gpuchef.engine_host.config import SchedulerConfig\n"
-            "s = gpuchef.ab_runs.parse_setting('seqs=8,auto=itl_p99:50ms', SchedulerConfig())\n"
+            "s = gpuchef.experiments.ab.parse_setting('seqs=8,auto=itl_p99:50ms', SchedulerConfig())\n"
             "assert s.config.max_num_seqs == 8, s\n"
             "assert not any(m.startswith('gpuchef.tui') for m in sys.modules), "
             "sorted(m for m in sys.modules if m.startswith('gpuchef.tui'))\n")

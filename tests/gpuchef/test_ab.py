@@ -11,8 +11,9 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.ab_runs import (Setting, compare, parse_setting, run_interleaved, run_orders,
-                        run_sequential, side_by_side, windows_from_marks)
+from gpuchef.experiments.ab import Setting, compare, parse_setting, run_orders, windows_from_marks
+from gpuchef.experiments.ab_text import side_by_side
+from gpuchef.experiments.hosted import run_interleaved, run_sequential
 from gpuchef.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.workload import WorkloadConfig, generate
@@ -98,7 +99,7 @@ def test_repetitions_give_a_spread(engine):
     one = compare(run_sequential(engine, specs, _settings(engine.scheduler_config), 1))
     assert {r.verdict for r in one.rows} <= {"not enough windows yet (1 of 2)", "n/a"}
     # the command's table, printed when the run is over, says so without a "yet" and how to get one
-    from gpuchef.ab_runs import format_deltas
+    from gpuchef.experiments.ab_text import format_deltas
     text = format_deltas(one)
     assert "not enough windows yet" not in text and "no verdict (1 of 2)" in text
     assert "a verdict needs 2 (--repetitions 2 or more)" in text

@@ -1,4 +1,4 @@
-"""`gpuchef ab` over HTTP (gpuchef/client/ab_http.py): two knob settings of one `gpuchef serve`
+"""`gpuchef ab` over HTTP (gpuchef/experiments/http.py): two knob settings of one `gpuchef serve`
 (PATCHed before each run), and two servers on the same arrivals (mirrored or sequential).
 
 Two `gpuchef serve --model tiny` subprocesses on loopback, started once for the module: A with

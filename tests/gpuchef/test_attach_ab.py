@@ -1,6 +1,6 @@
 """The dashboard's A/B screen on two attached servers (`top --attach U1 --attach U2`, issue 14
 item 3): `a` sends gpuchef's load to both, as `gpuchef ab --a url=U1 --b url=U2` does
-(``client.ab_http.run_ab``), mirrored or sequential, the mode stated on screen; the screen's
+(``experiments.http.run_ab``), mirrored or sequential, the mode stated on screen; the screen's
 client-side figures and verdict are ``probes.ab``'s over the marks and requests the session
 recorded.
 

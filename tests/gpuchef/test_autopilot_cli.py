@@ -8,7 +8,7 @@ from gpuchef.engine_host.config import ConfigError, SchedulerConfig
 
 
 def test_ab_spec_takes_auto_budget_with_its_comma():
-    from gpuchef.ab_runs import parse_setting
+    from gpuchef.experiments.ab import parse_setting
 
     s = parse_setting("mode=chunked,auto_budget=itl_p99:50ms,ttft_p99:2s,budget=1024",
                       SchedulerConfig(), "B")
@@ -19,7 +19,7 @@ def test_ab_spec_takes_auto_budget_with_its_comma():
 
 
 def test_ab_spec_auto_budget_off_reads_off_and_zero_is_refused_by_name():
-    from gpuchef.ab_runs import parse_setting
+    from gpuchef.experiments.ab import parse_setting
 
     s = parse_setting("mode=chunked,auto_budget=off", SchedulerConfig(), "B", "--b")
     assert s.config.auto_budget == ""
@@ -77,7 +77,7 @@ def test_bench_with_the_autopilot_records_its_choices(tmp_path):
 def test_ab_says_the_autopilot_is_idle_in_continuous_mode():
     """A tester combined mode=continuous with auto_budget and got no hint that the autopilot
     (chunked steps' prefill allowance) does nothing there; the header says so, once."""
-    from gpuchef.ab_runs import parse_setting
+    from gpuchef.experiments.ab import parse_setting
     from gpuchef.engine_host.config import SchedulerConfig
 
     s = parse_setting("mode=continuous,auto_budget=itl_p99:50ms", SchedulerConfig(), "B")

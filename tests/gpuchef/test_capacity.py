@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from dataclasses import replace
 
-from gpuchef.capacity import (SLO, CapacityResult, Tolerance, capacity_ratio, capacity_search,
-                              parse_slos, parse_tolerance)
+from gpuchef.experiments.capacity import (SLO, CapacityResult, Tolerance, capacity_ratio,
+                                         capacity_search, parse_slos, parse_tolerance)
 from gpuchef.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError
 
@@ -247,7 +247,7 @@ def test_cli_capacity_on_cpu(tmp_path):
 
     probes, slos = capacity_probes(build([trace]).views[0])
     assert [s.key for s in slos] == ["ttft_p99", "itl_p99"]
-    from gpuchef.capacity import judging_rules
+    from gpuchef.experiments.capacity import judging_rules
     from gpuchef.probes.recorder import read_trace
     assert read_trace(trace).meta["ab"]["rules"] == judging_rules()  # the report can tell
     ref = [(k, p) for k in "AB" for p in d["capacity"][k]["probes"]]
@@ -304,7 +304,7 @@ def test_steady_state_rule_flags_short_probes_that_met():
     about sustaining the rate (20 requests at 32 req/s arrive in 0.6 s)."""
     from types import SimpleNamespace as NS
 
-    from gpuchef.capacity import MIN_PROBE_SPAN_S, Probe
+    from gpuchef.experiments.capacity import MIN_PROBE_SPAN_S, Probe
 
     long_run = Probe(2.0, True, {}, NS(completed=60), span_s=30.0)
     short_met = Probe(32.0, True, {}, NS(completed=20))    # 0.6 s, from completed / rate
@@ -319,7 +319,7 @@ def test_steady_state_rule_flags_short_probes_that_met():
 
 
 def test_offered_rate_is_count_over_arrival_span():
-    from gpuchef.capacity import offered_rate
+    from gpuchef.experiments.capacity import offered_rate
 
     assert offered_rate([5.0, 6.0, 7.0, 9.0]) == pytest.approx(3 / 4.0)  # 3 gaps over 4 s
     assert offered_rate([3.0, 1.0, 2.0]) == pytest.approx(1.0)            # any order
@@ -341,13 +341,12 @@ def _denser_trace(path):
 def test_a_trace_probe_offers_the_rate_it_is_labelled_with(tmp_path):
     """The H200 bug: the native rate was taken over the trace's first --duration seconds, and a
     sped-up probe covered more, denser trace (labelled 12.6 req/s, offered ≈ 29)."""
-    from gpuchef.ab_cmd import _trace_rate, probe_workload
-    from gpuchef.capacity import offered_rate
+    from gpuchef.experiments.capacity import offered_rate, probe_workload, trace_rate
     from gpuchef.engine_host.workload import WorkloadConfig, generate
 
     w = WorkloadConfig(dataset=str(_denser_trace(tmp_path / "t.csv")), duration_s=30.0,
                        vocab_size=1000, max_model_len=4096)
-    native = _trace_rate(w)
+    native = trace_rate(w)
     assert native == pytest.approx(1.0)  # its first 30 s
     # the old way: speed = rate / native → 30 s of arrivals at 4× cover 120 s of trace
     naive = generate(replace(w, trace_speed=4.0 / native))
@@ -363,7 +362,7 @@ def test_a_trace_probe_offers_the_rate_it_is_labelled_with(tmp_path):
 def test_judge_load_saturation_rules_name_the_rule():
     from types import SimpleNamespace as NS
 
-    from gpuchef.capacity import judge_load
+    from gpuchef.experiments.capacity import judge_load
 
     S = 10**9
     arr = [i * S // 10 for i in range(300)]  # 10 req/s for 30 s
@@ -396,7 +395,8 @@ def test_early_stop_is_beyond_doubt(n, q, seed):
 
     import numpy as np
 
-    from gpuchef.capacity import SLO, EarlyStop
+    from gpuchef.experiments.capacity import SLO
+    from gpuchef.experiments.early_stop import EarlyStop
 
     rng = random.Random(seed)
     stop = EarlyStop([SLO("e2el", f"p{q:g}", 100.0)], [4] * n)
@@ -415,7 +415,8 @@ def test_early_stop_from_the_token_stream():
     before it gets one."""
     from types import SimpleNamespace as NS
 
-    from gpuchef.capacity import SLO, EarlyStop
+    from gpuchef.experiments.capacity import SLO
+    from gpuchef.experiments.early_stop import EarlyStop
 
     ms = 1_000_000
     ids = [f"r{i}" for i in range(10)]
@@ -440,7 +441,7 @@ def test_early_stop_from_the_token_stream():
 def test_a_saturated_probe_fails_though_its_slos_hold():
     """The H200 case: P50 TTFT 1.0 s met ttft_p50:2s while 29 req/s were offered and 18.4
     served; the probe must fail, naming the rule, and carry its offered rate."""
-    from gpuchef.capacity import Measured
+    from gpuchef.experiments.capacity import Measured
 
     slos = parse_slos("ttft_p50:2s")
 
@@ -464,7 +465,7 @@ def test_rule_1_is_not_fooled_by_a_denser_trace_or_long_requests():
     (slower steps) make the finishes inside the arrival span trail its arrivals though nothing
     queues. Rule 1 compares the rate of the judged requests' own finishes with the rate of
     their arrivals: served, they match; a backlog that grows is still caught."""
-    from gpuchef.capacity import judge_load
+    from gpuchef.experiments.capacity import judge_load
 
     S = 10**9
     # 25 s of arrivals whose rate rises from 2 to 14 req/s; each takes 5 s, no queue
@@ -496,7 +497,7 @@ def test_achieved_is_shown_beside_what_arrived_over_its_own_span():
     first quarter) more arrive — and a served probe finishes that many. judge_probe carries the
     judged span's arrival rate so the table and JSON do not put 'achieved 9' beside 'offered 7'
     as if the engine made requests; the reference is counted here from the arrivals."""
-    from gpuchef.capacity import WARMUP_SHARE, judge_probe, parse_slos, probe_of
+    from gpuchef.experiments.capacity import WARMUP_SHARE, judge_probe, parse_slos, probe_of
     from gpuchef.engine_host.records import RequestRecord
 
     S = 10**9
@@ -529,7 +530,7 @@ def test_rule_1_on_real_h200_probes_served_and_saturated():
     must fail, by rule 2 at least. The reference ratio is counted here with numpy."""
     import numpy as np
 
-    from gpuchef.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, judge_load
+    from gpuchef.experiments.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, judge_load
 
     d = json.loads((Path(__file__).parent / "data" / "h200_probes_2026-12-02.json").read_text())
     S = type("S", (), {})
@@ -564,7 +565,7 @@ def test_rule_1_on_real_h200_probes_served_and_saturated():
 def test_rule_1_still_fails_the_probe_the_issue_reported():
     """The issue's probe: 870 requests offered over 30 s (29 req/s), served at 18.4 req/s
     (a backlog growing at 10.6 req/s): rule 1 fails it with the figures in its reason."""
-    from gpuchef.capacity import judge_load
+    from gpuchef.experiments.capacity import judge_load
 
     S = 10**9
     arr = [int(i * S * 30 / 870) for i in range(870)]
@@ -579,7 +580,7 @@ def test_a_probe_stopped_early_shows_its_bound_not_a_partial_value():
     tester saw "itl_p99 143.6" next to "itl_p99 > 200 ms certain", over 14 of 168 requests):
     its SLO cells say "> 200" for the SLO the stop proved broken and "n/a" for the others, in
     the table and in --result-json (values_ms null, values_above_ms the bound)."""
-    from gpuchef.capacity import Measured, probe_of, stopped_slo
+    from gpuchef.experiments.capacity import Measured, probe_of, stopped_slo
     from gpuchef.engine_host.records import RequestRecord
     from gpuchef.probes.metrics import summarize
     from gpuchef.report.html import capacity_table

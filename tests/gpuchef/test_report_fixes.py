@@ -308,7 +308,7 @@ def test_a_capacity_trace_cut_inside_a_probe_does_not_judge_that_probe_as_whole(
     short and not met — judged on part of its requests it read 'meets yes' at an offered rate
     the command never measured (a tester's report); the probes before it stand. A trace that
     does not record its rules says that today's judge it."""
-    from gpuchef.capacity import judging_rules, rules_note
+    from gpuchef.experiments.capacity import judging_rules, rules_note
     from gpuchef.report.data import build, capacity_probes
 
     src = read_trace(H200)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gpuchef.ab_runs import format_deltas
+from gpuchef.experiments.ab_text import format_deltas
 from gpuchef.engine_host.records import EngineEvent, RequestRecord
 from gpuchef.probes import ab
 

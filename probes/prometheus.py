@@ -1,0 +1,177 @@
+"""A fleet through the Prometheus server that already scrapes it.
+
+Operators who run vLLM, SGLang or gpuchef servers behind a Prometheus server need not point
+gpuchef at each one: :class:`PrometheusFleet` asks the Prometheus HTTP API for the targets it
+scrapes (``/api/v1/targets``) and for the newest value of every vLLM, SGLang and gpuchef
+series (``/api/v1/query`` with an instant vector selector on the metric name), and hands back,
+per target — per ``engine`` label too, so that a vLLM server's data-parallel ranks stay apart —
+the same :class:`~gpuchef.probes.scrape.ScrapeSample` a direct scrape of its ``/metrics`` gives.
+The series are written back as Prometheus text and read by ``scrape.parse_metrics``: one parser,
+one table of names (``scrape.SERIES``), whichever way the numbers came.
+
+Times: a sample's ``t_ns`` is the newest Prometheus timestamp among the target's series, moved
+onto this process's monotonic clock, so that rates from two samples use the interval Prometheus
+scraped over, not the interval gpuchef polled at; a target whose timestamp has not moved since
+the last poll gives no new sample (Prometheus has not scraped it again).
+
+Prometheus HTTP API: https://prometheus.io/docs/prometheus/latest/querying/api/ (``/api/v1/query``
+instant vectors, ``/api/v1/targets`` active targets).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpuchef.probes.scrape import ScrapeSample, parse_metrics
+
+#: the series asked for: every vLLM, SGLang (both spellings) and gpuchef metric
+SERIES_SELECTOR = '{__name__=~"(vllm|sglang|gpuchef)[:_].+"}'
+#: labels Prometheus adds or that name the target rather than the series
+TARGET_LABELS = ("job", "instance")
+#: the label that tells a vLLM server's engines (data-parallel ranks) apart
+ENGINE_LABEL = "engine"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One active target of the Prometheus server: ``job``, ``instance`` (host:port),
+    ``scrape_url``, ``health`` ("up", "down", "unknown") and ``last_error`` ("" when none)."""
+
+    job: str
+    instance: str
+    scrape_url: str
+    health: str
+    last_error: str = ""
+
+
+def column_key(instance: str, engine: str = "") -> str:
+    """The column a target's series go to: ``"host:port"``, or ``"host:port engine 1"`` when the
+    series carry an ``engine`` label."""
+    return f"{instance} engine {engine}" if engine else instance
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def to_text(series: list[tuple[str, dict[str, str], float]]) -> str:
+    """Prometheus text for ``series`` ((name, labels, value) of one target): a family with
+    ``_bucket`` samples carrying ``le`` is declared a histogram (its ``_sum``/``_count`` with
+    it); every other series goes untyped, which ``parse_metrics`` reads as a gauge, or as a
+    counter under its ``_total`` name, as it reads an untyped exposition."""
+    hist = {n[: -len("_bucket")] for n, lab, _ in series
+            if n.endswith("_bucket") and "le" in lab}
+    fams: dict[str, list[str]] = {}
+    for n, lab, v in series:
+        base = n
+        for suf in ("_bucket", "_sum", "_count", "_created"):
+            if n.endswith(suf) and n[: -len(suf)] in hist:
+                base = n[: -len(suf)]
+                break
+        if base in hist and n.endswith("_created"):
+            continue  # not part of the text format's histogram
+        lab_s = ",".join(f'{k}="{_escape(x)}"' for k, x in sorted(lab.items()))
+        fams.setdefault(base, []).append(f"{n}{{{lab_s}}} {v!r}" if lab_s else f"{n} {v!r}")
+    out = []
+    for base, lines in fams.items():
+        if base in hist:
+            out.append(f"# TYPE {base} histogram")
+        out.extend(lines)
+    return "\n".join(out) + "\n"
+
+
+class PrometheusFleet:
+    """The vLLM/SGLang/gpuchef targets a Prometheus server at ``url`` scrapes, sampled through
+    its HTTP API. ``fetch(url, timeout) -> str`` may be replaced (tests). Errors: a failed
+    request raises ``ConnectionError`` with one line naming the URL and why (refused, HTTP
+    status, not the Prometheus API)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0,
+                 fetch: Callable[[str, float], str] | None = None) -> None:
+        base = url.rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            raise ValueError(f"--prometheus {url!r} is not an http(s) URL "
+                             "(e.g. http://127.0.0.1:9090)")
+        self.url = base
+        self.timeout_s = timeout_s
+        self._fetch = fetch or _http_get
+        self._last_ts: dict[str, float] = {}
+
+    def _api(self, path: str, **params: str) -> Any:
+        q = f"?{urllib.parse.urlencode(params)}" if params else ""
+        url = f"{self.url}{path}{q}"
+        try:
+            body = json.loads(self._fetch(url, self.timeout_s))
+        except urllib.error.HTTPError as e:
+            raise ConnectionError(f"{url}: HTTP {e.code} {e.reason} (is it a Prometheus "
+                                  "server?)") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ConnectionError(f"{url}: cannot reach it ({getattr(e, 'reason', e)})") from None
+        except ValueError:
+            raise ConnectionError(f"{url}: the reply is not JSON (is it a Prometheus "
+                                  "server?)") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            why = body.get("error", body) if isinstance(body, dict) else body
+            raise ConnectionError(f"{url}: the Prometheus API says {why!r}")
+        return body["data"]
+
+    def targets(self) -> list[Target]:
+        """The active targets (every job), in the order Prometheus lists them."""
+        data = self._api("/api/v1/targets", state="active")
+        out = []
+        for t in data.get("activeTargets", []):
+            lab = t.get("labels", {})
+            out.append(Target(lab.get("job", ""), lab.get("instance", ""),
+                              t.get("scrapeUrl", ""), t.get("health", "unknown"),
+                              t.get("lastError", "")))
+        return out
+
+    def query(self) -> dict[str, tuple[float, list[tuple[str, dict[str, str], float]]]]:
+        """The newest value of every selected series, by column (:func:`column_key`):
+        (newest Prometheus timestamp in s, [(name, labels without job/instance, value)]).
+        An instance whose series name one engine (or none) is one column; one whose series
+        name several is a column per engine, each also holding the instance's series that
+        name none (vLLM labels its engine series ``engine="0"``, not its process series)."""
+        data = self._api("/api/v1/query", query=SERIES_SELECTOR)
+        by_inst: dict[str, list[tuple[str, dict[str, str], float, float]]] = {}
+        for r in data.get("result", []):
+            m = dict(r.get("metric", {}))
+            name = m.pop("__name__", "")
+            inst = m.pop("instance", "")
+            m.pop("job", None)
+            ts, v = r["value"]
+            by_inst.setdefault(inst, []).append((name, m, float(v), float(ts)))
+        cols: dict[str, tuple[float, list]] = {}
+        for inst, rows in by_inst.items():
+            engines = sorted({m[ENGINE_LABEL] for _, m, _, _ in rows if ENGINE_LABEL in m})
+            for e in (engines if len(engines) > 1 else [""]):
+                mine = [(n, m, v, t) for n, m, v, t in rows
+                        if not e or m.get(ENGINE_LABEL, e) == e]
+                cols[column_key(inst, e)] = (max(t for *_, t in mine),
+                                             [(n, m, v) for n, m, v, _ in mine])
+        return cols
+
+    def sample(self, *, only_new: bool = True) -> dict[str, ScrapeSample]:
+        """One :class:`ScrapeSample` per column whose series Prometheus has scraped since the
+        last call (every column with ``only_new`` False); ``url`` is the column's key."""
+        now_wall, now_mono = time.time(), time.monotonic_ns()
+        out = {}
+        for key, (ts, rows) in self.query().items():
+            if only_new and self._last_ts.get(key) == ts:
+                continue
+            self._last_ts[key] = ts
+            t_ns = now_mono - int(max(0.0, now_wall - ts) * 1e9)
+            out[key] = parse_metrics(to_text(rows), url=key, t_ns=t_ns)
+        return out
+
+
+def _http_get(url: str, timeout: float) -> str:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read(64 << 20).decode("utf-8", "replace")
