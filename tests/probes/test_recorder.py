@@ -456,7 +456,8 @@ def test_a_meta_field_of_the_wrong_type_is_a_line_1_problem_not_a_crash(tmp_path
     with TraceRecorder(p, {"device": "cpu", "workload": {"dataset": "random"},
                            "engine_config": {"scheduler": {"mode": "chunked"}}}) as rec:
         for i in range(3):
-            rec.record(replace(BARE_STEP, step=i, t_start_ns=i * 10_000, t_end_ns=i * 10_000 + 9_000))
+            rec.record(replace(BARE_STEP, step=i, t_start_ns=i * 10_000,
+                               t_end_ns=i * 10_000 + 9_000))
     lines = p.read_text().splitlines()
     meta = json.loads(lines[0])
     meta[key] = value
@@ -581,3 +582,12 @@ def test_what_a_writer_does_write_is_not_impossible(tmp_path):
     assert not tr.requests
     assert tr.problems[0].endswith("request token_times_ns go back in time (allowed: "
                                    "non-decreasing) — skipped")
+
+
+def test_recorder_expands_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # where a literal ./~ folder would go
+    with TraceRecorder("~/a.jsonl") as rec:
+        assert rec.path == tmp_path / "a.jsonl"
+        assert rec.rotate("~/b.jsonl") == tmp_path / "a.jsonl"
+    assert read_trace(tmp_path / "a.jsonl").complete and read_trace(tmp_path / "b.jsonl").complete
