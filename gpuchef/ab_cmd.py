@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from .capacity import SATURATION_TOLERANCE
+from .experiments.capacity import SATURATION_TOLERANCE
 from .engine_host.config import ConfigError
 from .probes.ab import MIN_REPETITIONS
-from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
+from .options import (check_output_files, flag_given, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
                       workload_options, write_json, print_warning, probe_warning,
                       trace_flags_warning)
@@ -121,9 +120,9 @@ def ab(**o) -> None:
 
     err = Console(stderr=True, soft_wrap=True)
     try:
-        from .client.ab_http import ab_http, is_http
+        from .experiments.http import is_http
         if is_http(o):  # servers gpuchef does not host: no engine here
-            return ab_http(o, err)
+            return _ab_http(o, err)
         from .client.bench_http import check_http_flags
         check_http_flags(o)
         if o["ab_load"]:
@@ -139,8 +138,8 @@ def ab(**o) -> None:
 
 def _check(o: dict) -> dict[str, Any]:
     """Everything that can be refused before the model loads."""
-    from .ab_runs import check_repetitions, check_window, parse_setting
-    from .capacity import check_rates, parse_slos, parse_tolerance
+    from .experiments.ab import check_repetitions, check_window, parse_setting
+    from .experiments.capacity import check_rates, parse_slos, parse_tolerance
     from .probes.metrics import parse_goodput, parse_percentiles
 
     c: dict[str, Any] = {}
@@ -204,7 +203,7 @@ def _ab(o: dict, err: Console) -> None:
         if o["capacity"]:
             meta["ab"]["slos"] = [str(s) for s in c["slos"]]
             meta["ab"]["slo_spec"] = o["slo_spec"]
-            from .capacity import judging_rules
+            from .experiments.capacity import judging_rules
             meta["ab"]["rules"] = judging_rules()
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
@@ -241,9 +240,9 @@ def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None)
 
 
 def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
-    from .ab_runs import (STRADDLE_WARN_SHARE, compare, format_deltas, run_interleaved, run_orders,
-                     run_sequential, side_by_side)
-    from .ab_runs import knob_text
+    from .experiments.ab import STRADDLE_WARN_SHARE, compare, knob_text, run_orders
+    from .experiments.ab_text import format_deltas, side_by_side
+    from .experiments.hosted import run_interleaved, run_sequential
     from .probes.metrics import autopilot_totals, format_results_block, is_probe_id
 
     settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
@@ -318,176 +317,21 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
     }
 
 
-def _trace_rate(wcfg) -> float:
-    """The native request rate of a trace dataset (req/s at --trace-speed 1) over the requests
-    the load selects (``capacity.offered_rate``)."""
-    from .capacity import offered_rate
-    from .engine_host.workload import generate
-
-    r = offered_rate([s.arrival_s for s in generate(replace(wcfg, trace_speed=1.0,
-                                                            probe_interval_s=None))])
-    if not math.isfinite(r):
-        raise ConfigError("--capacity needs a trace with at least two requests at distinct times")
-    return r
-
-
-#: A trace probe's speed is refined until its offered rate is within this share of the target.
-SPEED_TOLERANCE = 0.02
-
-
-def probe_workload(wcfg, rate: float, native: float | None):
-    """(WorkloadConfig, its specs, offered req/s) for a probe at ``rate`` req/s. Random arrivals:
-    ``--request-rate rate``. A trace: sped up until the probe's *own* arrivals offer ``rate``
-    (``capacity.offered_rate`` of the requests the probe replays, within ``SPEED_TOLERANCE``,
-    by bisection over the speed; the closest one tried otherwise): a trace that gets denser later offers more than ``rate`` when
-    its speed is taken from its start (the H200 probe labelled 12.6 req/s offered ≈ 29)."""
-    from .capacity import offered_rate
-    from .engine_host.workload import generate
-
-    if native is None:
-        w = replace(wcfg, request_rate=rate)
-        specs = generate(w)
-        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
-    def at(speed: float):
-        w = replace(wcfg, trace_speed=speed)
-        specs = generate(w)
-        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
-
-    # Bisection on log(speed): a denser stretch makes the offered rate jump, so a fixed-point
-    # step (speed × rate/offered) can oscillate around it.
-    s0 = rate / native
-    tried = [at(s0)]
-    lo = hi = s0
-    if tried[0][2] > rate:  # bracket [lo, hi] with offered(lo) < rate < offered(hi)
-        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] > rate:
-            hi, lo = lo, lo / 2
-            tried.append(at(lo))
-    else:
-        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] < rate:
-            lo, hi = hi, hi * 2
-            tried.append(at(hi))
-    for _ in range(16):
-        best = min((t for t in tried if math.isfinite(t[2])), key=lambda t: abs(t[2] - rate),
-                   default=None)
-        if best is None or abs(best[2] / rate - 1.0) <= SPEED_TOLERANCE or hi <= lo:
-            break
-        mid = math.sqrt(lo * hi)
-        got = at(mid)
-        tried.append(got)
-        if not math.isfinite(got[2]):
-            break
-        lo, hi = (mid, hi) if got[2] < rate else (lo, mid)
-    ok = [t for t in tried if math.isfinite(t[2])]
-    return min(ok, key=lambda t: abs(t[2] - rate)) if ok else tried[-1]
-
-
-def _is_probe(spec) -> bool:
-    from .engine_host.workload import PROBE_ID_PREFIX
-
-    return str(spec.request_id).startswith(PROBE_ID_PREFIX)
-
-
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
-    from .ab_runs import _assert_idle, _mark
-    from .capacity import EARLY_STOP_REASON, WARMUP_SHARE, EarlyStop, Measured, capacity_ratio, capacity_search, \
-        judge_probe, probe_mark, slo_percentiles, stop_mark
-    from .engine_host.workload import generate
-    from .sessions.headless import run_load
+    """`ab --capacity`: each setting's capacity search (``experiments.capacity``), printed probe
+    by probe, then B/A. Returns the --result-json record."""
+    from .experiments.capacity import capacity_ratio, slo_percentiles, trace_rate
 
-    settings, slos = c["settings"], c["slos"]
+    slos = c["slos"]
     pcts = tuple(sorted(set(c["pcts"]) | set(slo_percentiles(slos))))
-    native = None if wcfg.is_random else _trace_rate(wcfg)
-    load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
-            f"{wcfg.dataset} replayed at the speed whose probe offers each rate (offered = "
-            "its requests' count over their arrival span)")
-    # a probe's request count follows its rate (× --duration): each probe's row gives its own
-    per_probe = ("requests per probe: its rate × --duration (each row's count)"
-                 if wcfg.duration_s is not None
-                 else f"{len(generate(wcfg))} requests per probe")
-    click.echo("\n".join(_header(engine, wcfg, settings, per_probe, load)))
-    click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
-               f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
-               f"capacity); a probe also fails when saturated (achieved < "
-               f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing) and "
-               "stops early once an SLO is broken beyond doubt (docs/capacity.md)")
-    if not any(s.metric in ("ttft", "e2el") for s in slos):
-        err.print("[yellow]note:[/] no ttft or e2el SLO: queueing delay is not bounded, so a "
-                  "token-latency SLO alone can hold far past the rate the engine keeps up with "
-                  "(Sarathi-Serve also bounds the median scheduling delay; add e.g. ttft_p50:2s)")
+    native = None if wcfg.is_random else trace_rate(wcfg)
+    _capacity_header(c, engine, wcfg, native, err)
     results = {}
     out: dict[str, Any] = {"command": "ab --capacity", "slos": [str(s) for s in slos],
                            "settings": {}, "capacity": {}}
     for k in ("A", "B"):
-        st = settings[k]
-
-        def measure(rate: float, st=st, k=k) -> Measured:
-            w, specs, off = probe_workload(wcfg, rate, native)
-            if not specs:
-                raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
-                                  "or --duration")
-            _assert_idle(engine)
-            _mark(engine, probe_mark(k, rate), listeners)
-            mine = [x for x in specs if not _is_probe(x)]
-            stop = EarlyStop(slos, [x.output_len for x in mine],
-                             [int(x.arrival_s * 1e9) for x in mine], [x.request_id for x in mine])
-            hold: dict[str, Any] = {}
-
-            def decided(reason: str, t_ns: int, k=k) -> None:  # engine thread
-                if reason and "t" not in hold:
-                    hold["t"] = t_ns
-                    _mark(engine, stop_mark(k, reason), listeners)
-                    for x in specs:  # the rest are aborted: the probe is decided
-                        hold["host"].abort(x.request_id, EARLY_STOP_REASON)
-
-            def watch(kind: str, rec: Any) -> None:
-                if kind == "request" and rec.token_times_ns:
-                    decided(stop.on_request(rec), rec.token_times_ns[-1])
-
-            def on_start(h, st=st) -> None:
-                hold["host"] = h
-                h.set_config(**st.knobs())
-                prev = h.on_output
-
-                def on_output(out) -> None:
-                    if not stop.t0_ns:
-                        stop.start(h.t0_ns)
-                    prev(out)
-                    decided(stop.on_output(out), out.t_ns)
-                h.on_output = on_output
-
-            res = run_load(engine, specs, listeners=[*listeners, watch], console=err,
-                           on_start=on_start)
-            return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=pcts,
-                               goodput=c["goodput"], stopped=stop.reason,
-                               stopped_ns=hold.get("t"))
-
-        click.echo(f"\n{k}: {st.describe()}")
-        # achieved is held against the arrival rate of the same requests (after the warm-up): a
-        # replayed trace gets denser, so "6.97 achieved" beside "6.05 offered" read as a gain
-        heads = ["offered req/s", "requests", *[f"{s.key} ms" for s in slos],
-                 "achieved/offered*", "meets SLOs"]
-        widths = [max(15, len(h) + 2) for h in heads]
-        click.echo("  " + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))
-                   + "  why not / notes")
-
-        def show(p) -> None:
-            vals = [p.value_text(s.key) for s in slos]  # "> 200": an early stop's bound
-            ach = (f"{p.achieved:.3g}/{p.judged_offered:.3g}" if math.isfinite(p.achieved)
-                   and math.isfinite(p.judged_offered) else
-                   f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")
-            why = "; ".join([*p.fails, *p.notes])
-            m = p.metrics  # the probe's requests: an early stop withdraws the rest (notes)
-            n = (f"{m.completed + m.failed + m.withdrawn}" if hasattr(m, "completed")
-                 else "n/a")
-            cells = [f"{p.rate:.3g}", n, *vals, ach, "yes" if p.met else "no"]
-            click.echo("  " + "".join(f"{x:>{w}}" for x, w in zip(cells, widths))
-                       + (f"  {why}" if why else ""))
-
-        res = capacity_search(measure, slos, *c["rates"], c["tol"], o["max_probes"], on_probe=show)
-        results[k] = res
-        click.echo(f"  * the finish rate / the arrival rate of the requests after the first "
-                   f"{WARMUP_SHARE:.0%} of the arrivals (saturation rule 1, docs/capacity.md)")
-        click.echo(f"  Capacity {k}: {res.describe()}")
+        st = c["settings"][k]
+        results[k] = res = _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err)
         out["settings"][k] = {"spec": st.spec, "scheduler": st.config.as_dict()}
         out["capacity"][k] = res.as_dict()
         for p, d in zip(res.probes, out["capacity"][k]["probes"]):
@@ -498,3 +342,314 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     out["capacity_ratio_bound"] = bound  # "upper"/"lower": capacity_ratio is only a bound
     out["capacity_ratio_text"] = text
     return out
+
+
+def _capacity_header(c, engine, wcfg, native, err) -> None:
+    """The lines above a capacity search: the run's header, the SLOs and the method."""
+    from .engine_host.workload import generate
+
+    slos = c["slos"]
+    load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
+            f"{wcfg.dataset} replayed at the speed whose probe offers each rate (offered = "
+            "its requests' count over their arrival span)")
+    # a probe's request count follows its rate (× --duration): each probe's row gives its own
+    per_probe = ("requests per probe: its rate × --duration (each row's count)"
+                 if wcfg.duration_s is not None
+                 else f"{len(generate(wcfg))} requests per probe")
+    click.echo("\n".join(_header(engine, wcfg, c["settings"], per_probe, load)))
+    click.echo(f"SLOs: {', '.join(str(s) for s in slos)}; bisection over the request rate in "
+               f"[{c['rates'][0]:g}, {c['rates'][1]:g}] req/s to {c['tol']} (Sarathi-Serve's "
+               f"capacity); a probe also fails when saturated (achieved < "
+               f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing) and "
+               "stops early once an SLO is broken beyond doubt (docs/capacity.md)")
+    if not any(s.metric in ("ttft", "e2el") for s in slos):
+        err.print("[yellow]note:[/] no ttft or e2el SLO: queueing delay is not bounded, so a "
+                  "token-latency SLO alone can hold far past the rate the engine keeps up with "
+                  "(Sarathi-Serve also bounds the median scheduling delay; add e.g. ttft_p50:2s)")
+
+
+def _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err):
+    """Setting ``k``'s search: its probes' table as they run, then its capacity."""
+    from .experiments.capacity import WARMUP_SHARE, capacity_search, measure_on_engine
+
+    st, slos = c["settings"][k], c["slos"]
+
+    def measure(rate: float):
+        return measure_on_engine(engine, wcfg, native, st, k, rate, slos, percentiles=pcts,
+                                 goodput=c["goodput"], listeners=listeners, console=err)
+
+    click.echo(f"\n{k}: {st.describe()}")
+    # achieved is held against the arrival rate of the same requests (after the warm-up): a
+    # replayed trace gets denser, so "6.97 achieved" beside "6.05 offered" read as a gain
+    heads = ["offered req/s", "requests", *[f"{s.key} ms" for s in slos],
+             "achieved/offered*", "meets SLOs"]
+    widths = [max(15, len(h) + 2) for h in heads]
+    click.echo("  " + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))
+               + "  why not / notes")
+
+    def show(p) -> None:
+        click.echo(_probe_row(p, slos, widths))
+
+    res = capacity_search(measure, slos, *c["rates"], c["tol"], o["max_probes"], on_probe=show)
+    click.echo(f"  * the finish rate / the arrival rate of the requests after the first "
+               f"{WARMUP_SHARE:.0%} of the arrivals (saturation rule 1, docs/capacity.md)")
+    click.echo(f"  Capacity {k}: {res.describe()}")
+    return res
+
+
+def _probe_row(p, slos, widths) -> str:
+    """One probe's row of the capacity table."""
+    vals = [p.value_text(s.key) for s in slos]  # "> 200": an early stop's bound
+    ach = (f"{p.achieved:.3g}/{p.judged_offered:.3g}" if math.isfinite(p.achieved)
+           and math.isfinite(p.judged_offered) else
+           f"{p.achieved:.3g}" if math.isfinite(p.achieved) else "n/a")
+    why = "; ".join([*p.fails, *p.notes])
+    m = p.metrics  # the probe's requests: an early stop withdraws the rest (notes)
+    n = (f"{m.completed + m.failed + m.withdrawn}" if hasattr(m, "completed")
+         else "n/a")
+    cells = [f"{p.rate:.3g}", n, *vals, ach, "yes" if p.met else "no"]
+    return ("  " + "".join(f"{x:>{w}}" for x, w in zip(cells, widths))
+            + (f"  {why}" if why else ""))
+
+
+# ---- over HTTP (experiments.http): servers gpuchef does not host --------------------------------
+
+#: Hosted-only `ab` options: refused over HTTP, with the reason.
+HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings between steps; "
+                             "over HTTP each run is a whole load (drop --interleave)",
+               "capacity": "--capacity searches the hosted engine's rate; it is not offered "
+                           "over HTTP yet (drop --capacity)"}
+
+
+def _check_http_options(o: dict[str, Any]) -> None:
+    """Refuse hosted-only options with the HTTP branch (engine flags, --interleave,
+    --capacity, --sample-hz), each by name. Raises ConfigError."""
+    from .client.bench_http import check_http_flags
+    from .experiments.http import split_url
+
+    for k, why in HOSTED_ONLY.items():
+        if o.get(k):
+            raise ConfigError(why)
+    for k in ("window_s", "slo_spec", "rate_lo", "rate_hi", "tolerance", "max_probes"):
+        if flag_given(k):
+            flag = {"window_s": "--window", "slo_spec": "--slo"}.get(k, "--" + k.replace("_", "-"))
+            raise ConfigError(f"{flag} does not apply over HTTP (it is for the hosted engine's "
+                              "A/B)")
+    # --trace is ours here (the client's requests); the rest of bench's rule holds
+    ua, ub = split_url(o["spec_a"], "--a")[0], split_url(o["spec_b"], "--b")[0]
+    urls = list(dict.fromkeys(u for u in (o.get("base_url"), ua, ub) if u))
+    via = " and ".join(f for f, u in (("--base-url", o.get("base_url")),
+                                      ("--a url=/--b url=", ua or ub)) if u)
+    check_http_flags({**{k: v for k, v in o.items() if k != "trace_path"},
+                      "base_url": ", ".join(urls)}, via=via or "--base-url", servers=urls)
+
+
+def _http_header(arms, loads, load: str, reps: int) -> list[str]:
+    """The lines above the results: the model (one server: one ``Model:`` line; two: each
+    side's own, on its ``A:``/``B:`` line with its URL and settings), the load, the A/B load."""
+    from .experiments.ab import run_orders
+
+    pa = loads["A"]
+    two = arms["A"].url != arms["B"].url
+    desc = (f"Load: {pa.desc}; {len(pa.specs)} requests, seed {pa.wcfg.seed}; prompts as "
+            f"{'text' if pa.tok is not None else 'token ids'}")
+    sides = [f"{k}: {arms[k].url} — " + (f"model {loads[k].cfg.model} — " if two else "")
+             + arms[k].describe() for k in ("A", "B")]
+    lines = ([] if two else [f"Model: {pa.cfg.model} (the server's)"]) + [desc, *sides]
+    if load == "mirrored":
+        lines.append(f"A/B load: mirrored — every request sent to both servers at the same "
+                     f"arrival time, {reps} repetition{'s' if reps > 1 else ''}; fair only when "
+                     "the servers do not share a GPU (or CPU cores)")
+    else:
+        order = " | ".join(" ".join(p) for p in run_orders(reps))
+        lines.append(f"A/B load: sequential — the whole load to one setting at a time, {reps} "
+                     f"repetition{'s' if reps > 1 else ''} of each, order {order}")
+    return lines
+
+
+def _ab_http(o: dict[str, Any], err: Console) -> None:
+    """`gpuchef ab` against servers (``experiments.http``): options ``o`` as `ab` parsed them,
+    ``err`` a rich Console on stderr. Prints both results blocks side by side, B − A and the
+    verdict (stdout), one line per kind of failed request per side (stderr); writes
+    ``--result-json`` and ``--trace``. Raises ConfigError for bad input, before any request is
+    sent (a refused PATCH later); exits 1 when no request succeeded on a side."""
+    from .experiments.ab import check_repetitions
+    from .experiments.http import comparison, knob_state, parse_arms, prepare_loads
+    from .probes.metrics import parse_goodput, parse_percentiles
+
+    _check_http_options(o)
+    arms, load = parse_arms(o)
+    check_output_files(o)
+    goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
+    pcts = parse_percentiles(o["metric_percentiles"])
+    reps = check_repetitions(o["repetitions"])
+    loads = prepare_loads(o, arms, o["model"] if flag_given("model") else "")
+    for arm in arms.values():
+        knob_state(arm, o.get("api_key"))
+    if arms["A"].setting is not None and arms["B"].setting is not None and \
+            arms["A"].url == arms["B"].url and arms["A"].setting.config == arms["B"].setting.config:
+        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
+                  "show the run-to-run noise")
+    lines = _http_header(arms, loads, load, reps)
+    err.print(f"[dim]{len(loads['A'].specs)} requests per run to {escape(arms['A'].url)}"
+              f"{'' if arms['A'].url == arms['B'].url else ' and ' + escape(arms['B'].url)} "
+              f"({load})[/dim]")
+    runs = _http_runs(arms, loads, load, reps, err)
+    results, cmp, why = comparison(runs, load, pcts, goodput)
+    if o["trace_path"]:
+        _http_trace(o["trace_path"], arms, loads, load, reps, pcts, runs, err)
+    side = _http_sides(runs, cmp)
+    _http_print(lines, arms, cmp, why, side, err)
+    if o["result_json"]:
+        _http_result_json(o, arms, loads, load, reps, side, results, runs, cmp, why)
+    for k in ("A", "B"):
+        if not any(x.success for x in side[k]["results"]):
+            err.print(f"[bold red]error:[/] no request to {escape(arms[k].url)} ({k}) succeeded "
+                      "(see the lines above)")
+            sys.exit(1)
+
+
+def _http_runs(arms, loads, load: str, reps: int, err: Console) -> list:
+    """The runs (``experiments.http.run_ab``), a line on stderr as each ends; each side's
+    setting PATCHed first (a refused value: before any request), the servers' knobs put back as
+    they were found at the end. Ctrl-C: no results, exit 130."""
+    from .experiments.http import apply, patch_body, run_ab
+    from .probes.metrics import is_probe_id
+
+    def done(r) -> str:
+        # the load's requests only, as the results block counts them (probes named apart)
+        mine = [x for x in r.run.results if not is_probe_id(x.request_id)]
+        bad = sum(1 for x in mine if not x.success)
+        probes = len(r.run.results) - len(mine)
+        return (f"{len(mine)} requests in {r.run.duration_s:.1f} s"
+                f"{f', {bad} failed' if bad else ''}{f' (+{probes} probes)' if probes else ''}")
+
+    pending: list = []
+
+    def on_run(i: int, total: int, r) -> None:
+        if load != "mirrored":
+            err.print(f"[dim]run {i}/{total}: {r.label} ({escape(arms[r.label].describe())}) "
+                      f"repetition {r.rep}: {done(r)}[/dim]", highlight=False)
+            return
+        # one run per repetition, both servers at once: one line when both sides are in
+        pending.append(r)
+        if len(pending) == 2:
+            sides = "; ".join(f"{x.label} {done(x)}" for x in pending)
+            err.print(f"[dim]repetition {r.rep}/{reps}: A and B at once (mirrored): "
+                      f"{sides}[/dim]", highlight=False)
+            pending.clear()
+
+    try:
+        for arm in arms.values():  # a value the server refuses: refused before any request
+            apply(arm)
+        return run_ab(load, arms, loads, reps, on_run)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/] the A/B was stopped; no results")
+        sys.exit(130)
+    finally:
+        for arm in arms.values():  # the server as it was found
+            if arm.initial is not None and arm.server is not None:
+                try:
+                    arm.server.patch(patch_body(arm.initial))
+                except ConfigError as e:
+                    err.print(f"[yellow]note:[/] {escape(arm.url)}'s knobs not restored: "
+                              f"{escape(str(e))}")
+
+
+def _http_trace(path: str, arms, loads, load: str, reps: int, pcts, runs, err: Console) -> None:
+    """``--trace``: the runs' marks and each side's requests as the client saw them."""
+    from .experiments.http import marks, trace_meta
+    from .probes.recorder import TraceRecorder
+
+    rec = TraceRecorder(path, meta=trace_meta(arms, loads, load, reps, pcts))
+    for ev in marks(runs, load):
+        rec.record(ev)
+    for r in runs:
+        for q in r.records:
+            rec.record(q)
+    rec.close()
+    err.print(f"[dim]trace: {escape(path)} (request ids "
+              f"{'A/…#n and B/…#n' if load == 'mirrored' else '…#n'}: repetition n)[/dim]")
+
+
+def _http_sides(runs, cmp) -> dict[str, Any]:
+    """Each side's results: its ClientResults, lateness, peaks, pooled metrics and runs."""
+    from .client.http_load import lateness_stats, peak_stats
+
+    side: dict[str, Any] = {}
+    for k in ("A", "B"):
+        mine = [r for r in runs if r.label == k]
+        allres = [x for r in mine for x in r.run.results]
+        peak_tok, peak_conc = peak_stats([x for x in allres if not x.is_probe])
+        side[k] = dict(results=allres, late=lateness_stats(allres), peak=(peak_tok, peak_conc),
+                       metrics=cmp.pooled[k] if cmp is not None else None, runs=mine)
+    return side
+
+
+def _http_print(lines: list[str], arms, cmp, why: str, side, err: Console) -> None:
+    """The header, both results blocks side by side and B − A (or why there is no
+    comparison) on stdout; each side's failed requests, one line per kind, on stderr."""
+    from .client.http_load import error_lines
+    from .experiments.ab_text import format_deltas, side_by_side
+    from .probes.metrics import format_results_block
+
+    click.echo("\n".join(lines))
+    if cmp is not None:
+        blocks = {}
+        for k in ("A", "B"):
+            s, arm = side[k], arms[k]
+            extra = {"Runs pooled:": str(cmp.count(k)),
+                     "Client lateness p99 (ms):": f"{s['late']['p99']:.2f}"}
+            if arm.setting is not None:
+                extra["max_num_batched_tokens:"] = str(arm.setting.config.max_num_batched_tokens)
+                extra["Mode:"] = arm.setting.config.mode
+            blocks[k] = format_results_block(s["metrics"], extra=extra)
+        click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))
+        click.echo(format_deltas(cmp, "repetition"))
+    else:
+        click.echo(why)
+    for k in ("A", "B"):
+        for line in error_lines(side[k]["results"]):
+            err.print(f"[yellow]failed ({k}, {escape(arms[k].url)}):[/] {escape(line)}")
+
+
+def _http_result_json(o, arms, loads, load: str, reps: int, side, results, runs, cmp,
+                      why: str) -> None:
+    """``--result-json`` of an A/B over HTTP: each side's results as `bench --base-url` writes
+    them, every run, and the comparison."""
+    from .client.bench_http import result_json
+    from .client.http_load import HttpLoadRun, error_counts, result_arrays
+
+    out: dict[str, Any] = {
+        "command": "ab", "ab_load": load, "repetitions": reps,
+        "servers": {k: a.url for k, a in arms.items()},
+        "settings": {k: {"spec": a.spec, "url": a.url,
+                         "changes": a.setting.changes if a.setting else {},
+                         "scheduler": a.setting.config.as_dict() if a.setting else None}
+                     for k, a in arms.items()},
+        "results": {}, "runs": [], "comparison": None, "no_comparison_why": why or None,
+    }
+    for k in ("A", "B"):
+        s = side[k]
+        if s["metrics"] is None:
+            continue
+        t0 = min(r.run.t0_ns for r in s["runs"])
+        hr = HttpLoadRun(s["results"], t0, s["metrics"].duration_s,
+                         [e for r in s["runs"] for e in r.run.rps_change_events])
+        out["results"][k] = result_json(
+            s["metrics"], hr, loads[k].cfg, loads[k].wcfg, o, loads[k].tok is not None,
+            loads[k].ramp, s["late"], *s["peak"], error_counts(s["results"]),
+            result_arrays(s["results"]))
+    for w in results:
+        out["runs"].append({"label": w.label, "rep": w.rep, "duration_s": w.duration_s,
+                            "counted": w.counted, "not_counted_why": w.why or None,
+                            "metrics": w.metrics.to_dict(empty_as_zero=True)
+                            if w.metrics else None,
+                            "error_counts": error_counts(next(
+                                (r.run.results for r in runs
+                                 if r.label == w.label and r.rep == w.rep), []))})
+    if cmp is not None:
+        out["comparison"] = {"min_pairs": cmp.min_pairs,
+                             "deltas": [r.as_dict() for r in cmp.rows],
+                             "requests": cmp.requests_dict()}
+    write_json(o["result_json"], out, "--result-json")

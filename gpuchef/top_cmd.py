@@ -323,7 +323,7 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
 def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
     """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/sessions/attach.py).
     ``need_terminal``: as :func:`_build`'s."""
-    from .ab_runs import check_repetitions
+    from .experiments.ab import check_repetitions
     from .sessions.attach import AttachSession, base_of
     from .probes.sampler import check_sample_hz
     from .probes.metrics import parse_goodput, parse_percentiles
@@ -366,7 +366,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
         raise ConfigError("--ab-load runs an A/B of two attached servers on gpuchef's load: "
                           "give --attach twice and --dataset or --request-rate")
     if len(urls) >= 2 and load is not None:  # `a`: the same load to both (gpuchef ab's)
-        from .client.ab_http import Arm, prepare_loads
+        from .experiments.http import Arm, prepare_loads
 
         arms = {"A": Arm("A", urls[0], ""), "B": Arm("B", urls[1], "")}
         try:

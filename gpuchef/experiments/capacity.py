@@ -20,7 +20,8 @@ probe's own arrivals offer the rate asked for. A probe **meets** when every SLO 
 not saturated (:func:`judge_load`: achieved short of offered by more than
 ``SATURATION_TOLERANCE``, or the waiting queue growing through the probe) — a median that holds
 while the queue grows is not capacity. A probe whose SLO is broken beyond doubt stops early
-(:class:`EarlyStop`). A met probe shorter than the steady-state rule (``MIN_PROBE_SPAN_S`` and
+(``experiments.early_stop.EarlyStop``). A met probe shorter than the steady-state rule
+(``MIN_PROBE_SPAN_S`` and
 ``STEADY_E2EL_FACTOR`` × its median E2EL) is flagged. docs/capacity.md compares the method with
 Sarathi-Serve's and vLLM's ``vllm bench sweep serve_sla``.
 
@@ -32,12 +33,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .engine_host.config import ConfigError, parse_latency_targets
-from .engine_host.workload import PROBE_ID_PREFIX
-from .probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
+from ..engine_host.config import ConfigError, parse_latency_targets
+from ..engine_host.workload import PROBE_ID_PREFIX
+from ..probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
 RATE_RANGE = (1e-3, 1e6)  # req/s
@@ -353,7 +354,7 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
     ``start_ns`` to the last token), the offered rate of their arrivals (probe requests left
     out), and :func:`judge_load`'s achieved rate, saturation rules and notes — not judged for a
     probe ``stopped`` early (a partial run, at ``stopped_ns``), whose note says when."""
-    from .probes.metrics import summarize
+    from ..probes.metrics import summarize
 
     mine = [r for r in requests if not str(r.request_id).startswith(PROBE_ID_PREFIX)]
     ends = [r.token_times_ns[-1] for r in requests if r.token_times_ns]
@@ -377,7 +378,7 @@ def judge_probe(requests: Sequence[Any], steps: Sequence[Any], start_ns: int, *,
 
 
 def stopped_slo(reason: str, slos: Sequence[SLO]) -> SLO | None:
-    """The SLO an early stop's ``reason`` proved broken (:class:`EarlyStop` writes
+    """The SLO an early stop's ``reason`` proved broken (``early_stop.EarlyStop`` writes
     ``"<key> > <limit> ms certain (...)"``; the trace's stop mark keeps it), or None."""
     for s in slos:
         if str(reason).startswith(f"{s.key} > "):
@@ -409,132 +410,6 @@ def probe_of(ms: Measured, slos: Sequence[SLO], target: float = math.nan) -> "Pr
     rate = ms.offered_rps if math.isfinite(ms.offered_rps) else target
     return Probe(rate, not fails, values, m, target, ms.achieved_rps, ms.span_s, fails,
                  ms.stopped_early, list(ms.notes), ms.judged_offered_rps, above)
-
-
-class EarlyStop:
-    """Decides, as a probe runs, when an SLO is broken *beyond doubt*: whatever the requests
-    still to come do, the statistic cannot come back under its limit — so the probe can stop
-    and save device time.
-
-    ``slos``: the SLOs; ``arrivals_ns``/``output_lens``: each (non-probe) request's arrival
-    (monotonic ns; :meth:`start` shifts offsets by the load's t0) and output length, so the
-    final number of values is known in advance — requests (TTFT, E2EL), requests with > 1
-    output token (TPOT), token gaps Σ(len − 1) (ITL: an upper bound when chunks carry several
-    tokens, which only makes the test stricter). For P_q over N values (linear interpolation
-    at h = q/100·(N − 1)) the statistic exceeds L once k ≥ N − ⌊h⌋ values are known to exceed
-    it; a mean once the values so far sum to more than N·L (values are ≥ 0).
-
-    Values known to exceed L at time t: those measured (a TTFT at a first token, a gap at a
-    token, a TPOT or E2EL at a finish) and those still open — a request that arrived before
-    t − L without its first token (TTFT) or without finishing (E2EL), a running request whose
-    last token is older than t − L (ITL). Feed :meth:`on_output` (each StepOutput) and
-    :meth:`on_request` (each finished RequestRecord); both return the reason once, else ""."""
-
-    CHECK_EVERY_NS = 200_000_000  # the open-value scan: at most every 0.2 s of engine time
-
-    def __init__(self, slos: Sequence[SLO], output_lens: Sequence[int],
-                 arrivals_ns: Sequence[int] = (), ids: Sequence[str] = ()) -> None:
-        n = len(output_lens)
-        self.total = {"ttft": n, "e2el": n, "tpot": sum(1 for x in output_lens if x > 1),
-                      "itl": sum(max(0, x - 1) for x in output_lens)}
-        self.slos = list(slos)
-        self.over = {s.key: 0 for s in slos}
-        self.sums = {s.key: 0.0 for s in slos}
-        self.reason = ""
-        self._off = sorted(zip(arrivals_ns, ids)) if ids else []
-        self._arr = {rid: t for t, rid in self._off}
-        self.t0_ns = 0
-        self._last: dict[str, int] = {}     # running request → its last token time
-        self._first: set[str] = set()       # requests with a first token
-        self._done: set[str] = set()
-        self._checked = 0
-        self._limit = {s.metric: s.limit_ms for s in slos}
-
-    def start(self, t0_ns: int) -> None:
-        """The load's clock origin: arrivals given as offsets count from it."""
-        self.t0_ns = int(t0_ns)
-
-    def _need(self, s: SLO) -> float:
-        n = self.total[s.metric]
-        q = 50.0 if s.stat == "median" else s.percentile
-        return n - math.floor(q / 100.0 * (n - 1)) if n else math.inf
-
-    def _judge(self, open_over: dict[str, int]) -> str:
-        for s in self.slos:
-            n = self.total[s.metric]
-            if s.stat == "mean":
-                if n > 0 and self.sums[s.key] > n * s.limit_ms:
-                    self.reason = (f"{s.key} > {s.limit_ms:g} ms certain (the values so far "
-                                   f"sum to more than {n} × {s.limit_ms:g} ms)")
-            else:
-                k = self.over[s.key] + open_over.get(s.metric, 0)
-                if k >= self._need(s):
-                    self.reason = (f"{s.key} > {s.limit_ms:g} ms certain ({k} of {n} values "
-                                   f"already > {s.limit_ms:g} ms)")
-            if self.reason:
-                return self.reason
-        return ""
-
-    def _count(self, metric: str, v: float) -> None:
-        for s in self.slos:
-            if s.metric == metric:
-                self.sums[s.key] += v
-                if v > s.limit_ms:
-                    self.over[s.key] += 1
-
-    def on_output(self, out: Any) -> str:
-        if self.reason:
-            return ""
-        t = out.t_ns
-        for rid, arr, _ in out.first_tokens:
-            if rid in self._arr:
-                self._first.add(rid)
-                self._count("ttft", (t - arr) / 1e6)
-        for rid, _ in out.tokens:
-            if rid not in self._arr:
-                continue
-            prev = self._last.get(rid)
-            if prev is not None and t != prev:  # one ITL per chunk, as summarize counts them
-                self._count("itl", (t - prev) / 1e6)
-            self._last[rid] = t
-        if t - self._checked < self.CHECK_EVERY_NS:
-            return ""
-        self._checked = t
-        return self._judge(self._open(t))
-
-    def _open(self, t: int) -> dict[str, int]:
-        out: dict[str, int] = {}
-        lim = self._limit
-        if "itl" in lim:
-            cut = t - int(lim["itl"] * 1e6)
-            out["itl"] = sum(1 for rid, x in self._last.items() if x < cut)
-        for metric, seen in (("ttft", self._first), ("e2el", self._done)):
-            if metric in lim:
-                cut = t - int(lim[metric] * 1e6) - self.t0_ns
-                k = 0
-                for a, rid in self._off:
-                    if a >= cut:
-                        break
-                    k += rid not in seen
-                out[metric] = k
-        return out
-
-    def on_request(self, r: Any) -> str:
-        if self.reason or str(r.request_id).startswith(PROBE_ID_PREFIX):
-            return ""
-        rid = r.request_id
-        self._done.add(rid)
-        self._last.pop(rid, None)
-        if not is_completed(r.finish_reason) or not r.token_times_ns:
-            return ""
-        if rid not in self._arr:  # no StepOutput stream: take the record's values
-            self._count("ttft", r.ttft_ms)
-            for g in r.itls_ms:
-                self._count("itl", g)
-        if r.output_len > 1:
-            self._count("tpot", (r.e2el_ms - r.ttft_ms) / (r.output_len - 1))
-        self._count("e2el", r.e2el_ms)
-        return self._judge({})
 
 
 @dataclass
@@ -724,3 +599,125 @@ def capacity_ratio(a: CapacityResult, b: CapacityResult) -> tuple[float | None, 
     if b.at_upper_bound:
         return r, f"≥ {r:.2f}×", "lower"
     return r, f"{r:.2f}×", None
+
+
+# ---- a probe's workload ----------------------------------------------------------------------
+
+def trace_rate(wcfg) -> float:
+    """The native request rate of a trace dataset (req/s at --trace-speed 1) over the requests
+    the load selects (:func:`offered_rate`)."""
+    from ..engine_host.workload import generate
+
+    r = offered_rate([s.arrival_s for s in generate(replace(wcfg, trace_speed=1.0,
+                                                            probe_interval_s=None))])
+    if not math.isfinite(r):
+        raise ConfigError("--capacity needs a trace with at least two requests at distinct times")
+    return r
+
+
+#: A trace probe's speed is refined until its offered rate is within this share of the target.
+SPEED_TOLERANCE = 0.02
+
+
+def probe_workload(wcfg, rate: float, native: float | None):
+    """(WorkloadConfig, its specs, offered req/s) for a probe at ``rate`` req/s. Random arrivals:
+    ``--request-rate rate``. A trace: sped up until the probe's *own* arrivals offer ``rate``
+    (:func:`offered_rate` of the requests the probe replays, within ``SPEED_TOLERANCE``,
+    by bisection over the speed; the closest one tried otherwise): a trace that gets denser later offers more than ``rate`` when
+    its speed is taken from its start (the H200 probe labelled 12.6 req/s offered ≈ 29)."""
+    from ..engine_host.workload import generate
+
+    if native is None:
+        w = replace(wcfg, request_rate=rate)
+        specs = generate(w)
+        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
+    def at(speed: float):
+        w = replace(wcfg, trace_speed=speed)
+        specs = generate(w)
+        return w, specs, offered_rate([x.arrival_s for x in specs if not _is_probe(x)])
+
+    # Bisection on log(speed): a denser stretch makes the offered rate jump, so a fixed-point
+    # step (speed × rate/offered) can oscillate around it.
+    s0 = rate / native
+    tried = [at(s0)]
+    lo = hi = s0
+    if tried[0][2] > rate:  # bracket [lo, hi] with offered(lo) < rate < offered(hi)
+        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] > rate:
+            hi, lo = lo, lo / 2
+            tried.append(at(lo))
+    else:
+        while len(tried) < 12 and math.isfinite(tried[-1][2]) and tried[-1][2] < rate:
+            lo, hi = hi, hi * 2
+            tried.append(at(hi))
+    for _ in range(16):
+        best = min((t for t in tried if math.isfinite(t[2])), key=lambda t: abs(t[2] - rate),
+                   default=None)
+        if best is None or abs(best[2] / rate - 1.0) <= SPEED_TOLERANCE or hi <= lo:
+            break
+        mid = math.sqrt(lo * hi)
+        got = at(mid)
+        tried.append(got)
+        if not math.isfinite(got[2]):
+            break
+        lo, hi = (mid, hi) if got[2] < rate else (lo, mid)
+    ok = [t for t in tried if math.isfinite(t[2])]
+    return min(ok, key=lambda t: abs(t[2] - rate)) if ok else tried[-1]
+
+
+def _is_probe(spec) -> bool:
+    return str(spec.request_id).startswith(PROBE_ID_PREFIX)
+
+# ---- a probe on the hosted engine (`gpuchef ab --capacity`) -------------------------------------
+
+def measure_on_engine(engine: Any, wcfg: Any, native: float | None, setting: Any, label: str,
+                      rate: float, slos: Sequence[SLO], *, percentiles: Sequence[float],
+                      goodput: dict[str, float] | None, listeners: Sequence[Any] = (),
+                      console: Any = None) -> Measured:
+    """One probe of ``setting`` (an ``experiments.ab.Setting``, side ``label``) at ``rate``
+    req/s on the idle ``engine``: the probe's workload (:func:`probe_workload`, ``native``: a
+    trace's own rate), its ``capacity:<label>:<rate>`` mark, the load run with the setting in
+    force and an :class:`~gpuchef.experiments.early_stop.EarlyStop` watching it (a decided
+    probe's remaining requests are withdrawn, its stop mark says why), judged by
+    :func:`judge_probe`. Raises ConfigError for an empty workload; what ``run_load`` raises."""
+    from ..sessions.headless import run_load
+    from .early_stop import EarlyStop
+    from .hosted import assert_idle, emit_mark
+
+    w, specs, off = probe_workload(wcfg, rate, native)
+    if not specs:
+        raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
+                          "or --duration")
+    assert_idle(engine)
+    emit_mark(engine, probe_mark(label, rate), listeners)
+    mine = [x for x in specs if not _is_probe(x)]
+    stop = EarlyStop(slos, [x.output_len for x in mine],
+                     [int(x.arrival_s * 1e9) for x in mine], [x.request_id for x in mine])
+    hold: dict[str, Any] = {}
+
+    def decided(reason: str, t_ns: int) -> None:  # engine thread
+        if reason and "t" not in hold:
+            hold["t"] = t_ns
+            emit_mark(engine, stop_mark(label, reason), listeners)
+            for x in specs:  # the rest are aborted: the probe is decided
+                hold["host"].abort(x.request_id, EARLY_STOP_REASON)
+
+    def watch(kind: str, rec: Any) -> None:
+        if kind == "request" and rec.token_times_ns:
+            decided(stop.on_request(rec), rec.token_times_ns[-1])
+
+    def on_start(h: Any) -> None:
+        hold["host"] = h
+        h.set_config(**setting.knobs())
+        prev = h.on_output
+
+        def on_output(out: Any) -> None:
+            if not stop.t0_ns:
+                stop.start(h.t0_ns)
+            prev(out)
+            decided(stop.on_output(out), out.t_ns)
+        h.on_output = on_output
+
+    res = run_load(engine, specs, listeners=[*listeners, watch], console=console,
+                   on_start=on_start)
+    return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=percentiles,
+                       goodput=goodput, stopped=stop.reason, stopped_ns=hold.get("t"))

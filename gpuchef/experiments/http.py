@@ -1,9 +1,11 @@
-"""`gpuchef ab` over HTTP: two settings of one server, or two servers, on the same arrivals.
+"""The A/B over HTTP: two settings of one server, or two servers, on the same arrivals —
+``gpuchef ab``'s HTTP branch and `top --attach`'s A/B (:class:`AttachAB`), on the core of
+``experiments.ab``.
 
 * ``gpuchef ab --base-url URL --a SPEC --b SPEC``: one server with gpuchef's knob endpoint
   (``GET``/``PATCH /gpuchef/v1/scheduler``, `gpuchef serve`); each setting is PATCHed before its
-  run; the whole load is sent once per setting per repetition, A B, then B A, … (``ab.run_orders``,
-  as the hosted ``ab`` without ``--interleave``).
+  run; the whole load is sent once per setting per repetition, A B, then B A, …
+  (``experiments.ab.sequence``, as the hosted ``ab`` without ``--interleave``).
 * ``gpuchef ab --a url=URL1 --b url=URL2``: two servers. ``--ab-load mirrored`` (default): every
   request is sent to both at the same arrival time (one clock, two connection pools);
   ``sequential``: the whole load to A, then to B, repetitions alternating. Knob specs may follow
@@ -25,29 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..engine_host.config import AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig
-from ..probes.ab import STEP_ROWS
+from ..probes.ab import STEP_ROWS, mark_name
+from ..tui.session import ABState
+from .ab import mark_event, sequence
 
 AB_LOADS = ("mirrored", "sequential")
 #: Shared clock start of a mirrored run: this long after both sessions are opened (s), so that
 #: both warm-ups are done before arrival 0.
 MIRROR_START_S = 0.25
-#: Hosted-only `ab` options: refused over HTTP, with the reason.
-HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings between steps; "
-                             "over HTTP each run is a whole load (drop --interleave)",
-               "capacity": "--capacity searches the hosted engine's rate; it is not offered "
-                           "over HTTP yet (drop --capacity)"}
-
-
 @dataclass
 class Arm:
     """One side: ``label`` "A"/"B", ``url`` the server's base URL, ``spec`` the knob part of
-    the spec ("" = none), ``setting`` (``gpuchef.ab_runs.Setting`` over the server's knob state,
-    None when no knob is named), ``server`` the ``attach.AttachedServer`` for its knob endpoint."""
+    the spec ("" = none), ``setting`` (``experiments.ab.Setting`` over the server's knob state,
+    None when no knob is named), ``server`` the ``client.knobs.KnobEndpoint`` of its server."""
 
     label: str
     url: str
@@ -90,7 +88,7 @@ def parse_arms(o: dict[str, Any]) -> tuple[dict[str, Arm], str]:
     """The two sides and the A/B load (``mirrored``/``sequential``) from ``--base-url``,
     ``--a``/``--b`` and ``--ab-load``. Raises ConfigError: url= with --base-url, url= on one
     side only, a URL given twice, mirrored on one server, a bad URL."""
-    from .http_load import normalize_base_url
+    from ..client.http_load import normalize_base_url
 
     ua, ka = split_url(o["spec_a"], "--a")
     ub, kb = split_url(o["spec_b"], "--b")
@@ -126,42 +124,20 @@ def parse_arms(o: dict[str, Any]) -> tuple[dict[str, Arm], str]:
     return {"A": Arm("A", a, ka), "B": Arm("B", b, kb)}, load or "mirrored"
 
 
-def check_options(o: dict[str, Any]) -> None:
-    """Refuse hosted-only options with the HTTP branch (engine flags, --interleave,
-    --capacity, --sample-hz), each by name. Raises ConfigError."""
-    from .bench_http import _given, check_http_flags
-
-    for k, why in HOSTED_ONLY.items():
-        if o.get(k):
-            raise ConfigError(why)
-    for k in ("window_s", "slo_spec", "rate_lo", "rate_hi", "tolerance", "max_probes"):
-        if _given(k):
-            flag = {"window_s": "--window", "slo_spec": "--slo"}.get(k, "--" + k.replace("_", "-"))
-            raise ConfigError(f"{flag} does not apply over HTTP (it is for the hosted engine's "
-                              "A/B)")
-    # --trace is ours here (the client's requests); the rest of bench's rule holds
-    ua, ub = split_url(o["spec_a"], "--a")[0], split_url(o["spec_b"], "--b")[0]
-    urls = list(dict.fromkeys(u for u in (o.get("base_url"), ua, ub) if u))
-    via = " and ".join(f for f, u in (("--base-url", o.get("base_url")),
-                                      ("--a url=/--b url=", ua or ub)) if u)
-    check_http_flags({**{k: v for k, v in o.items() if k != "trace_path"},
-                      "base_url": ", ".join(urls)}, via=via or "--base-url", servers=urls)
-
-
 def knob_state(arm: Arm, api_key: str | None) -> None:
     """Read ``arm``'s server's knob endpoint when its spec names knobs and parse the spec over
-    that state (``gpuchef.ab_runs.parse_setting``). Raises ConfigError naming the URL and what is
+    that state (``experiments.ab.parse_setting``). Raises ConfigError naming the URL and what is
     missing, or the spec's fault."""
-    from ..ab_runs import parse_setting
-    from ..sessions.attach import AttachedServer
+    from ..client.knobs import KnobEndpoint
+    from .ab import parse_setting
 
     if not arm.spec:
         return
-    srv = AttachedServer(arm.url, 4.0, api_key=api_key)
-    state = srv.read_knobs()
+    srv = KnobEndpoint(arm.url, api_key)
+    state = srv.read()
     if state is None:
         raise ConfigError(f"--{arm.label.lower()} {arm.spec!r} sets knobs, but {arm.url} cannot "
-                          f"take them: {srv.knobs_reason}")
+                          f"take them: {srv.reason}")
     arm.server, arm.initial = srv, state
     arm.setting = parse_setting(arm.spec, state, arm.label)
 
@@ -179,7 +155,7 @@ def apply(arm: Arm) -> None:
     if arm.setting is None:
         return
     try:
-        arm.server.patch_knobs(patch_body(arm.setting.config))
+        arm.server.patch(patch_body(arm.setting.config))
     except ConfigError as e:
         raise ConfigError(f"setting {arm.label} ({arm.describe()}) on {arm.url}: {e}") from None
 
@@ -206,7 +182,7 @@ def records_of(results: list, prefix: str = "", rep: int = 1, run_id: int = 1) -
     from dataclasses import replace
 
     from ..probes.ab import rep_request_id
-    from .http_load import to_request_records
+    from ..client.http_load import to_request_records
 
     side = prefix.rstrip("/") or None
     return [replace(r, request_id=rep_request_id(r.request_id, rep, run_id, side))
@@ -219,10 +195,7 @@ def _as_run(label: str, rep: int, run: Any, t0_ns: int, prefix: str = "",
 
 
 def _mark(run_id: int, label: str, rep: int | None, t_ns: int) -> Any:
-    from ..engine_host.records import EngineEvent
-    from ..probes.ab import mark_name
-
-    return EngineEvent("mark", 0, t_ns, mark_name(run_id, label, rep))
+    return mark_event(mark_name(run_id, label, rep), t_ns)
 
 
 def _run_async(make, cancel) -> Any:
@@ -257,30 +230,27 @@ def run_sequential(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_ru
     arrival 0's clock); ``on_result(label, rep, RequestRecord)`` for each request as it
     finishes; ``on_run(i, total, HttpRun)`` after each run. ``cancel`` (threading.Event): stop
     at once; the runs finished before are returned."""
-    from ..ab_runs import run_orders
-    from .http_load import run_http_load_async
+    from ..client.http_load import run_http_load_async
 
     out = []
-    for rep, order in enumerate(run_orders(reps), start=1):
-        for label in order:
-            if cancel is not None and cancel.is_set():
-                return out
-            apply(arms[label])
-            pl = loads[label]
-            t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
-            if on_event is not None:
-                on_event(_mark(run_id, label, rep, t0))
-            cb = None if on_result is None else \
-                (lambda r, k=label, n=rep: on_result(k, n, records_of([r], f"{k}/", n,
-                                                                      run_id)[0]))
-            run = _run_async(lambda: run_http_load_async(pl.specs, pl.cfg, pl.body, ramp=pl.ramp,
-                                                         t0_ns=t0, on_result=cb), cancel)
-            if run is None:
-                return out
-            r = _as_run(label, rep, run, t0, prefix=f"{label}/", run_id=run_id)
-            out.append(r)
-            if on_run is not None:
-                on_run(len(out), 2 * reps, r)
+    for rep, label in sequence(reps):
+        if cancel is not None and cancel.is_set():
+            return out
+        apply(arms[label])
+        pl = loads[label]
+        t0 = time.monotonic_ns() + int(MIRROR_START_S * 1e9)
+        if on_event is not None:
+            on_event(_mark(run_id, label, rep, t0))
+        cb = None if on_result is None else \
+            (lambda r, k=label, n=rep: on_result(k, n, records_of([r], f"{k}/", n, run_id)[0]))
+        run = _run_async(lambda: run_http_load_async(pl.specs, pl.cfg, pl.body, ramp=pl.ramp,
+                                                     t0_ns=t0, on_result=cb), cancel)
+        if run is None:
+            return out
+        r = _as_run(label, rep, run, t0, prefix=f"{label}/", run_id=run_id)
+        out.append(r)
+        if on_run is not None:
+            on_run(len(out), 2 * reps, r)
     return out
 
 
@@ -292,7 +262,7 @@ def run_mirrored(arms: dict[str, Arm], loads: dict[str, Any], reps: int, on_run=
     each repetition's ``ab:<run_id>:AB:<n>`` mark (``probes.ab.MIRRORED``) at its t0; the rest
     as :func:`run_sequential`."""
     from ..probes.ab import MIRRORED
-    from .http_load import run_http_load_async
+    from ..client.http_load import run_http_load_async
 
     out = []
     for rep in range(1, reps + 1):
@@ -379,7 +349,7 @@ def trace_meta(arms: dict[str, Arm], loads: dict[str, Any], load: str, reps: int
     ``ab`` as hosted `ab` writes it (settings, ``interleave`` false, repetitions) plus the
     ``load`` and each side's ``url``; ``server_models``: what each server's /v1/models said."""
     from ..sessions.headless import phases_meta
-    from .http_load import server_models_meta
+    from ..client.http_load import server_models_meta
 
     urls = list(dict.fromkeys(a.url for a in arms.values()))
     pa = loads["A"]
@@ -407,7 +377,7 @@ def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[s
     """Each side's ``PreparedLoad`` (``bench_http.prepare_http_load``) on the same requests: A's
     arrivals, lengths and token ids, drawn below both servers' vocabularies and within both
     context lengths; each side its own model name. Raises ConfigError naming the side's flag."""
-    from .bench_http import check_load_flags, http_config, prepare_http_load
+    from ..client.bench_http import check_load_flags, http_config, prepare_http_load
 
     # the load flags are both sides': checked once, in their own words (no side named)
     tok = check_load_flags(o, http_config(o, arms["A"].url))
@@ -442,180 +412,105 @@ def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[s
     return loads
 
 
-def header_lines(arms: dict[str, Arm], loads: dict[str, Any]) -> list[str]:
-    """The lines above the results: the model (one server: one ``Model:`` line; two: each
-    side's own, on its ``A:``/``B:`` line with its URL and settings), then the load."""
-    pa = loads["A"]
-    two = arms["A"].url != arms["B"].url
-    load = (f"Load: {pa.desc}; {len(pa.specs)} requests, seed {pa.wcfg.seed}; prompts as "
-            f"{'text' if pa.tok is not None else 'token ids'}")
-    sides = [f"{k}: {arms[k].url} — " + (f"model {loads[k].cfg.model} — " if two else "")
-             + arms[k].describe() for k in ("A", "B")]
-    return ([] if two else [f"Model: {pa.cfg.model} (the server's)"]) + [load, *sides]
+class AttachAB:
+    """``ABControl`` of two attached servers: the first two ``--attach`` URLs as A and B, sent
+    the same load on the same arrivals — ``gpuchef ab --a url=U1 --b url=U2``'s runs
+    (``experiments.http.run_ab``: ``ab_load`` "mirrored", every request to both at once, or
+    "sequential", the whole load to one then the other), ``repetitions`` of it, on a thread of
+    its own. The marks and the client's requests go to the session's timeline and trace as they
+    happen, so the A/B screen's windows, pooled figures and verdict are ``probes.ab.analyse`` of
+    them (as the command's and the report's). ``loads``: each side's
+    ``client.bench_http.PreparedLoad`` (:func:`prepare_loads`). ``busy()``: "" or why an A/B
+    cannot start now (gpuchef's own load still being sent)."""
+
+    def __init__(self, urls: Sequence[str], loads: dict[str, Any], ab_load: str,
+                 repetitions: int, on_event: Callable[[Any], None],
+                 on_record: Callable[[Any], None], busy: Callable[[], str] = lambda: "") -> None:
+        self.arms = {k: Arm(k, u, "") for k, u in zip(("A", "B"), urls)}
+        self.loads = loads
+        self.ab_load = ab_load
+        self.repetitions = int(repetitions)
+        self._on_event, self._on_record, self._busy = on_event, on_record, busy
+        self._state = ABState(load=ab_load, servers={k: a.url for k, a in self.arms.items()},
+                              rounds=self.repetitions)
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: the runs of the last A/B (:class:`HttpRun`: each side's ClientResults)
+        self.runs: list[Any] = []
+
+    def state(self) -> ABState:
+        return self._state
+
+    def _set(self, **kw: Any) -> None:
+        from dataclasses import replace
+
+        self._state = replace(self._state, **kw)
+
+    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
+              rounds: int | None = None) -> ABState:
+        """Start a run; ConfigError (nothing sent) when one is going, when ``a``/``b`` name
+        knobs (the servers are compared as they are) or when gpuchef's load is being sent."""
+        if self._state.active:
+            raise ConfigError("an A/B run is going: x stops it")
+        if a or b:
+            raise ConfigError(f"an A/B of two attached servers compares them as they are: "
+                              f"{describe_ab(a, b)} cannot be set here (to set knobs per server "
+                              "use gpuchef ab --a url=URL1,KNOB=VALUE --b url=URL2,...)")
+        why = self._busy()
+        if why:
+            raise ConfigError(why)
+        reps = int(rounds) if rounds else self.repetitions
+        self._cancel = threading.Event()
+        self.runs = []
+        self._set(active=True, run=self._state.run + 1, rounds=reps, current="", index=0,
+                  window_t0_ns=0, status="",
+                  settings={k: {} for k in self.arms})
+        self._thread = threading.Thread(target=self._run, args=(self._state.run, reps),
+                                        name="gpuchef-attach-ab", daemon=True)
+        self._thread.start()
+        return self._state
+
+    def _run(self, run_id: int, reps: int) -> None:
+        from ..client.http_load import error_lines
+        from ..probes.ab import parse_mark
+
+        def on_event(ev: Any) -> None:
+            m = parse_mark(ev.name)
+            if m is not None and m.n is not None:
+                self._set(current=m.label, index=m.n, window_t0_ns=ev.t_ns)
+            self._on_event(ev)
+
+        def on_result(label: str, rep: int, rec: Any) -> None:
+            self._on_record(rec)
+
+        status = ""
+        try:
+            runs = run_ab(self.ab_load, self.arms, self.loads, reps, run_id=run_id,
+                          on_event=on_event, on_result=on_result, cancel=self._cancel)
+        except Exception as e:  # never a traceback in the dashboard: one line
+            runs, status = [], f"the A/B stopped: {type(e).__name__}: {e}"
+        self.runs = runs
+        self._on_event(end_mark(runs, run_id, time.monotonic_ns()))
+        if self._cancel.is_set():
+            status = status or f"stopped after {len(runs)} of {2 * reps} runs"
+        for k, arm in self.arms.items():
+            res = [x for r in runs if r.label == k for x in r.run.results]
+            if res and not any(x.success for x in res):
+                status = f"no request to {arm.url} ({k}) succeeded: " + "; ".join(error_lines(res))
+                break
+            bad = error_lines([x for x in res if not x.success]) if res else []
+            if bad and not status:
+                status = f"{k} ({arm.url}): " + "; ".join(bad)
+        self._set(active=False, current="", status=status)
+
+    def stop(self) -> None:
+        """Cancel the run (the requests in flight are dropped; those finished are kept) and
+        wait for its thread."""
+        self._cancel.set()
+        t = self._thread
+        if t is not None:
+            t.join(10.0)
 
 
-def ab_http(o: dict[str, Any], err) -> None:
-    """Run `gpuchef ab` against servers (the module docstring): options ``o`` as `ab` parsed
-    them, ``err`` a rich Console on stderr. Prints both results blocks side by side, B − A and
-    the verdict (stdout), one line per kind of failed request per side (stderr); writes
-    ``--result-json`` and ``--trace``. Raises ConfigError for bad input, before any request is
-    sent (a refused PATCH later); exits 1 when no request succeeded on a side."""
-    import sys
-
-    import click
-    from rich.markup import escape
-
-    from ..ab_runs import check_repetitions, format_deltas, run_orders, side_by_side
-    from ..options import check_output_files, write_json
-    from ..probes.metrics import is_probe_id
-    from ..probes.metrics import format_results_block, parse_goodput, parse_percentiles
-    from ..probes.recorder import TraceRecorder
-    from .bench_http import _given, result_json
-    from .http_load import (error_counts, error_lines, lateness_stats, peak_stats,
-                            result_arrays, HttpLoadRun)
-
-    check_options(o)
-    arms, load = parse_arms(o)
-    check_output_files(o)
-    goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
-    pcts = parse_percentiles(o["metric_percentiles"])
-    reps = check_repetitions(o["repetitions"])
-    model = o["model"] if _given("model") else ""
-    loads = prepare_loads(o, arms, model)
-    for k, arm in arms.items():
-        knob_state(arm, o.get("api_key"))
-    if arms["A"].setting is not None and arms["B"].setting is not None and \
-            arms["A"].url == arms["B"].url and arms["A"].setting.config == arms["B"].setting.config:
-        err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
-                  "show the run-to-run noise")
-    pa = loads["A"]
-    n = len(pa.specs)
-    lines = header_lines(arms, loads)
-    if load == "mirrored":
-        lines.append(f"A/B load: mirrored — every request sent to both servers at the same "
-                     f"arrival time, {reps} repetition{'s' if reps > 1 else ''}; fair only when "
-                     "the servers do not share a GPU (or CPU cores)")
-    else:
-        order = " | ".join(" ".join(p) for p in run_orders(reps))
-        lines.append(f"A/B load: sequential — the whole load to one setting at a time, {reps} "
-                     f"repetition{'s' if reps > 1 else ''} of each, order {order}")
-    err.print(f"[dim]{n} requests per run to {escape(arms['A'].url)}"
-              f"{'' if arms['A'].url == arms['B'].url else ' and ' + escape(arms['B'].url)} "
-              f"({load})[/dim]")
-
-    def done(r: HttpRun) -> str:
-        # the load's requests only, as the results block counts them (probes named apart)
-        load = [x for x in r.run.results if not is_probe_id(x.request_id)]
-        bad = sum(1 for x in load if not x.success)
-        probes = len(r.run.results) - len(load)
-        return (f"{len(load)} requests in {r.run.duration_s:.1f} s"
-                f"{f', {bad} failed' if bad else ''}{f' (+{probes} probes)' if probes else ''}")
-
-    pending: list[HttpRun] = []
-
-    def on_run(i: int, total: int, r: HttpRun) -> None:
-        if load != "mirrored":
-            err.print(f"[dim]run {i}/{total}: {r.label} ({escape(arms[r.label].describe())}) "
-                      f"repetition {r.rep}: {done(r)}[/dim]", highlight=False)
-            return
-        # one run per repetition, both servers at once: one line when both sides are in
-        pending.append(r)
-        if len(pending) == 2:
-            sides = "; ".join(f"{x.label} {done(x)}" for x in pending)
-            err.print(f"[dim]repetition {r.rep}/{reps}: A and B at once (mirrored): "
-                      f"{sides}[/dim]", highlight=False)
-            pending.clear()
-
-    try:
-        for arm in arms.values():  # a value the server refuses: refused before any request
-            apply(arm)
-        runs = run_ab(load, arms, loads, reps, on_run)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted:[/] the A/B was stopped; no results")
-        sys.exit(130)
-    finally:
-        for arm in arms.values():  # the server as it was found
-            if arm.initial is not None and arm.server is not None:
-                try:
-                    arm.server.patch_knobs(patch_body(arm.initial))
-                except ConfigError as e:
-                    err.print(f"[yellow]note:[/] {escape(arm.url)}'s knobs not restored: "
-                              f"{escape(str(e))}")
-    results, cmp, why = comparison(runs, load, pcts, goodput)
-    if o["trace_path"]:
-        rec = TraceRecorder(o["trace_path"], meta=trace_meta(arms, loads, load, reps, pcts))
-        for ev in marks(runs, load):
-            rec.record(ev)
-        for r in runs:
-            for q in r.records:
-                rec.record(q)
-        rec.close()
-        err.print(f"[dim]trace: {escape(o['trace_path'])} (request ids "
-                  f"{'A/…#n and B/…#n' if load == 'mirrored' else '…#n'}: repetition n)[/dim]")
-
-    side: dict[str, Any] = {}
-    for k in ("A", "B"):
-        mine = [r for r in runs if r.label == k]
-        allres = [x for r in mine for x in r.run.results]
-        late = lateness_stats(allres)
-        peak_tok, peak_conc = peak_stats([x for x in allres if not x.is_probe])
-        m = cmp.pooled[k] if cmp is not None else None
-        side[k] = dict(results=allres, late=late, peak=(peak_tok, peak_conc), metrics=m,
-                       runs=mine)
-    click.echo("\n".join(lines))
-    if cmp is not None:
-        blocks = {}
-        for k in ("A", "B"):
-            s, arm = side[k], arms[k]
-            extra = {"Runs pooled:": str(cmp.count(k)),
-                     "Client lateness p99 (ms):": f"{s['late']['p99']:.2f}"}
-            if arm.setting is not None:
-                extra["max_num_batched_tokens:"] = str(arm.setting.config.max_num_batched_tokens)
-                extra["Mode:"] = arm.setting.config.mode
-            blocks[k] = format_results_block(s["metrics"], extra=extra)
-        click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))
-        click.echo(format_deltas(cmp, "repetition"))
-    else:
-        click.echo(why)
-    for k in ("A", "B"):
-        for line in error_lines(side[k]["results"]):
-            err.print(f"[yellow]failed ({k}, {escape(arms[k].url)}):[/] {escape(line)}")
-    if o["result_json"]:
-        out: dict[str, Any] = {
-            "command": "ab", "ab_load": load, "repetitions": reps,
-            "servers": {k: a.url for k, a in arms.items()},
-            "settings": {k: {"spec": a.spec, "url": a.url,
-                             "changes": a.setting.changes if a.setting else {},
-                             "scheduler": a.setting.config.as_dict() if a.setting else None}
-                         for k, a in arms.items()},
-            "results": {}, "runs": [], "comparison": None, "no_comparison_why": why or None,
-        }
-        for k in ("A", "B"):
-            s = side[k]
-            if s["metrics"] is None:
-                continue
-            t0 = min(r.run.t0_ns for r in s["runs"])
-            hr = HttpLoadRun(s["results"], t0, s["metrics"].duration_s,
-                             [e for r in s["runs"] for e in r.run.rps_change_events])
-            out["results"][k] = result_json(
-                s["metrics"], hr, loads[k].cfg, loads[k].wcfg, o, loads[k].tok is not None,
-                loads[k].ramp, s["late"], *s["peak"], error_counts(s["results"]),
-                result_arrays(s["results"]))
-        for w in results:
-            out["runs"].append({"label": w.label, "rep": w.rep, "duration_s": w.duration_s,
-                                "counted": w.counted, "not_counted_why": w.why or None,
-                                "metrics": w.metrics.to_dict(empty_as_zero=True)
-                                if w.metrics else None,
-                                "error_counts": error_counts(next(
-                                    (r.run.results for r in runs
-                                     if r.label == w.label and r.rep == w.rep), []))})
-        if cmp is not None:
-            out["comparison"] = {"min_pairs": cmp.min_pairs,
-                                 "deltas": [r.as_dict() for r in cmp.rows],
-                                 "requests": cmp.requests_dict()}
-        write_json(o["result_json"], out, "--result-json")
-    for k in ("A", "B"):
-        if not any(x.success for x in side[k]["results"]):
-            err.print(f"[bold red]error:[/] no request to {escape(arms[k].url)} ({k}) succeeded "
-                      "(see the lines above)")
-            sys.exit(1)
+def describe_ab(a: dict[str, Any], b: dict[str, Any]) -> str:
+    return " vs ".join(", ".join(f"{k}={v}" for k, v in d.items()) or "as is" for d in (a, b))

@@ -16,11 +16,8 @@ which is one PATCH with a short timeout.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +26,8 @@ from typing import Any, Callable, Sequence
 from ..engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, not_a_knob,
                                  parse_value)
 from .live import next_part_path
+from ..client.knobs import KNOB_TIMEOUT_S, KnobEndpoint
+from ..experiments.http import AttachAB
 from ..probes.metrics import DEFAULT_PERCENTILES
 from ..probes.nvml import NvmlSampler
 from ..probes.recorder import TraceRecorder
@@ -36,8 +35,6 @@ from ..probes.scrape import DeltaStream, ScrapeDelta, ScrapeSample, Scraper
 from ..probes.timeline import Timeline
 from ..tui.session import ABState, LoadState, SessionInfo
 
-KNOB_PATH = "/gpuchef/v1/scheduler"
-KNOB_TIMEOUT_S = 2.0
 #: scrapes kept per server (10 min at 4 Hz, twice over): what the charts and a late `e` can see
 KEEP_SCRAPES = 4800
 #: how often the knob state is read again from a server that has the endpoint (s)
@@ -71,28 +68,6 @@ def base_of(url: str) -> str:
         raise ConfigError(str(e).replace("--base-url", "--attach")) from None
 
 
-def _http_json(method: str, url: str, body: dict | None, api_key: str | None,
-               timeout: float) -> tuple[int, Any]:
-    """One JSON request; returns (status, parsed body or None). Raises OSError / URLError when
-    nothing answers."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json",
-                                          "Accept": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw = r.read(1 << 20)
-            status = r.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(1 << 20), e.code
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, None
-
-
 def _ask_models(url: str, api_key: str | None) -> Any:
     """``client.http_load.fetch_server_info`` of ``url`` within KNOB_TIMEOUT_S, never raising
     (an unreachable server is its ServerInfo's note; the scrapes say so too)."""
@@ -100,17 +75,6 @@ def _ask_models(url: str, api_key: str | None) -> Any:
 
     return fetch_server_info(HttpLoadConfig(base_url=url, api_key=api_key),
                              timeout_s=KNOB_TIMEOUT_S, strict=False)
-
-
-def _config_from(state: Any) -> SchedulerConfig:
-    """The SchedulerConfig a knob endpoint's state dict describes. Raises ConfigError / TypeError
-    for one that is not gpuchef's."""
-    if not isinstance(state, dict) or "mode" not in state:
-        raise ConfigError("not gpuchef's knob endpoint (no 'mode' in its answer)")
-    kw = {k: state[k] for k in KNOBS if k in state}
-    if isinstance(state.get(AUTO_BUDGET), str):
-        kw[AUTO_BUDGET] = state[AUTO_BUDGET]
-    return SchedulerConfig(mode=state["mode"], **kw)
 
 
 class AttachedServer:
@@ -134,12 +98,8 @@ class AttachedServer:
         self.scraper = Scraper(self.url, hz, on_sample=self._on_sample, api_key=api_key,
                                fetch=fetch)
         self.hz = self.scraper.hz
-        #: the knob state, refreshed from the scrape thread (None: no knob endpoint)
-        self.knobs: SchedulerConfig | None = None
-        self.knobs_reason = "knob endpoint not asked yet"
-        self._knob_read = 0.0
-        #: the knob endpoint did not answer (nothing listened): asked again once a scrape succeeds
-        self._knobs_unreached = False
+        #: gpuchef's knob endpoint of the server (its state is ``knobs``/``knobs_reason``)
+        self.endpoint = KnobEndpoint(self.url, api_key)
         #: called (scrape thread) with this server at its first scrape that succeeds — at start,
         #: or when a server that did not answer comes up: the session asks what it missed
         self.on_up: Callable[["AttachedServer"], None] | None = None
@@ -168,9 +128,9 @@ class AttachedServer:
             d = self._stream.add(s)  # an interval in which no step ended joins the next
             if d is not None:
                 self._deltas.append(d)
-        if self.knobs is not None and time.monotonic() - self._knob_read >= KNOB_REFRESH_S:
+        if self.knobs is not None and time.monotonic() - self.endpoint.read_at >= KNOB_REFRESH_S:
             self.read_knobs()  # another client may have PATCHed them
-        elif self._knobs_unreached and not s.error:
+        elif self.endpoint.unreached and not s.error:
             self.read_knobs()  # it did not answer at start and answers now
         if not s.error and not self._up:
             self._up = True
@@ -179,55 +139,25 @@ class AttachedServer:
         if self._forward is not None:
             self._forward(s)
 
-    # -- knobs -----------------------------------------------------------------------------------
+    # -- knobs (client.knobs.KnobEndpoint) -------------------------------------------------------
+    @property
+    def knobs(self) -> SchedulerConfig | None:
+        """The knob state, refreshed from the scrape thread (None: no knob endpoint)."""
+        return self.endpoint.knobs
+
+    @property
+    def knobs_reason(self) -> str:
+        return self.endpoint.reason
+
     def read_knobs(self) -> SchedulerConfig | None:
         """GET the knob endpoint: sets ``knobs`` (None when the server has none) and
         ``knobs_reason`` ("" when live, else why not). Never raises."""
-        self._knob_read = time.monotonic()
-        url = self.url + KNOB_PATH
-        try:
-            status, body = _http_json("GET", url, None, self.api_key, KNOB_TIMEOUT_S)
-        except (OSError, urllib.error.URLError) as e:
-            if self.knobs is None:
-                self._knobs_unreached = True
-                self.knobs_reason = (f"cannot reach {url} ({getattr(e, 'reason', e)}); asked "
-                                     "again when a scrape succeeds")
-            return self.knobs
-        self._knobs_unreached = False
-        if status != 200:
-            self.knobs = None
-            self.knobs_reason = (f"{self.url} has no gpuchef knob endpoint (GET {KNOB_PATH}: "
-                                 f"HTTP {status}); vLLM and SGLang take these knobs at start-up "
-                                 "(--max-num-batched-tokens, ...)")
-            return None
-        try:
-            self.knobs = _config_from(body)
-            self.knobs_reason = ""
-        except (ConfigError, TypeError) as e:
-            self.knobs = None
-            self.knobs_reason = f"{url}: {e}"
-        return self.knobs
+        return self.endpoint.read()
 
     def patch_knobs(self, changes: dict[str, Any]) -> dict[str, Any]:
         """PATCH the knob endpoint with ``changes``; returns what the server accepted. Raises
         ConfigError with the server's message (a refused value) or naming what failed."""
-        url = self.url + KNOB_PATH
-        try:
-            status, body = _http_json("PATCH", url, changes, self.api_key, KNOB_TIMEOUT_S)
-        except (OSError, urllib.error.URLError) as e:
-            raise ConfigError(f"knob change not sent: cannot reach {url} "
-                              f"({getattr(e, 'reason', e)})") from None
-        if status != 200 or not isinstance(body, dict):
-            msg = ""
-            if isinstance(body, dict):
-                err = body.get("error")
-                msg = err.get("message", "") if isinstance(err, dict) else str(err or "")
-            raise ConfigError(msg or f"{url} refused the change (HTTP {status})")
-        try:
-            self.knobs = _config_from(body.get("scheduler"))
-        except (ConfigError, TypeError):
-            self.read_knobs()
-        return dict(body.get("accepted") or {})
+        return self.endpoint.patch(changes)
 
     def start(self) -> None:
         self.read_knobs()
@@ -374,113 +304,6 @@ class NoAB:
         pass
 
 
-class AttachAB:
-    """``ABControl`` of two attached servers: the first two ``--attach`` URLs as A and B, sent
-    the same load on the same arrivals — ``gpuchef ab --a url=U1 --b url=U2``'s runs
-    (``client.ab_http.run_ab``: ``ab_load`` "mirrored", every request to both at once, or
-    "sequential", the whole load to one then the other), ``repetitions`` of it, on a thread of
-    its own. The marks and the client's requests go to the session's timeline and trace as they
-    happen, so the A/B screen's windows, pooled figures and verdict are ``probes.ab.analyse`` of
-    them (as the command's and the report's). ``loads``: each side's
-    ``client.bench_http.PreparedLoad`` (``ab_http.prepare_loads``). ``busy()``: "" or why an A/B
-    cannot start now (gpuchef's own load still being sent)."""
-
-    def __init__(self, urls: Sequence[str], loads: dict[str, Any], ab_load: str,
-                 repetitions: int, on_event: Callable[[Any], None],
-                 on_record: Callable[[Any], None], busy: Callable[[], str] = lambda: "") -> None:
-        from ..client.ab_http import Arm
-
-        self.arms = {k: Arm(k, u, "") for k, u in zip(("A", "B"), urls)}
-        self.loads = loads
-        self.ab_load = ab_load
-        self.repetitions = int(repetitions)
-        self._on_event, self._on_record, self._busy = on_event, on_record, busy
-        self._state = ABState(load=ab_load, servers={k: a.url for k, a in self.arms.items()},
-                              rounds=self.repetitions)
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
-        #: the runs of the last A/B (``ab_http.HttpRun``: each side's ClientResults)
-        self.runs: list[Any] = []
-
-    def state(self) -> ABState:
-        return self._state
-
-    def _set(self, **kw: Any) -> None:
-        from dataclasses import replace
-
-        self._state = replace(self._state, **kw)
-
-    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
-              rounds: int | None = None) -> ABState:
-        """Start a run; ConfigError (nothing sent) when one is going, when ``a``/``b`` name
-        knobs (the servers are compared as they are) or when gpuchef's load is being sent."""
-        if self._state.active:
-            raise ConfigError("an A/B run is going: x stops it")
-        if a or b:
-            raise ConfigError(f"an A/B of two attached servers compares them as they are: "
-                              f"{describe_ab(a, b)} cannot be set here (to set knobs per server "
-                              "use gpuchef ab --a url=URL1,KNOB=VALUE --b url=URL2,...)")
-        why = self._busy()
-        if why:
-            raise ConfigError(why)
-        reps = int(rounds) if rounds else self.repetitions
-        self._cancel = threading.Event()
-        self.runs = []
-        self._set(active=True, run=self._state.run + 1, rounds=reps, current="", index=0,
-                  window_t0_ns=0, status="",
-                  settings={k: {} for k in self.arms})
-        self._thread = threading.Thread(target=self._run, args=(self._state.run, reps),
-                                        name="gpuchef-attach-ab", daemon=True)
-        self._thread.start()
-        return self._state
-
-    def _run(self, run_id: int, reps: int) -> None:
-        from ..client.ab_http import end_mark, run_ab
-        from ..client.http_load import error_lines
-        from ..probes.ab import parse_mark
-
-        def on_event(ev: Any) -> None:
-            m = parse_mark(ev.name)
-            if m is not None and m.n is not None:
-                self._set(current=m.label, index=m.n, window_t0_ns=ev.t_ns)
-            self._on_event(ev)
-
-        def on_result(label: str, rep: int, rec: Any) -> None:
-            self._on_record(rec)
-
-        status = ""
-        try:
-            runs = run_ab(self.ab_load, self.arms, self.loads, reps, run_id=run_id,
-                          on_event=on_event, on_result=on_result, cancel=self._cancel)
-        except Exception as e:  # never a traceback in the dashboard: one line
-            runs, status = [], f"the A/B stopped: {type(e).__name__}: {e}"
-        self.runs = runs
-        self._on_event(end_mark(runs, run_id, time.monotonic_ns()))
-        if self._cancel.is_set():
-            status = status or f"stopped after {len(runs)} of {2 * reps} runs"
-        for k, arm in self.arms.items():
-            res = [x for r in runs if r.label == k for x in r.run.results]
-            if res and not any(x.success for x in res):
-                status = f"no request to {arm.url} ({k}) succeeded: " + "; ".join(error_lines(res))
-                break
-            bad = error_lines([x for x in res if not x.success]) if res else []
-            if bad and not status:
-                status = f"{k} ({arm.url}): " + "; ".join(bad)
-        self._set(active=False, current="", status=status)
-
-    def stop(self) -> None:
-        """Cancel the run (the requests in flight are dropped; those finished are kept) and
-        wait for its thread."""
-        self._cancel.set()
-        t = self._thread
-        if t is not None:
-            t.join(10.0)
-
-
-def describe_ab(a: dict[str, Any], b: dict[str, Any]) -> str:
-    return " vs ".join(", ".join(f"{k}={v}" for k, v in d.items()) or "as is" for d in (a, b))
-
-
 class AttachSession:
     """`top --attach`'s session (``tui.session.AttachedSession``).
 
@@ -489,7 +312,7 @@ class AttachSession:
     tests). ``load``: a ``client.bench_http.PreparedLoad`` to send to the first server, or None.
     ``trace_path``: write the trace from the start. ``fetch``: replaces the scrapers' HTTP GET
     (tests). ``ab_loads``: each side's PreparedLoad for an A/B of the first two servers
-    (``client.ab_http.prepare_loads``; None: no A/B, ``a`` says why), ``ab_load`` "mirrored" or
+    (``experiments.http.prepare_loads``; None: no A/B, ``a`` says why), ``ab_load`` "mirrored" or
     "sequential", ``ab_repetitions`` its repetitions; ``load_for_ab``: ``load`` is not sent at
     start, only by the A/B; ``ab_why``: why there is no A/B (the second server did not answer
     when the load was prepared). Attribute ``server_info``: each server's ``GET /v1/models``
@@ -632,7 +455,6 @@ class AttachSession:
         from dataclasses import replace
 
         from ..client.http_load import server_models_meta
-        from .headless import phases_meta
 
         old = self.server_info.get(srv.url)
         if old is not None and not old.fatal:

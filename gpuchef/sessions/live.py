@@ -1,5 +1,6 @@
 """The dashboard's session (composition root of `gpuchef top`): engine + EngineHost + live load +
-NVML and host samplers + Timeline + the session trace, plus the live A/B controller.
+NVML and host samplers + Timeline + the session trace, plus the live A/B
+(``experiments.hosted.LiveAB``).
 
 Threads: the engine loop (EngineHost), the load feeder (LiveLoad), the NVML sampler (+ its PCIe
 thread), the host sampler, the trace writer, and an A/B thread while one runs. The UI thread only
@@ -12,124 +13,25 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from ..engine_host.config import ConfigError, SchedulerConfig
+from ..engine_host.config import SchedulerConfig
 from ..engine_host.contract import Engine
 from ..engine_host.engine import LLMEngine
 from ..engine_host.core import make_host
-from ..engine_host.host import EngineHost
 from ..engine_host.records import RequestRecord, StepRecord
 from ..engine_host.workload import WorkloadConfig
 from .live_load import LiveLoad
-from ..probes.ab import mark_name
 from ..probes.sampler import HostSampler
 from ..probes.metrics import DEFAULT_PERCENTILES, SESSION_END_REASON
 from ..probes.nvml import NvmlSampler
 from ..probes.recorder import TraceRecorder
 from ..probes.timeline import Timeline
+from ..experiments.hosted import LiveAB
 from .headless import attention_label, trace_meta
-from ..tui.session import ABState, SessionInfo
-
-AB_WINDOW_RANGE = (0.5, 3600.0)
-
-
-class ABController:
-    """Alternates the engine between settings A and B in windows of ``window_s`` seconds.
-
-    At each window edge it sends ``host.set_config(**setting)`` and ``host.mark("ab:<run>:<A|B>:<n>")``
-    — both applied before the same engine step, so the mark's EngineEvent (step id and time) is
-    the window edge. When the run ends (``rounds`` windows per setting, or ``stop()``) it marks
-    ``ab:<run>:end`` and restores the settings in force before the run.
-    """
-
-    def __init__(self, host: EngineHost, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self.host = host
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._state = ABState()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._run_id = 0
-
-    def state(self) -> ABState:
-        return self._state
-
-    @staticmethod
-    def _check(cfg: SchedulerConfig, changes: dict[str, Any], name: str) -> dict[str, Any]:
-        try:
-            cfg.with_changes(**changes)
-        except ConfigError as e:
-            raise ConfigError(f"A/B setting {name}: {e}") from None
-        except TypeError:
-            raise ConfigError(f"A/B setting {name}: unknown knob in {sorted(changes)}") from None
-        return {k: getattr(cfg.with_changes(**changes), k) for k in changes}
-
-    def start(self, a: dict[str, Any], b: dict[str, Any], window_s: float,
-              rounds: int | None = None) -> ABState:
-        """Start alternating (A first). ``a``/``b``: mode and knob changes (ConfigError for a bad
-        one, naming the setting). ``window_s`` in [0.5, 3600] s; ``rounds`` windows per setting
-        (None = until ``stop``). Raises ConfigError when a run is already going."""
-        lo, hi = AB_WINDOW_RANGE
-        try:
-            window_s = float(window_s)
-        except (TypeError, ValueError):
-            raise ConfigError(f"A/B window {window_s!r} must be a number of seconds") from None
-        if not lo <= window_s <= hi:
-            raise ConfigError(f"A/B window {window_s:g} s is out of range: allowed [{lo:g}, {hi:g}] s")
-        if rounds is not None and not (isinstance(rounds, int) and rounds >= 1):
-            raise ConfigError(f"A/B rounds {rounds!r} must be an integer >= 1")
-        cfg = self.host.scheduler_config
-        sa, sb = self._check(cfg, dict(a), "A"), self._check(cfg, dict(b), "B")
-        if sa == sb:
-            raise ConfigError("A/B settings A and B are the same: nothing to compare")
-        with self._lock:
-            if self._state.active:
-                raise ConfigError("an A/B run is already going: stop it first (x on the A/B screen)")
-            self._run_id += 1
-            self._stop.clear()
-            # no settle time: probes/ab.py counts a request in the window it arrived in
-            self._state = ABState(True, {"A": sa, "B": sb}, window_s, rounds, "", 0, 0,
-                                  self._run_id, 0.0)
-            restore = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-            self._thread = threading.Thread(target=self._run, args=(restore,), name="gpuchef-ab",
-                                            daemon=True)
-            self._thread.start()
-        return self._state
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        """End the run now (the current window is cut short) and restore the settings."""
-        self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout)
-
-    def _run(self, restore: dict[str, Any]) -> None:
-        st = self._state
-        run = st.run
-        k = 0
-        try:
-            while not self._stop.is_set():
-                label = "AB"[k % 2]
-                n = k // 2 + 1
-                if st.rounds is not None and n > st.rounds:
-                    break
-                self.host.set_config(**st.settings[label])
-                self.host.mark(mark_name(run, label, n))
-                self._state = ABState(True, st.settings, st.window_s, st.rounds, label, n,
-                                      self.clock(), run, st.settle_s)
-                if self._stop.wait(st.window_s):
-                    break
-                k += 1
-        finally:
-            self.host.set_config(**restore)
-            self.host.mark(mark_name(run, "end"))
-            self._state = ABState(False, st.settings, st.window_s, st.rounds, "", 0, 0, run,
-                                  st.settle_s)
-
+from ..tui.session import SessionInfo
 
 def engine_identity(engine: Engine) -> tuple[str, int, tuple[str, ...]]:
     """What the header names about ``engine``: its name ("" for gpuchef's native engine, e.g.
@@ -237,7 +139,7 @@ class LiveSession:
                                on_event=listener(tl.add_event, "on_event"),
                                on_output=on_output)
         self.load = LiveLoad(self.host, wcfg, num_prompts=num_prompts, duration_s=duration_s)
-        self.ab = ABController(self.host)
+        self.ab = LiveAB(self.host)
         self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml,
                                 on_sample=listener(tl.add_gpu_sample, "on_gpu_sample"),
                                 on_event=listener(tl.add_event))
@@ -388,4 +290,4 @@ class LiveSession:
         return f"trace {p}: wrote {n} steps held in memory{extra}; recording goes on there"
 
 
-__all__ = ["ABController", "LiveSession", "engine_identity", "next_part_path"]
+__all__ = ["LiveSession", "engine_identity", "next_part_path"]
