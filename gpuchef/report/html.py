@@ -14,7 +14,9 @@ from gpuchef.probes.metrics import STEPS_SECTION, format_value, results_block_ro
 
 from . import plots
 from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
-                    part_start_rate, per_gpu_means)
+                    per_gpu_means)
+# run_table and _run_rows are imported from here too (the Run section's table)
+from .run_facts import _run_rows, gpus_text, model_text, run_table  # noqa: F401
 
 #: Section ids, in page order (tests and the table of contents use them).
 SECTIONS = {
@@ -98,115 +100,6 @@ def _pct_value(m: Any, stem: str, q: float) -> float:
 
 # ---- pieces ---------------------------------------------------------------------------------------
 
-#: what an attached trace's meta named the model before /v1/models was asked (older traces)
-_UNNAMED = "(server's model)"
-
-
-def _server_models(meta: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(URL, what its GET /v1/models said) of an attached trace's servers (meta
-    ``server_models``, written by `top --attach` and `ab` over HTTP); [] for other traces.
-    Entries that are not objects are left out (a hand-edited trace: the fields read "?")."""
-    sm = meta.get("server_models")
-    if not isinstance(sm, dict):
-        return []
-    return [(str(u), d) for u, d in sm.items() if isinstance(d, dict)]
-
-
-def _served_text(meta: dict[str, Any], notes: bool) -> str:
-    """The Model row of an attached trace from its servers' /v1/models: the id with its root and
-    owned_by, e.g. "tiny-served (root tiny, owned_by gpuchef; GET /v1/models)"; "?" where the
-    server did not say, with its note once (``notes``). "" when the meta has none."""
-    servers = _server_models(meta)
-    m = meta.get("model")
-    sent = m.get("name") if isinstance(m, dict) else None  # the name the load sent, if any
-    parts = []
-    for url, d in servers:
-        name = d.get("id") if isinstance(d.get("id"), str) else None
-        name = name or (sent if isinstance(sent, str) and sent != _UNNAMED else None) or "?"
-        extra = [f"{k} {d[k]}" for k in ("root", "owned_by")
-                 if isinstance(d.get(k), str) and d[k] != name]
-        t = name + (f" ({', '.join(extra)}; GET /v1/models)" if extra else "")
-        if notes and isinstance(d.get("note"), str) and d["note"]:
-            t += f" — {d['note']}"
-        parts.append(f"{url}: {t}" if len(servers) > 1 else t)
-    return "; ".join(parts)
-
-
-def _served_max_len(meta: dict[str, Any]) -> str:
-    """max_model_len as each attached server's /v1/models said it ("?" where it did not)."""
-    servers = _server_models(meta)
-    vals = [(u, d.get("max_model_len")) for u, d in servers]
-    vals = [(u, str(v) if isinstance(v, int) and not isinstance(v, bool) else "?")
-            for u, v in vals]
-    if len(vals) == 1:
-        return vals[0][1]
-    return ", ".join(f"{u}: {v}" for u, v in vals) or "?"
-
-
-def _model_text(meta: dict[str, Any], notes: bool = True) -> str:
-    served = _served_text(meta, notes)
-    if served:
-        return served
-    m = meta.get("model")
-    if isinstance(m, dict):
-        s = str(m.get("name", "?"))
-        if m.get("random_weights"):
-            s += " (random weights)"
-        if m.get("num_params"):
-            s += f", {m['num_params'] / 1e9:.2f} B params" if m["num_params"] >= 1e9 else \
-                f", {m['num_params'] / 1e6:.1f} M params"
-        if m.get("dtype"):
-            s += f", {m['dtype']}"
-        return s
-    return str(m) if m is not None else "not recorded"
-
-
-def _gpus_text(meta: dict[str, Any]) -> str:
-    g = meta.get("gpus")
-    if isinstance(g, dict) and g:
-        return ", ".join(f"{k}: {v}" for k, v in g.items())
-    return "none recorded"
-
-
-#: The Load row's words for the A/B load of two servers (``meta.ab.load``, gpuchef ab over HTTP)
-AB_LOAD_TEXT = {
-    "mirrored": "mirrored — every request sent to both servers at the same arrival time "
-                "(request ids A/… and B/…)",
-    "sequential": "sequential — the whole load to one side at a time, repetitions alternating"}
-
-
-def _load_text(meta: dict[str, Any]) -> str:
-    w = meta.get("workload")
-    ab_load = (meta.get("ab") or {}).get("load") if isinstance(meta.get("ab"), dict) else None
-    if not isinstance(w, dict):
-        ld = meta.get("load")  # a client's load (bench --base-url, top --attach, ab over HTTP)
-        if not isinstance(ld, dict) or not ld.get("desc"):
-            return "not recorded"
-        per = " per run" if ab_load in AB_LOAD_TEXT else ""  # each side, each repetition
-        s = (f"{ld['desc']}; {ld.get('num_requests', '?')} requests{per} to "
-             f"{ld.get('endpoint', '?')} (gpuchef's HTTP client)")
-        if ab_load in AB_LOAD_TEXT:
-            s += f"; A/B load {AB_LOAD_TEXT[ab_load]}"
-        return s
-    if w.get("dataset") == "random":
-        s = (f"random, {w.get('request_rate')} req/s ({w.get('arrival')}, burstiness "
-             f"{w.get('burstiness')}), input {w.get('input_len')} / output {w.get('output_len')} "
-             f"tokens (range ratio {w.get('range_ratio')})")
-    else:
-        s = f"{w.get('dataset')} replayed at {w.get('trace_speed')}×"
-    if w.get("num_prompts") is not None:
-        s += f", {w['num_prompts']} requests"
-    if w.get("duration_s") is not None:
-        s += f", {w['duration_s']:g} s of arrivals"
-    clip = [f"{k.replace('_', ' ')} {w[k]}" for k in ("max_input_len", "max_output_len")
-            if w.get(k) is not None]
-    if clip:
-        s += "; " + ", ".join(clip)
-    if w.get("probe_interval_s"):
-        s += f"; probes every {w['probe_interval_s']} s"
-    return s + f"; seed {w.get('seed')}"
-
-
 #: What the Summary and Results say of a capacity trace's groups.
 CAPACITY_POOLED_NOTE = (
     " A capacity search (gpuchef ab --capacity): a setting's card and column pool its probes, "
@@ -222,36 +115,6 @@ STRETCH_WORK_NOTE = (
     "next one).")
 
 
-def _capacity_load_text(view: TraceView) -> str:
-    """The Load row of a ``gpuchef ab --capacity`` trace: a search over the rate, each probe's
-    offered rate (``capacity_probes``: what the Capacity section shows), then the workload's
-    shape without the meta's one rate (that is only --rate-lo's)."""
-    probes, _ = capacity_probes(view)
-    by: dict[str, list[str]] = {}
-    for p in probes:
-        by.setdefault(p.label, []).append(f"{p.rate:.3g}")
-    rates = "; ".join(f"{k} {', '.join(v)}" for k, v in by.items()) or "none recorded"
-    w = view.meta.get("workload")
-    shape = ""
-    if isinstance(w, dict):
-        shape = (f"random arrivals ({w.get('arrival')}, burstiness {w.get('burstiness')}), input "
-                 f"{w.get('input_len')} / output {w.get('output_len')} tokens"
-                 if w.get("dataset") == "random" else f"{w.get('dataset')} replayed")
-        if w.get("duration_s") is not None:
-            shape += f", {w['duration_s']:g} s of arrivals per probe"
-        shape += f"; seed {w.get('seed')}"
-    return (f"capacity search: probes offered {rates} req/s (in the order run)"
-            + (f"; {shape}" if shape else ""))
-
-
-def _sched_text(meta: dict[str, Any]) -> str:
-    ec = meta.get("engine_config") or meta.get("config") or {}
-    sc = ec.get("scheduler") if isinstance(ec, dict) else None
-    if not isinstance(sc, dict):
-        return "not recorded"
-    return ", ".join(f"{k}={v}" for k, v in sc.items())
-
-
 #: Several traces share one time scale only when the shortest is at least this share of the
 #: longest (an 11 s part drawn to a 300 s scale is a flat line).
 SHARE_SPAN_MIN = 0.5
@@ -264,80 +127,6 @@ def shared_span(views: Sequence[TraceView]) -> float | None:
     if len(spans) < 2 or min(spans) < SHARE_SPAN_MIN * max(spans):
         return None
     return max(spans)
-
-
-def _part_load(view: TraceView, views: Sequence[TraceView]) -> str:
-    """The Load row's addition for a later part of a session: the rate in force when it began
-    (the meta's workload is the session's start)."""
-    part = view.meta.get("part")
-    if not isinstance(part, int) or part < 2:
-        return ""
-    rate, where = part_start_rate(view, views)
-    if rate is not None:
-        return (f" — the session's start; part {part} began at {rate} (the last rate change "
-                f"before it, in {where})")
-    if where:
-        return (f" — the session's start; part {part} began later, at the rate set in an "
-                f"earlier part: {where}")
-    return f" — the session's start, still in force when part {part} began"
-
-
-def run_table(views: Sequence[TraceView]) -> tuple[list[str], list[list[str]]]:
-    """The Run section's table: a column per trace, a row per fact, rows matched by their label
-    (a fact only some traces have — A/B settings, a part — is blank for the others, never a
-    shifted column)."""
-    per = [dict(_run_rows(v, views)) for v in views]
-    labels: list[str] = []
-    for v in views:
-        for k, _ in _run_rows(v, views):
-            if k not in labels:
-                labels.append(k)
-    return ["", *[v.name for v in views]], [[k, *[p.get(k, "") for p in per]] for k in labels]
-
-
-def _run_rows(view: TraceView, views: Sequence[TraceView] = ()) -> list[tuple[str, str]]:
-    meta, tr = view.meta, view.trace
-    v = meta.get("versions") or {}
-    host = meta.get("host") or {}
-    # a client's trace of a server gpuchef did not host: no device, KV cache or steps in it
-    remote = isinstance(meta.get("source"), dict) and meta["source"].get("kind") == "attached" \
-        and "kv_blocks" not in meta
-    rows = [
-        ("File", str(view.path.name)),
-        ("Recorded", str(meta.get("created", "?"))),
-        ("Command", f"gpuchef {meta.get('command', '?')}"),
-        ("Model", _model_text(meta)),
-        ("Device / attention", f"{meta.get('device', '?')} / {meta.get('attention_backend', '?')}"
-         if not remote else "the server's (not seen from its client)"),
-        ("GPUs", _gpus_text(meta)),
-        ("Scheduler at start", _sched_text(meta) if not view.capacity else
-         "each probe runs its setting (A/B settings below)"),
-        ("KV cache", f"{meta.get('kv_blocks', '?')} blocks × {meta.get('block_size', '?')} tokens; "
-                     f"max_model_len {meta.get('max_model_len', '?')}" if not remote else
-         "the server's (not seen from its client)" + (
-             f"; max_model_len {_served_max_len(meta)} (GET /v1/models)"
-             if _server_models(meta) else "")),
-        ("Load", _capacity_load_text(view) if view.capacity else
-         _load_text(meta) + _part_load(view, views)),
-    ]
-    part = meta.get("part")
-    if isinstance(part, int) and part > 1:
-        rows.insert(2, ("Part", f"{part} of session {meta.get('session_id', '?')}"
-                                + (f" (after {meta['previous_part']})"
-                                   if isinstance(meta.get("previous_part"), str) else "")))
-    if view.ab or view.capacity:
-        rows.append(("A/B settings", "; ".join(f"{k}: {s}" if s else k for k, s in view.settings.items())))
-    rows += [
-        ("Versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),
-        ("Host", f"{host.get('hostname', '?')} ({host.get('platform', '?')})"),
-        ("Records", f"{len(tr.steps):,} steps, {len(tr.requests):,} requests, "
-                    f"{len(tr.gpu_samples):,} GPU samples, {len(tr.host_samples):,} host samples, "
-                    f"{len(tr.events):,} events"),
-        ("Complete", "yes (end record present)" if tr.complete
-         else "no — cut short, or still being written (no end record)"),
-        ("Duration", f"{view.t(view.end_ns):.2f} s from the first record to the last"),
-    ]
-    return rows
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], num_cols: Sequence[int] = (),
@@ -587,212 +376,46 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
     groups, views = data.groups, data.views
     pcts = data.percentiles
     hi = max(pcts) if pcts else 99.0
-    first = views[0].meta if views else {}
-    sub = " · ".join(x for x in [
-        _model_text(first, notes=False),
-        "a remote server" if first.get("device") == "remote" and
-        "attention_backend" not in first else
-        f"{first.get('device', '?')} / {first.get('attention_backend', '?')}",
-        _gpus_text(first) if first.get("gpus") else "",
-        f"{len(views)} trace{'s' if len(views) != 1 else ''}: " + ", ".join(v.name for v in views),
-    ] if x)
     parts: list[str] = []
     if data.problems:
-        items = "".join(f"<li><code>{esc(p)}</code></li>" for p in data.problems[:MAX_PROBLEMS_SHOWN])
-        more = len(data.problems) - MAX_PROBLEMS_SHOWN
-        if more > 0:
-            items += f"<li>… and {more} more</li>"
-        parts.append(f'<div class="warn" id="problems"><b>{len(data.problems)} problem'
-                     f'{"s" if len(data.problems) != 1 else ""} reading the trace'
-                     f'{"s" if len(views) != 1 else ""}</b> — the report shows what could be '
-                     f"read:<ul>{items}</ul></div>")
-    # summary
-    if groups:
-        cards = "".join(_card(g, pcts) for g in groups)
-        note = ("Each card is one group of the comparison: an A/B setting (pooled over its "
-                "windows) or a scheduler mode. Latency definitions are vllm bench serve's.")
-        if any(g.view.capacity for g in groups):
-            note += CAPACITY_POOLED_NOTE
-        parts.append(_section("summary", f'<div class="cards">{cards}</div>', note))
-    else:
-        parts.append(_section("summary", '<p class="empty">No engine steps or requests were '
-                                         "recorded: nothing to compare.</p>"))
-    # run metadata
+        parts.append(_problems_box(data.problems, len(views)))
+    parts.append(_summary_section(groups, pcts))
     head, rows = run_table(views)
     parts.append(_section("run", _table(head, rows)))
-    # waveforms
     span = shared_span(views)
-    body = []
-    for v in views:
-        say(f"waveforms {v.name}")
-        if v.trace.scrapes and not v.trace.steps:  # `top --attach`: the server's /metrics
-            from .scrape_plots import scrape_figure
-
-            svg = scrape_figure(v)
-            body.append(f"<h3>{esc(v.name)}</h3>" + (_figure(
-                svg, f"scrape-{plots._slug(v.name)}",
-                f"{v.name}: a server gpuchef did not host, drawn from its /metrics — derived "
-                "series, one value per scrape interval (no per-step records: the engine's "
-                "steps are the server's own).") if svg else
-                '<p class="empty">fewer than two good scrapes of a server</p>'))
-            continue
-        if not v.trace.steps and not v.trace.requests:
-            body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')
-            continue
-        svg, _ = plots.waveforms(v, span_s=span)
-        marks = []
-        if v.ab:
-            marks.append("A/B windows shaded (A blue, B orange, labelled at the top)")
-        if v.capacity:
-            marks.append("capacity probes shaded (A blue, B orange, labelled A@<rate asked> "
-                         "at the top)")
-        if any(e.kind == "mode" for e in v.events):
-            marks.append("mode switches as solid purple lines")
-        if any(e.kind == "knob" for e in v.events):
-            marks.append("knob changes as dashed grey lines")
-        if any(e.kind == "mark" and not str(e.name).startswith("ab:") for e in v.events):
-            marks.append("other marks as dotted lines")
-        cap = (f"{v.name}: the run over time" + (f"; {', '.join(marks)}." if marks else "."))
-        body.append(f"<h3>{esc(v.name)}</h3>" + _figure(svg, f"waveforms-{plots._slug(v.name)}", cap))
-    note = ("Engine busy is the share of wall time spent in the model's forward pass; gaps are "
-            "time the engine waited (for work or for the CPU). Tokens per step: what each step "
-            "computed against the token budget (log axis). "
-            + ("With several traces the time axes are aligned at each trace's start and share "
-               "one scale." if span is not None else
-               "Each trace is drawn over its own length (their lengths differ by more than "
-               f"{1 / SHARE_SPAN_MIN:g}×: a shared scale would squash the shorter)."
-               if len(views) > 1 else ""))
-    parts.append(_section("waveforms", "".join(body), note))
-    # per GPU (traces with samples of several GPUs)
-    body = []
-    for v in views:
-        if len(gpu_indices(v)) < 2:
-            continue
-        say(f"per-GPU {v.name}")
-        svg = plots.per_gpu(v, span_s=span)
-        fig = _figure(svg, f"gpus-{plots._slug(v.name)}", (
-            f"{v.name}: each GPU over time (mean per bin), the spread across GPUs per bin "
-            "(max − min) and, when sampled, DRAM bandwidth and power per GPU.")) if svg else ""
-        body.append(f"<h3>{esc(v.name)}</h3>{fig}{gpu_table(v)}")
-    if body:
-        parts.append(_section("gpus", "".join(body), (
-            "One line per GPU of the trace. The GPUs of a tensor-parallel group run the same "
-            "kernels in lock step, so their utilisation should match: a lasting spread means a "
-            "rank that lags (throttled, on a slow link) or idles at each collective waiting for "
-            "the others. SM active is GPM's share of SMs busy; when GPM was off the figure uses "
-            "GPU-Util, which only says that some kernel was running. The table's means are over "
-            "the whole trace.")))
+    parts.append(_waveforms_section(views, span, say))
+    parts += _gpus_section(views, span, say)
     with_steps = [g for g in groups if g.steps]
-    # close-ups
     if with_steps:
-        say("close-ups")
-        views_of = [g.view for g in with_steps]
-        aligned = (len(set(map(id, views_of))) == len(views_of) > 1
-                   and all(v.meta.get("workload") == views_of[0].meta.get("workload")
-                           and v.meta.get("workload") for v in views_of))
-        parts.append(_section("closeups", _figure(
-            plots.closeups(with_steps, aligned), "closeups",
-            ("The same stretch of the same load in every trace (chosen as the first one's "
-             "busiest), step by step" if aligned else
-             "Each group's busiest stretch (most prefill tokens), step by step") +
-            ": bar width is the "
-            "step's wall time, height its tokens (log axis), colour its kind; the dark line "
-            "(right axis) counts the requests decoding in each step; white space is time "
-            "between steps."),
-            "Continuous batching runs whole prompts in prefill-only steps, and the running "
-            "requests' decodes wait meanwhile (the dark line drops to 0: an inter-token stall); "
-            "chunked prefill packs every decode and a prefill chunk into each step within the "
-            "budget, so decodes never stop."))
-    # composition
-    if with_steps:
-        say("composition")
-        comp_rows = []
-        for g in with_steps:
-            c = plots.composition(g.steps)
-            comp_rows.append([f'<span class="swatch" style="background:{g.color}"></span>'
-                              f"{esc(g.label)}"] +
-                             [f"{c[k][1] * 100:.1f} % / {c[k][2] * 100:.1f} %"
-                              for k in ("decode only", "mixed", "prefill only")] +
-                             [_num(g.metrics.mean_prefill_tokens_per_step, "{:.1f}"),
-                              _num(g.metrics.mean_decode_tokens_per_step, "{:.1f}")])
-        table = _table(["group", "decode only (steps / compute)", "mixed", "prefill only",
-                        "mean prefill tokens/step", "mean decode tokens/step"], comp_rows,
-                       num_cols=range(1, 6), raw=True)
-        parts.append(_section("composition", _figure(
-            plots.composition_hist(with_steps), "composition",
-            "Histogram of tokens per step, stacked by step kind, per group.") + table,
-            "Share of steps and of compute time by kind: decode only, prefill only, or mixed "
-            "(prefill chunks and decodes in one batch)."))
+        parts.append(_closeups_section(with_steps, say))
+        parts.append(_composition_section(with_steps, say))
     # the autopilot: its allowance, predicted vs actual step time, fit error
     if any(v.trace.steps for v in views):
         parts.append(_section("autopilot", "".join(autopilot_body(v, span) for v in views
                                                    if v.trace.steps), AUTOPILOT_NOTE))
-    # latency
     if any(g.requests for g in groups):
-        say("latency CDFs")
-        parts.append(_section("latency", _figure(
-            plots.latency_cdfs(groups), "latency",
-            "Cumulative distributions (log time axis); the dots mark each group's P99."),
-            "TTFT = first token − arrival; ITL = the gap before each output chunk after the first "
-            "(tokens that arrive at one time stamp are one chunk, one ITL), pooled; "
-            "TPOT = (E2EL − TTFT)/(output tokens − 1) per request (vllm bench serve)."))
-    # results
+        parts.append(_latency_section(groups, say))
     if groups:
-        head = ["metric", *[g.short for g in groups]]
-        # capacity groups pool probes of different rates: a B − A of them compares nothing
-        pair = len(groups) == 2 and not any(g.view.capacity for g in groups)
-        rows = results_rows(groups, delta=pair)
-        if pair:
-            head += [f"{groups[1].short} − {groups[0].short}", "%"]
-        legend = "; ".join(f"{g.short}: {g.description}" for g in groups
-                           if g.description and g.description != g.short)
-        slo = (f" Columns — {legend}." if legend else "") + ((
-            " Goodput SLOs: " + ", ".join(f"{k} ≤ {v:g} ms" for k, v in data.goodput.items())
-            + ".") if data.goodput else "")
-        if any(g.view.capacity for g in groups):
-            slo += CAPACITY_POOLED_NOTE
-        if any(g.view.stretch_work for g in groups):
-            slo += STRETCH_WORK_NOTE
-        slo += no_steps_note(groups) + failures_note(groups)
-        parts.append(_section("results", _table(head, rows, num_cols=range(1, len(head))),
-                              "The gpuchef bench results block of each group, computed from "
-                              "the trace's requests and steps (probes.metrics.summarize)." + slo))
-    # capacity probes (gpuchef ab --capacity)
-    body = []
-    for v in views:
-        probes, slos = capacity_probes(v)
-        if probes:
-            meta_ab = v.meta.get("ab") if isinstance(v.meta.get("ab"), dict) else {}
-            note = rules_note(meta_ab.get("rules"))
-            body.append(f"<h3>{esc(v.name)}</h3>" + (f"<p>{esc(note)}</p>" if note else "")
-                        + capacity_table(probes, slos))
-    if body:
-        parts.append(_section("capacity", "".join(body), (
-            "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
-            "(docs/capacity.md): offered = the probe's requests' count over their arrival "
-            "span; achieved = the finish rate of the requests that arrived after the first "
-            f"{WARMUP_SHARE:.0%} of it, beside the arrival rate of the same requests (each over "
-            "the inner 80 % of them); a probe fails an SLO, or as saturated (achieved below "
-            f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing), or "
-            "stops early once an SLO is broken beyond doubt.")))
-    # A/B windows
+        parts.append(_results_section(groups, data.goodput))
+    parts += _capacity_section(views)
     abviews = [v for v in views if v.ab]
     if abviews:
-        body = []
-        for v in abviews:
-            say(f"A/B windows {v.name}")
-            body.append(f"<h3>{esc(v.name)}</h3>" + _figure(
-                plots.ab_windows_plot(v, hi), f"abwindows-{plots._slug(v.name)}",
-                f"Per-window P{hi:g} TTFT, P{hi:g} ITL and output throughput: the spread "
-                "between windows of one setting is the noise a difference must exceed.")
-                + _windows_table(v, hi))
-        parts.append(_section("windows", "".join(body),
-                              "A request belongs to the window it arrived in, a step to the "
-                              "window it started in; throughputs are the work done in the "
-                              "window (requests finished, tokens produced) per second of its "
-                              "span. The groups above pool the counted windows: the same "
-                              "definitions as gpuchef ab and the dashboard's A/B screen "
-                              "(probes/ab.py)."))
+        parts.append(_windows_section(abviews, hi, say))
+    return _page(parts, views, title)
+
+
+def _page(parts: Sequence[str], views: Sequence[TraceView], title: str | None) -> str:
+    """The page around the sections: head with the inline CSS, header, the table of contents
+    (the sections present, in SECTIONS' order), footer."""
+    first = views[0].meta if views else {}
+    sub = " · ".join(x for x in [
+        model_text(first, notes=False),
+        "a remote server" if first.get("device") == "remote" and
+        "attention_backend" not in first else
+        f"{first.get('device', '?')} / {first.get('attention_backend', '?')}",
+        gpus_text(first) if first.get("gpus") else "",
+        f"{len(views)} trace{'s' if len(views) != 1 else ''}: " + ", ".join(v.name for v in views),
+    ] if x)
     present = [sid for sid in SECTIONS if f'<section id="{sid}"' in "".join(parts)]
     nav = "".join(f'<a href="#{sid}">{esc(SECTIONS[sid])}</a>' for sid in present)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -812,3 +435,216 @@ def render(data: ReportData, *, progress: Callable[[str], None] | None = None,
         f"<footer>Generated by gpuchef {esc(gv)} report on {now}. Self-contained: no scripts, "
         "no external resources.</footer></body></html>\n",
     ])
+
+
+def _problems_box(problems: Sequence[str], n_views: int) -> str:
+    """The warning above the sections: the lines skipped while reading (the first
+    MAX_PROBLEMS_SHOWN, then a count)."""
+    items = "".join(f"<li><code>{esc(p)}</code></li>" for p in problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    if more > 0:
+        items += f"<li>… and {more} more</li>"
+    return (f'<div class="warn" id="problems"><b>{len(problems)} problem'
+            f'{"s" if len(problems) != 1 else ""} reading the trace'
+            f'{"s" if n_views != 1 else ""}</b> — the report shows what could be '
+            f"read:<ul>{items}</ul></div>")
+
+
+def _summary_section(groups: Sequence[Group], pcts: Sequence[float]) -> str:
+    if not groups:
+        return _section("summary", '<p class="empty">No engine steps or requests were '
+                                   "recorded: nothing to compare.</p>")
+    cards = "".join(_card(g, pcts) for g in groups)
+    note = ("Each card is one group of the comparison: an A/B setting (pooled over its "
+            "windows) or a scheduler mode. Latency definitions are vllm bench serve's.")
+    if any(g.view.capacity for g in groups):
+        note += CAPACITY_POOLED_NOTE
+    return _section("summary", f'<div class="cards">{cards}</div>', note)
+
+
+def _waveforms_caption(v: TraceView) -> str:
+    """What a trace's waveforms figure marks, in words."""
+    marks = []
+    if v.ab:
+        marks.append("A/B windows shaded (A blue, B orange, labelled at the top)")
+    if v.capacity:
+        marks.append("capacity probes shaded (A blue, B orange, labelled A@<rate asked> "
+                     "at the top)")
+    if any(e.kind == "mode" for e in v.events):
+        marks.append("mode switches as solid purple lines")
+    if any(e.kind == "knob" for e in v.events):
+        marks.append("knob changes as dashed grey lines")
+    if any(e.kind == "mark" and not str(e.name).startswith("ab:") for e in v.events):
+        marks.append("other marks as dotted lines")
+    return f"{v.name}: the run over time" + (f"; {', '.join(marks)}." if marks else ".")
+
+
+def _waveforms_section(views: Sequence[TraceView], span: float | None,
+                       say: Callable[[str], None]) -> str:
+    body = []
+    for v in views:
+        say(f"waveforms {v.name}")
+        if v.trace.scrapes and not v.trace.steps:  # `top --attach`: the server's /metrics
+            from .scrape_plots import scrape_figure
+
+            svg = scrape_figure(v)
+            body.append(f"<h3>{esc(v.name)}</h3>" + (_figure(
+                svg, f"scrape-{plots._slug(v.name)}",
+                f"{v.name}: a server gpuchef did not host, drawn from its /metrics — derived "
+                "series, one value per scrape interval (no per-step records: the engine's "
+                "steps are the server's own).") if svg else
+                '<p class="empty">fewer than two good scrapes of a server</p>'))
+            continue
+        if not v.trace.steps and not v.trace.requests:
+            body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')
+            continue
+        svg, _ = plots.waveforms(v, span_s=span)
+        body.append(f"<h3>{esc(v.name)}</h3>"
+                    + _figure(svg, f"waveforms-{plots._slug(v.name)}", _waveforms_caption(v)))
+    note = ("Engine busy is the share of wall time spent in the model's forward pass; gaps are "
+            "time the engine waited (for work or for the CPU). Tokens per step: what each step "
+            "computed against the token budget (log axis). "
+            + ("With several traces the time axes are aligned at each trace's start and share "
+               "one scale." if span is not None else
+               "Each trace is drawn over its own length (their lengths differ by more than "
+               f"{1 / SHARE_SPAN_MIN:g}×: a shared scale would squash the shorter)."
+               if len(views) > 1 else ""))
+    return _section("waveforms", "".join(body), note)
+
+
+def _gpus_section(views: Sequence[TraceView], span: float | None,
+                  say: Callable[[str], None]) -> list[str]:
+    """The Per-GPU section ([] when no trace sampled several GPUs)."""
+    body = []
+    for v in views:
+        if len(gpu_indices(v)) < 2:
+            continue
+        say(f"per-GPU {v.name}")
+        svg = plots.per_gpu(v, span_s=span)
+        fig = _figure(svg, f"gpus-{plots._slug(v.name)}", (
+            f"{v.name}: each GPU over time (mean per bin), the spread across GPUs per bin "
+            "(max − min) and, when sampled, DRAM bandwidth and power per GPU.")) if svg else ""
+        body.append(f"<h3>{esc(v.name)}</h3>{fig}{gpu_table(v)}")
+    if not body:
+        return []
+    return [_section("gpus", "".join(body), (
+        "One line per GPU of the trace. The GPUs of a tensor-parallel group run the same "
+        "kernels in lock step, so their utilisation should match: a lasting spread means a "
+        "rank that lags (throttled, on a slow link) or idles at each collective waiting for "
+        "the others. SM active is GPM's share of SMs busy; when GPM was off the figure uses "
+        "GPU-Util, which only says that some kernel was running. The table's means are over "
+        "the whole trace."))]
+
+
+def _closeups_section(with_steps: Sequence[Group], say: Callable[[str], None]) -> str:
+    say("close-ups")
+    views_of = [g.view for g in with_steps]
+    aligned = (len(set(map(id, views_of))) == len(views_of) > 1
+               and all(v.meta.get("workload") == views_of[0].meta.get("workload")
+                       and v.meta.get("workload") for v in views_of))
+    return _section("closeups", _figure(
+        plots.closeups(with_steps, aligned), "closeups",
+        ("The same stretch of the same load in every trace (chosen as the first one's "
+         "busiest), step by step" if aligned else
+         "Each group's busiest stretch (most prefill tokens), step by step") +
+        ": bar width is the "
+        "step's wall time, height its tokens (log axis), colour its kind; the dark line "
+        "(right axis) counts the requests decoding in each step; white space is time "
+        "between steps."),
+        "Continuous batching runs whole prompts in prefill-only steps, and the running "
+        "requests' decodes wait meanwhile (the dark line drops to 0: an inter-token stall); "
+        "chunked prefill packs every decode and a prefill chunk into each step within the "
+        "budget, so decodes never stop.")
+
+
+def _composition_section(with_steps: Sequence[Group], say: Callable[[str], None]) -> str:
+    say("composition")
+    comp_rows = []
+    for g in with_steps:
+        c = plots.composition(g.steps)
+        comp_rows.append([f'<span class="swatch" style="background:{g.color}"></span>'
+                          f"{esc(g.label)}"] +
+                         [f"{c[k][1] * 100:.1f} % / {c[k][2] * 100:.1f} %"
+                          for k in ("decode only", "mixed", "prefill only")] +
+                         [_num(g.metrics.mean_prefill_tokens_per_step, "{:.1f}"),
+                          _num(g.metrics.mean_decode_tokens_per_step, "{:.1f}")])
+    table = _table(["group", "decode only (steps / compute)", "mixed", "prefill only",
+                    "mean prefill tokens/step", "mean decode tokens/step"], comp_rows,
+                   num_cols=range(1, 6), raw=True)
+    return _section("composition", _figure(
+        plots.composition_hist(with_steps), "composition",
+        "Histogram of tokens per step, stacked by step kind, per group.") + table,
+        "Share of steps and of compute time by kind: decode only, prefill only, or mixed "
+        "(prefill chunks and decodes in one batch).")
+
+
+def _latency_section(groups: Sequence[Group], say: Callable[[str], None]) -> str:
+    say("latency CDFs")
+    return _section("latency", _figure(
+        plots.latency_cdfs(groups), "latency",
+        "Cumulative distributions (log time axis); the dots mark each group's P99."),
+        "TTFT = first token − arrival; ITL = the gap before each output chunk after the first "
+        "(tokens that arrive at one time stamp are one chunk, one ITL), pooled; "
+        "TPOT = (E2EL − TTFT)/(output tokens − 1) per request (vllm bench serve).")
+
+
+def _results_section(groups: Sequence[Group], goodput: dict[str, float]) -> str:
+    head = ["metric", *[g.short for g in groups]]
+    # capacity groups pool probes of different rates: a B − A of them compares nothing
+    pair = len(groups) == 2 and not any(g.view.capacity for g in groups)
+    rows = results_rows(groups, delta=pair)
+    if pair:
+        head += [f"{groups[1].short} − {groups[0].short}", "%"]
+    legend = "; ".join(f"{g.short}: {g.description}" for g in groups
+                       if g.description and g.description != g.short)
+    slo = (f" Columns — {legend}." if legend else "") + ((
+        " Goodput SLOs: " + ", ".join(f"{k} ≤ {v:g} ms" for k, v in goodput.items())
+        + ".") if goodput else "")
+    if any(g.view.capacity for g in groups):
+        slo += CAPACITY_POOLED_NOTE
+    if any(g.view.stretch_work for g in groups):
+        slo += STRETCH_WORK_NOTE
+    slo += no_steps_note(groups) + failures_note(groups)
+    return _section("results", _table(head, rows, num_cols=range(1, len(head))),
+                    "The gpuchef bench results block of each group, computed from "
+                    "the trace's requests and steps (probes.metrics.summarize)." + slo)
+
+
+def _capacity_section(views: Sequence[TraceView]) -> list[str]:
+    """The Capacity probes section (gpuchef ab --capacity; [] for other traces)."""
+    body = []
+    for v in views:
+        probes, slos = capacity_probes(v)
+        if probes:
+            meta_ab = v.meta.get("ab") if isinstance(v.meta.get("ab"), dict) else {}
+            note = rules_note(meta_ab.get("rules"))
+            body.append(f"<h3>{esc(v.name)}</h3>" + (f"<p>{esc(note)}</p>" if note else "")
+                        + capacity_table(probes, slos))
+    if not body:
+        return []
+    return [_section("capacity", "".join(body), (
+        "Each probe of the capacity search, judged from the trace as gpuchef ab judged it "
+        "(docs/capacity.md): offered = the probe's requests' count over their arrival "
+        "span; achieved = the finish rate of the requests that arrived after the first "
+        f"{WARMUP_SHARE:.0%} of it, beside the arrival rate of the same requests (each over "
+        "the inner 80 % of them); a probe fails an SLO, or as saturated (achieved below "
+        f"{1 - SATURATION_TOLERANCE:.0%} of offered, or the waiting queue growing), or "
+        "stops early once an SLO is broken beyond doubt."))]
+
+
+def _windows_section(abviews: Sequence[TraceView], hi: float, say: Callable[[str], None]) -> str:
+    body = []
+    for v in abviews:
+        say(f"A/B windows {v.name}")
+        body.append(f"<h3>{esc(v.name)}</h3>" + _figure(
+            plots.ab_windows_plot(v, hi), f"abwindows-{plots._slug(v.name)}",
+            f"Per-window P{hi:g} TTFT, P{hi:g} ITL and output throughput: the spread "
+            "between windows of one setting is the noise a difference must exceed.")
+            + _windows_table(v, hi))
+    return _section("windows", "".join(body),
+                    "A request belongs to the window it arrived in, a step to the "
+                    "window it started in; throughputs are the work done in the "
+                    "window (requests finished, tokens produced) per second of its "
+                    "span. The groups above pool the counted windows: the same "
+                    "definitions as gpuchef ab and the dashboard's A/B screen "
+                    "(probes/ab.py).")
