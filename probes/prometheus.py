@@ -138,24 +138,32 @@ class PrometheusFleet:
         An instance whose series name one engine (or none) is one column; one whose series
         name several is a column per engine, each also holding the instance's series that
         name none (vLLM labels its engine series ``engine="0"``, not its process series)."""
-        data = self._api("/api/v1/query", query=SERIES_SELECTOR)
-        by_inst: dict[str, list[tuple[str, dict[str, str], float, float]]] = {}
+        return _columns(self._api("/api/v1/query", query=SERIES_SELECTOR).get("result", []))
+
+    def history(self, start_s: float, end_s: float, step_s: float
+                ) -> dict[str, list[ScrapeSample]]:
+        """The selected series over ``[start_s, end_s]`` (Unix seconds) every ``step_s``
+        (``/api/v1/query_range``), as a list of :class:`ScrapeSample` per column (one per
+        step at which the column has series), in time order; ``t_ns`` is the step's Unix
+        time in ns. Raises ValueError for an empty or reversed range or a step ≤ 0, and
+        ConnectionError as :meth:`targets` does. Prometheus refuses a range of more than
+        11,000 steps: the message says so."""
+        if not (step_s > 0 and end_s > start_s):
+            raise ValueError(f"range [{start_s}, {end_s}] every {step_s} s: allowed a start "
+                             "before the end and a step > 0")
+        data = self._api("/api/v1/query_range", query=SERIES_SELECTOR, start=repr(start_s),
+                         end=repr(end_s), step=repr(step_s))
+        at: dict[float, list[dict]] = {}
         for r in data.get("result", []):
-            m = dict(r.get("metric", {}))
-            name = m.pop("__name__", "")
-            inst = m.pop("instance", "")
-            m.pop("job", None)
-            ts, v = r["value"]
-            by_inst.setdefault(inst, []).append((name, m, float(v), float(ts)))
-        cols: dict[str, tuple[float, list]] = {}
-        for inst, rows in by_inst.items():
-            engines = sorted({m[ENGINE_LABEL] for _, m, _, _ in rows if ENGINE_LABEL in m})
-            for e in (engines if len(engines) > 1 else [""]):
-                mine = [(n, m, v, t) for n, m, v, t in rows
-                        if not e or m.get(ENGINE_LABEL, e) == e]
-                cols[column_key(inst, e)] = (max(t for *_, t in mine),
-                                             [(n, m, v) for n, m, v, _ in mine])
-        return cols
+            for ts, v in r.get("values", []):
+                at.setdefault(float(ts), []).append({"metric": r.get("metric", {}),
+                                                     "value": [ts, v]})
+        out: dict[str, list[ScrapeSample]] = {}
+        for ts in sorted(at):
+            for key, (_, rows) in _columns(at[ts]).items():
+                out.setdefault(key, []).append(
+                    parse_metrics(to_text(rows), url=key, t_ns=int(ts * 1e9)))
+        return out
 
     def sample(self, *, only_new: bool = True) -> dict[str, ScrapeSample]:
         """One :class:`ScrapeSample` per column whose series Prometheus has scraped since the
@@ -169,6 +177,27 @@ class PrometheusFleet:
             t_ns = now_mono - int(max(0.0, now_wall - ts) * 1e9)
             out[key] = parse_metrics(to_text(rows), url=key, t_ns=t_ns)
         return out
+
+
+def _columns(result: list[dict]) -> dict[str, tuple[float, list[tuple[str, dict[str, str],
+                                                                       float]]]]:
+    """An instant vector (the API's ``result``) by column: see :meth:`PrometheusFleet.query`."""
+    by_inst: dict[str, list[tuple[str, dict[str, str], float, float]]] = {}
+    for r in result:
+        m = dict(r.get("metric", {}))
+        name = m.pop("__name__", "")
+        inst = m.pop("instance", "")
+        m.pop("job", None)
+        ts, v = r["value"]
+        by_inst.setdefault(inst, []).append((name, m, float(v), float(ts)))
+    cols: dict[str, tuple[float, list]] = {}
+    for inst, rows in by_inst.items():
+        engines = sorted({m[ENGINE_LABEL] for _, m, _, _ in rows if ENGINE_LABEL in m})
+        for e in (engines if len(engines) > 1 else [""]):
+            mine = [(n, m, v, t) for n, m, v, t in rows if not e or m.get(ENGINE_LABEL, e) == e]
+            cols[column_key(inst, e)] = (max(t for *_, t in mine),
+                                         [(n, m, v) for n, m, v, _ in mine])
+    return cols
 
 
 def _http_get(url: str, timeout: float) -> str:

@@ -177,6 +177,19 @@ def test_real_prometheus_scraping_two_gpuchef_servers(tmp_path):
             assert got[inst[0]].values["prompt_tokens"] == 5 + 9 + 17
             assert got[inst[0]].hists["e2e"].count == 3
             assert got[inst[1]].values.get("prompt_tokens", 0) == 0
+            # the same over a time range (what `report --prometheus` reads): per column, one
+            # sample a step, counters never going back, ending where the servers are
+            now = time.time()
+            hist = fleet.history(now - 30, now, 1.0)
+            assert set(hist) == set(inst)
+            for k in inst:
+                ps = [x.values.get("prompt_tokens", 0.0) for x in hist[k]]
+                assert len(ps) >= 2 and ps == sorted(ps)  # from its first scrape
+                assert ps[-1] == direct[k].values.get("prompt_tokens", 0.0)
+                ts = [x.t_ns for x in hist[k]]
+                assert ts == sorted(ts) and ts[1] - ts[0] == 1_000_000_000
+            with pytest.raises(ValueError, match="allowed a start before the end"):
+                fleet.history(now, now - 5, 1.0)
         finally:
             prom.terminate()
             prom.wait(20)
