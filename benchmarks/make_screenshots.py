@@ -19,15 +19,29 @@ continuous, ``--ab-s``), `help`. `--scenes main-chunked` alone takes warm-up + o
 
 Without --dataset the load is `gpuchef top`'s default for the device (on a CPU: the Azure trace at
 0.5×, prompts ≤ 1024, outputs ≤ 128 tokens, budget 512; on a GPU: the trace at 1×).
+
+``--check``: are the committed screenshots current? The scenes asked for are drawn into a
+temporary folder (shorter phases by default: 5 s warm-up, 10 s a phase, 20 s of A/B) and each is
+compared with ``--out``/PREFIX+scene.svg by its structure — the panels' titles and legends, the
+side panels' titles and labels, the key bar, the words of the header, the A/B table's rows —
+not by its live numbers or chart glyphs. Exit 1 listing the differences (redraw with the same
+flags without ``--check``), 0 when all match:
+
+    python benchmarks/make_screenshots.py --check                     # every CPU scene, ~2 min
+    python benchmarks/make_screenshots.py --check --scenes main-chunked --size 80x24 \
+        --prefix cpu-80x24-
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import re
 import sys
+import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from rich.console import Console
@@ -158,6 +172,100 @@ def take(engine, out: Path, *, prefix: str, dataset: str | None = None,
         session.close()
 
 
+_SVG_TEXT = re.compile(r'<text [^>]*?x="([\d.]+)"[^>]*?textLength="([\d.]+)"'
+                       r'[^>]*?clip-path="url\(#[^)]*-line-(\d+)\)"[^>]*>(.*?)</text>', re.S)
+_NUM = re.compile(r"\d+(?:[.,:]\d+)*")
+_WORD = re.compile(r"[A-Za-z][A-Za-z_]*[A-Za-z]")
+_TABLE_ROW = re.compile(r"([A-Z][A-Za-z0-9 ]*?(?: \([^)]*\))?) {2,}[-+\d–]")
+
+
+def svg_rows(svg: str) -> list[str]:
+    """The screen's text, one string a terminal row, from a Textual SVG export (each ``<text>``
+    element names its row in its clip path, ``…-line-N``; a run of cells without text becomes
+    one space)."""
+    rows: dict[int, list] = defaultdict(list)
+    for m in _SVG_TEXT.finditer(svg):
+        text = html.unescape(m.group(4)).replace("\xa0", " ")
+        x = float(m.group(1))
+        rows[int(m.group(3))].append((x, x + float(m.group(2)), text))
+    out = []
+    for i in range(max(rows, default=-1) + 1):
+        line, end = "", None
+        for x, x_end, text in sorted(rows.get(i, [])):
+            line += (" " if end is not None and x > end + 1 else "") + text
+            end = x_end
+        out.append(line)
+    return out
+
+
+def _mask(text: str) -> str:
+    """Numbers → ``#``, runs of spaces → one: what stays is the label, not the live value."""
+    return re.sub(r"\s+", " ", _NUM.sub("#", text)).strip()
+
+
+def structure(svg: str) -> dict[str, list[str]]:
+    """What a screenshot shows apart from its live values: each panel's title and legend (``▍``),
+    the side panels' titles (``─Title─``) and label words (right of the last ``▏``), the key bar
+    (the last row), the header's words (the rows above the first panel; a whole screen without
+    panels, such as help) and the A/B table's row names. Numbers are masked; chart glyphs and
+    status text inside a title after its name (an autopilot's "fitted, err 8 %") are left out."""
+    rows = svg_rows(svg)
+    first = next((i for i, r in enumerate(rows) if "▍" in r), len(rows))
+    panels, boxes = [], []
+    for r in rows:
+        for m in re.finditer(r"▍([^▍▏]*)", r):
+            title = m.group(1)
+            name = re.split(r" {2,}|:", title.strip(), maxsplit=1)[0]
+            legend = [_mask(x) for x in re.findall(r"■ ([^■]*?)(?= {2,}|■|$)", title)]
+            panels.append(_mask(name) + (f" [{', '.join(legend)}]" if legend else ""))
+        boxes += [_mask(m.group(1)) for m in re.finditer(r"─([A-Za-z][^─]*?)─", r)]
+    return {
+        "panels": panels,
+        "side-panel titles": boxes,
+        "side-panel labels": sorted({w for r in rows if "▏" in r
+                                     for w in _WORD.findall(r.rsplit("▏", 1)[1])}),
+        "header": sorted(set(_WORD.findall("\n".join(rows[:first])))),
+        "table rows": [_mask(m.group(1)) for r in rows for m in [_TABLE_ROW.match(r)] if m],
+        "key bar": [_mask(rows[-1])] if rows else [],
+    }
+
+
+def compare(committed: str, drawn: str) -> list[str]:
+    """The structural differences of two screenshots (SVG text), one line each; [] when they
+    match."""
+    a, b = structure(committed), structure(drawn)
+    out = []
+    for key in a:
+        if a[key] != b[key]:
+            gone = [x for x in a[key] if x not in b[key]]
+            new = [x for x in b[key] if x not in a[key]]
+            if not gone and not new:
+                out.append(f"{key}: the same items in another order: {b[key]}")
+            else:
+                out.append(f"{key}: only the committed one has {gone}; only the code's has {new}")
+    return out
+
+
+def check(drawn: list[Path], committed_dir: Path, log) -> int:
+    """Compare each drawn SVG with the committed one of the same name; 0 when all match."""
+    bad = 0
+    for p in drawn:
+        ref = committed_dir / p.name
+        if not ref.exists():
+            log(f"[red]missing[/] {escape(str(ref))}")
+            bad += 1
+            continue
+        diffs = compare(ref.read_text(encoding="utf-8"), p.read_text(encoding="utf-8"))
+        if diffs:
+            bad += 1
+            log(f"[red]stale[/] {escape(str(ref))}:")
+            for d in diffs:
+                log(f"  {escape(d)}")
+        else:
+            log(f"current {escape(str(ref))}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="native", choices=ENGINES,
@@ -176,11 +284,14 @@ def main(argv: list[str] | None = None) -> int:
                          "as `gpuchef top --gpus`")
     ap.add_argument("--scenes", default="all",
                     help=f"comma list of {','.join(SCENES)} (default: all)")
-    ap.add_argument("--warmup-s", type=float, default=30.0,
-                    help="seconds of load before the first phase (the trace starts slowly)")
-    ap.add_argument("--phase-s", type=float, default=45.0, help="seconds per mode before a shot")
+    ap.add_argument("--warmup-s", type=float, default=None,
+                    help="seconds of load before the first phase (the trace starts slowly; "
+                         "default 30, 5 with --check)")
+    ap.add_argument("--phase-s", type=float, default=None,
+                    help="seconds per mode before a shot (default 45, 10 with --check)")
     ap.add_argument("--ab-window", type=float, default=8.0)
-    ap.add_argument("--ab-s", type=float, default=45.0, help="seconds of A/B before the shot")
+    ap.add_argument("--ab-s", type=float, default=None,
+                    help="seconds of A/B before the shot (default 45, 20 with --check)")
     ap.add_argument("--auto-budget", default=None,
                     help="the autopilot's targets for main-autopilot (default: b's, "
                          "itl_p99:50ms,ttft_p99:2s)")
@@ -189,9 +300,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="terminal size COLSxROWS (default %(default)s)")
     ap.add_argument("--out", default="screenshots")
     ap.add_argument("--prefix", default="cpu-")
+    ap.add_argument("--check", action="store_true",
+                    help="draw the scenes in a temporary folder and compare their structure "
+                         "with the committed ones in --out (exit 1 when one is stale)")
     a = ap.parse_args(argv)
+    quick = a.check
+    warmup_s = a.warmup_s if a.warmup_s is not None else (5.0 if quick else 30.0)
+    phase_s = a.phase_s if a.phase_s is not None else (10.0 if quick else 45.0)
+    ab_s = a.ab_s if a.ab_s is not None else (20.0 if quick else 45.0)
     err = Console(stderr=True)
     engine = None
+    t0 = time.monotonic()
+    tmp = tempfile.TemporaryDirectory(prefix="gpuchef-shots-") if a.check else None
     try:
         only = parse_scenes(a.scenes)
         size = parse_size(a.size)
@@ -209,10 +329,12 @@ def main(argv: list[str] | None = None) -> int:
                                            scheduler=sched, engine=a.engine,
                                            tensor_parallel_size=a.tensor_parallel_size), err)
         t0 = time.monotonic()
-        take(engine, Path(a.out), prefix=a.prefix, dataset=a.dataset, speed=a.trace_speed,
-             budget=a.budget, window_s=a.window, ab_window_s=a.ab_window, warmup_s=a.warmup_s,
-             phase_s=a.phase_s, ab_s=a.ab_s, log=err.print, sample_hz=sample_hz, gpus=gpus,
-             only=only, size=size, auto_budget=a.auto_budget)
+        saved = take(engine, Path(tmp.name) if tmp else Path(a.out), prefix=a.prefix,
+                     dataset=a.dataset, speed=a.trace_speed, budget=a.budget,
+                     window_s=a.window, ab_window_s=a.ab_window, warmup_s=warmup_s,
+                     phase_s=phase_s, ab_s=ab_s, log=err.print, sample_hz=sample_hz,
+                     gpus=gpus, only=only, size=size, auto_budget=a.auto_budget)
+        rc = check(saved, Path(a.out), err.print) if tmp else 0
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         return 2
@@ -220,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         close = getattr(engine, "close", None)  # vLLM: stop its TP worker processes
         if close is not None:
             close()
+        if tmp is not None:
+            tmp.cleanup()
     err.print(f"done in {time.monotonic() - t0:.0f} s")
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
