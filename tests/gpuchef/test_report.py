@@ -2,7 +2,7 @@
 the Perfetto JSON loads with nested slices, counters and instants; the CSVs have the right
 headers and rows; a trace of several GPUs gets a per-GPU figure, table and CSV; a corrupt or
 cut-short trace gives warnings and still a report; a file that is not a trace gives one clear
-error."""
+error; -o refuses to overwrite any gpuchef trace."""
 
 from __future__ import annotations
 
@@ -704,6 +704,22 @@ def test_ab_stopped_before_any_step_has_a_plain_label(tmp_path):
     (seg,) = data.views[0].segments
     assert seg.name == "A1" and seg.label == "A" and not seg.counted
     assert seg.result.why == "no finished request arrived in it"
+
+
+def test_report_o_refuses_any_existing_trace(tmp_path):
+    other = tmp_path / "other_trace.jsonl"
+    other.write_bytes(H200.read_bytes())
+    before = other.read_bytes()
+    r = CliRunner().invoke(cli, ["report", str(H200), "-o", str(other)])
+    assert r.exit_code == 2, r.output
+    assert "would overwrite the trace" in r.output and "other_trace.jsonl" in r.output
+    assert other.read_bytes() == before
+    # a file that is not a trace is an ordinary output
+    old = tmp_path / "old.html"
+    old.write_text("<html>old</html>")
+    from gpuchef.report_cmd import is_trace_file
+    assert is_trace_file(str(other)) and not is_trace_file(str(old))
+    assert not is_trace_file(str(tmp_path / "missing.jsonl"))
 
 
 #: minutes on a 2-core machine together with the other slow files: the full run only
