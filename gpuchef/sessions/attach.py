@@ -19,13 +19,11 @@ import asyncio
 import threading
 import time
 from collections import deque
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig, not_a_knob,
                                  parse_value)
-from .live import next_part_path
+from .export import backfill, record_to, rotate
 from ..client.knobs import KNOB_TIMEOUT_S, KnobEndpoint
 from ..experiments.http import AttachAB
 from ..probes.metrics import DEFAULT_PERCENTILES
@@ -438,11 +436,7 @@ class AttachSession:
 
     # -- record sinks (any thread) ---------------------------------------------------------------
     def _record(self, rec: Any) -> None:
-        r = self._recorder
-        if r is not None:
-            r.record(rec)
-        elif self._pending is not None:  # a trace is being opened: kept for it
-            self._pending.append(rec)
+        record_to(self, rec)  # a trace being opened (export_trace) keeps it for later
 
     def _add_request(self, rec: Any) -> None:
         self.timeline.add_request(rec)
@@ -581,29 +575,17 @@ class AttachSession:
         ConfigError when the file cannot be opened."""
         r = self._recorder
         if r is not None:
-            new = Path(path) if path else next_part_path(r.path)
-            done = r.rotate(new)
-            return f"trace {done} finished; now writing {new}"
-        p = Path(path or f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
-        rec = TraceRecorder(p, meta={**self._meta(), "backfilled_from_timeline": True})
-        self._pending = []
-        snap = self.timeline.snapshot()
-        backlog: list[tuple[int, Any]] = [(s.t_ns, s) for srv in self.servers
-                                          for s in srv.samples()]
-        backlog += [(g.t_ns, g) for g in snap.gpu_samples]
-        backlog += [(e.t_ns, e) for e in snap.events]
-        backlog += [(q.arrival_ns, q) for q in snap.requests]
-        backlog.sort(key=lambda x: x[0])
-        n_scrapes = sum(1 for _, x in backlog if isinstance(x, ScrapeSample))
-        seen = {id(x) for _, x in backlog}
-        for _, x in backlog:
-            rec.record(x)
-        self._recorder = rec
-        pending, self._pending = self._pending, None
-        for x in pending:  # what arrived while the backlog was gathered, once each
-            if id(x) not in seen:
-                rec.record(x)
-        return (f"trace {p}: wrote {n_scrapes} scrapes and {len(snap.requests)} requests held "
+            return rotate(r, path)
+        got: dict[str, Any] = {}
+
+        def held() -> list[Any]:
+            snap = self.timeline.snapshot()
+            scrapes = [s for srv in self.servers for s in srv.samples()]
+            got.update(scrapes=len(scrapes), requests=len(snap.requests))
+            return [*scrapes, *snap.gpu_samples, *snap.events, *snap.requests]
+
+        p = backfill(self, path, self._meta(), held)
+        return (f"trace {p}: wrote {got['scrapes']} scrapes and {got['requests']} requests held "
                 "in memory; recording goes on there")
 
 

@@ -13,15 +13,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable
 
 from ..engine_host.config import SchedulerConfig
 from ..engine_host.contract import Engine
 from ..engine_host.engine import LLMEngine
 from ..engine_host.core import make_host
-from ..engine_host.records import RequestRecord, StepRecord
 from ..engine_host.workload import WorkloadConfig
 from .live_load import LiveLoad
 from ..probes.sampler import HostSampler
@@ -30,6 +27,7 @@ from ..probes.nvml import NvmlSampler
 from ..probes.recorder import TraceRecorder
 from ..probes.timeline import Timeline
 from ..experiments.hosted import LiveAB
+from .export import backfill, record_to, rotate
 from .headless import attention_label, trace_meta
 from ..tui.session import SessionInfo
 
@@ -51,21 +49,6 @@ def engine_identity(engine: Engine) -> tuple[str, int, tuple[str, ...]]:
     if visible and all(v.isdigit() for v in visible) and ordinals[-1] < len(visible):
         return name, tp, tuple(visible[o] for o in ordinals)
     return name, tp, tuple(str(o) for o in ordinals)
-
-
-def next_part_path(path: Path) -> Path:
-    """``run.jsonl`` → ``run.part2.jsonl``, ``run.part2.jsonl`` → ``run.part3.jsonl`` (first free)."""
-    stem, suffix = path.stem, path.suffix
-    base, n = stem, 2
-    if ".part" in stem:
-        head, _, num = stem.rpartition(".part")
-        if num.isdigit():
-            base, n = head, int(num) + 1
-    while True:
-        p = path.with_name(f"{base}.part{n}{suffix}")
-        if not p.exists():
-            return p
-        n += 1
 
 
 class LiveSession:
@@ -121,11 +104,7 @@ class LiveSession:
                 for f in extra:  # the front door first: it streams what the step made
                     f(rec)
                 add(rec)
-                r = self._recorder
-                if r is not None:
-                    r.record(rec)
-                elif self._pending is not None:
-                    self._pending.append(rec)
+                record_to(self, rec)
             return on
 
         outputs = tuple(f for t in taps if (f := getattr(t, "on_output", None)) is not None)
@@ -248,46 +227,20 @@ class LiveSession:
         """
         r = self._recorder
         if r is not None:
-            new = Path(path) if path else next_part_path(r.path)
-            done = r.rotate(new)
-            return f"trace {done} finished; now writing {new}"
-        p = Path(path or f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
-        rec = TraceRecorder(p, meta={**self._meta(), "backfilled_from_timeline": True},
-                            trace_prompts=self.trace_prompts)
-        self._pending = []
-        snap = self.timeline.snapshot()
-        backlog: list[tuple[int, int, Any]] = []
-        for s in snap.steps:
-            backlog.append((s.t_end_ns, 0, s))
-        for e in snap.events:
-            backlog.append((e.t_ns, 1, e))
-        for g in snap.gpu_samples:
-            backlog.append((g.t_ns, 2, g))
-        for h in snap.host_samples:
-            backlog.append((h.t_ns, 3, h))
-        for q in snap.requests:
-            backlog.append((q.closed_ns, 4, q))
-        backlog.sort(key=lambda x: (x[0], x[1]))
-        seen_steps = {s.step for s in snap.steps}
-        seen_reqs = {q.request_id for q in snap.requests}
-        seen_other = {id(x) for x in (*snap.events, *snap.gpu_samples, *snap.host_samples)}
-        for _, _, x in backlog:
-            rec.record(x)
-        pending, self._pending = self._pending, None
-        self._recorder = rec
-        for x in pending:
-            if isinstance(x, StepRecord):
-                dup = x.step in seen_steps
-            elif isinstance(x, RequestRecord):
-                dup = x.request_id in seen_reqs
-            else:
-                dup = id(x) in seen_other
-            if not dup:
-                rec.record(x)
+            return rotate(r, path)
+        got: dict[str, Any] = {}
+
+        def held() -> list[Any]:
+            snap = got["snap"] = self.timeline.snapshot()
+            return [*snap.steps, *snap.events, *snap.gpu_samples, *snap.host_samples,
+                    *snap.requests]
+
+        p = backfill(self, path, self._meta(), held, trace_prompts=self.trace_prompts)
+        snap = got["snap"]
         n = len(snap.steps)
         lost = snap.totals["step"] - n
         extra = f" ({lost} older steps had left memory)" if lost > 0 else ""
         return f"trace {p}: wrote {n} steps held in memory{extra}; recording goes on there"
 
 
-__all__ = ["LiveSession", "engine_identity", "next_part_path"]
+__all__ = ["LiveSession", "engine_identity"]
