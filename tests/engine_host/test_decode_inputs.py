@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from engine_host.decode_inputs import BlockTableCache, build_decode_inputs
-from engine_host.kv_cache import KVCacheManager, cdiv
-from engine_host.request import Request, SamplingParams
+from gpuchef.engine_host.decode_inputs import BlockTableCache, build_decode_inputs
+from gpuchef.engine_host.kv_cache import KVCacheManager, cdiv
+from gpuchef.engine_host.request import Request, SamplingParams
 
 
 def reference(reqs, n, bs, sb):
