@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from gpuchef.engine_host.records import RequestRecord, StepRecord
 from gpuchef.probes.metrics import (
     BenchMetrics,
     format_results_block,
+    lane_ttft,
     parse_goodput,
     parse_percentiles,
     percentile,
@@ -398,3 +404,50 @@ def test_steered_itl_is_the_pooled_per_token_itl_of_the_steered_steps():
     kept = "≤ 6 ms: kept" if tot.itl_ms <= 6 else "> 6 ms: missed"
     assert f"steered: P99 ITL {tot.itl_ms:.1f} ms {kept}" in tot.line()
     assert math.isnan(steered_itl_ms([s for s in steps if s.autopilot_state != STEERING], "p99"))
+
+
+# ---- lane_ttft: the long-prompt lane's short/long TTFT split, and benchmarks/lane_ttft.py -----
+
+LANE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "lane_ttft.py")
+
+# a CPU autopilot run with a long-prompt lane (threshold 256), kept as a test fixture
+LANE_TRACE = Path(__file__).parent.parent / "data" / "lane_long1.jsonl.gz"
+
+
+def _lane_reference(path: Path, thr: int) -> dict:
+    with gzip.open(path, "rt") as f:
+        recs = [json.loads(ln) for ln in f]
+    reqs = [r for r in recs if r["type"] == "request"]
+    out = {}
+    for side, keep in (("short", lambda n: n <= thr), ("long", lambda n: n > thr)):
+        v = [(r["token_times_ns"][0] - r["arrival_ns"]) / 1e6 for r in reqs
+             if r["token_times_ns"] and keep(r["prompt_len"])]
+        out[side] = (len(v), *np.percentile(v, [50, 90, 99]))
+    first = next(r for r in recs if r["type"] == "step")
+    return out, first["long_prefill_token_threshold"], len(reqs)
+
+
+def test_lane_ttft_split_and_percentiles_equal_the_raw_records():
+    want, thr, n = _lane_reference(LANE_TRACE, 256)
+    got = lane_ttft(str(LANE_TRACE))
+    assert got["threshold"] == thr == 256 and got["requests"] == n
+    for side in ("short", "long"):
+        g = got[side]
+        assert (g["n"], g["p50"], g["p90"], g["p99"]) == pytest.approx(want[side])
+    got = lane_ttft(str(LANE_TRACE), short=1024)  # an explicit threshold wins
+    want, _, _ = _lane_reference(LANE_TRACE, 1024)
+    assert got["threshold"] == 1024 and got["short"]["n"] == want["short"][0]
+
+
+def test_lane_ttft_script_bad_input_is_one_line(tmp_path):
+    r = _lane_script(str(tmp_path / "missing.jsonl"))
+    assert r.returncode == 2
+    err = r.stderr
+    assert err.count("error:") == 1 and "missing.jsonl" in err
+    r = _lane_script("--short", "0", str(LANE_TRACE))  # argparse's error: exit 2, usage on stderr
+    assert r.returncode == 2 and "--short 0 must be" in r.stderr
+
+
+def _lane_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, LANE_SCRIPT, *args], capture_output=True, text=True,
+                          timeout=120)
