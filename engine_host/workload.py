@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import calendar
 import csv
+import gzip
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,7 @@ from .config import ConfigError
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 #: Named trace datasets bundled with gpuchef (name -> file under ``engine_host/data``).
-BUNDLED_DATASETS: dict[str, str] = {"azure-conv": "azure_conv.csv"}
+BUNDLED_DATASETS: dict[str, str] = {"azure-conv": "azure_conv.csv.gz"}
 #: Every dataset name ``WorkloadConfig.dataset`` accepts besides a path to a CSV file.
 DATASET_NAMES: tuple[str, ...] = ("random", *BUNDLED_DATASETS)
 ARRIVALS: tuple[str, ...] = ("poisson", "constant")
@@ -346,7 +347,8 @@ def dataset_path(name: str) -> Path:
     if key == "random":
         raise ConfigError("dataset 'random' is generated, it has no file")
     p = Path(key).expanduser()
-    looks_like_path = p.suffix.lower() == ".csv" or "/" in key or "\\" in key or p.exists()
+    looks_like_path = (p.name.lower().endswith((".csv", ".csv.gz")) or "/" in key
+                       or "\\" in key or p.exists())
     if not looks_like_path:
         from .phases import BUNDLED_WORKLOADS
 
@@ -405,7 +407,8 @@ def _parse_len(text: str) -> int:
 
 
 def load_trace_csv(path: str | Path) -> list[tuple[float, int, int]]:
-    """Read a trace CSV into ``[(arrival_s, context_tokens, generated_tokens), ...]``.
+    """Read a trace CSV (or a gzip-compressed one, ``*.csv.gz``) into ``[(arrival_s,
+    context_tokens, generated_tokens), ...]``.
 
     Format (the Azure LLM inference trace's): a header with ``TIMESTAMP``, ``ContextTokens``,
     ``GeneratedTokens`` (any order, case-insensitive; extra columns ignored), one row per request.
@@ -431,7 +434,9 @@ def _load_trace_cached(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[flo
     # Cached on (path, mtime, size): an A/B run reads the same 19k-row file twice.
     where = f"trace file {path!r}"
     try:
-        f = open(path, newline="", encoding="utf-8-sig")
+        # a gzip-compressed CSV (name ending .gz) is read as the CSV it holds
+        f = (gzip.open(path, "rt", newline="", encoding="utf-8-sig") if path.endswith(".gz")
+             else open(path, newline="", encoding="utf-8-sig"))
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
     with f:
@@ -441,7 +446,7 @@ def _load_trace_cached(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[flo
             for row in reader:
                 if any(c.strip() for c in row):
                     numbered.append((reader.line_num, row))
-        except (csv.Error, UnicodeDecodeError) as e:
+        except (csv.Error, UnicodeDecodeError, OSError, EOFError) as e:
             raise ConfigError(f"{where}, line {reader.line_num + 1}: not readable as CSV "
                               f"({e})") from None
     expected = ", ".join(TRACE_COLUMNS)

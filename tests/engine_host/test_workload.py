@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from gpuchef.engine_host.workload import (
     load_trace_csv,
 )
 
-# The first rows of the bundled engine_host/data/azure_conv.csv:
+# The first rows of the bundled engine_host/data/azure_conv.csv.gz:
 #   2023-11-16 18:15:46.6805900,374,44
 #   2023-11-16 18:15:50.9951690,396,109
 #   2023-11-16 18:15:51.2224670,879,55
@@ -315,7 +316,7 @@ def test_generate_revalidates_mutated_config():
 
 def test_dataset_path():
     p = dataset_path("azure-conv")
-    assert p.is_file() and p.name == "azure_conv.csv"
+    assert p.is_file() and p.name == "azure_conv.csv.gz"
     assert DATASET_NAMES == ("random", "azure-conv")
     with pytest.raises(ConfigError, match="random, azure-conv"):
         dataset_path("azure")
@@ -386,7 +387,7 @@ def test_malformed_trace(tmp_path, text, needles):
 
 
 def test_truncated_last_line(tmp_path):
-    good = dataset_path("azure-conv").read_text().splitlines()[:6]
+    good = gzip.decompress(dataset_path("azure-conv").read_bytes()).decode().splitlines()[:6]
     p = _write(tmp_path, "\n".join(good) + "\n2023-11-16 18:15:53.01,37", "cut.csv")
     with pytest.raises(ConfigError, match=r"cut.csv', line 7: expected 3 fields"):
         load_trace_csv(p)
@@ -424,3 +425,23 @@ def test_trace_speed_nan_is_refused_without_contradicting_inf():
     assert WorkloadConfig(dataset="azure-conv", trace_speed=math.inf).trace_speed == math.inf
     with pytest.raises(ConfigError, match=r"--request-rate must be a number \(inf allowed\)"):
         WorkloadConfig(request_rate=float("nan"))
+
+
+def test_a_gzipped_trace_reads_as_the_csv_it_holds_and_a_broken_one_is_one_line(tmp_path):
+    import gzip as _gzip
+
+    from gpuchef.engine_host.workload import load_trace_csv
+
+    text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+            "2023-11-16 18:15:50.9951690,396,109\n")
+    plain = tmp_path / "t.csv"
+    plain.write_text(text)
+    gz = tmp_path / "t.csv.gz"
+    gz.write_bytes(_gzip.compress(text.encode()))
+    assert load_trace_csv(gz) == load_trace_csv(plain) == [(0.0, 374, 44),
+                                                           (pytest.approx(4.314579), 396, 109)]
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(b"not gzip at all")
+    with pytest.raises(ConfigError, match="bad.csv.gz.*not readable as CSV") as e:
+        load_trace_csv(bad)
+    assert "\n" not in str(e.value)

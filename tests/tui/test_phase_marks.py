@@ -92,8 +92,8 @@ def test_the_time_axis_names_each_phase_of_a_phased_workload(tmp_path):
 def test_top_with_a_phased_workload_marks_its_phases_on_the_time_axis(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
-    from gpuchef import top_cmd
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands import top as top_cmd
+    from gpuchef.commands.cli import _register, cli
 
     p = tmp_path / "w.yaml"
     p.write_text(textwrap.dedent("""

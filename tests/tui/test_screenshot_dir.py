@@ -11,9 +11,9 @@ from pathlib import Path
 from click.testing import CliRunner
 from tui_fakes import settle
 
-from gpuchef import top_cmd
-from gpuchef.cli import _register, cli
-from gpuchef.replay_cmd import build_app
+from gpuchef.commands import top as top_cmd
+from gpuchef.commands.cli import _register, cli
+from gpuchef.commands.replay import build_app
 from gpuchef.tui.app import GpuchefApp
 
 _register()
