@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = Report(machine)
     vocab, mml = engine.model_config.vocab_size, engine.max_model_len
     if not a.skip_ui:
-        from gpuchef.top_cmd import CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, CPU_TRACE_SPEED
+        from gpuchef.commands.top import CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, CPU_TRACE_SPEED
         steady = WorkloadConfig(dataset="azure-conv",
                                 trace_speed=CPU_TRACE_SPEED if cpu else 1.0,
                                 max_input_len=CPU_MAX_INPUT_LEN if cpu else None,

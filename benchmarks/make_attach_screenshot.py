@@ -26,7 +26,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "gpuchef"))
 from serve_proc import ServeProc  # noqa: E402
 
-from gpuchef.top_cmd import _build, top  # noqa: E402
+from gpuchef.commands.top import _build, top  # noqa: E402
 
 SIZE = (170, 50)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
-from gpuchef.replay_cmd import build_app
+from gpuchef.commands.cli import _register, cli
+from gpuchef.commands.replay import build_app
 
 SIZE = (170, 50)
 

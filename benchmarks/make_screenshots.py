@@ -54,7 +54,7 @@ from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.sampler import check_sample_hz
 from gpuchef.probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
 from gpuchef.sessions.headless import build_engine
-from gpuchef.top_cmd import (CPU_BUDGET, CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, CPU_TRACE_SPEED,
+from gpuchef.commands.top import (CPU_BUDGET, CPU_MAX_INPUT_LEN, CPU_MAX_OUTPUT_LEN, CPU_TRACE_SPEED,
                              DEFAULT_SLOS_CPU, DEFAULT_SLOS_GPU)
 from gpuchef.tui.app import GpuchefApp
 

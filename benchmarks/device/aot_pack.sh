@@ -9,7 +9,12 @@
 # one's) → OUTDIR/aot.tar.xz.NN (15 MiB parts, the device's return limit is 16 MiB a file) and
 # OUTDIR/aot.list (uri, bytes).
 # install PARTSDIR SITE: unpack the parts into SITE/flashinfer/data/aot.
+# restore OUTDIR: write the committed set (benchmarks/device/aot/aot.list's modules, kept in git
+# history rather than in the checkout: 6.4 MB) into OUTDIR, to carry as .fic; AOT_COMMIT is the
+# last commit that holds it. A new set: pack it, commit its parts, `git rm` them, and set
+# AOT_COMMIT to the commit that added them.
 set -e
+AOT_COMMIT=${AOT_COMMIT:-d042eb4d19ec5713efc49eeff6e53dabf46db3dc}
 cmd=$1; shift
 case "$cmd" in
   pack)
@@ -30,5 +35,11 @@ case "$cmd" in
     parts=$1; site=$2; dst="$site/flashinfer/data/aot"; mkdir -p "$dst"
     cat "$parts"/aot.tar.xz.* | xz -d | tar -C "$dst" -xf -
     echo "aot modules installed: $(ls "$dst" | wc -l) in $dst" ;;
-  *) echo "usage: aot_pack.sh pack FIC OUTDIR | install PARTSDIR SITE" >&2; exit 2 ;;
+  restore)  # restore OUTDIR: the committed set (aot.list's) out of git history, before a lease
+    out=$1; mkdir -p "$out"
+    git show "$AOT_COMMIT:benchmarks/device/aot/aot.tar.xz.00" > "$out/aot.tar.xz.00"
+    cp benchmarks/device/aot/aot.list "$out/"
+    echo "aot set of $AOT_COMMIT restored into $out ($(wc -c < "$out/aot.tar.xz.00") bytes)" ;;
+  *) echo "usage: aot_pack.sh pack FIC OUTDIR | install PARTSDIR SITE | restore OUTDIR" >&2
+     exit 2 ;;
 esac

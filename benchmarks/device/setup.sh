@@ -17,13 +17,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 PYTHONPATH=/tmp/site python3 -c "import tokenizers, jinja2, packaging" 2>/dev/null || \
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/opt/*.whl
 # FlashInfer's kernels for llama-3-8b's shapes as an AOT set (.fic/, from aot_pack.sh pack on a
-# warm machine): loaded without ninja, so a fresh machine does not spend ~4 min compiling them
-# (the committed set in benchmarks/device/aot/ unless a .fic/ is carried: a checkout does not keep
-# git-ignored folders from one session to the next, and the set of session 6 was lost so)
+# warm machine): loaded without ninja, so a fresh machine does not spend ~4 min compiling them.
+# The set lives in git history, not in the checkout: `bash benchmarks/device/aot_pack.sh
+# restore .fic` before the lease, then carry .fic (a checkout does not keep git-ignored folders
+# from one session to the next)
 if [ -d .fic ] && ls .fic/aot.tar.xz.* >/dev/null 2>&1; then
   bash benchmarks/device/aot_pack.sh install .fic /tmp/site
-elif ls benchmarks/device/aot/aot.tar.xz.* >/dev/null 2>&1; then
-  bash benchmarks/device/aot_pack.sh install benchmarks/device/aot /tmp/site
+else
+  echo "setup: no .fic/aot.tar.xz.* carried: FlashInfer compiles its kernels (~4 min)" >&2
 fi
 cd /tmp/g && PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null
 nvidia-smi -L; nproc; PYTHONPATH=/tmp/site python3 -c "import torch, flashinfer, textual; print(torch.__version__, torch.cuda.device_count(), flashinfer.__version__, textual.__version__)"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.attention import make_backend
 from gpuchef.engine_host.config import ConfigError
 

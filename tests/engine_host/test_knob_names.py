@@ -34,8 +34,8 @@ def test_every_setting_has_its_names_and_they_do_not_clash():
 def test_start_up_settings_are_flags_of_bench_and_serve_and_not_live_knobs():
     """startup_flags's flags are the ones the commands take (click's own parameter table), so
     "block_size is fixed at start-up (flag --block-size)" names a flag that exists."""
-    from gpuchef.bench_cmd import bench
-    from gpuchef.serve_cmd import serve
+    from gpuchef.commands.bench import bench
+    from gpuchef.commands.serve import serve
 
     flags = {o for cmd in (bench, serve) for p in cmd.params for o in p.opts}
     got = C.startup_flags()
@@ -166,7 +166,7 @@ def test_controls_labels_come_from_the_table(relabelled):
 
 def test_ab_imports_without_textual():
     code = ("import sys; sys.modules['textual'] = None\n"
-            "import gpuchef.experiments.ab, gpuchef.ab_cmd\n"
+            "import gpuchef.experiments.ab, gpuchef.commands.ab\n"
             "from gpuchef.engine_host.config import SchedulerConfig\n"
             "s = gpuchef.experiments.ab.parse_setting('seqs=8,auto=itl_p99:50ms', SchedulerConfig())\n"
             "assert s.config.max_num_seqs == 8, s\n"

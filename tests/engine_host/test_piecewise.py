@@ -316,7 +316,7 @@ def test_cli_flags_reach_the_engine_config():
     import click
     from click.testing import CliRunner
 
-    from gpuchef.options import engine_config, engine_options, scheduler_options
+    from gpuchef.commands.options import engine_config, engine_options, scheduler_options
 
     got = {}
 

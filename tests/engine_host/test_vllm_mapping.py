@@ -462,7 +462,7 @@ def test_model_folder_it_cannot_load_is_one_line(tmp_path, setup, needle):
 
 
 def _bench(args, env=None):
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands.cli import _register, cli
 
     _register()
     return CliRunner(env={"COLUMNS": "400", **(env or {})}).invoke(

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from gpuchef.experiments.ab import Setting, compare, parse_setting, run_orders, windows_from_marks
 from gpuchef.experiments.ab_text import side_by_side
 from gpuchef.experiments.hosted import run_interleaved, run_sequential
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.workload import WorkloadConfig, generate
 

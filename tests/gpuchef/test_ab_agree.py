@@ -12,7 +12,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 
 _register()
 

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from serve_proc import ServeProc
 from test_http_load import FakeServer
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.recorder import read_trace
 

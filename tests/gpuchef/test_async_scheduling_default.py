@@ -13,10 +13,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine, resolve_async_scheduling
-from gpuchef.options import engine_config, engine_options, scheduler_options
+from gpuchef.commands.options import engine_config, engine_options, scheduler_options
 
 _register()
 

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.probes.recorder import read_trace
-from gpuchef.top_cmd import _build, top
+from gpuchef.commands.top import _build, top
 
 DATA = Path(__file__).parents[1] / "probes" / "data"
 LOAD = (DATA / "vllm_0.24_metrics_load.txt").read_text()

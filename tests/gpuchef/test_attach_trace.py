@@ -114,7 +114,7 @@ def test_report_of_an_attached_trace_groups_the_clients_requests_and_labels_deri
 
 def test_replay_of_an_attached_trace_shows_the_servers_values_at_the_position(tmp_path):
     from gpuchef.tui.replay import ReplayAttachScreen
-    from gpuchef.replay_cmd import build_app
+    from gpuchef.commands.replay import build_app
 
     p = tmp_path / "a.jsonl"
     write_trace(p, error_at=12)
@@ -155,7 +155,7 @@ def test_a_headless_hosted_trace_names_its_source_hosted(tmp_path):
     engine ("hosted") or the attached servers' URLs."""
     from click.testing import CliRunner
 
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands.cli import _register, cli
 
     _register()
     t = tmp_path / "b.jsonl"

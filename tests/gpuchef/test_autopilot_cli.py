@@ -31,7 +31,7 @@ def test_ab_spec_auto_budget_off_reads_off_and_zero_is_refused_by_name():
 def _invoke(*args):
     from click.testing import CliRunner
 
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands.cli import _register, cli
 
     _register()
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpuchef import bench_attention as ba
-from gpuchef.cli import _register, cli
+from gpuchef.experiments import attention as ba
+from gpuchef.commands.cli import _register, cli
 
 _register()
 
@@ -84,10 +84,10 @@ def test_a_run_that_does_not_fit_is_skipped_with_its_estimate(tmp_path, monkeypa
 def test_the_command_is_registered_and_an_import_error_is_not_swallowed(monkeypatch):
     import sys
 
-    from gpuchef import cli as cli_mod
+    from gpuchef.commands import cli as cli_mod
 
     assert "bench-attention" in cli.commands
-    monkeypatch.setitem(sys.modules, "gpuchef.bench_attention", None)  # its import fails
+    monkeypatch.setitem(sys.modules, "gpuchef.commands.bench_attention", None)  # its import fails
     monkeypatch.setattr(cli_mod.cli, "commands", {})
-    with pytest.raises(ImportError, match="gpuchef.bench_attention"):
+    with pytest.raises(ImportError, match="gpuchef.commands.bench_attention"):
         cli_mod._register()  # it used to drop the command without a word

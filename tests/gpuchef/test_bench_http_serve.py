@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from serve_proc import ServeProc
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.recorder import read_trace
 
 _register()

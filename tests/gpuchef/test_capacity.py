@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from gpuchef.experiments.capacity import (SLO, CapacityResult, Tolerance, capacity_ratio,
                                          capacity_search, parse_slos, parse_tolerance)
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError
 
 _register()

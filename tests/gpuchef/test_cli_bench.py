@@ -11,7 +11,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 
 _register()

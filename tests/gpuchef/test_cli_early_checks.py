@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 
 _register()
 
@@ -88,7 +88,7 @@ def test_refused_before_loading(cmd, case, tmp_path):
 
 def test_result_json_check_leaves_no_file(tmp_path):
     from gpuchef.engine_host.config import ConfigError
-    from gpuchef.options import check_output_path
+    from gpuchef.commands.options import check_output_path
 
     p = tmp_path / "r.json"
     check_output_path(str(p), "--result-json")
@@ -217,7 +217,7 @@ def test_bench_attention_bad_input(args, needle):
 def test_top_refuses_an_unwritable_trace_before_loading():
     from click.testing import CliRunner
 
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands.cli import _register, cli
 
     _register()
     r = CliRunner().invoke(cli, ["top", "--device", "cpu", "--trace", "/proc/t.jsonl"])
@@ -229,7 +229,7 @@ def test_output_paths_under_a_file_and_with_a_tilde(tmp_path, monkeypatch):
     """A path whose folder is a file says so (it said the folder "does not exist"), and
     --result-json=~/x (no shell expansion after '=') is written where it was checked: $HOME."""
     from gpuchef.engine_host.config import ConfigError
-    from gpuchef.options import check_output_path, write_json
+    from gpuchef.commands.options import check_output_path, write_json
 
     f = tmp_path / "t.jsonl"
     f.write_text("")

@@ -8,7 +8,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 
 _register()
 
@@ -55,7 +55,7 @@ def _help_rates(text: str) -> tuple[float, float]:
 def test_top_request_rate_default_is_the_one_top_uses():
     """`top --help` said `--request-rate [default: inf]`, but top refuses inf and sends 2 req/s
     on a CPU, 10 on a GPU and with --attach (top_cmd's defaults)."""
-    from gpuchef import top_cmd
+    from gpuchef.commands import top as top_cmd
 
     out = CliRunner().invoke(cli, ["top", "--help"], terminal_width=100).output
     block = out[out.index("--request-rate"):out.index("--burstiness")]
@@ -74,7 +74,7 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     def no_session(*a, **kw):
         raise ConfigError("stopped by the test")
     monkeypatch.setattr(attach_mod, "AttachSession", no_session)
-    from gpuchef import top_cmd
+    from gpuchef.commands import top as top_cmd
     monkeypatch.setattr(top_cmd, "stdout_is_terminal", lambda: True)  # CliRunner's is not one
     import json
     import threading

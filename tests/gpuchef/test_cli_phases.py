@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.workload import WorkloadConfig, generate
 
 _register()

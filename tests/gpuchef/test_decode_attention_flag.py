@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError, EngineConfig
 
 _register()

@@ -1,6 +1,6 @@
 """The CUDA-graph flags (--enforce-eager, --cudagraph-mode, --cudagraph-capture-sizes) where they
 cannot change the run: one warning line naming them and why, and the run goes on; their values
-still checked with a message naming the value (gpuchef/options.py graph_flags_warning)."""
+still checked with a message naming the value (gpuchef/commands/options.py graph_flags_warning)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.config import ConfigError
-from gpuchef.options import engine_config, engine_options, scheduler_options
+from gpuchef.commands.options import engine_config, engine_options, scheduler_options
 
 _register()
 
@@ -140,7 +140,7 @@ def test_top_on_cpu_says_the_graph_flags_warning_in_its_header_too(capsys):
 
     from rich.console import Console
 
-    from gpuchef.top_cmd import _build, top
+    from gpuchef.commands.top import _build, top
 
     ctx = top.make_context("top", ["--device", "cpu", "--model", "tiny", "--enforce-eager",
                                    "--cudagraph-mode", "FULL_DECODE_ONLY", "--num-prompts", "4"])
@@ -157,7 +157,7 @@ def test_vllm_none_mode_points_at_enforce_eager():
     """vLLM users type --cudagraph-mode NONE; the refusal says what the native engine calls it."""
     from click.testing import CliRunner
 
-    from gpuchef.cli import _register, cli
+    from gpuchef.commands.cli import _register, cli
 
     _register()
     r = CliRunner().invoke(cli, ["bench", "--device", "cpu", "--cudagraph-mode", "NONE"])

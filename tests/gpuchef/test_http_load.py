@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.client.http_load import (HttpLoadConfig, apply_ramp_up, error_counts, error_lines,
                                       normalize_base_url, ramp_up_rate, request_body,
                                       result_arrays, run_http_load, to_request_records)

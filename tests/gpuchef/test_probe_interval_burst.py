@@ -10,7 +10,7 @@ import json
 from click.testing import CliRunner
 from serve_proc import ServeProc
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 
 _register()
 

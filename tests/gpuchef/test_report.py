@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.report.csvs import GPU_SAMPLE_HEADER, REQUEST_HEADER, STEP_HEADER
@@ -717,7 +717,7 @@ def test_report_o_refuses_any_existing_trace(tmp_path):
     # a file that is not a trace is an ordinary output
     old = tmp_path / "old.html"
     old.write_text("<html>old</html>")
-    from gpuchef.report_cmd import is_trace_file
+    from gpuchef.commands.report import is_trace_file
     assert is_trace_file(str(other)) and not is_trace_file(str(old))
     assert not is_trace_file(str(tmp_path / "missing.jsonl"))
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.metrics import load_start_ns
 from gpuchef.probes.recorder import read_trace
 
@@ -145,7 +145,7 @@ def test_the_csv_and_perfetto_exports_agree_with_the_records(saturated, tmp_path
 def test_replay_of_a_saturated_run_shows_the_window_the_records_give(saturated):
     """The replay's numbers panel at a position: the requests that finished in the stats
     window before it, their TTFT/TPOT/E2EL percentiles and throughput, as numpy gives them."""
-    from gpuchef.replay_cmd import build_app
+    from gpuchef.commands.replay import build_app
     from gpuchef.tui.widgets.numbers import NumbersPanel
 
     tr, reqs, _ = independent(saturated)
@@ -206,7 +206,7 @@ def test_a_mode_switch_under_overload_credits_each_mode_with_its_own_work(tmp_pa
     from rich.console import Console
 
     from gpuchef.report import build
-    from gpuchef.top_cmd import _build, top
+    from gpuchef.commands.top import _build, top
 
     trace = tmp_path / "mode.jsonl"
     ctx = top.make_context("top", [

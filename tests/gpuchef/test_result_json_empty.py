@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from test_http_load import FakeServer
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.records import RequestRecord
 from gpuchef.probes.metrics import summarize
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 
 _register()
 
@@ -78,7 +78,7 @@ def test_report_of_a_damaged_trace(good, tmp_path, kind, fmt):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_replay_of_a_damaged_trace(good, tmp_path, kind):
-    from gpuchef.replay_cmd import build_app
+    from gpuchef.commands.replay import build_app
     from gpuchef.tui.widgets.header import SessionHeader
 
     p, says, fatal = damaged(good, tmp_path, kind)

@@ -396,7 +396,7 @@ def test_a_gzip_compressed_trace_reads_as_the_plain_one_and_a_cut_one_keeps_its_
     # named as the plain trace is: the report's title and default output
     from gpuchef.probes.recorder import trace_name
     from gpuchef.report.data import view_trace
-    from gpuchef.report_cmd import _default_output
+    from gpuchef.commands.report import _default_output
     assert trace_name(z) == "t" and trace_name(p) == "src"
     assert view_trace(tr).name == "t" and _default_output([str(z)], "html") == "t.html"
     assert _default_output([str(p)], "csv") == "src"
@@ -448,7 +448,7 @@ def test_a_meta_field_of_the_wrong_type_is_a_line_1_problem_not_a_crash(tmp_path
                                                                        why):
     # a hand-edited meta record crashed `gpuchef report` (host, versions) and `gpuchef replay`
     # (created, workload, engine_config.scheduler, kv_blocks) with a traceback
-    from gpuchef.replay_cmd import build_app
+    from gpuchef.commands.replay import build_app
     from gpuchef.report.html import render
     from gpuchef.report import build
 

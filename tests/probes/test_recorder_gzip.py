@@ -9,7 +9,7 @@ import json
 
 from click.testing import CliRunner
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.recorder import (TraceRecorder, is_gzip_name, read_trace, trace_name)
 
 from test_recorder import EVENTS, GPU, HOST, REQ, STEP

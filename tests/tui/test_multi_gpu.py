@@ -7,7 +7,7 @@ import numpy as np
 from click.testing import CliRunner
 from tui_fakes import StaticSession, settle
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.plotdata import GpuColumns, TimeGrid, build_frame
 from gpuchef.tui.widgets.waveforms import PerGpuPanel

@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 from tui_fakes import T0, capture_notes, palette, simulate
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.timeline import Timeline
 from gpuchef.sessions.replay import ReplaySession
 from gpuchef.tui.session import READ_ONLY, fmt_t, parse_time
 from gpuchef.tui.replay import ReplayApp, ReplayBar, ReplayHelpScreen
-from gpuchef.replay_cmd import build_app
+from gpuchef.commands.replay import build_app
 from gpuchef.tui.widgets.header import SessionHeader
 from gpuchef.tui.widgets.numbers import NumbersPanel
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from tui_fakes import T0, simulate
 
-from gpuchef.cli import _register, cli
+from gpuchef.commands.cli import _register, cli
 from gpuchef.probes.recorder import TraceRecorder
 from gpuchef.probes.timeline import Timeline
 from gpuchef.sessions.replay import ReplaySession

@@ -291,7 +291,7 @@ def test_help_says_esc_closes_it_where_it_opens():
 
 # -- 10: a replayed trace is titled after its command ---------------------------------------------
 def test_replay_of_a_bench_trace_is_titled_after_it(tmp_path):
-    from gpuchef.replay_cmd import build_app
+    from gpuchef.commands.replay import build_app
 
     tl = Timeline(origin_ns=T0, clock=lambda: T0)
     end = simulate(tl, start_ns=T0, seconds=12.0, mode_at=[(0, "continuous")], gpu=False)

@@ -5,8 +5,8 @@ anything."""
 import pytest
 from click.testing import CliRunner
 
-from gpuchef import top_cmd
-from gpuchef.cli import _register, cli
+from gpuchef.commands import top as top_cmd
+from gpuchef.commands.cli import _register, cli
 
 
 def run(*args):
@@ -42,7 +42,7 @@ def test_header_shows_only_the_live_budget_after_a_change(monkeypatch, tmp_path)
     from gpuchef.tui.app import GpuchefApp
     from gpuchef.tui.screens.main import header_state
     from gpuchef.tui.widgets.header import header_text
-    from gpuchef.top_cmd import CPU_BUDGET
+    from gpuchef.commands.top import CPU_BUDGET
 
     seen = {}
 

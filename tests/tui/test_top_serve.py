@@ -15,7 +15,7 @@ from rich.console import Console
 openai = pytest.importorskip("openai")
 
 from gpuchef.probes.recorder import read_trace  # noqa: E402
-from gpuchef.top_cmd import _build, top  # noqa: E402
+from gpuchef.commands.top import _build, top  # noqa: E402
 
 
 def build(args):
