@@ -375,7 +375,7 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(tmp_path):
         m = metrics(s)
         assert one(m, "vllm:kv_cache_usage_perc") == 0.0
         assert one(m, "vllm:num_requests_running") == 0
-        # as vLLM 0.24: an aborted request is in no per-request series (test_serve_metrics_aborts)
+        # as vLLM 0.24: an aborted request is in no per-request series (test_serve_metrics)
         assert one(m, "vllm:request_success_total") == 0
     t = read_trace(trace)
     (r,) = t.requests

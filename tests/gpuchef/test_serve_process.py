@@ -1,6 +1,7 @@
-"""`gpuchef serve` whose HTTP server process dies (the OOM killer's SIGKILL) exits with status 1
-and one line saying so, as it does when the engine dies (docs/serve.md): it once kept running
-with nothing listening, so that a supervisor never restarted it."""
+"""gpuchef.serve.process: the HTTP server's process, watched from the engine's side. When it dies
+(the OOM killer's SIGKILL) `gpuchef serve` exits with status 1 and one line saying so, as it
+does when the engine dies (docs/serve.md), so that a supervisor restarts it — never running on
+with nothing listening."""
 
 from __future__ import annotations
 
