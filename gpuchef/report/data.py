@@ -575,6 +575,16 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     """Read the traces and compute the groups. Raises TraceReadError (from ``read_trace``) for
     a file that is not a gpuchef trace; skipped lines are collected in ``problems``, as is a
     trace without an ``end`` record (cut short)."""
+    views, problems = _read_views(paths)
+    _unique_names(views)
+    groups = [g for v in views for g in _view_groups(v, percentiles, goodput)]
+    _name_and_colour(groups)
+    return ReportData(views, groups, problems, tuple(percentiles), dict(goodput or {}))
+
+
+def _read_views(paths: Sequence[str | Path]) -> tuple[list[TraceView], list[str]]:
+    """Each trace read and viewed, and the problems to show: its skipped lines, then what the
+    trace as a whole lacks (an end record, a load-start event, every step record)."""
     views, problems = [], []
     for p in paths:
         tr = read_trace(p)
@@ -601,52 +611,63 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
                             "(the mode its meta record names), without engine-step figures"
                             )  # first: it says what the lines below it cost
         views.append(view_trace(tr))
-    _unique_names(views)
+    return views, problems
+
+
+def _view_groups(v: TraceView, percentiles: Sequence[float],
+                 goodput: dict[str, float] | None) -> list[Group]:
+    """A trace's groups: one per A/B setting (its counted windows pooled, ``probes.ab.pool``),
+    per mode under one load (each stretch's own work), or per mode (its segments' requests
+    and steps summarized)."""
     groups: list[Group] = []
-    for v in views:
-        by: dict[str, list[Segment]] = {}
-        if v.ab:
-            v.comparisons = ab_results(v, percentiles, goodput)
-            for s in v.segments:
-                if s.counted:  # the windows gpuchef ab and the live screen count
-                    by.setdefault(s.label, []).append(s)
-        else:
-            for s in v.segments:
+    by: dict[str, list[Segment]] = {}
+    if v.ab:
+        v.comparisons = ab_results(v, percentiles, goodput)
+        for s in v.segments:
+            if s.counted:  # the windows gpuchef ab and the live screen count
                 by.setdefault(s.label, []).append(s)
-        stretches = _stretch_results(v, percentiles, goodput)
-        v.stretch_work = bool(stretches)
-        for label, segs in by.items():
-            reqs = [r for s in segs for r in s.requests]
-            steps = [x for s in segs for x in s.steps]
-            if v.ab:  # probes.ab.pool: the one definition of pooled A/B figures
-                m, gp = abdef.pool([s.result for s in segs], percentiles, goodput)
-                desc = v.settings.get(label, "")
-                name = f"{label}: {desc}" if desc else label
-                groups.append(Group(f"{v.name}/{label}", name, v, segs, m,
-                                    gp if gp else _field_means(()), "", desc, label))
-                continue
-            if stretches:  # mode switches under one load: each stretch's own work (probes.ab)
-                m, _ = abdef.pool([stretches[id(s)] for s in segs], percentiles, goodput)
-                desc = v.settings.get(label, "")
-                groups.append(Group(f"{v.name}/{label}", label, v, segs, m, _gpu_means(v, segs),
-                                    "", desc, label))
-                continue
-            dur = sum(s.duration_s for s in segs)
-            m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,
-                          steps=steps or None)
-            if len(segs) > 1 and steps:
-                # the span of all steps would count the gaps between windows: use the windows'
-                span = sum((max(x.t_end_ns for x in s.steps) - min(x.t_start_ns for x in s.steps))
-                           / 1e9 for s in segs if s.steps)
-                m.steps_span_s = span
-                m.steps_per_s = len(steps) / span if span > 0 else math.nan
-                m.busy_fraction = sum(x.gpu_ms for x in steps) / (span * 1e3) if span > 0 \
-                    else math.nan
+    else:
+        for s in v.segments:
+            by.setdefault(s.label, []).append(s)
+    stretches = _stretch_results(v, percentiles, goodput)
+    v.stretch_work = bool(stretches)
+    for label, segs in by.items():
+        reqs = [r for s in segs for r in s.requests]
+        steps = [x for s in segs for x in s.steps]
+        if v.ab:  # probes.ab.pool: the one definition of pooled A/B figures
+            m, gp = abdef.pool([s.result for s in segs], percentiles, goodput)
             desc = v.settings.get(label, "")
-            name = f"{label}: {desc}" if (v.ab or v.capacity) and desc else label
-            groups.append(Group(f"{v.name}/{label}", name, v, segs, m, _gpu_means(v, segs), "",
-                                v.settings.get(label, ""), label))
-    # names: unique across traces; colours: by mode or A/B when that is unambiguous
+            name = f"{label}: {desc}" if desc else label
+            groups.append(Group(f"{v.name}/{label}", name, v, segs, m,
+                                gp if gp else _field_means(()), "", desc, label))
+            continue
+        if stretches:  # mode switches under one load: each stretch's own work (probes.ab)
+            m, _ = abdef.pool([stretches[id(s)] for s in segs], percentiles, goodput)
+            desc = v.settings.get(label, "")
+            groups.append(Group(f"{v.name}/{label}", label, v, segs, m, _gpu_means(v, segs),
+                                "", desc, label))
+            continue
+        dur = sum(s.duration_s for s in segs)
+        m = summarize(reqs, max(dur, 1e-9), percentiles=percentiles, goodput=goodput or None,
+                      steps=steps or None)
+        if len(segs) > 1 and steps:
+            # the span of all steps would count the gaps between windows: use the windows'
+            span = sum((max(x.t_end_ns for x in s.steps) - min(x.t_start_ns for x in s.steps))
+                       / 1e9 for s in segs if s.steps)
+            m.steps_span_s = span
+            m.steps_per_s = len(steps) / span if span > 0 else math.nan
+            m.busy_fraction = sum(x.gpu_ms for x in steps) / (span * 1e3) if span > 0 \
+                else math.nan
+        desc = v.settings.get(label, "")
+        name = f"{label}: {desc}" if (v.ab or v.capacity) and desc else label
+        groups.append(Group(f"{v.name}/{label}", name, v, segs, m, _gpu_means(v, segs), "",
+                            v.settings.get(label, ""), label))
+    return groups
+
+
+def _name_and_colour(groups: list[Group]) -> None:
+    """Names unique across traces (a label or short name two groups share gets its trace's
+    name); colours by mode or A/B setting when that is unambiguous, else the palette's."""
     counts: dict[str, int] = {}
     for g in groups:
         counts[g.label] = counts.get(g.label, 0) + 1
@@ -668,4 +689,3 @@ def build(paths: Sequence[str | Path], *, percentiles: Sequence[float] = (50.0, 
     else:
         for i, g in enumerate(groups):
             g.color = PALETTE[i % len(PALETTE)]
-    return ReportData(views, groups, problems, tuple(percentiles), dict(goodput or {}))

@@ -54,8 +54,8 @@ def _kind(s: Any) -> str:
 
 
 def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
-    """The events of one trace (the k-th of the file: its pids start at ``k*PID_STRIDE``)."""
-    tr = view.trace
+    """The events of one trace (the k-th of the file: its pids start at ``k*PID_STRIDE``), in
+    this order: process and thread names, steps, settings, requests, GPUs and host, instants."""
     base = k * PID_STRIDE
     eng, reqp = base + 1, base + 2
     ev: list[dict[str, Any]] = [
@@ -68,7 +68,19 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
         _meta(reqp, None, "process_name", f"requests — {view.name}"),
         _meta(reqp, None, "process_sort_index", base + 2),
     ]
-    # steps: X slices that never partially overlap on one tid
+    ev += _step_events(view, eng)
+    ev += _setting_events(view, eng)
+    ev += _request_events(view, reqp)
+    ev += _gpu_and_host_events(view, base, eng)
+    ev += _instant_events(view, eng)
+    return ev
+
+
+def _step_events(view: TraceView, eng: int) -> list[dict[str, Any]]:
+    """Steps as X slices that never partially overlap on one tid (an overlapping step goes to
+    the "engine steps (overlap)" thread), with their token, queue and KV counters."""
+    tr = view.trace
+    ev: list[dict[str, Any]] = []
     last_end = -1
     overlap = False
     for s in sorted(tr.steps, key=lambda s: (s.t_start_ns, s.t_end_ns)):
@@ -90,8 +102,13 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
                                                         * 100, 3)}})
     if overlap:
         ev.append(_meta(eng, TID_OVERLAP, "thread_name", "engine steps (overlap)"))
-    # settings stretches (never overlap: each ends where the next begins, or before); a
-    # mirrored repetition's A and B windows share one span: one slice "A1 | B1"
+    return ev
+
+
+def _setting_events(view: TraceView, eng: int) -> list[dict[str, Any]]:
+    """Settings stretches as X slices (never overlapping: each ends where the next begins, or
+    before); a mirrored repetition's A and B windows share one span: one slice "A1 | B1"."""
+    ev: list[dict[str, Any]] = []
     prev = -1.0
     spans: dict[tuple[int, int], list] = {}
     for seg in sorted(view.segments, key=lambda s: s.t0_ns):
@@ -105,7 +122,14 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
                    "args": {"setting": "; ".join(view.settings.get(x.label, x.label)
                                                  for x in segs)}})
         prev = te
-    # requests: greedy lane packing keeps one tid's slices disjoint
+    return ev
+
+
+def _request_events(view: TraceView, reqp: int) -> list[dict[str, Any]]:
+    """Requests as X slices with a nested "waiting + prefill" one, packed greedily onto lanes
+    (threads) so that one lane's slices stay disjoint."""
+    tr = view.trace
+    ev: list[dict[str, Any]] = []
     lanes: list[tuple[int, int]] = []  # heap of (end_ns, lane)
     n_lanes = 0
     for r in sorted(tr.requests, key=lambda r: r.entered_ns):
@@ -130,7 +154,14 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
             ev.append({"ph": "X", "pid": reqp, "tid": lane, "name": "waiting + prefill",
                        "cat": "request", "ts": ts, "dur": round(max(tf - ts, 0.0), 3),
                        "args": {"ttft_ms": r.ttft_ms}})
-    # GPUs and host
+    return ev
+
+
+def _gpu_and_host_events(view: TraceView, base: int, eng: int) -> list[dict[str, Any]]:
+    """A process per GPU with its utilisation, power and memory counters; the host's CPU and
+    RSS on the engine's counters thread."""
+    tr = view.trace
+    ev: list[dict[str, Any]] = []
     names = gpu_names(view)
     for g in gpu_indices(view):
         pid = base + 10 + g
@@ -155,7 +186,12 @@ def trace_events(view: TraceView, k: int) -> list[dict[str, Any]]:
             args["process CPU %"] = h.process_cpu_pct
         ev.append({"ph": "C", "pid": eng, "tid": TID_COUNTERS, "name": "host",
                    "ts": _us(view, h.t_ns), "args": args})
-    # events: global instants
+    return ev
+
+
+def _instant_events(view: TraceView, eng: int) -> list[dict[str, Any]]:
+    """Knob changes, mode switches, marks, warnings and errors as global instants."""
+    ev: list[dict[str, Any]] = []
     for e in view.events:
         label = (f"{e.name}: {e.old} → {e.new}" if e.kind in ("knob", "mode")
                  else f"{e.kind}: {e.name or e.message}")
