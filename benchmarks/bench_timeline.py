@@ -16,7 +16,8 @@ as the CPU allows on a synthetic clock, and every ``--every`` simulated minutes 
 
 At the end, with every ring full and ``tracemalloc`` off: one ``Timeline.snapshot()`` (median of
 9; the copy runs in C with the GIL held, so this is how long a reader stops every other Python
-thread) and ``snapshot().window(60)`` / ``window(10)`` (rolling percentiles, A/B aggregates).
+thread) and ``snapshot().step_waveform`` over the last 60 s / 10 s in 160 bins (the report's
+waveform binning, the one the dashboard's step waveform shares).
 
 Then ``--engine-check`` (default on) measures what a reader taking 10 snapshots a second of the
 full timeline costs an engine-like thread: each "step" does ``--engine-py-ms`` of pure-Python work
@@ -90,6 +91,12 @@ def feed(tl: Timeline, t0: int, t1: int, state: dict, a: argparse.Namespace) -> 
         tl.add_event(EngineEvent("knob", state["step"], t, {"max_num_batched_tokens": 2048}))
         t += 30 * S
     state["t_event"] = t
+
+
+def waveform(tl: Timeline, seconds: float, bins: int = 160):
+    """The last ``seconds`` of ``tl`` binned as the report's waveform bins it (one snapshot)."""
+    snap = tl.snapshot()
+    return snap.step_waveform(snap.t_ns - int(seconds * S), snap.t_ns + 1, bins)
 
 
 def median_ms(fn, n: int = 5) -> float:
@@ -228,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     tracemalloc.stop()  # the reads are timed without its per-allocation hook
     gc.collect()
     reads = {"snapshot_ms": median_ms(tl.snapshot, 9),
-             "window_60s_ms": median_ms(lambda: tl.snapshot().window(60.0)),
-             "window_10s_ms": median_ms(lambda: tl.snapshot().window(10.0))}
+             "waveform_60s_ms": median_ms(lambda: waveform(tl, 60.0)),
+             "waveform_10s_ms": median_ms(lambda: waveform(tl, 10.0))}
     print(f"# at the end, full rings: snapshot() {reads['snapshot_ms']:.2f} ms (GIL held); "
-          f"snapshot().window(60) {reads['window_60s_ms']:.1f} ms, window(10) "
-          f"{reads['window_10s_ms']:.1f} ms (medians)")
+          f"snapshot().step_waveform, last 60 s {reads['waveform_60s_ms']:.1f} ms, last 10 s "
+          f"{reads['waveform_10s_ms']:.1f} ms (160 bins; medians)")
     out = {"args": {k: v for k, v in vars(a).items()}, "rows": rows, "reads": reads,
            "python": sys.version.split()[0]}
     if a.engine_check:

@@ -46,6 +46,7 @@ from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.workload import WorkloadConfig, generate
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.metrics import summarize
+from gpuchef.probes.timeline import busy_fraction
 from gpuchef.sessions.headless import Samplers, build_engine, run_load
 from gpuchef.tui.app import GpuchefApp
 
@@ -204,9 +205,12 @@ def _measure_ui(s, window_s: float, seconds: float, warmup_s: float, fps: float,
         if on_stop is not None:
             on_stop()
         s.close()
-    w = s.timeline.snapshot().stats_between(r["t0_ns"], r["t1_ns"])  # the measured interval
+    a, b = r["t0_ns"], r["t1_ns"]  # the measured interval: its steps/s and busy fraction
+    snap = s.timeline.snapshot()
+    steps_per_s = len(snap.steps_between(a, b)) / max(1e-9, (b - a) / 1e9)
+    busy = busy_fraction(snap.steps_between(a, snap.t_ns + 1), a, b)  # by overlap
     return UiCost(window_s, r["wall"], r["ui_cpu_pct"], r["tick_cpu_pct"], int(r["ticks"]),
-                  w.steps_per_s, w.busy_fraction * 100, r["bytes_per_s"] / 1024)
+                  steps_per_s, busy * 100, r["bytes_per_s"] / 1024)
 
 
 def ui_cost_synthetic(engine, wcfg, window_s: float, seconds: float, warmup_s: float,

@@ -1,14 +1,19 @@
-"""Rolling timelines: bounded ring buffers of everything measured, and window statistics over them.
+"""Rolling timelines: bounded ring buffers of everything measured, and steps spread over time bins.
 
 Producers (the engine thread, the samplers) call ``add_step`` / ``add_request`` /
 ``add_gpu_sample`` / ``add_host_sample`` / ``add_event``: O(1) — an append to a :class:`Ring`
 under a lock held for microseconds (requests: a ``deque.append``, atomic under the GIL). The UI
 thread calls :meth:`Timeline.snapshot` (~10 times a second; it copies chunk references, not
 records, so it never stops the engine thread for more than microseconds) and computes from the
-immutable :class:`TimelineSnapshot`: rolling windows
-(:meth:`TimelineSnapshot.window`), fixed ranges for an A/B view (:meth:`~TimelineSnapshot.stats_between`)
-and the binned step waveform (:meth:`~TimelineSnapshot.step_waveform`). Latency and throughput
-definitions are ``probes.metrics.summarize``'s (vllm bench serve's); nothing is redefined here.
+immutable :class:`TimelineSnapshot`: the records of a time range (``steps_between``, …), the
+binned step waveform (:meth:`~TimelineSnapshot.step_waveform`) and GPU sample means per bin
+(:meth:`~TimelineSnapshot.sample_waveform`). Latency and throughput definitions are
+``probes.metrics``' (vllm bench serve's); nothing is redefined here.
+
+This module owns spreading steps over time bins (:func:`spread_over_bins`, with each step's model
+compute capped at its span by :func:`step_compute_ns`): the report's waveform, the dashboard's
+step waveform (``tui.plotdata``) and the busy fraction of a time range (:func:`busy_fraction`,
+the report's step close-ups) all come from it.
 
 Memory stays flat: every buffer has a maximum length, and finished requests also a budget of
 output tokens (their ``token_times_ns`` are most of their size). Defaults keep ~100 MB at most:
@@ -23,14 +28,13 @@ made non-decreasing in arrival order so that it can be searched by bisection.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import chain, islice
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -40,7 +44,7 @@ from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
 from .sampler import HostSample
-from .metrics import DEFAULT_PERCENTILES, GPU_FIELDS, BenchMetrics, gpu_means, summarize
+from .metrics import DEFAULT_PERCENTILES
 from .nvml import GpuSample
 
 NAN = float("nan")
@@ -209,77 +213,67 @@ class Waveform:
         return (self.t1_ns - self.t0_ns) / 1e9 / max(1, len(self.busy))
 
 
-@dataclass(frozen=True)
-class WindowStats:
-    """Statistics of one time range ``[t0_ns, t1_ns)``; comparable between two ranges (A/B).
+def step_compute_ns(t_start_ns, t_end_ns, gpu_ms) -> np.ndarray:
+    """Each step's model compute in ns (float64): its ``gpu_ms``, capped at its wall span (a step
+    cannot compute longer than it ran; a zero-length step keeps its ``gpu_ms``)."""
+    ts = np.asarray(t_start_ns, dtype=np.int64)
+    wall = (np.maximum(np.asarray(t_end_ns, dtype=np.int64), ts) - ts).astype(np.float64)
+    gpu = np.asarray(gpu_ms, dtype=np.float64) * 1e6
+    return np.minimum(gpu, np.where(wall > 0, wall, gpu))
 
-    ``metrics``: the range's ``probes.metrics.BenchMetrics`` — every latency, throughput and
-    per-step figure, of the requests that finished in the range and the steps that ended in it
-    (vllm bench serve's definitions; None when the range has no duration). Nothing of it is
-    copied here: read ``w.metrics.completed``, ``w.metrics.percentiles_ttft_ms`` or
-    :meth:`percentile`. The fields below are what only a time range has:
 
-    ``duration_s``: the range clipped to the timeline's start and the snapshot time (s).
-    ``num_steps``: steps that ended in the range; ``steps_per_s``: ``num_steps / duration_s``
-    and ``busy_fraction``: model compute (the ``gpu_ms`` of the steps overlapping the range, by
-    overlap) / range length, in [0, 1] — unlike ``metrics.steps_per_s`` and
-    ``metrics.busy_fraction`` (first step start to last step end), idle time before the first
-    or after the last step counts. ``prefill_tokens`` / ``decode_tokens``: tokens computed in
-    those steps; ``mean_num_running`` / ``mean_num_waiting`` / ``mean_kv_usage`` (0–1): means
-    over them; ``modes``: the modes they ran in. ``gpu``: ``probes.metrics.gpu_means`` of the
-    samples in the range over ``GPU_FIELDS`` (all GPUs pooled; % or W; NaN where none was
-    measured); ``num_gpu_samples``. Host: mean process CPU (%), max RSS (bytes). ``num_events``.
+def spread_over_bins(t_start_ns, t_end_ns, edges_ns, *amounts) -> tuple[np.ndarray, ...]:
+    """Each step's ``amounts`` spread evenly over its span ``[t_start_ns, t_end_ns]`` and summed
+    per bin of ``edges_ns`` (ascending, n_bins + 1): a 260 ms prefill step covers three 100 ms
+    bins, each getting its overlap's share; the sums over bins that cover every step equal the
+    totals. One float64 array (n_bins,) per amount.
+
+    Steps in any order. One engine's steps never overlap; should they, each is cut to start where
+    the one before it (by start) ended, so that the knots stay sorted. A zero-length span lands in
+    the bin holding its end.
     """
-
-    t0_ns: int
-    t1_ns: int
-    duration_s: float
-    metrics: BenchMetrics | None
-    num_steps: int = 0
-    steps_per_s: float = NAN
-    busy_fraction: float = NAN
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    mean_num_running: float = NAN
-    mean_num_waiting: float = NAN
-    mean_kv_usage: float = NAN
-    modes: tuple[str, ...] = ()
-    num_gpu_samples: int = 0
-    gpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GPU_FIELDS, NAN))
-    mean_process_cpu_pct: float = NAN
-    max_rss_bytes: int | None = None
-    num_events: int = 0
-
-    def percentile(self, metric: str, q: float) -> float:
-        """``metric`` in ttft/tpot/itl/e2el, ``q`` one of the window's percentiles (ms)."""
-        pairs = dict(getattr(self.metrics, f"percentiles_{metric}_ms")) if self.metrics else {}
-        if q not in pairs:
-            raise ConfigError(f"percentile {q!r} was not computed for this window: "
-                              f"available {', '.join(f'{p:g}' for p in pairs) or 'none'}")
-        return pairs[q]
-
-    def as_dict(self) -> dict[str, Any]:
-        """Flat JSON-ready dict: ``metrics.to_dict()``'s keys (vllm's: ``completed``,
-        ``p99_ttft_ms``, ...; absent when ``metrics`` is None), then this range's fields with
-        the GPU means as ``mean_<field>`` (NaN → None); ``steps_per_s`` and ``busy_fraction``
-        are the range's (idle time counts), not the steps' span's."""
-        out: dict[str, Any] = self.metrics.to_dict() if self.metrics else {}
-        for k, v in self.__dict__.items():
-            if k == "metrics":
-                continue
-            if k == "gpu":
-                out.update({f"mean_{f}": None if math.isnan(x) else x for f, x in v.items()})
-            elif isinstance(v, float) and math.isnan(v):
-                out[k] = None
-            elif isinstance(v, tuple):
-                out[k] = list(v)
-            else:
-                out[k] = v
-        return out
+    edges = np.asarray(edges_ns, dtype=np.int64)
+    n_bins = len(edges) - 1
+    ts = np.asarray(t_start_ns, dtype=np.int64)
+    if len(ts) == 0:
+        return tuple(np.zeros(n_bins) for _ in amounts)
+    te = np.maximum(np.asarray(t_end_ns, dtype=np.int64), ts)
+    order = np.argsort(ts, kind="stable")
+    ts, te = ts[order], te[order]
+    te = np.maximum.accumulate(te)
+    ts[1:] = np.maximum(ts[1:], te[:-1])
+    te = np.maximum(te, ts)
+    # each amount's cumulative sum is piecewise linear with knots at the step boundaries, so a
+    # bin's share is F(edge1) - F(edge0); times relative to the first edge keep float64 exact
+    knots = np.empty(2 * len(ts), dtype=np.int64)
+    knots[0::2], knots[1::2] = ts, te
+    x = (knots - edges[0]).astype(np.float64)
+    xe = (edges - edges[0]).astype(np.float64)
+    out = []
+    for a in amounts:
+        v = np.asarray(a, dtype=np.float64)[order]
+        c = np.cumsum(v)
+        y = np.empty(len(knots))
+        y[0::2] = c - v
+        y[1::2] = c
+        out.append(np.diff(np.interp(xe, x, y, left=0.0, right=float(c[-1]))))
+    return tuple(out)
 
 
-def _nanmean(vals: list[float]) -> float:
-    return float(np.mean(vals)) if vals else NAN
+def busy_fraction(steps: Sequence[StepRecord], t0_ns: int, t1_ns: int) -> float:
+    """Share of ``[t0_ns, t1_ns)`` the model computed (0–1): each step's compute
+    (:func:`step_compute_ns`) counted for the part of its span inside the range — idle time
+    before the first or after the last step counts, unlike ``BenchMetrics.busy_fraction`` (the
+    steps' own span). NaN for an empty range."""
+    if t1_ns <= t0_ns:
+        return NAN
+    if not steps:
+        return 0.0
+    ts = np.fromiter((s.t_start_ns for s in steps), np.int64, len(steps))
+    te = np.fromiter((s.t_end_ns for s in steps), np.int64, len(steps))
+    gpu = np.fromiter((s.gpu_ms for s in steps), np.float64, len(steps))
+    (busy,) = spread_over_bins(ts, te, [t0_ns, t1_ns], step_compute_ns(ts, te, gpu))
+    return float(busy[0]) / (t1_ns - t0_ns)
 
 
 class TimelineSnapshot:
@@ -289,9 +283,9 @@ class TimelineSnapshot:
     slice, iterate, bisect; ``tuple()`` to copy); ``requests``: a tuple. What the buffers held
     at the cut (records stamped after ``t_ns`` are left out, so streams agree on one instant).
     ``totals``: records ever added per stream (``totals[k] - len(...)`` fell out of the ring).
-    Cheap to take (tens of µs with full default rings, benchmarks/bench_timeline.py); all window
-    methods work on it, so a UI frame that draws several panels takes one snapshot and computes
-    them all from it.
+    ``percentiles``: the timeline's. Cheap to take (tens of µs with full default rings,
+    benchmarks/bench_timeline.py), so a UI frame that draws several panels takes one snapshot and
+    computes them all from it.
     """
 
     def __init__(self, t_ns: int, origin_ns: int, steps: Sequence, gpu_samples: Sequence,
@@ -337,79 +331,7 @@ class TimelineSnapshot:
         i, j = bisect_left(p, t0_ns, key=_first), bisect_left(p, t1_ns, key=_first)
         return tuple(r for _, r in p[i:j])
 
-    # ---- statistics --------------------------------------------------------------------------
-    def window(self, seconds: float, now_ns: int | None = None, *,
-               percentiles: Sequence[float] | None = None) -> WindowStats:
-        """Statistics of the last ``seconds`` before ``now_ns`` (default: the snapshot time).
-
-        Raises ConfigError for ``seconds`` not > 0.
-        """
-        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
-            raise ConfigError(f"window length {seconds!r} s must be a number > 0")
-        t1 = self.t_ns if now_ns is None else int(now_ns)
-        return self.stats_between(t1 - int(seconds * 1e9), t1, percentiles=percentiles)
-
-    def stats_between(self, t0_ns: int, t1_ns: int, *,
-                      percentiles: Sequence[float] | None = None) -> WindowStats:
-        """:class:`WindowStats` of ``[t0_ns, t1_ns)`` (monotonic ns), e.g. the A and B phases of
-        an A/B run. The duration is clipped to ``[origin, snapshot time]`` so that a window
-        reaching before the session began does not dilute the rates. Raises ConfigError when
-        ``t1_ns <= t0_ns``."""
-        t0, t1 = int(t0_ns), int(t1_ns)
-        if t1 <= t0:
-            raise ConfigError(f"time range [{t0}, {t1}) ns is empty: t1 must be after t0")
-        pcts = tuple(self.percentiles if percentiles is None else percentiles)
-        a, b = max(t0, self.origin_ns), min(t1, self.t_ns)
-        dur_s = (b - a) / 1e9
-        steps = self.steps_between(t0, t1)
-        reqs = self.requests_between(t0, t1)
-        kw: dict[str, Any] = {}
-        metrics = None
-        if dur_s > 0:
-            metrics = summarize(reqs, dur_s, percentiles=pcts, steps=steps or None)
-            kw["busy_fraction"] = min(1.0, self._busy_ms(a, b) / (dur_s * 1e3))
-        if steps:
-            n = len(steps)
-            kw.update(
-                num_steps=n,
-                steps_per_s=n / dur_s if dur_s > 0 else NAN,
-                prefill_tokens=sum(s.num_prefill_tokens for s in steps),
-                decode_tokens=sum(s.num_decode_reqs for s in steps),
-                mean_num_running=sum(s.num_running for s in steps) / n,
-                mean_num_waiting=sum(s.num_waiting for s in steps) / n,
-                mean_kv_usage=_nanmean([s.kv_blocks_used / s.kv_blocks_total
-                                        for s in steps if s.kv_blocks_total > 0]),
-                modes=tuple(sorted({s.mode for s in steps})),
-            )
-        gs = self.gpu_samples_between(t0, t1)
-        kw["num_gpu_samples"] = len(gs)
-        kw["gpu"] = gpu_means(gs, GPU_FIELDS)
-        hs = self.host_samples_between(t0, t1)
-        if hs:
-            kw["mean_process_cpu_pct"] = _nanmean([h.process_cpu_pct for h in hs
-                                                   if h.process_cpu_pct is not None])
-            kw["max_rss_bytes"] = max(h.rss_bytes for h in hs)
-        kw["num_events"] = len(self.events_between(t0, t1))
-        return WindowStats(t0, t1, dur_s, metrics, **kw)
-
-    def _busy_ms(self, a: int, b: int) -> float:
-        """Compute ms inside ``[a, b)``: each step's ``gpu_ms`` times its overlap share."""
-        s = self.steps
-        i = bisect_left(s, a, key=_t_end)  # first step ending at or after a
-        busy = 0.0
-        for st in s[i:]:
-            if st.t_start_ns >= b:
-                break
-            wall = st.t_end_ns - st.t_start_ns
-            if wall <= 0:
-                if a <= st.t_end_ns < b:
-                    busy += st.gpu_ms
-                continue
-            ov = min(st.t_end_ns, b) - max(st.t_start_ns, a)
-            if ov > 0:
-                busy += st.gpu_ms * ov / wall
-        return busy
-
+    # ---- binning ---------------------------------------------------------------------------
     def step_waveform(self, t0_ns: int, t1_ns: int, n_bins: int) -> Waveform:
         """Bin the steps overlapping ``[t0_ns, t1_ns)`` into ``n_bins`` equal slices.
 
@@ -430,46 +352,18 @@ class TimelineSnapshot:
             if st.t_start_ns >= t1:
                 break
             sel.append(st)
-        zeros = np.zeros(n_bins)
-        if not sel:
-            return Waveform(t0, t1, edges, zeros, zeros.copy(), zeros.copy(),
-                            np.zeros(n_bins, dtype=np.int64))
         ts = np.fromiter((x.t_start_ns for x in sel), np.int64, len(sel))
         te = np.fromiter((x.t_end_ns for x in sel), np.int64, len(sel))
-        te = np.maximum(te, ts)
-        gpu = np.fromiter((x.gpu_ms for x in sel), np.float64, len(sel)) * 1e6  # ns
-        wall = (te - ts).astype(np.float64)
-        gpu = np.minimum(gpu, np.where(wall > 0, wall, gpu))  # compute cannot exceed its span
+        gpu = step_compute_ns(ts, te, np.fromiter((x.gpu_ms for x in sel), np.float64, len(sel)))
         pre = np.fromiter((x.num_prefill_tokens for x in sel), np.float64, len(sel))
         dec = np.fromiter((x.num_decode_reqs for x in sel), np.float64, len(sel))
-        # Each quantity spread evenly over its step's span: its cumulative sum is piecewise
-        # linear with knots at the step boundaries, so a bin's share is F(edge1) - F(edge0).
-        order = np.argsort(ts, kind="stable")
-        ts, te, gpu, pre, dec = ts[order], te[order], gpu[order], pre[order], dec[order]
-        # steps never overlap in one engine; should they, squash them so the knots stay sorted
-        te = np.maximum.accumulate(np.maximum(te, ts))
-        ts[1:] = np.maximum(ts[1:], te[:-1])
-        te = np.maximum(te, ts)
-        knots = np.empty(2 * len(ts), dtype=np.float64)
-        knots[0::2], knots[1::2] = ts, te
-        x = (knots - t0).astype(np.float64)
-        xe = (edges - t0).astype(np.float64)
-
-        def binned(v: np.ndarray) -> np.ndarray:
-            c = np.cumsum(v)
-            y = np.empty_like(knots)
-            y[0::2] = c - v
-            y[1::2] = c
-            f = np.interp(xe, x, y, left=0.0, right=float(c[-1]))
-            return np.diff(f)
-
+        busy_ns, pre_b, dec_b = spread_over_bins(ts, te, edges, gpu, pre, dec)
         bin_ns = np.diff(edges).astype(np.float64)
-        busy = np.clip(binned(gpu) / np.where(bin_ns > 0, bin_ns, 1.0), 0.0, 1.0)
-        te_sel = np.fromiter((x.t_end_ns for x in sel), np.int64, len(sel))
-        inside = (te_sel >= t0) & (te_sel < t1)
-        idx = np.searchsorted(edges, te_sel[inside], side="right") - 1
+        busy = np.clip(busy_ns / np.where(bin_ns > 0, bin_ns, 1.0), 0.0, 1.0)
+        inside = (te >= t0) & (te < t1)
+        idx = np.searchsorted(edges, te[inside], side="right") - 1
         steps = np.bincount(np.clip(idx, 0, n_bins - 1), minlength=n_bins).astype(np.int64)
-        return Waveform(t0, t1, edges, busy, binned(pre), binned(dec), steps)
+        return Waveform(t0, t1, edges, busy, pre_b, dec_b, steps)
 
     def sample_waveform(self, field_name: str, t0_ns: int, t1_ns: int, n_bins: int,
                         gpu: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -516,8 +410,8 @@ class Timeline:
 
     ``max_steps``, ``max_requests``, ``max_gpu_samples``, ``max_host_samples``, ``max_events``:
     ring lengths (each >= 1). ``max_request_tokens``: budget of output tokens over the kept
-    requests (older requests are dropped first). ``percentiles``: default percentiles of window
-    statistics (vllm's default 99 plus the median). ``clock``: gives the snapshot time
+    requests (older requests are dropped first). ``percentiles``: the session's percentiles, carried
+    on each snapshot (vllm's default 99 plus the median). ``clock``: gives the snapshot time
     (default ``time.monotonic_ns``); ``origin_ns``: session start (default: now).
 
     Thread-safety: any thread may call the ``add_*`` methods (one producer per stream keeps the
@@ -616,14 +510,6 @@ class Timeline:
         reqs = _cut(_copy(self._reqs), t, _first)
         return TimelineSnapshot(t, self.origin_ns, steps, gpu, host, reqs, events,
                                 dict(self._n), self.percentiles)
-
-    def window(self, seconds: float, now_ns: int | None = None) -> WindowStats:
-        """``snapshot(now_ns).window(seconds)``: the last ``seconds`` of the session."""
-        return self.snapshot(now_ns).window(seconds)
-
-    def stats_between(self, t0_ns: int, t1_ns: int) -> WindowStats:
-        """``snapshot().stats_between(t0_ns, t1_ns)``."""
-        return self.snapshot().stats_between(t0_ns, t1_ns)
 
     def step_waveform(self, t0_ns: int, t1_ns: int, n_bins: int) -> Waveform:
         """``snapshot().step_waveform(t0_ns, t1_ns, n_bins)``."""

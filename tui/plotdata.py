@@ -6,8 +6,9 @@ the picture scrolls by whole columns and a column's value does not change once i
 the UI redraws only when the grid advances or the last (partial) column got new data.
 
 Step quantities are spread over each step's span ``[t_start_ns, t_end_ns]`` (a 260 ms prefill
-step covers three 100 ms slices), as ``probes.timeline.Waveform`` does; per-step figures (tokens
-per step, queue lengths, KV) come from the steps that *ended* in the slice.
+step covers three 100 ms slices) by ``probes.timeline.spread_over_bins``, the report's waveform's
+binning too; per-step figures (tokens per step, queue lengths, KV) come from the steps that
+*ended* in the slice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gpuchef.engine_host.phases import parse_phase_mark
 from gpuchef.engine_host.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value, steered_itl_ms
-from gpuchef.probes.timeline import TimelineSnapshot
+from gpuchef.probes.timeline import TimelineSnapshot, spread_over_bins, step_compute_ns
 
 NAN = float("nan")
 
@@ -277,22 +278,6 @@ class AutopilotStatus:
         return f"{self.auto_budget}: no chunked step yet"  # on, but no step has chosen yet
 
 
-def _spread(ts: np.ndarray, te: np.ndarray, w: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Sum of ``w`` per bin with each weight spread evenly over ``[ts, te]`` (sorted, disjoint
-    spans; zero-length spans land in the bin of ``te``)."""
-    if len(w) == 0:
-        return np.zeros(len(edges) - 1)
-    knots = np.empty(2 * len(ts), dtype=np.float64)
-    knots[0::2] = ts
-    knots[1::2] = te
-    c = np.cumsum(w)
-    y = np.empty_like(knots)
-    y[0::2] = c - w
-    y[1::2] = c
-    f = np.interp(edges.astype(np.float64), knots, y, left=0.0, right=float(c[-1]))
-    return np.diff(f)
-
-
 _STEP_FIELDS = ("t_start_ns", "t_end_ns", "num_prefill_tokens", "num_decode_reqs", "num_running",
                 "num_waiting", "num_preempted", "kv_blocks_used", "kv_blocks_total",
                 "max_num_batched_tokens", "step", "prefill_allowance")
@@ -498,12 +483,7 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
     if len(cols):
         gpu_ms = steps.gpu_ms[sl]
         mode_codes = steps.mode[sl]
-        ts, te = cols[:, 0], np.maximum(cols[:, 1], cols[:, 0])
-        te = np.maximum.accumulate(te)  # one engine: spans never overlap; guard the knots' order
-        ts = np.maximum(ts, np.concatenate(([ts[0]], te[:-1])))
-        te = np.maximum(te, ts)
-        wall = (te - ts).astype(np.float64)
-        busy_ns = np.minimum(gpu_ms * 1e6, np.where(wall > 0, wall, gpu_ms * 1e6))
+        busy_ns = step_compute_ns(cols[:, 0], cols[:, 1], gpu_ms)
         pre, dec = cols[:, 2], cols[:, 3]
         kind_pre = (pre > 0) & (dec == 0)
         kind_mix = (pre > 0) & (dec > 0)
@@ -511,10 +491,9 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         # the partial last column is measured against the time elapsed in it, not its width
         span = np.full(n, float(grid.bin_ns))
         span[-1] = float(max(1, min(grid.bin_ns, grid.now_ns - (t1 - grid.bin_ns))))
-        tsf, tef = ts.astype(np.float64), te.astype(np.float64)
-        busy_p = np.clip(_spread(tsf, tef, busy_ns * kind_pre, edges) / span, 0, 1)
-        busy_m = np.clip(_spread(tsf, tef, busy_ns * kind_mix, edges) / span, 0, 1)
-        busy_d = np.clip(_spread(tsf, tef, busy_ns * kind_dec, edges) / span, 0, 1)
+        busy_p, busy_m, busy_d = (np.clip(b / span, 0, 1) for b in spread_over_bins(
+            cols[:, 0], cols[:, 1], edges, busy_ns * kind_pre, busy_ns * kind_mix,
+            busy_ns * kind_dec))
         # per-step figures by the column each step ended in
         endc = (cols[:, 1] - t0) // grid.bin_ns
         inside = (endc >= 0) & (endc < n)

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpuchef.probes.timeline import busy_fraction
 
 from .data import Group
 from .plot_kit import DECODE, MIXED, PREFILL, _figure, _log_x, _with_rc, to_svg
@@ -38,12 +39,11 @@ def closeup_steps(steps: Sequence[Any], a: int, b: int) -> list[Any]:
 
 
 def closeup_stats(steps: Sequence[Any], a: int, b: int) -> tuple[int, float]:
-    """(steps overlapping ``[a, b)``, share of the stretch the model computed): each step's
-    ``gpu_ms`` counted for the part of its wall time inside the stretch."""
+    """(steps overlapping ``[a, b)``, share of the stretch the model computed: each step's
+    compute counted for the part of its wall time inside the stretch,
+    ``probes.timeline.busy_fraction``)."""
     sel = closeup_steps(steps, a, b)
-    busy_ms = sum(s.gpu_ms * max(0, min(s.t_end_ns, b) - max(s.t_start_ns, a))
-                  / max(1, s.t_end_ns - s.t_start_ns) for s in sel)
-    return len(sel), busy_ms / max(1e-9, (b - a) / 1e6)
+    return len(sel), busy_fraction(sel, a, b)
 
 
 @_with_rc

@@ -1,4 +1,5 @@
-"""Timeline: ring buffers, snapshots under a concurrent producer, window statistics, waveform."""
+"""Timeline: ring buffers, snapshots under a concurrent producer, steps spread over time bins (the
+waveform, the busy fraction of a range), GPU sample means per bin."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
-from gpuchef.probes.timeline import Timeline, fanout
+from gpuchef.probes.metrics import summarize
+from gpuchef.probes.timeline import (Timeline, busy_fraction, fanout, spread_over_bins,
+                                     step_compute_ns)
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -32,99 +35,38 @@ def gpu(t: int, g: int = 0, **kw) -> GpuSample:
     return GpuSample(t, g, **kw)
 
 
-def test_window_percentiles_match_numpy_on_known_data():
-    rng = np.random.default_rng(0)
-    tl = Timeline(clock=lambda: 0, origin_ns=0, percentiles=(50, 90, 99))
-    ttfts, tpots, itls, e2els = [], [], [], []
-    t = 0
-    for i in range(300):
-        arrival = t
-        ttft = int(rng.uniform(5, 200) * MS)
-        n = int(rng.integers(1, 12))
-        gaps = [int(g * MS) for g in rng.uniform(5, 40, size=n - 1)]
-        times = [arrival + ttft]
-        for g in gaps:
-            times.append(times[-1] + g)
-        tl.add_request(request(i, arrival, times))
-        ttfts.append(ttft / MS)
-        e2els.append((times[-1] - arrival) / MS)
-        itls.extend(g / MS for g in gaps)
-        if n > 1:
-            tpots.append((times[-1] - times[0]) / MS / (n - 1))
-        t += 10 * MS
-    end = max(r.token_times_ns[-1] for r in tl.snapshot(10**12).requests) + 1
-    w = tl.snapshot(end).stats_between(0, end)
-    assert w.metrics.completed == 300
-    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
-        for q in (50, 90, 99):
-            assert w.percentile(name, q) == pytest.approx(np.percentile(vals, q), rel=1e-9)
-        assert getattr(w.metrics, f"mean_{name}_ms") == pytest.approx(np.mean(vals))
-    assert w.metrics.request_throughput == pytest.approx(300 / (end / S))
-    assert w.metrics.output_throughput == pytest.approx(sum(len(r.token_times_ns) for r in
-                                                    tl.snapshot(end).requests) / (end / S))
-    assert w.metrics is not None and w.metrics.completed == 300
-    with pytest.raises(ConfigError, match="percentile 75"):
-        w.percentile("ttft", 75)
-
-
-def test_step_statistics_busy_fraction_and_ab_ranges():
-    tl = Timeline(clock=lambda: 0, origin_ns=0)
-    t = 0
-    # phase A: 1 s of 10 ms steps, 8 ms compute, a 512-token prefill every 10th step
+def test_busy_fraction_of_a_range_counts_each_step_by_its_overlap():
+    steps, t = [], 0
+    # A: 1 s of 10 ms steps, 8 ms compute each; B: 1 s of 10 ms steps fully busy
     for i in range(100):
-        tl.add_step(step(i, t, t + 8 * MS, prefill=512 if i % 10 == 0 else 0, decode=10))
+        steps.append(step(i, t, t + 8 * MS))
         t += 10 * MS
-    # phase B: 1 s of 10 ms steps fully busy, all mixed, one preemption
     for i in range(100, 200):
-        tl.add_step(step(i, t, t + 10 * MS, prefill=64, decode=20, preempted=int(i == 150),
-                         mode="continuous"))
+        steps.append(step(i, t, t + 10 * MS))
         t += 10 * MS
-    tl.add_gpu_sample(gpu(500 * MS, sm_active=40.0, tensor_active=30.0, power_w=300.0))
-    tl.add_gpu_sample(gpu(600 * MS, sm_active=60.0, tensor_active=None, power_w=500.0))
-    tl.add_gpu_sample(gpu(1500 * MS, sm_active=95.0, tensor_active=90.0))
-    tl.add_host_sample(HostSample(100 * MS, 50.0, 1000, 10.0))
-    tl.add_event(EngineEvent("mode", 100, S, "mode", "chunked", "continuous"))
-    snap = tl.snapshot(2 * S + 1)
-    a, b = snap.stats_between(0, S), snap.stats_between(S, 2 * S + 1)  # the last step ends at 2 s
-    assert a.num_steps == b.num_steps == 100
-    assert a.steps_per_s == pytest.approx(100) and b.steps_per_s == pytest.approx(100)
-    assert a.busy_fraction == pytest.approx(0.8) and b.busy_fraction == pytest.approx(1.0)
-    assert a.metrics.mean_prefill_tokens_per_step == pytest.approx(51.2)
-    assert a.metrics.mean_decode_tokens_per_step == pytest.approx(10)
-    assert b.metrics.mean_prefill_tokens_per_step == pytest.approx(64)
-    assert a.metrics.num_mixed_steps == 10 and b.metrics.num_mixed_steps == 100
-    assert a.metrics.num_preemptions == 0 and b.metrics.num_preemptions == 1
-    assert a.modes == ("chunked",) and b.modes == ("continuous",)
-    assert a.gpu["sm_active"] == pytest.approx(50) and a.gpu["tensor_active"] == pytest.approx(30)
-    assert a.gpu["power_w"] == pytest.approx(400) and b.gpu["sm_active"] == pytest.approx(95)
-    assert np.isnan(a.gpu["dram_bw_util"]) and a.num_gpu_samples == 2
-    assert a.mean_process_cpu_pct == 50 and a.max_rss_bytes == 1000
-    assert a.num_events == 0 and b.num_events == 1
-    assert a.prefill_tokens == 5120 and a.decode_tokens == 1000
-    d = a.as_dict()
-    assert d["p99_ttft_ms"] is None and d["busy_fraction"] == pytest.approx(0.8)
-    assert d["mean_sm_active"] == pytest.approx(50) and d["mean_dram_bw_util"] is None
-    assert d["completed"] == 0 and d["num_steps"] == 100
-    # a half step at the range edge counts by its overlap
-    assert snap.stats_between(5 * MS, S).busy_fraction == pytest.approx(
-        (800 - 5) / 995, rel=1e-9)  # step 0 keeps 3 of its 8 ms
+    assert busy_fraction(steps, 0, S) == pytest.approx(0.8)
+    assert busy_fraction(steps, S, 2 * S) == pytest.approx(1.0)
+    # a step at the range edge counts by its overlap: step 0 keeps 3 of its 8 ms
+    assert busy_fraction(steps, 5 * MS, S) == pytest.approx((800 - 5) / 995, rel=1e-9)
+    # idle time after the last step counts; compute is capped at the step's span
+    assert busy_fraction(steps, S, 4 * S) == pytest.approx(1 / 3)
+    assert busy_fraction([step(0, 0, 10 * MS, gpu_ms=25.0)], 0, 20 * MS) == pytest.approx(0.5)
+    assert busy_fraction([], 0, S) == 0.0 and np.isnan(busy_fraction(steps, S, S))
 
 
-def test_window_is_clipped_to_session_start():
-    tl = Timeline(clock=lambda: 0, origin_ns=10 * S)
-    t = 10 * S
-    for i in range(100):
-        tl.add_step(step(i, t, t + 5 * MS))
-        t += 10 * MS
-    w = tl.window(60, now_ns=11 * S)
-    assert w.duration_s == pytest.approx(1.0)
-    assert w.steps_per_s == pytest.approx(100) and w.busy_fraction == pytest.approx(0.5)
-    before = tl.snapshot(11 * S).stats_between(0, 10 * S)
-    assert before.duration_s == 0 and before.metrics is None and before.num_steps == 0
-    with pytest.raises(ConfigError):
-        tl.snapshot(11 * S).window(0)
-    with pytest.raises(ConfigError):
-        tl.snapshot(11 * S).stats_between(5, 5)
+def test_spread_over_bins_shares_each_span_by_overlap_in_any_order():
+    edges = np.array([0, 100, 200, 300], dtype=np.int64)
+    # a 150-long step from 50 (a third in bin 0, two thirds in bin 1), one of zero length at
+    # 250 (lands in bin 2), and one past the edges (counted in no bin)
+    ts, te = np.array([250, 50, 400]), np.array([250, 200, 500])
+    amounts, twice = spread_over_bins(ts, te, edges, [6.0, 30.0, 7.0], [12.0, 60.0, 14.0])
+    assert amounts.tolist() == pytest.approx([10.0, 20.0, 6.0])
+    assert twice.tolist() == pytest.approx([20.0, 40.0, 12.0])
+    (none,) = spread_over_bins(np.array([], dtype=np.int64), np.array([], dtype=np.int64),
+                               edges, np.array([]))
+    assert none.tolist() == [0.0, 0.0, 0.0]
+    assert step_compute_ns([0, 0, 5], [10 * MS, 10 * MS, 5], [4.0, 12.0, 1.0]).tolist() == \
+        pytest.approx([4 * MS, 10 * MS, 1 * MS])
 
 
 def test_step_waveform_sums_and_shape():
@@ -208,7 +150,7 @@ def test_snapshot_is_consistent_under_a_concurrent_producer():
             assert all(s.t_end_ns <= snap.t_ns for s in snap.steps)  # one cut for all streams
             assert all(g.t_ns <= snap.t_ns for g in snap.gpu_samples)
             before = tuple(snap.steps)
-            snap.window(0.05)  # computing from a snapshot while the producer runs
+            snap.step_waveform(snap.t_ns - 50 * MS, snap.t_ns + 1, 10)  # while the producer runs
             assert tuple(snap.steps) == before and len(snap.steps) == len(before)  # immutable
     finally:
         stop.set()
@@ -222,8 +164,8 @@ def test_requests_out_of_finish_order_are_still_found():
     tl.add_request(RequestRecord("err", 100 * MS, 10, 0, (), "error"))  # finished "earlier"
     tl.add_request(request(2, 0, [700 * MS]))
     snap = tl.snapshot(S)
-    w = snap.stats_between(0, S)
-    assert w.metrics.completed == 2 and w.metrics.failed == 1
+    m = summarize(snap.requests_between(0, S), 1.0)
+    assert m.completed == 2 and m.failed == 1
     assert [r.request_id for r in snap.requests_between(0, S)] == ["r0", "err", "r2"]
 
 

@@ -56,6 +56,26 @@ def test_busy_is_spread_over_step_spans_and_split_by_step_kind():
     assert f.busy.sum() * 100 == pytest.approx(350, abs=1e-3)
 
 
+def test_the_dashboard_bins_steps_as_the_report_does():
+    """One owner spreads steps over time bins (probes.timeline.spread_over_bins): on the same
+    steps and bins the dashboard's busy (its three kinds summed) is the report's waveform's."""
+    rng = np.random.default_rng(7)
+    steps, t = [], 0.0
+    for i in range(400):
+        t += float(rng.exponential(3.0))  # idle gaps
+        dur = float(rng.uniform(0.5, 40.0))
+        pre, dec = int(rng.integers(0, 3)) * 300, int(rng.integers(0, 2)) * 16
+        steps.append(step(i, t, dur, pre=pre, dec=dec, gpu_ms=dur * float(rng.uniform(0.3, 1.2))))
+        t += dur
+    g = TimeGrid(T0, 37 * MS, int(t // 37), T0 + int(t // 37) * 37 * MS)  # whole columns
+    snap = timeline(steps).snapshot(g.now_ns)
+    f = build_frame(snap, g, gpu=False)
+    wf = snap.step_waveform(g.t0_ns, g.t1_ns, g.cols)
+    assert wf.edges_ns.tolist() == g.edges().tolist()
+    np.testing.assert_allclose(f.busy, wf.busy, rtol=0, atol=1e-9)
+    assert f.busy.sum() > 0.3 * g.cols
+
+
 def test_the_largest_step_of_a_column_is_drawn_not_a_blend():
     steps = [step(0, 0, 30, pre=500), step(1, 30, 10, dec=7), step(2, 40, 10, dec=7)]
     g = TimeGrid(T0, 100 * MS, 1, T0 + 100 * MS - 1)
