@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from ..engine_host.config import ConfigError
-from ..options import flag_given as _given, flag_name as _flag
+from ..commands.options import flag_given as _given, flag_name as _flag
 
 #: bench options that configure the hosted engine, its probes or its trace: they cannot apply to
 #: a server gpuchef does not host (set them on that server).
@@ -95,7 +95,7 @@ def check_load_flags(o: dict[str, Any], cfg: Any) -> Any:
     asked (two-server ``ab`` checks them once, for both sides), and the warning for random-load
     flags a trace ignores. ``cfg``: ``http_config``'s. Returns the local tokenizer
     (``--tokenizer``) or None. Raises ConfigError naming the flag."""
-    from ..options import print_warning, trace_flags_warning, workload_config
+    from ..commands.options import print_warning, trace_flags_warning, workload_config
     from .http_load import check_ramp_up, load_tokenizer
 
     try:
@@ -126,7 +126,7 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     ``tok``: ``check_load_flags``' answer when the flags were checked already.
     Raises ConfigError for bad input or an unreachable server, before any request is sent."""
     from ..engine_host.workload import generate
-    from ..options import workload_config
+    from ..commands.options import workload_config
     from ..sessions.headless import load_desc
     from .http_load import apply_ramp_up, fetch_server_info, request_body, tokenizer_vocab_size
 
@@ -182,7 +182,7 @@ def bench_http(o: dict[str, Any], err) -> None:
     exits 1 when no request succeeded."""
     from rich.markup import escape
 
-    from ..options import check_output_files, write_json
+    from ..commands.options import check_output_files, write_json
     from ..probes.metrics import (format_results_block, is_probe_id, parse_goodput,
                                    parse_percentiles, summarize)
     from .http_load import (error_counts, error_lines, lateness_stats, peak_stats, result_arrays,
@@ -193,7 +193,7 @@ def bench_http(o: dict[str, Any], err) -> None:
     goodput = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else None
     pcts = parse_percentiles(o["metric_percentiles"])
     pl = prepare_http_load(o, model=o["model"] if _given("model") else "")
-    from ..options import print_warning, probe_warning
+    from ..commands.options import print_warning, probe_warning
 
     if (w := probe_warning(o, pl.specs)):
         print_warning(w)

@@ -11,9 +11,9 @@ import click
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from .experiments.capacity import SATURATION_TOLERANCE
-from .engine_host.config import ConfigError
-from .probes.ab import MIN_REPETITIONS
+from ..experiments.capacity import SATURATION_TOLERANCE
+from ..engine_host.config import ConfigError
+from ..probes.ab import MIN_REPETITIONS
 from .options import (check_output_files, flag_given, check_sampling, engine_config, engine_options, run_config,
                       http_load_options, scheduler_options, scheduling_desc, workload_config,
                       workload_options, write_json, print_warning, probe_warning,
@@ -116,14 +116,14 @@ def ab(**o) -> None:
       gpuchef ab --a url=http://node1:8000 --b url=http://node2:8000 --dataset azure-conv
           --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
-    from .engine_host.core import EngineProcessError
+    from ..engine_host.core import EngineProcessError
 
     err = Console(stderr=True, soft_wrap=True)
     try:
-        from .experiments.http import is_http
+        from ..experiments.http import is_http
         if is_http(o):  # servers gpuchef does not host: no engine here
             return _ab_http(o, err)
-        from .client.bench_http import check_http_flags
+        from ..client.bench_http import check_http_flags
         check_http_flags(o)
         if o["ab_load"]:
             raise ConfigError("--ab-load is for two servers: give --a url=URL1 --b url=URL2")
@@ -138,9 +138,9 @@ def ab(**o) -> None:
 
 def _check(o: dict) -> dict[str, Any]:
     """Everything that can be refused before the model loads."""
-    from .experiments.ab import check_repetitions, check_window, parse_setting
-    from .experiments.capacity import check_rates, parse_slos, parse_tolerance
-    from .probes.metrics import parse_goodput, parse_percentiles
+    from ..experiments.ab import check_repetitions, check_window, parse_setting
+    from ..experiments.capacity import check_rates, parse_slos, parse_tolerance
+    from ..probes.metrics import parse_goodput, parse_percentiles
 
     c: dict[str, Any] = {}
     c["goodput"] = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else {}
@@ -173,8 +173,8 @@ def _check(o: dict) -> dict[str, Any]:
 
 
 def _ab(o: dict, err: Console) -> None:
-    from .engine_host.workload import generate
-    from .sessions.headless import Samplers, build_engine, open_trace, trace_meta
+    from ..engine_host.workload import generate
+    from ..sessions.headless import Samplers, build_engine, open_trace, trace_meta
 
     c = _check(o)
     settings = c["settings"]
@@ -203,7 +203,7 @@ def _ab(o: dict, err: Console) -> None:
         if o["capacity"]:
             meta["ab"]["slos"] = [str(s) for s in c["slos"]]
             meta["ab"]["slo_spec"] = o["slo_spec"]
-            from .experiments.capacity import judging_rules
+            from ..experiments.capacity import judging_rules
             meta["ab"]["rules"] = judging_rules()
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
         listeners.append(recorder.listener)
@@ -226,7 +226,7 @@ def _ab(o: dict, err: Console) -> None:
 
 def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None) -> list[str]:
     """The run's header lines; ``specs_n``: the request count, or a phrase when it varies."""
-    from .sessions.headless import load_desc
+    from ..sessions.headless import load_desc
 
     lm = engine.loaded
     n = f"{specs_n} requests" if isinstance(specs_n, int) else specs_n
@@ -240,10 +240,10 @@ def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None)
 
 
 def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
-    from .experiments.ab import STRADDLE_WARN_SHARE, compare, knob_text, run_orders
-    from .experiments.ab_text import format_deltas, side_by_side
-    from .experiments.hosted import run_interleaved, run_sequential
-    from .probes.metrics import autopilot_totals, format_results_block, is_probe_id
+    from ..experiments.ab import STRADDLE_WARN_SHARE, compare, knob_text, run_orders
+    from ..experiments.ab_text import format_deltas, side_by_side
+    from ..experiments.hosted import run_interleaved, run_sequential
+    from ..probes.metrics import autopilot_totals, format_results_block, is_probe_id
 
     settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
 
@@ -254,8 +254,10 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         err.print(f"[dim]run {i}{of}: {run.label} ({settings[run.label].describe()}) {kind} "
                   f"{run.rep}: {n} requests in {run.duration_s:.1f} s[/dim]", highlight=False)
 
+    from ..sessions.headless import phase_marks
+
     kw = dict(listeners=listeners, console=err, percentiles=pcts, goodput=goodput,
-              samplers=samplers, on_run=on_run)
+              samplers=samplers, on_run=on_run, marks=phase_marks(wcfg))
     straddle = None
     if o["interleave"]:
         runs, straddle = run_interleaved(engine, specs, settings, c["window"], c["reps"], **kw)
@@ -320,7 +322,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
 def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
     """`ab --capacity`: each setting's capacity search (``experiments.capacity``), printed probe
     by probe, then B/A. Returns the --result-json record."""
-    from .experiments.capacity import capacity_ratio, slo_percentiles, trace_rate
+    from ..experiments.capacity import capacity_ratio, slo_percentiles, trace_rate
 
     slos = c["slos"]
     pcts = tuple(sorted(set(c["pcts"]) | set(slo_percentiles(slos))))
@@ -346,7 +348,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
 
 def _capacity_header(c, engine, wcfg, native, err) -> None:
     """The lines above a capacity search: the run's header, the SLOs and the method."""
-    from .engine_host.workload import generate
+    from ..engine_host.workload import generate
 
     slos = c["slos"]
     load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else
@@ -370,7 +372,7 @@ def _capacity_header(c, engine, wcfg, native, err) -> None:
 
 def _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err):
     """Setting ``k``'s search: its probes' table as they run, then its capacity."""
-    from .experiments.capacity import WARMUP_SHARE, capacity_search, measure_on_engine
+    from ..experiments.capacity import WARMUP_SHARE, capacity_search, measure_on_engine
 
     st, slos = c["settings"][k], c["slos"]
 
@@ -424,8 +426,8 @@ HOSTED_ONLY = {"interleave": "--interleave switches the hosted engine's settings
 def _check_http_options(o: dict[str, Any]) -> None:
     """Refuse hosted-only options with the HTTP branch (engine flags, --interleave,
     --capacity, --sample-hz), each by name. Raises ConfigError."""
-    from .client.bench_http import check_http_flags
-    from .experiments.http import split_url
+    from ..client.bench_http import check_http_flags
+    from ..experiments.http import split_url
 
     for k, why in HOSTED_ONLY.items():
         if o.get(k):
@@ -447,7 +449,7 @@ def _check_http_options(o: dict[str, Any]) -> None:
 def _http_header(arms, loads, load: str, reps: int) -> list[str]:
     """The lines above the results: the model (one server: one ``Model:`` line; two: each
     side's own, on its ``A:``/``B:`` line with its URL and settings), the load, the A/B load."""
-    from .experiments.ab import run_orders
+    from ..experiments.ab import run_orders
 
     pa = loads["A"]
     two = arms["A"].url != arms["B"].url
@@ -473,9 +475,9 @@ def _ab_http(o: dict[str, Any], err: Console) -> None:
     verdict (stdout), one line per kind of failed request per side (stderr); writes
     ``--result-json`` and ``--trace``. Raises ConfigError for bad input, before any request is
     sent (a refused PATCH later); exits 1 when no request succeeded on a side."""
-    from .experiments.ab import check_repetitions
-    from .experiments.http import comparison, knob_state, parse_arms, prepare_loads
-    from .probes.metrics import parse_goodput, parse_percentiles
+    from ..experiments.ab import check_repetitions
+    from ..experiments.http import comparison, knob_state, parse_arms, prepare_loads
+    from ..probes.metrics import parse_goodput, parse_percentiles
 
     _check_http_options(o)
     arms, load = parse_arms(o)
@@ -513,8 +515,8 @@ def _http_runs(arms, loads, load: str, reps: int, err: Console) -> list:
     """The runs (``experiments.http.run_ab``), a line on stderr as each ends; each side's
     setting PATCHed first (a refused value: before any request), the servers' knobs put back as
     they were found at the end. Ctrl-C: no results, exit 130."""
-    from .experiments.http import apply, patch_body, run_ab
-    from .probes.metrics import is_probe_id
+    from ..experiments.http import apply, patch_body, run_ab
+    from ..probes.metrics import is_probe_id
 
     def done(r) -> str:
         # the load's requests only, as the results block counts them (probes named apart)
@@ -558,8 +560,8 @@ def _http_runs(arms, loads, load: str, reps: int, err: Console) -> list:
 
 def _http_trace(path: str, arms, loads, load: str, reps: int, pcts, runs, err: Console) -> None:
     """``--trace``: the runs' marks and each side's requests as the client saw them."""
-    from .experiments.http import marks, trace_meta
-    from .probes.recorder import TraceRecorder
+    from ..experiments.http import marks, trace_meta
+    from ..probes.recorder import TraceRecorder
 
     rec = TraceRecorder(path, meta=trace_meta(arms, loads, load, reps, pcts))
     for ev in marks(runs, load):
@@ -574,7 +576,7 @@ def _http_trace(path: str, arms, loads, load: str, reps: int, pcts, runs, err: C
 
 def _http_sides(runs, cmp) -> dict[str, Any]:
     """Each side's results: its ClientResults, lateness, peaks, pooled metrics and runs."""
-    from .client.http_load import lateness_stats, peak_stats
+    from ..client.http_load import lateness_stats, peak_stats
 
     side: dict[str, Any] = {}
     for k in ("A", "B"):
@@ -589,9 +591,9 @@ def _http_sides(runs, cmp) -> dict[str, Any]:
 def _http_print(lines: list[str], arms, cmp, why: str, side, err: Console) -> None:
     """The header, both results blocks side by side and B − A (or why there is no
     comparison) on stdout; each side's failed requests, one line per kind, on stderr."""
-    from .client.http_load import error_lines
-    from .experiments.ab_text import format_deltas, side_by_side
-    from .probes.metrics import format_results_block
+    from ..client.http_load import error_lines
+    from ..experiments.ab_text import format_deltas, side_by_side
+    from ..probes.metrics import format_results_block
 
     click.echo("\n".join(lines))
     if cmp is not None:
@@ -617,8 +619,8 @@ def _http_result_json(o, arms, loads, load: str, reps: int, side, results, runs,
                       why: str) -> None:
     """``--result-json`` of an A/B over HTTP: each side's results as `bench --base-url` writes
     them, every run, and the comparison."""
-    from .client.bench_http import result_json
-    from .client.http_load import HttpLoadRun, error_counts, result_arrays
+    from ..client.bench_http import result_json
+    from ..client.http_load import HttpLoadRun, error_counts, result_arrays
 
     out: dict[str, Any] = {
         "command": "ab", "ab_load": load, "repetitions": reps,

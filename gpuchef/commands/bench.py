@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from .engine_host.config import ConfigError
+from ..engine_host.config import ConfigError
 from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
                       scheduler_options, scheduling_desc, workload_config, workload_options,
                       write_json, http_load_options, print_warning, probe_warning,
@@ -56,7 +56,7 @@ def bench(**o) -> None:
       gpuchef bench --base-url http://127.0.0.1:8000 --dataset azure-conv \\
         --num-prompts 600 --trace-speed 3 --vocab-size 128256
     """
-    from .engine_host.core import EngineProcessError
+    from ..engine_host.core import EngineProcessError
 
     err = Console(stderr=True, soft_wrap=True)
     try:
@@ -70,14 +70,13 @@ def bench(**o) -> None:
 
 
 def _bench(o: dict, err: Console) -> None:
-    from .client.bench_http import bench_http, check_http_flags
+    from ..client.bench_http import bench_http, check_http_flags
     if o["base_url"]:  # the load over HTTP to a server gpuchef does not host: no engine here
         return bench_http(o, err)
     check_http_flags(o)
-    from .engine_host.workload import generate
-    from .probes.metrics import (autopilot_totals, benchmark_duration_s, format_results_block,
-                                 load_start_event, parse_goodput, parse_percentiles, summarize)
-    from .sessions.headless import attention_label, build_engine, run_load
+    from ..engine_host.workload import generate
+    from ..probes.metrics import benchmark_duration_s, parse_goodput, parse_percentiles, summarize
+    from ..sessions.headless import build_engine, run_load
 
     # everything that can be refused is refused before the model loads
     check_output_files(o)
@@ -96,20 +95,9 @@ def _bench(o: dict, err: Console) -> None:
         raise ConfigError("the workload is empty: raise --num-prompts or --duration")
     if (w := probe_warning(o, specs)):
         print_warning(w)
-    from .sessions.headless import Samplers, load_desc, open_trace, phase_marks, trace_meta
+    from ..sessions.headless import Samplers, phase_marks
 
-    listeners = []
-    recorder = None
-    started: list = []  # the host, until its load-start event is in the trace
-    if o["trace_path"]:
-        recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
-                              trace_prompts=o["trace_prompts"])
-
-        def record(kind: str, r: object) -> None:  # the engine thread, after host.start()
-            if started:  # first: the load's start, that the report's duration counts from
-                recorder.record(load_start_event(started.pop().t0_ns))
-            recorder.record(r)
-        listeners.append(record)
+    recorder, listeners, started = _open_trace(o, engine, ecfg, wcfg)
     samplers = Samplers(gpus, sample_hz, sink=recorder.record if recorder else None)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
@@ -131,15 +119,61 @@ def _bench(o: dict, err: Console) -> None:
     duration_s = benchmark_duration_s(res.t0_ns, res.requests,
                                       end_ns=res.t0_ns + int(res.duration_s * 1e9))
     m = summarize(res.requests, duration_s, percentiles=pcts, goodput=goodput, steps=res.steps)
+    extra = _extra_rows(engine, ecfg, wcfg, res)
+    extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(duration_s * 1e9)))
+    if res.interrupted:
+        from ..probes.metrics import SESSION_END_REASON
+
+        left = sum(1 for r in res.requests if r.finish_reason == SESSION_END_REASON)
+        err.print(f"[yellow]interrupted:[/] the run was stopped; the results of what finished "
+                  f"so far follow ({left} request(s) in flight recorded as withdrawn, "
+                  f"'{SESSION_END_REASON}'; {len(specs) - len(res.requests)} never sent)")
+    from ..probes.metrics import format_results_block
+
+    click.echo(format_results_block(m, extra=extra))
+    if o["result_json"]:
+        _result_json(o, m, res, engine, ecfg, wcfg, samplers)
+    if res.interrupted:
+        sys.exit(130)  # the shell's code for a run stopped by SIGINT
+
+
+def _open_trace(o: dict, engine, ecfg, wcfg):
+    """``--trace``: (the recorder or None, run_load's listeners, the list the run's host goes
+    into at its start). The load's start event is the trace's first record after the meta:
+    the report's duration counts from it."""
+    from ..probes.metrics import load_start_event
+    from ..sessions.headless import open_trace, trace_meta
+
+    listeners: list = []
+    started: list = []  # the host, until its load-start event is in the trace
+    if not o["trace_path"]:
+        return None, listeners, started
+    recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
+                          trace_prompts=o["trace_prompts"])
+
+    def record(kind: str, r: object) -> None:  # the engine thread, after host.start()
+        if started:  # first: the load's start, that the report's duration counts from
+            recorder.record(load_start_event(started.pop().t0_ns))
+        recorder.record(r)
+    listeners.append(record)
+    return recorder, listeners, started
+
+
+def _extra_rows(engine, ecfg, wcfg, res) -> dict[str, str]:
+    """gpuchef's rows of the results block: model, engine, device, scheduling, mode, budget,
+    load, and the autopilot's line when it was on for any part of the run."""
+    from ..probes.metrics import autopilot_totals
+    from ..sessions.headless import attention_label, load_desc
+
     lm = engine.loaded
-    scheduling = scheduling_desc(engine)
+    sc = ecfg.scheduler
     extra = {
         "Model:": f"{lm.name}{' (random weights)' if lm.random_weights else ''}",
         "Engine:": (ecfg.engine if ecfg.engine == "native" else
                     f"{engine.engine_name} "
                     f"(tensor parallel {ecfg.tensor_parallel_size})"),
         "Device / attention:": f"{engine.device} / {attention_label(engine)}",
-        "Scheduling:": scheduling,
+        "Scheduling:": scheduling_desc(engine),
         "Mode:": sc.mode,
         "max_num_batched_tokens:": str(sc.max_num_batched_tokens),
         "Load:": load_desc(wcfg),
@@ -149,21 +183,17 @@ def _bench(o: dict, err: Console) -> None:
         extra["Autopilot:"] = ap.line() if ap is not None else (
             f"{sc.auto_budget}; idle: no chunked step asked it"
             + (" (continuous mode)" if sc.mode == "continuous" else ""))
-    extra.update(samplers.gpu_lines(res.t0_ns, res.t0_ns + int(duration_s * 1e9)))
-    if res.interrupted:
-        from .probes.metrics import SESSION_END_REASON
+    return extra
 
-        left = sum(1 for r in res.requests if r.finish_reason == SESSION_END_REASON)
-        err.print(f"[yellow]interrupted:[/] the run was stopped; the results of what finished "
-                  f"so far follow ({left} request(s) in flight recorded as withdrawn, "
-                  f"'{SESSION_END_REASON}'; {len(specs) - len(res.requests)} never sent)")
-    click.echo(format_results_block(m, extra=extra))
-    if o["result_json"]:
-        d = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)
-        d["partial"] = res.interrupted  # Ctrl-C: the results of what finished before it
-        d.update(mode=sc.mode, model=lm.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
-                 engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
-                 config=run_config(ecfg, engine), nvml_sampler=samplers.sampler_cost())
-        write_json(o["result_json"], d, "--result-json")
-    if res.interrupted:
-        sys.exit(130)  # the shell's code for a run stopped by SIGINT
+
+def _result_json(o: dict, m, res, engine, ecfg, wcfg, samplers) -> None:
+    """``--result-json``: the results as `vllm bench serve` writes them, plus gpuchef's."""
+    from ..sessions.headless import load_desc
+
+    sc = ecfg.scheduler
+    d = m.to_dict(empty_as_zero=True)  # vllm: np.mean(x or 0)
+    d["partial"] = res.interrupted  # Ctrl-C: the results of what finished before it
+    d.update(mode=sc.mode, model=engine.loaded.name, scheduler=sc.as_dict(), load=load_desc(wcfg),
+             engine=ecfg.engine, tensor_parallel_size=ecfg.tensor_parallel_size,
+             config=run_config(ecfg, engine), nvml_sampler=samplers.sampler_cost())
+    write_json(o["result_json"], d, "--result-json")

@@ -13,17 +13,17 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from .bench_cmd import bench
+    from .bench import bench
     cli.add_command(bench)
-    from .top_cmd import top
+    from .top import top
     cli.add_command(top)
-    from .ab_cmd import ab
+    from .ab import ab
     cli.add_command(ab)
-    from .report_cmd import report
+    from .report import report
     cli.add_command(report)
-    from .replay_cmd import replay
+    from .replay import replay
     cli.add_command(replay)
-    from .serve_cmd import serve
+    from .serve import serve
     cli.add_command(serve)
     from .bench_attention import bench_attention
     cli.add_command(bench_attention)

@@ -1,18 +1,21 @@
-"""The click options shared by `bench`, `top` and `ab`, with vLLM's flag spellings, and the
-functions that turn them into engine and workload configs."""
+"""The one module of flag helpers the commands share: the click options of `bench`, `top`, `ab`,
+`serve` and `replay` with vLLM's flag spellings, and the functions that check them and turn them
+into engine and workload configs. Commands import this module and no other command."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import click
 
-from .engine_host.attention import DECODE_ATTENTION
-from .engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
+from ..engine_host.attention import DECODE_ATTENTION
+from ..engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
                                  PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig, ConfigError,
                                  parse_capture_sizes,
                                  EngineConfig, SchedulerConfig, parse_auto_budget)
+from ..serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
 
 
 def _opts(*decorators: Callable) -> Callable:
@@ -238,7 +241,7 @@ def graph_flags_warning(o: dict[str, Any], cfg: EngineConfig) -> str | None:
     ``--attention-backend reference`` too, and with ``--enforce-eager`` the other two. A warning,
     not an error: scripts share flags between machines. Raises ConfigError for a bad
     ``--device`` (``engine.resolve_device``)."""
-    from .engine_host.engine import resolve_device
+    from ..engine_host.engine import resolve_device
 
     if cfg.engine != "native":
         return None  # vLLM: --enforce-eager is its own; the other two are refused by EngineConfig
@@ -266,7 +269,7 @@ def decode_attention_warning(cfg: EngineConfig) -> str | None:
     """One line when ``--decode-attention`` names a kernel this run cannot use (the CPU, or
     ``--attention-backend reference``: decode rows run on the PyTorch reference), else None.
     Raises ConfigError for a bad ``--device``."""
-    from .engine_host.engine import resolve_device
+    from ..engine_host.engine import resolve_device
 
     if cfg.engine != "native" or cfg.decode_attention == "auto":
         return None
@@ -326,7 +329,7 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
     When ``max_model_len`` shortens requests, one line says how many, to ``warn`` (default:
     ``warning: ...`` on stderr); ``limit_from`` names whose limit it is when ``--max-model-len``
     was not given (the hosted model's; over HTTP the server's)."""
-    from .engine_host.workload import WorkloadConfig, clip_stats
+    from ..engine_host.workload import WorkloadConfig, clip_stats
 
     try:
         rate = float(o["request_rate"])
@@ -366,7 +369,7 @@ def trace_flags_warning(o: dict[str, Any]) -> str | None:
     given = [k for k in _RANDOM_ONLY_FLAGS if flag_given(k)]
     if not given:
         return None
-    from .engine_host.phases import is_workload
+    from ..engine_host.phases import is_workload
 
     what = "its phases bring their" if is_workload(o["dataset"]) else "a trace brings its"
     return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: {what} "
@@ -535,8 +538,8 @@ def check_sampling(sample_hz: float, gpus: str | None, *, allow_off: bool = True
     """``(sample_hz, gpu indices or None)`` from ``--sample-hz`` and ``--gpus``, checked with the
     functions `gpuchef top` uses. ``allow_off``: 0 turns the NVML sampler off (bench, ab).
     Raises ConfigError naming the value and what is allowed."""
-    from .probes.sampler import check_sample_hz
-    from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
+    from ..probes.sampler import check_sample_hz
+    from ..probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
 
     if not (allow_off and sample_hz == 0):
         try:
@@ -578,3 +581,48 @@ def run_config(ecfg: EngineConfig, engine: Any) -> dict[str, Any]:
             "async_scheduling": runs_async(engine),
             "scheduling": "async" if runs_async(engine) else "sync",
             "kv_blocks": engine.num_blocks, "block_size": engine.kv.block_size}
+
+
+# ---- the dashboards' flags (top, replay) and the front door's (serve, top --serve) ----------
+
+def check_screenshot_dir(path: str) -> str:
+    """``--screenshot-dir``, before any work: a missing folder is created, as the output-file
+    flags' parents are (:func:`check_output_dir`); a file, or a folder this process cannot
+    write into, is refused (``s`` would fail later, mid-session). Returns the path with ``~``
+    expanded. Raises ConfigError naming the path."""
+    return check_output_dir(path, "--screenshot-dir")
+
+
+def parse_window(text: str) -> float:
+    """"10s", "60s", "10m", or seconds ("90") → seconds in [1, 3600]. Raises ConfigError."""
+    s = str(text).strip().lower()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(s|m|min)?", s)
+    if not m:
+        raise ConfigError(f"--window {text!r} is not a duration: use 10s, 60s, 10m or seconds")
+    v = float(m.group(1)) * (60 if m.group(2) in ("m", "min") else 1)
+    if not 1 <= v <= 3600:
+        raise ConfigError(f"--window {text!r} is out of range: allowed [1 s, 60 min]")
+    return v
+
+
+serve_options = _opts(
+    click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+                 help="Address to listen on. The default is loopback only: give 0.0.0.0 (or an "
+                      "address of this machine) to accept other machines."),
+    click.option("--port", default=8000, show_default=True, type=int,
+                 help="TCP port (0 = any free port; the URL is printed)."),
+    click.option("--api-key", default=None, envvar="GPUCHEF_API_KEY", show_envvar=True,
+                 help="Require 'Authorization: Bearer KEY' on /v1 and /gpuchef routes."),
+    click.option("--served-model-name", default=None,
+                 help="The model name clients send and /v1/models lists (default: --model)."),
+    click.option("--tokenizer", default=None,
+                 help="A local tokenizer (folder with tokenizer.json, or the file) for text "
+                      "prompts and response text. Default: the model folder's own; presets get "
+                      "gpuchef's bundled byte-level tokenizer."),
+    click.option("--max-concurrent-requests", default=DEFAULT_MAX_CONCURRENT, type=int,
+                 help="Requests in flight over HTTP beyond which the server answers 503 with "
+                      "Retry-After. Default: no limit (requests beyond max_num_seqs wait in the "
+                      "engine's queue, as in vLLM)."),
+    click.option("--max-request-body-mb", default=DEFAULT_MAX_BODY_MB, show_default=True,
+                 type=float, help="Largest request body accepted (MiB); larger gets 413."),
+)

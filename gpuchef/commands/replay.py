@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .engine_host.config import ConfigError
+from ..engine_host.config import ConfigError
 
 
 @click.command("replay")
@@ -54,11 +54,11 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
               err: Console | None = None):
     """The ReplayApp for ``trace``; warnings (skipped lines, a missing end record) go to ``err``.
     Raises ConfigError for a file that is not a readable gpuchef trace or a bad option."""
-    from .probes.recorder import TraceReadError, read_trace
-    from .report.data import cut_short_line
-    from .sessions.replay import SPEED_MAX, SPEED_MIN, ReplaySession
-    from .tui.replay import ReplayApp
-    from .top_cmd import check_screenshot_dir, parse_window
+    from ..probes.recorder import TraceReadError, read_trace
+    from ..report.data import cut_short_line
+    from ..sessions.replay import SPEED_MAX, SPEED_MIN, ReplaySession
+    from ..tui.replay import ReplayApp
+    from .options import check_screenshot_dir, parse_window
 
     window_s = parse_window(window)
     if not (math.isfinite(start_s) and start_s >= 0):

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .engine_host.config import ConfigError
+from ..engine_host.config import ConfigError
 from .options import check_output_path
 
 MATPLOTLIB_HINT = ("the HTML report draws its plots with matplotlib, which is not installed: "
@@ -21,7 +21,7 @@ MAX_PROBLEMS_PRINTED = 20
 
 
 def _default_output(paths: list[str], fmt: str) -> str:
-    from .probes.recorder import trace_name
+    from ..probes.recorder import trace_name
 
     stem = trace_name(paths[0]) if len(paths) == 1 else "gpuchef-report"
     return {"html": f"{stem}.html", "perfetto": f"{stem}.perfetto.json", "csv": stem}[fmt]
@@ -52,7 +52,7 @@ def is_trace_file(path: str) -> bool:
     is refused as an output. Unreadable or other files: False."""
     import json
 
-    from .probes.recorder import TRACE_SCHEMA
+    from ..probes.recorder import TRACE_SCHEMA
 
     p = Path(path)
     try:
@@ -133,8 +133,8 @@ def _read_once(paths: list[str], err: Console) -> list[str]:
 
 
 def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None:
-    from .probes.metrics import parse_goodput, parse_percentiles
-    from .probes.recorder import TraceReadError
+    from ..probes.metrics import parse_goodput, parse_percentiles
+    from ..probes.recorder import TraceReadError
 
     paths = _read_once(paths, err)
     pcts = parse_percentiles(metric_percentiles)
@@ -145,7 +145,7 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
             import matplotlib  # noqa: F401
         except ImportError:
             raise ConfigError(MATPLOTLIB_HINT) from None
-    from .report import build
+    from ..report import build
 
     try:
         data = build(paths, percentiles=pcts, goodput=slos)
@@ -161,7 +161,7 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
             err.print(f"  … and {n - MAX_PROBLEMS_PRINTED} more")
     try:
         if fmt == "html":
-            from .report.html import render
+            from ..report.html import render
 
             page = render(data, title=title,
                           progress=lambda s: err.print(f"[dim]plotting {s}[/dim]")
@@ -173,13 +173,13 @@ def _report(paths, output, fmt, goodput, metric_percentiles, title, err) -> None
                       f"{'s' if len(data.views) != 1 else ''}, groups: "
                       + (", ".join(g.label for g in data.groups) or "none (no steps or requests)"))
         elif fmt == "perfetto":
-            from .report.perfetto import write
+            from ..report.perfetto import write
 
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             n = write(data, out)
             err.print(f"wrote {out}: {n} trace events (open it in ui.perfetto.dev)")
         else:
-            from .report.csvs import write
+            from ..report.csvs import write
 
             files = write(data, out)
             err.print("wrote " + ", ".join(f"{p} ({n} {what})" for p, n, what in files))

@@ -13,37 +13,13 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .engine_host.config import ConfigError
-from .options import (_opts, check_output_files, check_sampling,
-                      engine_config, engine_options, scheduler_options)
-from .serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
-from .sessions.serve import build_serve_session, prepare_serving
+from ..engine_host.config import ConfigError
+from .options import (check_output_files, check_sampling, engine_config, engine_options,
+                      scheduler_options, serve_options)
+from ..sessions.serve import build_serve_session, prepare_serving
 
 #: after the engine thread died: /health says 503 this long before the process exits (1)
 DEATH_GRACE_S = 2.0
-
-serve_options = _opts(
-    click.option("--host", "http_host", default="127.0.0.1", show_default=True,
-                 help="Address to listen on. The default is loopback only: give 0.0.0.0 (or an "
-                      "address of this machine) to accept other machines."),
-    click.option("--port", default=8000, show_default=True, type=int,
-                 help="TCP port (0 = any free port; the URL is printed)."),
-    click.option("--api-key", default=None, envvar="GPUCHEF_API_KEY", show_envvar=True,
-                 help="Require 'Authorization: Bearer KEY' on /v1 and /gpuchef routes."),
-    click.option("--served-model-name", default=None,
-                 help="The model name clients send and /v1/models lists (default: --model)."),
-    click.option("--tokenizer", default=None,
-                 help="A local tokenizer (folder with tokenizer.json, or the file) for text "
-                      "prompts and response text. Default: the model folder's own; presets get "
-                      "gpuchef's bundled byte-level tokenizer."),
-    click.option("--max-concurrent-requests", default=DEFAULT_MAX_CONCURRENT, type=int,
-                 help="Requests in flight over HTTP beyond which the server answers 503 with "
-                      "Retry-After. Default: no limit (requests beyond max_num_seqs wait in the "
-                      "engine's queue, as in vLLM)."),
-    click.option("--max-request-body-mb", default=DEFAULT_MAX_BODY_MB, show_default=True,
-                 type=float, help="Largest request body accepted (MiB); larger gets 413."),
-)
-
 
 @click.command("serve")
 @engine_options

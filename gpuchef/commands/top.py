@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 
@@ -11,11 +10,11 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from .engine_host.config import ConfigError
-from .options import (print_warning, check_output_dir, check_output_files, engine_config,
+from ..engine_host.config import ConfigError
+from .options import (print_warning, check_output_files, check_screenshot_dir, engine_config,
                       engine_options, http_client_options, scheduler_options, trace_flags_warning,
-                      workload_config, workload_options)
-from .serve_cmd import prepare_serving, serve_options
+                      workload_config, workload_options, parse_window, serve_options)
+from ..sessions.serve import prepare_serving
 
 # A bare `gpuchef top` on a CPU (the `tiny` model, reference attention) replays the bundled
 # Azure conversation trace slowed down and clipped so that the engine is busy but keeps up:
@@ -49,26 +48,6 @@ def check_terminal() -> None:
     """Refuse (ConfigError: :data:`NOT_A_TERMINAL`) when stdout is not a terminal."""
     if not stdout_is_terminal():
         raise ConfigError(NOT_A_TERMINAL)
-
-
-def check_screenshot_dir(path: str) -> str:
-    """``--screenshot-dir``, before any work: a missing folder is created, as the output-file
-    flags' parents are (options.check_output_dir); a file, or a folder this process cannot
-    write into, is refused (``s`` would fail later, mid-session). Returns the path with ``~``
-    expanded. Raises ConfigError naming the path."""
-    return check_output_dir(path, "--screenshot-dir")
-
-
-def parse_window(text: str) -> float:
-    """"10s", "60s", "10m", or seconds ("90") → seconds in [1, 3600]. Raises ConfigError."""
-    s = str(text).strip().lower()
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(s|m|min)?", s)
-    if not m:
-        raise ConfigError(f"--window {text!r} is not a duration: use 10s, 60s, 10m or seconds")
-    v = float(m.group(1)) * (60 if m.group(2) in ("m", "min") else 1)
-    if not 1 <= v <= 3600:
-        raise ConfigError(f"--window {text!r} is out of range: allowed [1 s, 60 min]")
-    return v
 
 
 @click.command("top")
@@ -201,28 +180,10 @@ def check_attach_flags(ctx: click.Context, o: dict) -> None:
             raise ConfigError(f"{', '.join(bad)} {verb} --attach URL (a server to watch)")
 
 
-def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
-    """The app `top` runs, its session started. Every flag is checked first (ConfigError names
-    a bad one, whatever stdout is); then ``need_terminal`` (the command's own call) refuses a
-    stdout that is not a terminal, before a port is bound, an engine built or a load announced.
-    Tests and screenshot scripts that drive the app with Textual's Pilot leave it off."""
-    check_attach_flags(ctx, o)
-    if o["attach"]:
-        return _build_attach(ctx, o, err, need_terminal)
-    from .engine_host.engine import resolve_device
-    from .probes.metrics import parse_goodput, parse_percentiles
-    from .probes.nvml import parse_gpus
-
-    from .probes.sampler import check_sample_hz
-    from .probes.nvml import SAMPLE_HZ_RANGE
-
-    window_s = parse_window(o["window"])
-    check_sample_hz(o["sample_hz"], *SAMPLE_HZ_RANGE, flag="--sample-hz")
-    pcts = parse_percentiles(o["metric_percentiles"])
-    gpus = parse_gpus(o["gpus"])
-    on_cpu = resolve_device(o["device"]).type == "cpu"
+def _load_defaults(ctx: click.Context, o: dict, on_cpu: bool) -> list[str]:
+    """The load `top` runs when none is given (the bundled trace; on a CPU slowed down and
+    clipped, with a smaller budget), written into ``o``. Returns the header's notes."""
     note = []
-    load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
     if _is_default(ctx, "dataset") and on_cpu:
         o["dataset"] = "azure-conv"
         if _is_default(ctx, "trace_speed"):
@@ -240,6 +201,31 @@ def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = Fals
         note.append("CPU default budget")
     if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
         o["request_rate"] = str(CPU_RANDOM_RATE if on_cpu else GPU_RANDOM_RATE)
+    return note
+
+
+def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
+    """The app `top` runs, its session started. Every flag is checked first (ConfigError names
+    a bad one, whatever stdout is); then ``need_terminal`` (the command's own call) refuses a
+    stdout that is not a terminal, before a port is bound, an engine built or a load announced.
+    Tests and screenshot scripts that drive the app with Textual's Pilot leave it off."""
+    check_attach_flags(ctx, o)
+    if o["attach"]:
+        return _build_attach(ctx, o, err, need_terminal)
+    from ..engine_host.engine import resolve_device
+    from ..probes.metrics import parse_goodput, parse_percentiles
+    from ..probes.nvml import parse_gpus
+
+    from ..probes.sampler import check_sample_hz
+    from ..probes.nvml import SAMPLE_HZ_RANGE
+
+    window_s = parse_window(o["window"])
+    check_sample_hz(o["sample_hz"], *SAMPLE_HZ_RANGE, flag="--sample-hz")
+    pcts = parse_percentiles(o["metric_percentiles"])
+    gpus = parse_gpus(o["gpus"])
+    on_cpu = resolve_device(o["device"]).type == "cpu"
+    load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
+    note = _load_defaults(ctx, o, on_cpu)
     slos = parse_goodput(" ".join(o["goodput"])) if o["goodput"] else \
         dict(DEFAULT_SLOS_CPU if on_cpu else DEFAULT_SLOS_GPU)
     def warn(msg: str) -> None:  # stderr is hidden under the dashboard: the header says it too
@@ -289,9 +275,9 @@ def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = Fals
 
 def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, duration_s,
            load_given):
-    from .sessions.live import LiveSession
-    from .sessions.headless import build_engine
-    from .tui.app import GpuchefApp
+    from ..sessions.live import LiveSession
+    from ..sessions.headless import build_engine
+    from ..tui.app import GpuchefApp
 
     engine = build_engine(ecfg, err)
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
@@ -323,12 +309,12 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
 def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
     """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/sessions/attach.py).
     ``need_terminal``: as :func:`_build`'s."""
-    from .experiments.ab import check_repetitions
-    from .sessions.attach import AttachSession, base_of
-    from .probes.sampler import check_sample_hz
-    from .probes.metrics import parse_goodput, parse_percentiles
-    from .probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
-    from .tui.app import GpuchefApp
+    from ..experiments.ab import check_repetitions
+    from ..sessions.attach import AttachSession, base_of
+    from ..probes.sampler import check_sample_hz
+    from ..probes.metrics import parse_goodput, parse_percentiles
+    from ..probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
+    from ..tui.app import GpuchefApp
 
     window_s = parse_window(o["window"])
     urls = [base_of(u) for u in o["attach"]]
@@ -352,7 +338,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
     load = None
     load_given = not (_is_default(ctx, "dataset") and _is_default(ctx, "request_rate"))
     if load_given:  # the load of `bench --base-url`, refused before anything is sent
-        from .client.bench_http import prepare_http_load
+        from ..client.bench_http import prepare_http_load
 
         if o["dataset"] == "random" and _is_default(ctx, "request_rate"):
             o["request_rate"] = str(GPU_RANDOM_RATE)  # not inf: a live load, not all at once
@@ -366,7 +352,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
         raise ConfigError("--ab-load runs an A/B of two attached servers on gpuchef's load: "
                           "give --attach twice and --dataset or --request-rate")
     if len(urls) >= 2 and load is not None:  # `a`: the same load to both (gpuchef ab's)
-        from .experiments.http import Arm, prepare_loads
+        from ..experiments.http import Arm, prepare_loads
 
         arms = {"A": Arm("A", urls[0], ""), "B": Arm("B", urls[1], "")}
         try:

@@ -679,7 +679,7 @@ def measure_on_engine(engine: Any, wcfg: Any, native: float | None, setting: Any
     force and an :class:`~gpuchef.experiments.early_stop.EarlyStop` watching it (a decided
     probe's remaining requests are withdrawn, its stop mark says why), judged by
     :func:`judge_probe`. Raises ConfigError for an empty workload; what ``run_load`` raises."""
-    from ..sessions.headless import run_load
+    from ..sessions.headless import phase_marks, run_load
     from .early_stop import EarlyStop
     from .hosted import assert_idle, emit_mark
 
@@ -718,6 +718,6 @@ def measure_on_engine(engine: Any, wcfg: Any, native: float | None, setting: Any
         h.on_output = on_output
 
     res = run_load(engine, specs, listeners=[*listeners, watch], console=console,
-                   on_start=on_start)
+                   on_start=on_start, marks=phase_marks(w))
     return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=percentiles,
                        goodput=goodput, stopped=stop.reason, stopped_ns=hold.get("t"))

@@ -10,7 +10,6 @@ from typing import Any, Sequence
 
 from ..engine_host.workload import PROBE_ID_PREFIX
 from ..probes.metrics import is_completed
-from .capacity import SLO
 
 
 class EarlyStop:
@@ -18,8 +17,9 @@ class EarlyStop:
     still to come do, the statistic cannot come back under its limit — so the probe can stop
     and save device time.
 
-    ``slos``: the SLOs; ``arrivals_ns``/``output_lens``: each (non-probe) request's arrival
-    (monotonic ns; :meth:`start` shifts offsets by the load's t0) and output length, so the
+    ``slos``: the SLOs (``capacity.SLO``); ``arrivals_ns``/``output_lens``: each (non-probe)
+    request's arrival (monotonic ns; :meth:`start` shifts offsets by the load's t0) and output
+    length, so the
     final number of values is known in advance — requests (TTFT, E2EL), requests with > 1
     output token (TPOT), token gaps Σ(len − 1) (ITL: an upper bound when chunks carry several
     tokens, which only makes the test stricter). For P_q over N values (linear interpolation
@@ -34,7 +34,7 @@ class EarlyStop:
 
     CHECK_EVERY_NS = 200_000_000  # the open-value scan: at most every 0.2 s of engine time
 
-    def __init__(self, slos: Sequence[SLO], output_lens: Sequence[int],
+    def __init__(self, slos: Sequence[Any], output_lens: Sequence[int],
                  arrivals_ns: Sequence[int] = (), ids: Sequence[str] = ()) -> None:
         n = len(output_lens)
         self.total = {"ttft": n, "e2el": n, "tpot": sum(1 for x in output_lens if x > 1),
@@ -56,7 +56,7 @@ class EarlyStop:
         """The load's clock origin: arrivals given as offsets count from it."""
         self.t0_ns = int(t0_ns)
 
-    def _need(self, s: SLO) -> float:
+    def _need(self, s: Any) -> float:
         n = self.total[s.metric]
         q = 50.0 if s.stat == "median" else s.percentile
         return n - math.floor(q / 100.0 * (n - 1)) if n else math.inf

@@ -87,15 +87,17 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                    repetitions: int = 1, *, listeners: Sequence[Listener] = (),
                    console: Any = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                    goodput: dict[str, float] | None = None, samplers: Any = None,
-                   run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None
-                   ) -> list[Run]:
+                   run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None,
+                   marks: Sequence[tuple[float, str]] = ()) -> list[Run]:
     """Run ``specs`` once per setting per repetition on ``engine``, in ``ab.sequence``'s order.
 
     Each run gets the same specs (identical arrival offsets, lengths and token ids; the ids
     suffixed by repetition, ``ab.rep_specs``), starts on an idle engine with an empty KV
     cache, and has the setting in force from its first step.
-    ``on_run(i, total, run)`` is called after each run. Returns every complete window (one per
-    run, in execution order; figures by ``probes.ab``: a run's span ends at its last token).
+    ``marks``: ``run_load``'s (a phased load's phase marks, ``headless.phase_marks``), sent in
+    every run. ``on_run(i, total, run)`` is called after each run. Returns every complete window
+    (one per run, in execution order; figures by ``probes.ab``: a run's span ends at its last
+    token).
     Raises RuntimeError if the engine is not idle between runs, and what ``run_load`` raises.
     """
     from ..sessions.headless import run_load
@@ -111,7 +113,7 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
 
         first = emit_mark(engine, mark_name(run_id, label, rep), listeners)
         res = run_load(engine, rep_specs(specs, rep, run_id, label), listeners=listeners,
-                       console=console, on_start=on_start)
+                       console=console, on_start=on_start, marks=marks)
         rec.add(res, first)
         if on_run is not None:
             on_run(i, len(plan), Run(label, rep, first.t_ns,
@@ -157,12 +159,13 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
                     listeners: Sequence[Listener] = (), console: Any = None,
                     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                     goodput: dict[str, float] | None = None, samplers: Any = None,
-                    run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None
-                    ) -> tuple[list[Run], float]:
+                    run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None,
+                    marks: Sequence[tuple[float, str]] = ()) -> tuple[list[Run], float]:
     """One load per repetition while the engine alternates A and B every ``window_s`` s
     (repetition 2 starts with B, and so on). Returns (every complete window, in time order —
     ``Run.counted`` says which enter the comparison, by ``probes.ab``'s rules; the share of
-    the counted windows' requests that finished after their window ended).
+    the counted windows' requests that finished after their window ended). ``marks``: as
+    :func:`run_sequential`'s, in every repetition.
 
     Windows, membership (requests by arrival, steps by start) and throughput (work done in the
     window) are ``probes.ab``'s. Raises ConfigError when the load is too short for one counted
@@ -177,7 +180,7 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
         sw = _Switcher(engine, settings, order, window_s, run_id, listeners, counts)
         try:
             res = run_load(engine, rep_specs(specs, rep, run_id), listeners=listeners,
-                           console=console, on_start=sw.on_start)
+                           console=console, on_start=sw.on_start, marks=marks)
         finally:
             sw.close()
         counts = dict(sw.alt.counts)  # window numbers go on across repetitions

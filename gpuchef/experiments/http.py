@@ -405,7 +405,7 @@ def prepare_loads(o: dict[str, Any], arms: dict[str, Arm], model: str) -> dict[s
         loads = {k: prep(o2, k) for k in arms}
     if loads["B"] is not loads["A"]:
         loads["B"].specs = loads["A"].specs
-    from ..options import print_warning, probe_warning
+    from ..commands.options import print_warning, probe_warning
 
     if (w := probe_warning(o, loads["A"].specs)):  # once: both sides send these requests
         print_warning(w)

@@ -1,6 +1,6 @@
 """The headless server's composition: engine + EngineHost + the front door's process (HTTP and
 /metrics, process.py) + samplers + trace (`gpuchef serve`). `gpuchef top --serve` composes the
-same ServeProcess into the dashboard's LiveSession instead (gpuchef/top_cmd.py).
+same ServeProcess into the dashboard's LiveSession instead (gpuchef/commands/top.py).
 ``make_front_door`` builds the server in this process (benchmarks compare the two)."""
 
 from __future__ import annotations

@@ -357,21 +357,7 @@ class AttachSession:
             self.load = HttpLoadControl(load, self._add_request)
         else:
             self.load = NoLoad()
-        if ab_loads is not None and len(self.servers) >= 2:
-            self.ab: Any = AttachAB([s.url for s in self.servers[:2]], ab_loads, ab_load,
-                                    ab_repetitions, self._event, self._add_request,
-                                    busy=self._ab_busy)
-        elif ab_why:
-            self.ab = NoAB(ab_why)
-        elif len(self.servers) < 2:
-            self.ab = NoAB("an A/B of attached servers compares two: give --attach twice "
-                           "(the first two are A and B)")
-        else:
-            self.ab = NoAB("an A/B of the attached servers sends them gpuchef's load: give "
-                           "--dataset or --request-rate (restart top)")
-        from ..client.http_load import server_models_meta
-        from .headless import phases_meta
-
+        self.ab: Any = self._make_ab(ab_loads, ab_load, ab_repetitions, ab_why)
         # each server's GET /v1/models, once: the load's answer where it asked, else asked now
         # (a short limit; never raises: what went wrong is the answer's note)
         told = {pl.cfg.base_url: pl.info for pl in (load, *(ab_loads or {}).values())
@@ -391,25 +377,49 @@ class AttachSession:
             source=",".join(seen), per_step_records=False)
         self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml, on_sample=self._gpu_sample,
                                 on_event=self._event) if gpus else None
-        self._meta_extra = {"sample_hz": sample_hz if gpus else 0, "scrape_hz": self.scrape_hz,
-                            "server_models": server_models_meta(self.server_info)}
-        if load is not None:
-            self._meta_extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
-                                        "model": load.cfg.model,
-                                        "num_requests": len(load.specs)}
-            if (ph := phases_meta(load.wcfg)) is not None:
-                self._meta_extra["phases"] = ph
-        if isinstance(self.ab, AttachAB):  # as `gpuchef ab --a url=U1 --b url=U2` writes it
-            self._meta_extra["ab"] = {
-                "interleave": False, "load": ab_load, "repetitions": ab_repetitions,
-                "settings": {k: {"spec": "", "url": a.url,
-                                 "describe": f"{a.url}: the server's own settings"}
-                             for k, a in self.ab.arms.items()}}
+        self._meta_extra = self._meta_of(load, sample_hz if gpus else 0, ab_load, ab_repetitions)
         if trace_path:
             self._recorder = TraceRecorder(trace_path, meta=self._meta())
         self._closed = False
         self._started = False
         self.closers: list[Callable[[], None]] = []
+
+    def _make_ab(self, ab_loads: dict[str, Any] | None, ab_load: str, repetitions: int,
+                 why: str) -> Any:
+        """The A/B of the first two servers (``experiments.http.AttachAB``), or why there is
+        none (``NoAB``)."""
+        if ab_loads is not None and len(self.servers) >= 2:
+            return AttachAB([s.url for s in self.servers[:2]], ab_loads, ab_load, repetitions,
+                            self._event, self._add_request, busy=self._ab_busy)
+        if why:
+            return NoAB(why)
+        if len(self.servers) < 2:
+            return NoAB("an A/B of attached servers compares two: give --attach twice "
+                        "(the first two are A and B)")
+        return NoAB("an A/B of the attached servers sends them gpuchef's load: give "
+                    "--dataset or --request-rate (restart top)")
+
+    def _meta_of(self, load: Any, sample_hz: float, ab_load: str,
+                 ab_repetitions: int) -> dict[str, Any]:
+        """What the trace meta holds beyond :meth:`_meta`'s: rates, the servers' models, the
+        load and its phases, the A/B as `gpuchef ab --a url=U1 --b url=U2` writes it."""
+        from ..client.http_load import server_models_meta
+        from .headless import phases_meta
+
+        extra: dict[str, Any] = {"sample_hz": sample_hz, "scrape_hz": self.scrape_hz,
+                                 "server_models": server_models_meta(self.server_info)}
+        if load is not None:
+            extra["load"] = {"desc": load.desc, "endpoint": load.cfg.endpoint,
+                             "model": load.cfg.model, "num_requests": len(load.specs)}
+            if (ph := phases_meta(load.wcfg)) is not None:
+                extra["phases"] = ph
+        if isinstance(self.ab, AttachAB):  # as `gpuchef ab --a url=U1 --b url=U2` writes it
+            extra["ab"] = {
+                "interleave": False, "load": ab_load, "repetitions": ab_repetitions,
+                "settings": {k: {"spec": "", "url": a.url,
+                                 "describe": f"{a.url}: the server's own settings"}
+                             for k, a in self.ab.arms.items()}}
+        return extra
 
     def _ab_busy(self) -> str:
         ld = self.load
