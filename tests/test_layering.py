@@ -55,7 +55,7 @@ def test_the_check_sees_a_wrong_import(tmp_path):
     fake = tmp_path / "tui" / "screens"
     fake.mkdir(parents=True)
     (fake / "x.py").write_text("from ...ab import run_sequential\nfrom ..model import Session\n"
-                               "import gpuchef.probes.scrape\nfrom gpuchef.cli import main\n")
+                               "import gpuchef.probes.scrape\nfrom gpuchef.commands.cli import main\n")
     got = _rooms_imported(fake / "x.py", "tui", tmp_path)
     assert [t for _, t in got] == ["gpuchef", "tui", "probes", "gpuchef"]
 

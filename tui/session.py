@@ -1,8 +1,8 @@
 """What the dashboard needs from a live session: the contract between the TUI and its host.
 
-The TUI imports engine_host and probes, never ``gpuchef`` itself: ``gpuchef/sessions/live.py`` builds the
-real session (engine + EngineHost + live load + samplers + timeline + trace) and tests build a
-static one. Everything here is read from the UI thread and must not block: commands are queue
+The TUI imports engine_host and probes, never ``gpuchef`` itself: ``gpuchef/sessions/live.py``
+builds the real session (engine + EngineHost + live load + samplers + timeline + trace) and tests
+build a static one. Everything here is read from the UI thread and must not block: commands are queue
 puts, reads are attributes or lock-free timeline snapshots. The one slow call, ``export_trace``,
 is run by the app in a worker thread.
 """

@@ -1,5 +1,7 @@
 """`gpuchef ab`: two scheduler settings against the same seeded load, side by side; or the
-capacity of each under latency SLOs (``--capacity``). The logic is in ab.py and capacity.py."""
+capacity of each under latency SLOs (``--capacity``); over HTTP, two settings of one server or two
+servers. The runs are ``experiments``' (``hosted``, ``http``, ``capacity``); this module is the
+command: its flags, checks and printed results."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 from ..experiments.capacity import SATURATION_TOLERANCE
 from ..engine_host.config import ConfigError
 from ..probes.ab import MIN_REPETITIONS
-from .options import (check_output_files, flag_given, check_sampling, engine_config, engine_options, run_config,
-                      http_load_options, scheduler_options, scheduling_desc, workload_config,
-                      workload_options, write_json, print_warning, probe_warning,
-                      trace_flags_warning)
+from .options import (check_output_files, check_sampling, engine_config, engine_options,
+                      flag_given, http_load_options, print_warning, probe_warning, run_config,
+                      scheduler_options, scheduling_desc, trace_flags_warning, workload_config,
+                      workload_options, write_json)
 
 
 @click.command("ab")

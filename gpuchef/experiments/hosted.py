@@ -132,7 +132,8 @@ class _Switcher:
     def __init__(self, engine: Any, settings: dict[str, Setting], order: tuple[str, str],
                  window_s: float, run_id: int, listeners: Sequence[Listener],
                  counts: dict[str, int]) -> None:
-        self.engine, self.listeners, self.settings, self.run_id = engine, listeners, settings, run_id
+        self.engine, self.listeners = engine, listeners
+        self.settings, self.run_id = settings, run_id
         self.first: EngineEvent | None = None
         self.host: Any = None
         self.alt = Alternator(order, window_s, self._switch, counts=counts,
