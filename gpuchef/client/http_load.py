@@ -32,25 +32,26 @@ import asyncio
 import gc
 import json
 import math
-import os
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..engine_host.config import ConfigError
-from ..engine_host.records import RequestRecord
 from ..engine_host.workload import RequestSpec
 
-ENDPOINTS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
+# the settings, the results and the server look-up live in their own modules; their names are
+# imported from here too (the commands, the sessions, the A/B runner, the tests)
+from .http_config import (DEFAULT_REQUEST_TIMEOUT_S, ENDPOINTS, HttpLoadConfig,  # noqa: F401
+                          normalize_base_url)
+from .http_results import (ERROR_KINDS, ClientResult, _error_message, error_counts,  # noqa: F401
+                           error_lines, lateness_stats, peak_stats, result_arrays,
+                           to_request_records)
+from .server_info import (INFO_TIMEOUT_S, ServerInfo, fetch_server_info,  # noqa: F401
+                          server_models_meta)
+
 RAMP_UP_STRATEGIES: tuple[str, ...] = ("linear", "exponential")
-#: Default per-request limit (s): the whole request, first byte to ``[DONE]``.
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
-#: Limit (s) on the start-up look-up of ``/v1/models``.
-INFO_TIMEOUT_S = 10.0
 #: A random stream of its own for ramp-up arrivals (workload.py uses 0..3).
 _STREAM_RAMP_UP = 4
 #: Bytes of an error response body kept for the message.
@@ -58,89 +59,6 @@ _ERROR_BODY_BYTES = 2048
 #: Request bodies built before t0 until their prompts hold this many tokens (~6 bytes a token
 #: as JSON ids: ~100 MB); later ones are built in the slack before their due time.
 PREBUILT_PROMPT_TOKENS = 16_000_000
-
-
-@dataclass
-class HttpLoadConfig:
-    """Where and how to send the load. Flag names as ``vllm bench serve`` spells them.
-
-    ``base_url``: ``http(s)://host[:port]`` (a trailing ``/`` or ``/v1`` is dropped).
-    ``endpoint``: one of ``ENDPOINTS``. ``model``: the name sent in each request (the server's
-    ``--served-model-name``). ``api_key``: sent as ``Authorization: Bearer``; None reads
-    ``OPENAI_API_KEY`` (vLLM's client does the same). ``max_concurrency``: requests in flight at
-    most (None = unbounded); probes bypass it, as vLLM's probe requests do.
-    ``request_timeout_s``: per request, from the POST to the end of the stream (s, > 0).
-    ``ignore_eos``: sent with every request so that outputs have the forced lengths.
-    ``continuous_usage``: ask for per-chunk usage (the chunk's token count).
-    Raises ConfigError (``validate``) naming the value and what is allowed.
-    """
-
-    base_url: str
-    endpoint: str = "/v1/completions"
-    model: str = ""
-    api_key: str | None = None
-    max_concurrency: int | None = None
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    ignore_eos: bool = True
-    continuous_usage: bool = True
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        self.base_url = normalize_base_url(self.base_url)
-        ep = str(self.endpoint).strip()
-        if not ep.startswith("/"):
-            ep = "/" + ep
-        if ep not in ENDPOINTS:
-            raise ConfigError(f"--endpoint {self.endpoint!r} is not one of {', '.join(ENDPOINTS)}")
-        self.endpoint = ep
-        if self.max_concurrency is not None:
-            if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int) \
-                    or self.max_concurrency < 1:
-                raise ConfigError(f"--max-concurrency {self.max_concurrency!r} must be an "
-                                  "integer >= 1 (or left out: no limit)")
-        t = self.request_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or \
-                not (math.isfinite(t) and t > 0):
-            raise ConfigError(f"--request-timeout {t!r} must be a number of seconds > 0")
-        if self.api_key is None:
-            self.api_key = os.environ.get("OPENAI_API_KEY") or None
-
-    @property
-    def is_chat(self) -> bool:
-        return self.endpoint == "/v1/chat/completions"
-
-    @property
-    def api_url(self) -> str:
-        return self.base_url + self.endpoint
-
-    def headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
-
-
-def normalize_base_url(url: str) -> str:
-    """``http(s)://host[:port][/prefix]`` without a trailing ``/`` or ``/v1`` (users paste the
-    OpenAI client's ``base_url``, which ends in ``/v1``). Raises ConfigError for another scheme,
-    a missing host or a bad port."""
-    raw = str(url).strip()
-    try:
-        parts = urlsplit(raw)
-        port = parts.port  # ValueError for a port out of range or not a number
-    except ValueError as e:
-        raise ConfigError(f"--base-url {url!r} is not a URL ({e})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--base-url {url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"--base-url {url!r}: give no query or fragment")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    del port
-    return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,104 +203,6 @@ def request_body(spec: RequestSpec, cfg: HttpLoadConfig, tok=None) -> bytes:
 
 # ---------------------------------------------------------------------------------------------
 # One request
-
-#: Error kinds, in the order ``error_lines`` prints them.
-ERROR_KINDS: tuple[str, ...] = ("http", "refused", "connection", "timeout", "stream_cut",
-                                "stream_error", "no_token", "bad_stream", "client")
-_KIND_TEXT = {
-    "refused": "connection refused",
-    "connection": "connection failed",
-    "timeout": "timed out",
-    "stream_cut": "stream closed early (no [DONE])",
-    "stream_error": "error in the stream",
-    "no_token": "stream carried no token",
-    "bad_stream": "stream not readable as SSE JSON",
-    "client": "client error",
-}
-
-
-@dataclass
-class ClientResult:
-    """One request as the client saw it. Times are ``time.monotonic_ns()``.
-
-    ``due_ns``: its scheduled send time (t0 + arrival_s); ``dispatch_ns``: when its task started
-    (``dispatch_ns − due_ns`` is the client's lateness); ``start_ns``: when the POST was issued
-    (after the concurrency semaphore: ``start_ns − dispatch_ns`` is vLLM's ``client_queue_time``).
-    ``chunk_times_ns`` / ``chunk_tokens``: each chunk that carried tokens, and how many (1 when the
-    server does not say). ``output_tokens``: from the usage chunk, else ``sum(chunk_tokens)``.
-    ``prompt_len``: the server's ``prompt_tokens`` when it says, else the prompt's length.
-    ``error_kind``: "" for success, else one of ``ERROR_KINDS``; ``status``: the HTTP status
-    (0 before one was read); ``error``: one line, the server's message when it gave one.
-    """
-
-    request_id: str
-    is_probe: bool
-    prompt_len: int
-    max_tokens: int
-    due_ns: int = 0
-    dispatch_ns: int = 0
-    start_ns: int = 0
-    end_ns: int = 0
-    status: int = 0
-    chunk_times_ns: list[int] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
-    usage_output_tokens: int | None = None
-    finish_reason: str = ""
-    generated_text: str = ""
-    error_kind: str = ""
-    error: str = ""
-
-    @property
-    def success(self) -> bool:
-        return not self.error_kind
-
-    @property
-    def output_tokens(self) -> int:
-        if self.usage_output_tokens is not None:
-            return self.usage_output_tokens
-        return sum(self.chunk_tokens)
-
-    @property
-    def lateness_ms(self) -> float:
-        return (self.dispatch_ns - self.due_ns) / 1e6
-
-    @property
-    def queue_time_s(self) -> float:
-        return (self.start_ns - self.dispatch_ns) / 1e9
-
-    @property
-    def ttft_s(self) -> float:
-        return (self.chunk_times_ns[0] - self.start_ns) / 1e9 if self.chunk_times_ns else 0.0
-
-    @property
-    def latency_s(self) -> float:
-        return (self.chunk_times_ns[-1] - self.start_ns) / 1e9 if self.chunk_times_ns else 0.0
-
-    @property
-    def itls_s(self) -> list[float]:
-        t = self.chunk_times_ns
-        return [(t[i] - t[i - 1]) / 1e9 for i in range(1, len(t))]
-
-    def fail(self, kind: str, message: str) -> None:
-        self.error_kind = kind
-        self.error = " ".join(str(message).split())[:300]
-
-
-def _error_message(status: int, reason: str, body: bytes) -> str:
-    """'HTTP 400 Bad Request: <the OpenAI-shaped error's message, or the body's start>'."""
-    text = body.decode("utf-8", "replace").strip()
-    msg = text
-    try:
-        obj = json.loads(text)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        if isinstance(err, dict):
-            msg = str(err.get("message") or err.get("detail") or err)
-        elif isinstance(err, str):
-            msg = err
-    except ValueError:
-        pass
-    head = f"HTTP {status} {reason or ''}".rstrip()
-    return f"{head}: {msg}" if msg else head
 
 
 class _Stream:
@@ -668,211 +488,3 @@ def run_http_load(specs: Sequence[RequestSpec], cfg: HttpLoadConfig,
         return asyncio.run(run_http_load_async(specs, cfg, body, **kw))
     finally:
         gc.unfreeze()
-
-
-# ---------------------------------------------------------------------------------------------
-# Server information
-
-@dataclass
-class ServerInfo:
-    """What ``GET /v1/models`` said: the model ids, and of the first model ``max_model_len``
-    (vLLM says it), ``vocab_size`` (when the server says; vLLM does not), ``owned_by`` and
-    ``root`` (vLLM: "vllm" and the model's path). ``note``: "" or why nothing (or not all) was
-    read, e.g. "GET /v1/models: HTTP 404"; ``fatal``: nothing answered at the URL, or it refused
-    the API key (the load cannot go there)."""
-
-    models: list[str]
-    max_model_len: int | None = None
-    vocab_size: int | None = None
-    owned_by: str | None = None
-    root: str | None = None
-    note: str = ""
-    fatal: bool = False
-
-    def meta(self) -> dict[str, Any]:
-        """The trace meta's entry for this server (``server_models``): the fields read, and
-        ``note`` when the answer lacked them."""
-        d: dict[str, Any] = {"id": self.models[0] if self.models else None,
-                             "max_model_len": self.max_model_len, "owned_by": self.owned_by,
-                             "root": self.root}
-        d = {k: v for k, v in d.items() if v is not None}
-        if self.note or not self.models:
-            d["note"] = self.note or "GET /v1/models listed no model"
-        return d
-
-
-async def _fetch_info(cfg: HttpLoadConfig, timeout_s: float) -> ServerInfo:
-    import aiohttp
-
-    url = cfg.base_url + "/v1/models"
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    def failed(why: str, fatal: bool = False) -> ServerInfo:
-        return ServerInfo([], note=why, fatal=fatal)
-
-    try:
-        async with aiohttp.ClientSession(headers=cfg.headers(), timeout=timeout,
-                                         trust_env=False) as s:
-            async with s.get(url) as r:
-                raw = await r.content.read(1 << 20)
-                if r.status in (401, 403):
-                    why = _error_message(r.status, r.reason or "", raw)
-                    return failed(f"{why} — give --api-key or set OPENAI_API_KEY", True)
-                if r.status != 200:
-                    return failed(f"GET /v1/models: HTTP {r.status}")
-    except TimeoutError:
-        return failed(f"no answer from {url} within {timeout_s:g} s", True)
-    except aiohttp.ClientConnectorError as e:
-        return failed(f"cannot connect ({e.os_error or e})", True)
-    except aiohttp.ClientError as e:
-        return failed(f"{url} failed ({type(e).__name__}: {e})", True)
-    try:
-        data = json.loads(raw).get("data")
-        if not isinstance(data, list):
-            raise TypeError
-        models = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-    except (ValueError, AttributeError, TypeError):
-        return failed("GET /v1/models: not an OpenAI model list (JSON with a 'data' list)")
-    first = data[0] if data and isinstance(data[0], dict) else {}
-
-    def _pos_int(v: Any) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-    def _text(v: Any) -> str | None:
-        return v if isinstance(v, str) and v else None
-
-    return ServerInfo(models, _pos_int(first.get("max_model_len")),
-                      _pos_int(first.get("vocab_size")), _text(first.get("owned_by")),
-                      _text(first.get("root")))
-
-
-def fetch_server_info(cfg: HttpLoadConfig, *, timeout_s: float = INFO_TIMEOUT_S,
-                      strict: bool = True) -> ServerInfo:
-    """``GET base_url/v1/models`` once (the one look-up of a server's models: the load's model
-    name, vocabulary and context length, and the trace meta's ``server_models``). A server
-    without the endpoint, or answering it with something unreadable, gives a ServerInfo with no
-    models and the reason in ``note``. ``strict``: raise ConfigError (one line, naming
-    ``--base-url``) when nothing answers at ``base_url`` within ``timeout_s``, or it refuses the
-    API key; else that too is only ``note`` (``fatal`` set)."""
-    info = asyncio.run(_fetch_info(cfg, timeout_s))
-    if strict and info.fatal:
-        raise ConfigError(f"--base-url {cfg.base_url}: {info.note}")
-    return info
-
-
-def server_models_meta(infos: dict[str, ServerInfo]) -> dict[str, dict[str, Any]]:
-    """The trace meta's ``server_models``: base URL → ``ServerInfo.meta()``."""
-    return {u: i.meta() for u, i in infos.items()}
-
-
-# ---------------------------------------------------------------------------------------------
-# Results
-
-def to_request_records(results: Sequence[ClientResult]) -> list[RequestRecord]:
-    """ClientResults as RequestRecords for ``probes.metrics.summarize``: ``arrival_ns`` = the
-    POST's start (vLLM's TTFT origin); a chunk of k tokens repeats its time k times in
-    ``token_times_ns`` (RequestRecord's chunk convention: one ITL per chunk). When the usage
-    total differs from the chunks' sum (a server that does not say per chunk), ``output_len``
-    is the usage total and the times stay one per chunk. A failed request is finish_reason
-    "error" with its message, no tokens, ``ended_ns`` when the failure was seen."""
-    out = []
-    for r in results:
-        if r.success:
-            times: list[int] = []
-            for t, k in zip(r.chunk_times_ns, r.chunk_tokens):
-                times.extend([t] * k)
-            n_out = r.output_tokens
-            reason = r.finish_reason if r.finish_reason in ("length", "stop") else "length"
-            out.append(RequestRecord(r.request_id, r.start_ns, r.prompt_len, n_out, tuple(times),
-                                     reason, max_tokens=r.max_tokens))
-        else:
-            out.append(RequestRecord(r.request_id, r.start_ns or r.dispatch_ns, r.prompt_len, 0,
-                                     (), "error", max_tokens=r.max_tokens,
-                                     error=f"{r.error_kind}: {r.error}", ended_ns=r.end_ns))
-    return out
-
-
-def _error_key(r: ClientResult) -> str:
-    if r.error_kind == "http":
-        return f"HTTP {r.status}"
-    return _KIND_TEXT.get(r.error_kind, r.error_kind)
-
-
-def error_counts(results: Sequence[ClientResult]) -> dict[str, int]:
-    """Failed requests by kind ("HTTP 500", "connection refused", "timed out", ...), probes
-    included."""
-    order = {k: i for i, k in enumerate(ERROR_KINDS)}
-    bad = sorted((r for r in results if not r.success),
-                 key=lambda r: (order.get(r.error_kind, 99), r.status))
-    return dict(Counter(_error_key(r) for r in bad))
-
-
-def error_lines(results: Sequence[ClientResult]) -> list[str]:
-    """One line per kind of failure: ``"7 requests: HTTP 500 — first: <message>"``."""
-    first: dict[str, str] = {}
-    for r in results:
-        if not r.success:
-            first.setdefault(_error_key(r), r.error)
-    lines = []
-    for key, n in error_counts(results).items():
-        msg = first[key]
-        lines.append(f"{n} request{'s' if n != 1 else ''}: {key} — first: {msg}" if msg
-                     else f"{n} request{'s' if n != 1 else ''}: {key}")
-    return lines
-
-
-def lateness_stats(results: Sequence[ClientResult]) -> dict[str, float]:
-    """The client's own punctuality (ms): each request's task start − its due time; p50, p99,
-    max over the run (NaN with no requests)."""
-    a = np.array([r.lateness_ms for r in results], dtype=np.float64)
-    if not a.size:
-        return {"p50": math.nan, "p99": math.nan, "max": math.nan}
-    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
-            "max": float(a.max())}
-
-
-def peak_stats(results: Sequence[ClientResult]) -> tuple[float, int]:
-    """vLLM's ``max_output_tokens_per_s`` (the most output tokens received in one 1-s bucket from
-    the first request's start; a chunk of k counts k, where vLLM counts 1 per chunk) and
-    ``max_concurrent_requests`` (the peak of successful requests in flight, [start, last chunk)),
-    over the successful requests (vllm/benchmarks/serve.py ``calculate_metrics``)."""
-    ok = [r for r in results if r.success and r.chunk_times_ns]
-    if not ok:
-        return 0.0, 0
-    t_min = min(r.start_ns for r in ok)
-    t_max = max(r.chunk_times_ns[-1] for r in ok)
-    nb = int(math.ceil((t_max - t_min) / 1e9)) + 1
-    buckets = np.zeros(nb)
-    for r in ok:
-        idx = ((np.asarray(r.chunk_times_ns, dtype=np.int64) - t_min) // 1_000_000_000).astype(int)
-        inside = (idx >= 0) & (idx < nb)
-        np.add.at(buckets, idx[inside], np.asarray(r.chunk_tokens)[inside])
-    ev = sorted([(r.start_ns, 1) for r in ok] + [(r.chunk_times_ns[-1], -1) for r in ok])
-    cur = peak = 0
-    for _, d in ev:
-        cur += d
-        peak = max(peak, cur)
-    return float(buckets.max()), peak
-
-
-def result_arrays(results: Sequence[ClientResult]) -> dict[str, list]:
-    """vLLM's per-request arrays (``--save-detailed``), over the load's requests (probes left
-    out), in request order: ``input_lens``, ``output_lens`` (0 when failed), ``ttfts``,
-    ``itls`` (lists), ``latencies``, ``start_times``, ``queue_times`` (seconds; monotonic clock,
-    which is vLLM's ``perf_counter`` on Linux), ``generated_texts``, ``errors`` ("" when it
-    succeeded); plus gpuchef's ``chunk_tokens`` (tokens per chunk, aligned with ``itls`` shifted
-    by one: chunk 0 is the first token's) and ``lateness_ms``."""
-    load = [r for r in results if not r.is_probe]
-    return {
-        "input_lens": [r.prompt_len for r in load],
-        "output_lens": [r.output_tokens if r.success else 0 for r in load],
-        "ttfts": [r.ttft_s if r.success else 0.0 for r in load],
-        "itls": [r.itls_s if r.success else [] for r in load],
-        "latencies": [r.latency_s if r.success else 0.0 for r in load],
-        "start_times": [r.start_ns / 1e9 for r in load],
-        "queue_times": [r.queue_time_s for r in load],
-        "generated_texts": [r.generated_text for r in load],
-        "errors": ["" if r.success else f"{_error_key(r)}: {r.error}" for r in load],
-        "chunk_tokens": [list(r.chunk_tokens) if r.success else [] for r in load],
-        "lateness_ms": [r.lateness_ms for r in load],
-    }
