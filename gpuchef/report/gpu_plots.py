@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 
-
 from .data import PALETTE, TraceView, gpu_indices, gpu_names, per_gpu_means
 from .plot_kit import (_LEGEND, LABEL_ROW_PT, _events_overlay, _figure, _nice_bin, _slug, _timeline,
                        _with_rc, to_svg)
