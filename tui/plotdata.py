@@ -255,8 +255,8 @@ class AutopilotStatus:
     def line(self) -> str:
         """One status line: "steering itl_p99:50ms: P99 ITL 47.2 ≤ 50 ms: kept, err 7 %" (the
         window's steered steps against the promise), "infeasible: decodes
-        alone over ITL 50 ms; static budget 2048 for TTFT (err 4 %)", "fallback: static budget
-        2048 (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
+        alone over ITL 50 ms; static budget 2048 for TTFT (err 4 %)", "fallback: allowance 512
+        of budget 2048 set by the measured ITL (err 62 %, steers again at ≤ 30 %)", "learning: not fitted, …", "off"."""
         if not self.auto_budget:
             return "off: the static budget (b turns it on)"
         if self.mode == "continuous":  # prompts are never split there: nothing to choose
@@ -270,8 +270,8 @@ class AutopilotStatus:
             return (f"{INFEASIBLE}: decodes alone over ITL {self.itl_target_ms:g} ms; static "
                     f"budget {self.budget} for TTFT (err {self.error_text})")
         if self.state == FALLBACK:
-            return (f"{FALLBACK}: static budget {self.budget} (err {self.error_text}, steers "
-                    f"again at ≤ {ERROR_ENTER:.0%})")
+            return (f"{FALLBACK}: allowance {self.allowance} of budget {self.budget} set by the "
+                    f"measured ITL (err {self.error_text}, steers again at ≤ {ERROR_ENTER:.0%})")
         if self.state == LEARNING:
             return (f"{LEARNING}: not fitted (err {self.error_text}); allowance 1/8–1/2 of "
                     f"budget {self.budget}")
@@ -457,17 +457,61 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
     """Bin ``snap`` on ``grid`` (see :class:`WaveFrame`). ``gpu`` False skips the GPU samples.
     ``steps``/``gpus``: the snapshot's records already converted (kept up to date by the
     caller); default: convert the ones in the window now."""
-    n = grid.cols
-    edges = grid.edges()
     t0, t1 = grid.t0_ns, grid.t1_ns
     if steps is None:
-        s_all = snap.steps
-        i = bisect_left(s_all, t0, key=_t_end)
-        j = bisect_left(s_all, t1, key=_t_end)
-        if j < len(s_all) and s_all[j].t_start_ns < t1:
-            j += 1  # the step running across t1
-        steps = StepColumns.from_steps(s_all[i:j])
+        steps = _window_steps(snap, grid)
     sl = steps.overlapping(t0, t1)
+    c = _step_series(steps, sl, grid)
+    running, waiting, kv = c.state[:, 0], c.state[:, 1], c.state[:, 2]
+    modes = _modes_in_force(c.state[:, 3], c.t_state, snap, grid)
+    gpu_series: dict[str, np.ndarray] = {}
+    per_gpu: dict[int, dict[str, np.ndarray]] = {}
+    if gpu and snap.gpu_samples:
+        gpu_series, per_gpu = _gpu_series(snap, grid, gpus)
+    autopilot = AutopilotStatus.of(snap.steps[-1], snap.steps) if snap.steps else None
+    return WaveFrame(grid, c.busy_prefill, c.busy_mixed, c.busy_decode, c.prefill_per_step,
+                     c.decode_per_step, c.budget, running, waiting, c.preempted, kv, c.steps,
+                     modes, gpu_series, per_gpu, markers_for(snap.events_between(t0, t1), grid),
+                     c.kv_blocks_total, _latest_step(steps), allowance=c.allowance,
+                     predicted_ms=c.predicted_ms, step_ms=c.step_ms, autopilot=autopilot)
+
+
+def _window_steps(snap: TimelineSnapshot, grid: TimeGrid) -> StepColumns:
+    """The snapshot's steps overlapping the grid's window, converted to columns."""
+    t0, t1 = grid.t0_ns, grid.t1_ns
+    s_all = snap.steps
+    i = bisect_left(s_all, t0, key=_t_end)
+    j = bisect_left(s_all, t1, key=_t_end)
+    if j < len(s_all) and s_all[j].t_start_ns < t1:
+        j += 1  # the step running across t1
+    return StepColumns.from_steps(s_all[i:j])
+
+
+@dataclass
+class _StepSeries:
+    """The step figures of one frame, per column (see :class:`WaveFrame` for each); ``state``:
+    (cols, 4) running, waiting, KV share and mode code in force at each column; ``t_state``: the
+    end of the step that set it (-1: none known)."""
+
+    busy_prefill: np.ndarray
+    busy_mixed: np.ndarray
+    busy_decode: np.ndarray
+    prefill_per_step: np.ndarray
+    decode_per_step: np.ndarray
+    budget: np.ndarray
+    allowance: np.ndarray
+    step_ms: np.ndarray
+    predicted_ms: np.ndarray
+    preempted: np.ndarray
+    steps: np.ndarray
+    state: np.ndarray
+    t_state: np.ndarray
+    kv_blocks_total: int
+
+
+def _step_series(steps: StepColumns, sl: slice, grid: TimeGrid) -> _StepSeries:
+    """The steps ``sl`` of ``steps`` (those overlapping the window) binned on ``grid``."""
+    n = grid.cols
     cols = steps.ints[sl]
     # the state after the last step before the window (NaN: none known)
     prev = sl.start - 1 if 0 < sl.start <= len(steps) else -1
@@ -477,98 +521,119 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
         p = steps.ints[prev:prev + 1]
         before = np.array([p[0, 4], p[0, 5], _kv_share(p)[0], steps.mode[prev]], dtype=np.float64)
         before_t = int(p[0, 1])
+    if not len(cols):
+        nan, z = np.full(n, NAN), np.zeros(n)
+        return _StepSeries(z, z, z, nan, nan, nan, nan, nan, nan, z, z,
+                           np.repeat(before[None, :], n, axis=0),
+                           np.full(n, before_t, dtype=np.int64),
+                           int(steps.ints[prev, 8]) if prev >= 0 else 0)
+    busy_p, busy_m, busy_d = _busy_by_kind(cols, steps.gpu_ms[sl], grid)
+    endc = (cols[:, 1] - grid.t0_ns) // grid.bin_ns  # per-step figures by the column each ended in
+    inside = (endc >= 0) & (endc < n)
+    idx = endc[inside]
+    rows = np.nonzero(inside)[0]
+    fig = _ended_in_columns(cols, steps.predicted_ms[sl], inside, idx, rows, n)
+    state, t_state = _queue_state(cols, steps.mode[sl], idx, rows, n, before, before_t)
+    return _StepSeries(busy_p, busy_m, busy_d, fig["pre_ps"], fig["dec_ps"], fig["budget"],
+                       fig["allow"], fig["step_ms"], fig["predicted"], fig["preempted"],
+                       fig["cnt"], state, t_state, int(cols[-1, 8]))
+
+
+def _busy_by_kind(cols: np.ndarray, gpu_ms: np.ndarray,
+                  grid: TimeGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Share of each column the engine computed in prefill-only, mixed and decode-only steps
+    (``probes.timeline.spread_over_bins``); the partial last column is measured against the
+    time elapsed in it, not its width."""
+    n = grid.cols
+    busy_ns = step_compute_ns(cols[:, 0], cols[:, 1], gpu_ms)
+    pre, dec = cols[:, 2], cols[:, 3]
+    kind_pre = (pre > 0) & (dec == 0)
+    kind_mix = (pre > 0) & (dec > 0)
+    kind_dec = pre == 0
+    span = np.full(n, float(grid.bin_ns))
+    span[-1] = float(max(1, min(grid.bin_ns, grid.now_ns - (grid.t1_ns - grid.bin_ns))))
+    busy_p, busy_m, busy_d = (np.clip(b / span, 0, 1) for b in spread_over_bins(
+        cols[:, 0], cols[:, 1], grid.edges(), busy_ns * kind_pre, busy_ns * kind_mix,
+        busy_ns * kind_dec))
+    return busy_p, busy_m, busy_d
+
+
+def _ended_in_columns(cols: np.ndarray, predicted_ms: np.ndarray, inside: np.ndarray,
+                      idx: np.ndarray, rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Per-column figures of the steps that ended in each column (rows ``rows`` of ``cols``,
+    ending in columns ``idx``): count, the largest step's prefill/decode split and allowance,
+    mean step and predicted time, preemptions, the largest budget."""
     nan = np.full(n, NAN)
-    z = np.zeros(n)
-    modes = [""] * n
-    if len(cols):
-        gpu_ms = steps.gpu_ms[sl]
-        mode_codes = steps.mode[sl]
-        busy_ns = step_compute_ns(cols[:, 0], cols[:, 1], gpu_ms)
-        pre, dec = cols[:, 2], cols[:, 3]
-        kind_pre = (pre > 0) & (dec == 0)
-        kind_mix = (pre > 0) & (dec > 0)
-        kind_dec = pre == 0
-        # the partial last column is measured against the time elapsed in it, not its width
-        span = np.full(n, float(grid.bin_ns))
-        span[-1] = float(max(1, min(grid.bin_ns, grid.now_ns - (t1 - grid.bin_ns))))
-        busy_p, busy_m, busy_d = (np.clip(b / span, 0, 1) for b in spread_over_bins(
-            cols[:, 0], cols[:, 1], edges, busy_ns * kind_pre, busy_ns * kind_mix,
-            busy_ns * kind_dec))
-        # per-step figures by the column each step ended in
-        endc = (cols[:, 1] - t0) // grid.bin_ns
-        inside = (endc >= 0) & (endc < n)
-        idx = endc[inside]
-        cnt = np.bincount(idx, minlength=n).astype(np.float64)
-        # the largest step of each column (by tokens): its prefill/decode split is drawn
-        tok = (pre + dec)[inside]
-        rows = np.nonzero(inside)[0]
-        order = np.lexsort((tok, idx))          # by column, then tokens: the last of a column wins
-        best = np.full(n, -1, dtype=np.int64)
-        best[idx[order]] = rows[order]
-        hasb = best >= 0
-        pre_ps, dec_ps = nan.copy(), nan.copy()
-        pre_ps[hasb] = pre[best[hasb]]
-        dec_ps[hasb] = dec[best[hasb]]
-        # the autopilot: the drawn step's allowance; predicted vs actual step time per slice
-        allow = nan.copy()
-        allow[hasb] = cols[best[hasb], _ALLOWANCE]
-        allow[allow < 0] = NAN
-        wall_ms = (cols[:, 1] - cols[:, 0]).astype(np.float64) / 1e6
-        step_ms = np.where(cnt > 0, np.bincount(idx, weights=wall_ms[inside], minlength=n)
-                           / np.maximum(cnt, 1), NAN)
-        pred = steps.predicted_ms[sl][inside]
-        hp = pred >= 0
-        pn = np.bincount(idx[hp], minlength=n)
-        predicted = np.where(pn > 0, np.bincount(idx[hp], weights=pred[hp], minlength=n)
-                             / np.maximum(pn, 1), NAN)
-        preempted = np.bincount(idx, weights=cols[inside, 6], minlength=n)
-        budget_i = np.full(n, -1, dtype=np.int64)
-        np.maximum.at(budget_i, idx, cols[inside, 9])
-        budget = np.where(budget_i >= 0, budget_i.astype(np.float64), NAN)
-        # last step of each column (steps are in time order: the last write wins)
-        last = np.full(n, -1, dtype=np.int64)
-        last[idx] = rows
-        has = last >= 0
-        li = last[has]
-        # the queues change only at steps: a column without a step ending in it (a long step in
-        # flight, an idle gap, a pause) holds the state after the last step before it
-        ref = np.where(has, np.arange(n), -1)
-        np.maximum.accumulate(ref, out=ref)
-        known, r0 = ref >= 0, np.maximum(ref, 0)
-        state = np.zeros((n, 4))
-        state[has] = np.column_stack([cols[li, 4], cols[li, 5], _kv_share(cols[li]),
-                                      mode_codes[li]])
-        state = np.where(known[:, None], state[r0], before[None, :])
-        t_state = np.where(known, np.where(has, cols[last, 1], 0)[r0], before_t)
-        kv_total = int(cols[-1, 8])
-    else:
-        busy_p = busy_m = busy_d = z
-        pre_ps = dec_ps = budget = allow = step_ms = predicted = nan
-        preempted = cnt = z
-        state = np.repeat(before[None, :], n, axis=0)
-        t_state = np.full(n, before_t, dtype=np.int64)
-        kv_total = int(steps.ints[prev, 8]) if prev >= 0 else 0
-    running, waiting, kv = state[:, 0], state[:, 1], state[:, 2]
-    modes = _modes_in_force(state[:, 3], t_state, snap, grid)
-    gpu_series: dict[str, np.ndarray] = {}
-    per_gpu: dict[int, dict[str, np.ndarray]] = {}
-    if gpu and snap.gpu_samples:
-        if gpus is None:
-            gpus = GpuColumns(max_age_ns=1 << 62)
-            gpus.extend(snap)
-        gpu_series = gpus.binned(grid)
-        if len(gpus.indices) > 1:
-            per_gpu = gpus.binned_per_gpu(grid)
-    latest = None
-    if len(steps):
-        r = steps.ints[-1]
-        latest = LatestStep(int(r[1]), int(r[4]), int(r[5]), int(r[7]), int(r[8]), int(r[2]),
-                            int(r[3]), int(r[9]))
-    return WaveFrame(grid, busy_p, busy_m, busy_d, pre_ps, dec_ps, budget, running, waiting,
-                     preempted, kv, cnt, modes, gpu_series, per_gpu,
-                     markers_for(snap.events_between(t0, t1), grid), kv_total, latest,
-                     allowance=allow, predicted_ms=predicted, step_ms=step_ms,
-                     autopilot=AutopilotStatus.of(snap.steps[-1], snap.steps) if snap.steps else None)
+    pre, dec = cols[:, 2], cols[:, 3]
+    cnt = np.bincount(idx, minlength=n).astype(np.float64)
+    # the largest step of each column (by tokens): its prefill/decode split is drawn
+    tok = (pre + dec)[inside]
+    order = np.lexsort((tok, idx))          # by column, then tokens: the last of a column wins
+    best = np.full(n, -1, dtype=np.int64)
+    best[idx[order]] = rows[order]
+    hasb = best >= 0
+    pre_ps, dec_ps = nan.copy(), nan.copy()
+    pre_ps[hasb] = pre[best[hasb]]
+    dec_ps[hasb] = dec[best[hasb]]
+    # the autopilot: the drawn step's allowance; predicted vs actual step time per slice
+    allow = nan.copy()
+    allow[hasb] = cols[best[hasb], _ALLOWANCE]
+    allow[allow < 0] = NAN
+    wall_ms = (cols[:, 1] - cols[:, 0]).astype(np.float64) / 1e6
+    step_ms = np.where(cnt > 0, np.bincount(idx, weights=wall_ms[inside], minlength=n)
+                       / np.maximum(cnt, 1), NAN)
+    pred = predicted_ms[inside]
+    hp = pred >= 0
+    pn = np.bincount(idx[hp], minlength=n)
+    predicted = np.where(pn > 0, np.bincount(idx[hp], weights=pred[hp], minlength=n)
+                         / np.maximum(pn, 1), NAN)
+    preempted = np.bincount(idx, weights=cols[inside, 6], minlength=n)
+    budget_i = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(budget_i, idx, cols[inside, 9])
+    budget = np.where(budget_i >= 0, budget_i.astype(np.float64), NAN)
+    return {"cnt": cnt, "pre_ps": pre_ps, "dec_ps": dec_ps, "allow": allow, "step_ms": step_ms,
+            "predicted": predicted, "preempted": preempted, "budget": budget}
+
+
+def _queue_state(cols: np.ndarray, mode_codes: np.ndarray, idx: np.ndarray, rows: np.ndarray,
+                 n: int, before: np.ndarray, before_t: int) -> tuple[np.ndarray, np.ndarray]:
+    """(running, waiting, KV share, mode code) in force at each column and the end of the step
+    that set it. The queues change only at steps: a column without a step ending in it (a long
+    step in flight, an idle gap, a pause) holds the state after the last step before it
+    (``before``, set at ``before_t``, for the columns before the window's first step)."""
+    # last step of each column (steps are in time order: the last write wins)
+    last = np.full(n, -1, dtype=np.int64)
+    last[idx] = rows
+    has = last >= 0
+    li = last[has]
+    ref = np.where(has, np.arange(n), -1)
+    np.maximum.accumulate(ref, out=ref)
+    known, r0 = ref >= 0, np.maximum(ref, 0)
+    state = np.zeros((n, 4))
+    state[has] = np.column_stack([cols[li, 4], cols[li, 5], _kv_share(cols[li]),
+                                  mode_codes[li]])
+    state = np.where(known[:, None], state[r0], before[None, :])
+    t_state = np.where(known, np.where(has, cols[last, 1], 0)[r0], before_t)
+    return state, t_state
+
+
+def _gpu_series(snap: TimelineSnapshot, grid: TimeGrid, gpus: GpuColumns | None
+                ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
+    """The GPU means per column, pooled and (with more than one GPU) per GPU."""
+    if gpus is None:
+        gpus = GpuColumns(max_age_ns=1 << 62)
+        gpus.extend(snap)
+    per_gpu = gpus.binned_per_gpu(grid) if len(gpus.indices) > 1 else {}
+    return gpus.binned(grid), per_gpu
+
+
+def _latest_step(steps: StepColumns) -> "LatestStep | None":
+    """The newest step of ``steps`` for the readouts (None: no step)."""
+    if not len(steps):
+        return None
+    r = steps.ints[-1]
+    return LatestStep(int(r[1]), int(r[4]), int(r[5]), int(r[7]), int(r[8]), int(r[2]),
+                      int(r[3]), int(r[9]))
 
 
 def _kv_share(rows: np.ndarray) -> np.ndarray:
