@@ -61,7 +61,10 @@ one token); while the model is not fitted (fewer
 than ``MIN_STEPS`` steps or ``MIN_PREFILL_STEPS`` with prefill, or a prefill coefficient ≤ 0)
 it learns with allowances of 1/8, 1/4 and 1/2 of the budget left in turn (within the static
 budget: the fit sees every size, and a prompt gives several prefill steps), and while its error
-is over ``ERROR_LEAVE`` (until back under ``ERROR_ENTER``) the static budget is in force.
+is over ``ERROR_LEAVE`` (until back under ``ERROR_ENTER``) there is no model to steer by: the
+allowance is a share of the budget left (a quarter at first) that the same feedback moves from
+the measured ITL alone (``log_share``, within [``FALLBACK_SHARE_MIN``, 1]), so the promise is
+kept without a model, at the TTFT's expense, until the model is trusted again.
 **Infeasible**: when the fitted model predicts the step's fixed part f (its decodes, before
 any prefill token: t̂(P=0) + θ_mixed) over ``INFEASIBLE_ENTER`` × the ITL target, no allowance
 can meet the target — shrinking the prefill only starves the queue, its TTFT growing without
@@ -117,6 +120,9 @@ ITL_AIM = 0.5              # aim the share of decode tokens over the ITL target 
 FEEDBACK_GAIN = 1e-3       # change of ln κ per decode token (a step of 64 rows over: −6 %)
 FEEDBACK_MAX_STEP = 0.1    # and at most this much per step (one stall moves κ by ≤ 10 %)
 KAPPA_MIN = 0.25           # the feedback never takes the goal below a quarter of the target
+FALLBACK_SHARE_MIN = 1.0 / 64  # in fallback, the share of the budget left is at least this,
+FALLBACK_SHARE_START = 0.25    # and starts here (the learning sizes' middle: the feedback cuts
+                               # in a few steps what it raises only over thousands)
 
 #: The autopilot's states (``Autopilot.state``, ``StepRecord.autopilot_state``), the one
 #: spelling of each; ``STATES`` gives each its meaning: what the step's allowance was.
@@ -132,7 +138,8 @@ STATES = (
                "at risk)"),
     (INFEASIBLE, "the model predicts the decodes alone (before any prefill) over the ITL "
                  "target: the static budget, for TTFT"),
-    (FALLBACK, "the model is fitted but its error is too large: the static budget"),
+    (FALLBACK, "the model is fitted but its error is too large: a share of the budget left "
+               "that the measured ITL alone sets (cut when tokens miss the target)"),
 )
 STATE_MEANING = dict(STATES)
 #: The states in which the model did not choose the allowance (the report shades them).
@@ -276,7 +283,7 @@ class Autopilot:
     """Chooses each chunked step's prefill allowance (see the module docstring).
 
     ``spec``: the targets (``config.parse_auto_budget``). ``notify(kind, message)`` hears status
-    changes: kind "warning" (the static budget is in force: not fitted, or the error too large)
+    changes: kind "warning" (not steering by the model: not fitted, or its error too large)
     or "notice" (the controller steers). Called on the engine thread; must be cheap.
     """
 
@@ -291,6 +298,8 @@ class Autopilot:
         self.last_allowance = -1
         #: the feedback's factor on the goal (ln κ kept; see the module docstring)
         self.log_kappa = 0.0
+        #: in fallback: ln of the share of the budget left the allowance is (the same feedback)
+        self.log_share = _LOG_SHARE_START
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
         self._learn_i = 0
@@ -309,6 +318,7 @@ class Autopilot:
         self._z_ttft = stat_z(spec.ttft_stat)
         self._aim = max(ITL_AIM * (1.0 - stat_quantile(spec.itl_stat)), 1e-4)
         self.log_kappa = 0.0
+        self.log_share = _LOG_SHARE_START
 
     @property
     def kappa(self) -> float:
@@ -341,9 +351,11 @@ class Autopilot:
             return Decision(0, self.state, ctx)
         self._update_status()
         if not self.active:
-            if self.model.fitted:  # fitted, but its error is too large: the static budget
+            if self.model.fitted:  # fitted, but its error is too large: no model to steer by,
+                # so the measured ITL alone sets a share of the budget left (from a quarter)
                 self.state = FALLBACK
-                return Decision(budget_left, FALLBACK, ctx)
+                p = int(budget_left * math.exp(self.log_share))
+                return Decision(max(min(MIN_PREFILL_ALLOWANCE, budget_left), p), FALLBACK, ctx)
             # learning: step sizes of 1/8, 1/4, 1/2 of the budget left in turn — every size the
             # fit needs to see, more prefill steps per prompt, never above the static budget
             self.state = LEARNING
@@ -469,13 +481,16 @@ class Autopilot:
         ``itl_ms`` (what the promise is about: the step plus the engine's own work between
         steps; see the module docstring)."""
         self.model.update(d.features, wall_ms)
-        if itl_ms > 0 and d.state == STEERING:
-            over = 1.0 if itl_ms > self.spec.itl_ms else 0.0
-            lk = self.log_kappa - min(FEEDBACK_GAIN * decode_rows, FEEDBACK_MAX_STEP) * (
-                over - self._aim)
+        if itl_ms <= 0 or d.state not in (STEERING, FALLBACK):
+            return
+        over = 1.0 if itl_ms > self.spec.itl_ms else 0.0
+        move = min(FEEDBACK_GAIN * decode_rows, FEEDBACK_MAX_STEP) * (over - self._aim)
+        if d.state == STEERING:
             # κ within [KAPPA_MIN, the value that puts the goal at the target itself]
             hi = -math.log(self._share(self._z_itl))
-            self.log_kappa = min(max(lk, _LOG_KAPPA_MIN), hi)
+            self.log_kappa = min(max(self.log_kappa - move, _LOG_KAPPA_MIN), hi)
+        else:  # fallback: the share of the budget left, within [FALLBACK_SHARE_MIN, 1]
+            self.log_share = min(max(self.log_share - move, _LOG_SHARE_MIN), 0.0)
 
     def _update_status(self) -> None:
         m = self.model
@@ -485,8 +500,9 @@ class Autopilot:
                 self.infeasible = False  # judged afresh when it steers again
                 why = (f"error {m.error:.0%} > {ERROR_LEAVE:.0%}" if m.fitted
                        else "prefill coefficient not positive")
-                self.notify("warning", f"autopilot: step-time model {why}: the static budget is "
-                                       f"in force until the error is ≤ {ERROR_ENTER:.0%}")
+                self.notify("warning", f"autopilot: step-time model {why}: the measured ITL "
+                                       "alone sets the allowance (a share of the budget left) "
+                                       f"until the error is ≤ {ERROR_ENTER:.0%}")
         elif m.fitted and m.error <= ERROR_ENTER:
             self.active = True
             self.notify("notice", f"autopilot: step-time model fitted ({m.n} steps, error "
@@ -495,6 +511,8 @@ class Autopilot:
 
 
 _LOG_KAPPA_MIN = math.log(KAPPA_MIN)
+_LOG_SHARE_MIN = math.log(FALLBACK_SHARE_MIN)
+_LOG_SHARE_START = math.log(FALLBACK_SHARE_START)
 
 
 def _largest_p(slack: float, b: float, a: float) -> float:

@@ -7,6 +7,7 @@ targets."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import numpy as np
@@ -308,7 +309,7 @@ def test_ttft_at_risk_raises_the_allowance():
     assert p_both > 1.2 * p_itl
 
 
-def test_falls_back_to_the_static_budget_with_a_status():
+def test_falls_back_to_the_measured_itl_with_a_status():
     events = []
     spec = parse_auto_budget(f"itl_p99:{ITL}ms")
     a = Autopilot(spec, notify=lambda k, m: events.append((k, m)))
@@ -325,7 +326,8 @@ def test_falls_back_to_the_static_budget_with_a_status():
     assert any(k == "notice" for k, _ in events), events
     assert rows[-1]["active"]
 
-    # then the step time stops following any model (±80 % noise): back to the static budget
+    # then the step time stops following any model (×0.2/×1/×3 at random): fallback, from a
+    # quarter of the budget left, the share cut as tokens miss the target
     class Wild:
         def __init__(self):
             self.rng = random.Random(5)
@@ -337,7 +339,11 @@ def test_falls_back_to_the_static_budget_with_a_status():
     rows2, _ = simulate(cfg, 200, Wild(), autopilot=a, seed=9)
     assert any(k == "warning" and "error" in m for k, m in events[n_events:]), events
     fell = [r for r in rows2 if not r["active"] and r["fitted"]]
-    assert fell and all(r["allowance"] == 2048 - r["D"] for r in fell)
+    start = ap_mod.FALLBACK_SHARE_START
+    assert fell and fell[0]["allowance"] == int((2048 - fell[0]["D"]) * start)
+    assert all(r["allowance"] <= 2048 - r["D"] for r in fell)
+    assert all(r["state"] == ap_mod.FALLBACK for r in fell)
+    assert min(r["allowance"] / (2048 - r["D"]) for r in fell) < start
 
 
 def test_autopilot_cost_per_step_is_small():
@@ -576,9 +582,11 @@ def recorded_decisions(name):
 def test_cheaper_path_makes_the_recorded_choices(name, monkeypatch):
     import json
 
-    # the loads were recorded before the ITL feedback existed: the model's own path is what is
-    # compared (the feedback is tested on its own below)
+    # the loads were recorded before the ITL feedback existed, when fallback was the static
+    # budget: the model's own path is what is compared (the feedback and fallback's share are
+    # tested on their own below)
     monkeypatch.setattr(ap_mod, "FEEDBACK_GAIN", 0.0)
+    monkeypatch.setattr(ap_mod, "_LOG_SHARE_START", 0.0)
     from pathlib import Path
 
     want = json.loads((Path(__file__).with_name("test_autopilot_decisions.json")).read_text())[name]
@@ -932,3 +940,29 @@ def test_itl_contract_holds_on_the_tiny_engine_under_overload(monkeypatch):
     steered = [r for r in recs if r.autopilot_state == ap_mod.STEERING and r.itl_ms > 0]
     assert all(r.goal_ms <= 50.0 for r in steered)
     assert np.median([r.itl_ms - r.wall_ms for r in steered]) > 0.5
+
+
+def test_fallback_keeps_the_itl_promise_without_a_model():
+    # a step time no model follows (×0.2, ×1 or ×3 at random): the model's error keeps it in
+    # fallback, where the measured ITL alone sets the allowance; the promise still holds in
+    # every 30 s window, where the static budget (what fallback was) breaks it
+    def run(gain, start):
+        keep = ap_mod.FEEDBACK_GAIN, ap_mod._LOG_SHARE_START
+        ap_mod.FEEDBACK_GAIN, ap_mod._LOG_SHARE_START = gain, math.log(start)
+        try:
+            cfg = SchedulerConfig(max_num_batched_tokens=2048, auto_budget="itl_p99:60ms")
+            return simulate(cfg, 4000, WildTime(seed=3), every=3, noise=0.0, gap=host_gap,
+                            seed=4)[0]
+        finally:
+            ap_mod.FEEDBACK_GAIN, ap_mod._LOG_SHARE_START = keep
+
+    def windows(rows):
+        fb = [dict(r, state=ap_mod.STEERING) for r in rows if r["state"] == ap_mod.FALLBACK]
+        return window_p99s(fb)
+
+    rows = run(ap_mod.FEEDBACK_GAIN, ap_mod.FALLBACK_SHARE_START)
+    assert sum(r["state"] == ap_mod.FALLBACK for r in rows) > 0.7 * len(rows)
+    w = windows(rows)
+    assert len(w) >= 5 and max(w) <= 1.05 * 60.0, w
+    # the static budget (what fallback was before) breaks it on the same load
+    assert max(windows(run(0.0, 1.0))) > 1.2 * 60.0

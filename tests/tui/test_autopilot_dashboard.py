@@ -230,7 +230,7 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
             title = "".join(seg.text for seg in panel.render_line(0))
             err = f"{last.fit_error * 100:.0f} %"
             assert err in title, title
-            assert {STEERING: f"{STEERING} {last.auto_budget}: ", FALLBACK: "fallback: static budget",
+            assert {STEERING: f"{STEERING} {last.auto_budget}: ", FALLBACK: "fallback: allowance",
                     LEARNING: "learning: not fitted",
                     INFEASIBLE: "infeasible: decodes alone"}[last.autopilot_state] in title
             btitle = "".join(seg.text for seg in batch.render_line(0))
@@ -247,7 +247,8 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
 
 @pytest.mark.parametrize("state, fit_error, says", [
     ("steering", 0.07, ["steering itl_p99:50ms: fitted, err 7 %"]),
-    ("fallback", 0.62, ["fallback: static budget 2048", "err 62 %", "≤ 30%"]),
+    ("fallback", 0.62, ["fallback: allowance 64 of budget 2048 set by the measured ITL",
+                         "err 62 %", "≤ 30%"]),
     ("infeasible", 0.04, ["infeasible: decodes alone over ITL 50 ms", "static budget 2048 for TTFT",
                           "err 4 %"]),
     ("learning", -1.0, ["learning: not fitted", "err –", "budget 2048"]),

@@ -36,7 +36,7 @@ PANELS = (
      "steps (━, predicted_ms), its ITL target ╌; the title says its status — steering "
      "(fitted, err = its tracked mean relative error), learning (not fitted: 1/8–1/2 of the budget), "
      "infeasible (its decodes alone are predicted over the ITL target: the static budget, for "
-     "TTFT) or fallback (the static budget while the error is over 50 %, until ≤ 30 %)."),
+     "TTFT) or fallback (while the error is over 50 %, until ≤ 30 %: a share of the budget that the measured ITL alone sets)."),
     ("Queue and KV cache", "running and waiting requests after the last step (held between "
      "steps; arrivals since the newest step count as waiting), preemptions (×), KV blocks in "
      "use. A readout older than 1 s says its age."),
