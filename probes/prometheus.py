@@ -21,6 +21,7 @@ instant vectors, ``/api/v1/targets`` active targets).
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -50,10 +51,13 @@ class Target:
     last_error: str = ""
 
 
-def column_key(instance: str, engine: str = "") -> str:
-    """The column a target's series go to: ``"host:port"``, or ``"host:port engine 1"`` when the
-    series carry an ``engine`` label."""
-    return f"{instance} engine {engine}" if engine else instance
+def column_key(instance: str, engine: str = "", scheme: str = "http") -> str:
+    """The column a target's series go to, named as the server's base URL:
+    ``"http://host:port"``, or ``"http://host:port#engine=1"`` when the instance's series name
+    several engines (a fragment: requests to the URL, e.g. its knob endpoint, go to the
+    server)."""
+    base = f"{scheme}://{instance}"
+    return f"{base}#engine={engine}" if engine else base
 
 
 def _escape(v: str) -> str:
@@ -102,6 +106,7 @@ class PrometheusFleet:
         self.timeout_s = timeout_s
         self._fetch = fetch or _http_get
         self._last_ts: dict[str, float] = {}
+        self._scheme: dict[str, str] = {}  # instance → its scrape URL's scheme (targets())
 
     def _api(self, path: str, **params: str) -> Any:
         q = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -130,6 +135,8 @@ class PrometheusFleet:
             out.append(Target(lab.get("job", ""), lab.get("instance", ""),
                               t.get("scrapeUrl", ""), t.get("health", "unknown"),
                               t.get("lastError", "")))
+            if "://" in out[-1].scrape_url:
+                self._scheme[out[-1].instance] = out[-1].scrape_url.split("://", 1)[0]
         return out
 
     def query(self) -> dict[str, tuple[float, list[tuple[str, dict[str, str], float]]]]:
@@ -138,7 +145,8 @@ class PrometheusFleet:
         An instance whose series name one engine (or none) is one column; one whose series
         name several is a column per engine, each also holding the instance's series that
         name none (vLLM labels its engine series ``engine="0"``, not its process series)."""
-        return _columns(self._api("/api/v1/query", query=SERIES_SELECTOR).get("result", []))
+        return _columns(self._api("/api/v1/query", query=SERIES_SELECTOR).get("result", []),
+                        self._scheme)
 
     def history(self, start_s: float, end_s: float, step_s: float
                 ) -> dict[str, list[ScrapeSample]]:
@@ -160,7 +168,7 @@ class PrometheusFleet:
                                                      "value": [ts, v]})
         out: dict[str, list[ScrapeSample]] = {}
         for ts in sorted(at):
-            for key, (_, rows) in _columns(at[ts]).items():
+            for key, (_, rows) in _columns(at[ts], self._scheme).items():
                 out.setdefault(key, []).append(
                     parse_metrics(to_text(rows), url=key, t_ns=int(ts * 1e9)))
         return out
@@ -179,8 +187,8 @@ class PrometheusFleet:
         return out
 
 
-def _columns(result: list[dict]) -> dict[str, tuple[float, list[tuple[str, dict[str, str],
-                                                                       float]]]]:
+def _columns(result: list[dict], schemes: dict[str, str]
+             ) -> dict[str, tuple[float, list[tuple[str, dict[str, str], float]]]]:
     """An instant vector (the API's ``result``) by column: see :meth:`PrometheusFleet.query`."""
     by_inst: dict[str, list[tuple[str, dict[str, str], float, float]]] = {}
     for r in result:
@@ -195,7 +203,7 @@ def _columns(result: list[dict]) -> dict[str, tuple[float, list[tuple[str, dict[
         engines = sorted({m[ENGINE_LABEL] for _, m, _, _ in rows if ENGINE_LABEL in m})
         for e in (engines if len(engines) > 1 else [""]):
             mine = [(n, m, v, t) for n, m, v, t in rows if not e or m.get(ENGINE_LABEL, e) == e]
-            cols[column_key(inst, e)] = (max(t for *_, t in mine),
+            cols[column_key(inst, e, schemes.get(inst, "http"))] = (max(t for *_, t in mine),
                                          [(n, m, v) for n, m, v, _ in mine])
     return cols
 
@@ -204,3 +212,127 @@ def _http_get(url: str, timeout: float) -> str:
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read(64 << 20).decode("utf-8", "replace")
+
+
+#: how often the poller asks for the targets' health (s): a target Prometheus finds down has no
+#: fresh series, and its column's status says why
+TARGETS_EVERY_S = 5.0
+
+
+class FleetPoller:
+    """Polls a :class:`PrometheusFleet` at ``hz`` on one daemon thread and hands each column's
+    new samples to its :class:`ColumnScraper` (``column(key)``): the ``Scraper`` interface the
+    attach session's servers use, one Prometheus query for all of them. A failed query is a
+    sample with ``error`` set for every column, and each column's ``status`` says the poller
+    keeps trying; a target Prometheus reports down puts its ``lastError`` in its column's
+    ``status``. Raises ValueError for ``hz`` outside [0.1, 50]."""
+
+    def __init__(self, fleet: PrometheusFleet, hz: float = 1.0) -> None:
+        if not (isinstance(hz, (int, float)) and 0.1 <= hz <= 50):
+            raise ValueError(f"--scrape-hz {hz!r} is out of range: allowed [0.1, 50]")
+        self.fleet = fleet
+        self.hz = float(hz)
+        self.columns: dict[str, ColumnScraper] = {}
+        #: the columns the caller watches (set by it; ``column`` makes any)
+        self.keys: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._targets_at = 0.0
+
+    def column(self, key: str) -> "ColumnScraper":
+        if key not in self.columns:
+            self.columns[key] = ColumnScraper(self, key)
+        return self.columns[key]
+
+    def poll_once(self) -> None:
+        t0 = time.monotonic_ns()
+        try:
+            got = self.fleet.sample()
+            why = ""
+        except ConnectionError as e:
+            got, why = {}, str(e)
+        for key, col in self.columns.items():
+            if why:
+                col.deliver(ScrapeSample(t0, key, error=why))
+            elif key in got:
+                col.deliver(got[key])
+        if not why and time.monotonic() - self._targets_at >= TARGETS_EVERY_S:
+            self._targets_at = time.monotonic()
+            self._health()
+
+    def _health(self) -> None:
+        try:
+            targets = self.fleet.targets()
+        except ConnectionError:
+            return
+        down = {t.instance: t for t in targets if t.health == "down"}
+        for key, col in self.columns.items():
+            t = down.get(key.split("://", 1)[-1].split("#", 1)[0])
+            col.down = (f"{key}: Prometheus finds it down ({t.last_error or 'no reason given'})"
+                        if t is not None else "")
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpuchef-prometheus",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        period = 1.0 / self.hz
+        while not self._stop.is_set():
+            t = time.monotonic()
+            self.poll_once()
+            self._stop.wait(max(0.0, period - (time.monotonic() - t)))
+
+
+class ColumnScraper:
+    """One column of a :class:`FleetPoller`, with ``scrape.Scraper``'s interface: ``url`` (the
+    column's key), ``hz``, ``on_sample``, ``latest``, ``status``, ``n_ok``/``n_failed``,
+    ``retry_note``, ``start``/``stop`` (the first start starts the poller, the last stop stops
+    it)."""
+
+    def __init__(self, poller: FleetPoller, key: str) -> None:
+        self.poller = poller
+        self.url = key
+        self.hz = poller.hz
+        self.on_sample: Callable[[ScrapeSample], None] | None = None
+        self.latest: ScrapeSample | None = None
+        self.n_ok = 0
+        self.n_failed = 0
+        self.down = ""
+        self._status = ""
+        self._running = False
+
+    @property
+    def status(self) -> str:
+        return self._status or self.down
+
+    @property
+    def retry_note(self) -> str:
+        return f"retrying every {1000.0 / self.hz:.4g} ms"
+
+    def deliver(self, s: ScrapeSample) -> None:
+        if s.error:
+            self.n_failed += 1
+            self._status = f"{self.url}: {s.error}; {self.retry_note}"
+        else:
+            self.n_ok += 1
+            self._status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
+        self.latest = s
+        if self.on_sample is not None:
+            self.on_sample(s)
+
+    def start(self) -> "ColumnScraper":
+        self._running = True
+        self.poller.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._running = False
+        if not any(c._running for c in self.poller.columns.values()):
+            self.poller.stop(timeout)

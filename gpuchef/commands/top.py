@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 from dataclasses import replace
 
 import click
@@ -89,8 +90,13 @@ def check_terminal() -> None:
                    "URL/metrics, no engine here; give it more than once for several servers. "
                    "With --dataset/--request-rate gpuchef also sends its load to the first one "
                    "(the flags of `bench --base-url`). docs/attach.md.")
+@click.option("--prometheus", default=None, metavar="URL",
+              help="Watch the vLLM, SGLang and gpuchef servers a Prometheus server scrapes, "
+                   "through its HTTP API (one column per target; per engine label where a "
+                   "server has several), with or without --attach. docs/attach.md.")
 @click.option("--scrape-hz", default=4.0, show_default=True, type=float,
-              help="With --attach: scrapes of /metrics per second (0.1–50).")
+              help="With --attach: scrapes of /metrics per second (0.1–50); with "
+                   "--prometheus, its queries per second.")
 @click.option("--ab-load", type=click.Choice(["mirrored", "sequential"]), default=None,
               help="With two --attach and a load: `a` runs an A/B of the first two servers on "
                    "the same arrivals, as `gpuchef ab --a url=U1 --b url=U2` — mirrored "
@@ -165,12 +171,14 @@ def check_attach_flags(ctx: click.Context, o: dict) -> None:
     engine's), and the attach-only flags without it. Raises ConfigError."""
     given = [k for k in o if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE,
                                                              ParameterSource.ENVIRONMENT)]
-    if o["attach"]:
+    if o["attach"] or o["prometheus"]:
         bad = [_flag(ctx, k) for k in ATTACH_REFUSES if k in given]
         if bad:
             verb = "does" if len(bad) == 1 else "do"
-            raise ConfigError(f"{', '.join(bad)} {verb} not apply with --attach: the server "
-                              f"at {o['attach'][0]} runs its own engine (set such options on that "
+            flag, where = (("--attach", f"the server at {o['attach'][0]}") if o["attach"] else
+                           ("--prometheus", f"each server {o['prometheus']} scrapes"))
+            raise ConfigError(f"{', '.join(bad)} {verb} not apply with {flag}: {where} "
+                              f"runs its own engine (set such options on that "
                               "server; its knobs change live when it answers gpuchef's knob "
                               "endpoint)")
     else:
@@ -210,7 +218,7 @@ def _build(ctx: click.Context, o: dict, err: Console, need_terminal: bool = Fals
     stdout that is not a terminal, before a port is bound, an engine built or a load announced.
     Tests and screenshot scripts that drive the app with Textual's Pilot leave it off."""
     check_attach_flags(ctx, o)
-    if o["attach"]:
+    if o["attach"] or o["prometheus"]:
         return _build_attach(ctx, o, err, need_terminal)
     from ..engine_host.engine import resolve_device
     from ..probes.metrics import parse_goodput, parse_percentiles
@@ -306,6 +314,33 @@ def _start(o, ecfg, err, server, note, slos, pcts, gpus, window_s, num_prompts, 
     return app
 
 
+def _prometheus_columns(url: str, hz: float, err: Console) -> tuple[Any, list[str]]:
+    """The poller of the Prometheus server at ``url`` and the columns (servers' base URLs,
+    per engine where a server has several) of the vLLM, SGLang and gpuchef targets it scrapes,
+    each announced on ``err``. Raises ConfigError, one line: not reachable, not the Prometheus
+    API, or no such target (its active targets listed)."""
+    from ..probes.prometheus import FleetPoller, PrometheusFleet
+
+    try:
+        fleet = PrometheusFleet(url)
+        targets = fleet.targets()
+        cols = fleet.sample(only_new=False)
+    except ValueError as e:  # the URL itself: its message names the flag
+        raise ConfigError(str(e)) from None
+    except ConnectionError as e:
+        raise ConfigError(f"--prometheus: {e}") from None
+    served = {k: s for k, s in cols.items() if s.server in ("vllm", "sglang", "gpuchef")}
+    if not served:
+        have = ", ".join(f"{t.job}/{t.instance} ({t.health})" for t in targets) or "none"
+        raise ConfigError(f"--prometheus {url} scrapes no vLLM, SGLang or gpuchef server "
+                          f"(its active targets: {have})")
+    for k in sorted(served):
+        err.print(f"[dim]{escape(k)}: {served[k].server}, read through {escape(url)}[/dim]")
+    poller = FleetPoller(fleet, hz)
+    poller.keys = set(served)
+    return poller, sorted(served)
+
+
 def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool = False):
     """`top --attach URL...`: the session on servers gpuchef does not host (gpuchef/sessions/attach.py).
     ``need_terminal``: as :func:`_build`'s."""
@@ -320,6 +355,10 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
     urls = [base_of(u) for u in o["attach"]]
     if not 0.1 <= o["scrape_hz"] <= 50:
         raise ConfigError(f"--scrape-hz {o['scrape_hz']:g} is out of range: allowed [0.1, 50]")
+    poller = None
+    if o["prometheus"]:
+        poller, cols = _prometheus_columns(o["prometheus"], o["scrape_hz"], err)
+        urls += [c for c in cols if c not in urls]
     gpus = parse_gpus(o["gpus"]) if o["gpus"] is not None else None
     if gpus is not None:
         check_sample_hz(o["sample_hz"], *SAMPLE_HZ_RANGE, flag="--sample-hz")
@@ -376,7 +415,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
                             trace_path=o["trace_path"], slos=slos, percentiles=pcts,
                             stats_window_s=o["stats_window"], ab_loads=ab_loads,
                             ab_load=o["ab_load"] or "mirrored", ab_repetitions=reps,
-                            load_for_ab=bool(o["ab_load"]), ab_why=ab_why)
+                            load_for_ab=bool(o["ab_load"]), ab_why=ab_why, prometheus=poller)
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"],
                      screenshot_dir=o["screenshot_dir"])
     session.start()

@@ -80,21 +80,28 @@ class AttachedServer:
 
     ``url``: the base URL; ``hz``: scrapes/s; ``api_key``: Bearer token for /metrics and the
     knob endpoint. ``on_sample(sample)`` is called with each scrape after it is kept (the
-    session's trace). ``fetch``: replaces the HTTP GET (tests).
+    session's trace). ``fetch``: replaces the HTTP GET (tests). ``scraper``: where the samples
+    come from instead of a ``Scraper`` of ``url`` (a column of a Prometheus server's fleet,
+    ``probes.prometheus.ColumnScraper``: ``url`` is then its key).
     """
 
     def __init__(self, url: str, hz: float, *, api_key: str | None = None,
                  on_sample: Callable[[ScrapeSample], None] | None = None,
-                 fetch: Callable[[str, float], str] | None = None) -> None:
-        self.url = base_of(url)
+                 fetch: Callable[[str, float], str] | None = None,
+                 scraper: Any = None) -> None:
+        self.url = base_of(url) if scraper is None else scraper.url
         self.api_key = api_key
         self._samples: deque[ScrapeSample] = deque(maxlen=KEEP_SCRAPES)
         self._deltas: deque[ScrapeDelta] = deque(maxlen=KEEP_SCRAPES)
         self._stream = DeltaStream()
         self._kind = "unknown"
         self._forward = on_sample
-        self.scraper = Scraper(self.url, hz, on_sample=self._on_sample, api_key=api_key,
-                               fetch=fetch)
+        if scraper is None:
+            scraper = Scraper(self.url, hz, on_sample=self._on_sample, api_key=api_key,
+                              fetch=fetch)
+        else:
+            scraper.on_sample = self._on_sample
+        self.scraper = scraper
         self.hz = self.scraper.hz
         #: gpuchef's knob endpoint of the server (its state is ``knobs``/``knobs_reason``)
         self.endpoint = KnobEndpoint(self.url, api_key)
@@ -315,7 +322,9 @@ class AttachSession:
     start, only by the A/B; ``ab_why``: why there is no A/B (the second server did not answer
     when the load was prepared). Attribute ``server_info``: each server's ``GET /v1/models``
     (``client.http_load.ServerInfo`` by URL: the load's answer, else asked at start), in the
-    trace meta as ``server_models``. Raises ConfigError for a bad URL or rate.
+    trace meta as ``server_models``. ``prometheus``: a ``probes.prometheus.FleetPoller`` whose
+    columns ``urls`` name (the servers are read through the Prometheus server that scrapes
+    them, not scraped here). Raises ConfigError for a bad URL or rate.
     """
 
     def __init__(self, urls: Sequence[str], *, scrape_hz: float = 4.0,
@@ -327,11 +336,12 @@ class AttachSession:
                  fetch: Callable[[str, float], str] | None = None,
                  ab_loads: dict[str, Any] | None = None, ab_load: str = "mirrored",
                  ab_repetitions: int = 2, load_for_ab: bool = False,
-                 ab_why: str = "") -> None:
+                 ab_why: str = "", prometheus: Any = None) -> None:
         if not urls:
             raise ConfigError("--attach needs a URL (the server's base URL, e.g. "
                               "http://127.0.0.1:8000)")
         self.clock = time.monotonic_ns
+        self._prometheus = prometheus.fleet.url if prometheus is not None else ""
         self.slos = dict(slos or {})
         self.percentiles = tuple(percentiles)
         self.stats_window_s = float(stats_window_s)
@@ -342,7 +352,9 @@ class AttachSession:
         self._lock = threading.Lock()
         try:
             self.servers: tuple[AttachedServer, ...] = tuple(
-                AttachedServer(u, scrape_hz, api_key=api_key, on_sample=self._record, fetch=fetch)
+                AttachedServer(u, scrape_hz, api_key=api_key, on_sample=self._record, fetch=fetch,
+                               scraper=(prometheus.column(u) if prometheus is not None
+                                        and u in prometheus.keys else None))
                 for u in urls)
         except ValueError as e:  # the Scraper's range check
             raise ConfigError(str(e)) from None
@@ -437,7 +449,8 @@ class AttachSession:
                       "source": self.servers[0].url},
             "device": "remote",
             # each scrape record names its server's kind (vllm / sglang / gpuchef)
-            "source": {"kind": "attached", "urls": [s.url for s in self.servers]},
+            "source": {"kind": "attached", "urls": [s.url for s in self.servers],
+                       **({"prometheus": self._prometheus} if self._prometheus else {})},
             "slos_ms": self.slos, "percentiles": list(self.percentiles),
             **self._meta_extra}
         if self.nvml is not None and self.nvml.gpu_names:

@@ -90,4 +90,41 @@ def wait_until(cond, timeout: float = 20.0, every: float = 0.05):
     return cond()
 
 
-__all__ = ["ServeProc", "run_cli", "wait_until", "Path"]
+class PrometheusProc:
+    """Debian's ``prometheus`` on a free loopback port scraping ``targets`` (host:port) every
+    second: ``with PrometheusProc(targets, tmp_path) as p: p.url``. Stopped by the test."""
+
+    def __init__(self, targets: list[str], workdir: Path) -> None:
+        import json
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workdir = Path(workdir)
+        (self.workdir / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: gpuchef\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PrometheusProc":
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+__all__ = ["PrometheusProc", "ServeProc", "run_cli", "wait_until", "Path"]

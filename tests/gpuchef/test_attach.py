@@ -12,6 +12,7 @@ import re
 import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -675,3 +676,66 @@ def test_impossible_gauges_are_refused_by_name_and_panel_and_numbers_agree(tmp_p
 
 #: minutes on a 2-core machine together with the other slow files: the full run only
 pytestmark = pytest.mark.slow
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("prometheus") is None,
+                    reason="needs Debian's prometheus (.ci/run installs it)")
+def test_prometheus_fleet_one_column_per_target_and_the_trace_records_both(tmp_path):
+    """`top --prometheus URL`: the two gpuchef servers a real Prometheus scrapes, a column each
+    with the values their own /metrics give, and a trace of both (issue 29 item 3)."""
+    from openai import OpenAI
+    from serve_proc import PrometheusProc, ServeProc
+
+    from gpuchef.probes.scrape import parse_metrics
+
+    with ServeProc() as a, ServeProc() as b, \
+            PrometheusProc([u.split("://", 1)[1] for u in (a.url, b.url)], tmp_path) as prom:
+        t0 = time.monotonic()
+        app = None
+        while app is None:  # until Prometheus has scraped both (its first scrape: ~1 s)
+            try:
+                app = build(["--prometheus", prom.url, "--scrape-hz", "4",
+                             "--trace", str(tmp_path / "t.jsonl"),
+                             "--screenshot-dir", str(tmp_path)])
+            except ConfigError as e:
+                assert time.monotonic() - t0 < 60, e
+                time.sleep(0.5)
+                continue
+            if len(app.session.servers) < 2:
+                app.session.close()
+                app = None
+                time.sleep(0.5)
+        s = app.session
+        assert sorted(x.url for x in s.servers) == sorted([a.url, b.url])
+        c = OpenAI(base_url=a.url + "/v1", api_key="x")
+        for n in (6, 10):
+            c.completions.create(model="tiny", prompt=[12] * n, max_tokens=3)
+        with urllib.request.urlopen(a.url + "/metrics", timeout=10) as r:
+            direct = parse_metrics(r.read().decode())
+
+        async def go():
+            async with app.run_test(size=(190, 50)) as pilot:
+                scr = app.screen
+                srv = {x.url: x for x in s.servers}
+
+                def newest(u, q):
+                    good = [x for x in srv[u].samples() if not x.error]
+                    return good[-1].values.get(q) if good else None
+                assert await wait_for(pilot, lambda: newest(a.url, "requests_finished")
+                                      == direct.values["requests_finished"], 30)
+                assert newest(a.url, "prompt_tokens") == direct.values["prompt_tokens"] == 16
+                assert newest(b.url, "prompt_tokens") == 0
+                assert srv[a.url].kind == srv[b.url].kind == "gpuchef"
+                await pilot.pause(1.2)  # the numbers panel's next second
+                assert scr.shown[a.url]["running"] == scr.shown[b.url]["running"] == 0
+                text = str(scr.numbers.render())
+                assert a.url.split("//")[1] in text and b.url.split("//")[1] in text
+                await pilot.press("q")
+
+        drive(s, go)
+    tr = read_trace(tmp_path / "t.jsonl")
+    assert tr.meta["source"]["prometheus"] == prom.url
+    assert {x.url for x in tr.scrapes} == {a.url, b.url}
+    last = [x for x in tr.scrapes if x.url == a.url and not x.error][-1]
+    assert last.values["prompt_tokens"] == direct.values["prompt_tokens"] == 16

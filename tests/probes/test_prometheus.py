@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -77,12 +76,11 @@ def test_columns_split_by_instance_and_engine_label():
     # two engines: a column each, with the instance's series that name no engine in both
     assert set(s) == {column_key("10.0.0.1:8000", "0"), column_key("10.0.0.1:8000", "1"),
                       column_key("10.0.0.2:8000")}
-    assert s["10.0.0.1:8000 engine 0"].values["running"] == 3
-    assert s["10.0.0.1:8000 engine 1"].values["running"] == 4
-    assert s["10.0.0.1:8000 engine 1"].hists["e2e"].count == 1
-    assert s["10.0.0.1:8000 engine 0"].hists["e2e"].count == 4
-    assert s["10.0.0.1:8000 engine 1"].values["prompt_tokens"] == 1234
-    assert s["10.0.0.2:8000"].values["prompt_tokens"] == 1234
+    e0, e1 = "http://10.0.0.1:8000#engine=0", "http://10.0.0.1:8000#engine=1"
+    assert s[e0].values["running"] == 3 and s[e1].values["running"] == 4
+    assert s[e1].hists["e2e"].count == 1 and s[e0].hists["e2e"].count == 4
+    assert s[e1].values["prompt_tokens"] == 1234
+    assert s["http://10.0.0.2:8000"].values["prompt_tokens"] == 1234
     # the same timestamps again: Prometheus has not scraped since, so nothing new
     assert fleet.sample() == {}
     assert len(fleet.sample(only_new=False)) == 3
@@ -125,21 +123,14 @@ def _get(url: str) -> str:
                     reason="needs Debian's prometheus (.ci/run installs it)")
 def test_real_prometheus_scraping_two_gpuchef_servers(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpuchef"))
-    from serve_proc import ServeProc, wait_until
+    from serve_proc import PrometheusProc, ServeProc, wait_until
     from openai import OpenAI
 
     with ServeProc() as a, ServeProc() as b:
         inst = [u.split("://", 1)[1] for u in (a.url, b.url)]
-        port = _free_port()
-        (tmp_path / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-            "scrape_configs:\n"
-            f"  - job_name: gpuchef\n    static_configs: [{{targets: {json.dumps(inst)}}}]\n")
-        prom = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cols = [a.url, b.url]  # the columns are named by the servers' base URLs
+        prom = PrometheusProc(inst, tmp_path).__enter__()
+        port = prom.port
         try:
             fleet = PrometheusFleet(f"http://127.0.0.1:{port}")
 
@@ -158,31 +149,31 @@ def test_real_prometheus_scraping_two_gpuchef_servers(tmp_path):
             c = OpenAI(base_url=a.url + "/v1", api_key="x")
             for n in (5, 9, 17):
                 c.completions.create(model="tiny", prompt=[11] * n, max_tokens=4)
-            direct = {i: parse_metrics(_get(u + "/metrics")) for i, u in zip(inst, (a.url, b.url))}
+            direct = {u: parse_metrics(_get(u + "/metrics")) for u in cols}
             # until Prometheus has scraped both after the load (the servers are idle now)
             def caught_up():
                 s = fleet.sample(only_new=False)
                 ok = all(k in s and s[k].values.get("requests_finished") ==
-                         direct[k].values.get("requests_finished") for k in inst)
+                         direct[k].values.get("requests_finished") for k in cols)
                 return ok and s
             got = wait_until(caught_up, 30, 0.5)
             assert got, "Prometheus's values never matched the servers' own /metrics"
-            for k in inst:
+            for k in cols:
                 assert got[k].server == direct[k].server == "gpuchef"
                 for q in ("prompt_tokens", "generation_tokens", "requests_finished", "running",
                           "waiting", "kv_usage"):
                     assert got[k].values.get(q) == pytest.approx(direct[k].values.get(q)), q
                 for q in ("e2e", "ttft"):
                     assert got[k].hists[q] == direct[k].hists[q], q
-            assert got[inst[0]].values["prompt_tokens"] == 5 + 9 + 17
-            assert got[inst[0]].hists["e2e"].count == 3
-            assert got[inst[1]].values.get("prompt_tokens", 0) == 0
+            assert got[cols[0]].values["prompt_tokens"] == 5 + 9 + 17
+            assert got[cols[0]].hists["e2e"].count == 3
+            assert got[cols[1]].values.get("prompt_tokens", 0) == 0
             # the same over a time range (what `report --prometheus` reads): per column, one
             # sample a step, counters never going back, ending where the servers are
             now = time.time()
             hist = fleet.history(now - 30, now, 1.0)
-            assert set(hist) == set(inst)
-            for k in inst:
+            assert set(hist) == set(cols)
+            for k in cols:
                 ps = [x.values.get("prompt_tokens", 0.0) for x in hist[k]]
                 assert len(ps) >= 2 and ps == sorted(ps)  # from its first scrape
                 assert ps[-1] == direct[k].values.get("prompt_tokens", 0.0)
@@ -191,5 +182,4 @@ def test_real_prometheus_scraping_two_gpuchef_servers(tmp_path):
             with pytest.raises(ValueError, match="allowed a start before the end"):
                 fleet.history(now, now - 5, 1.0)
         finally:
-            prom.terminate()
-            prom.wait(20)
+            prom.__exit__()
