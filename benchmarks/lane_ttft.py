@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.short is not None and a.short < 1:
         ap.error(f"--short {a.short} must be ≥ 1 (tokens)")
-    from gpuchef.probes.metrics import lane_ttft
+    from gpuchef.probes.lanes import lane_ttft
     from gpuchef.probes.recorder import TraceReadError
 
     for path in a.traces:

@@ -28,7 +28,8 @@ steps that mix prefill and decode, preemptions, and the busy fraction
 ``sum(gpu_ms) / (last step end − first step start)`` — the share of the wall time the model was
 computing, which the gaps between continuous-batching steps pull down.
 
-The GPU fields' means, the autopilot's totals and the lane TTFT are ``probes.summaries``'.
+The GPU fields' means and the autopilot's totals are ``probes.summaries``'; TTFT by prompt
+lane is ``probes.lanes``'.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 
-# the GPU means, the autopilot's totals and the lane TTFT live in probes.summaries; their names
-# are imported from here too (the dashboard, the report, the commands)
+# the GPU means and the autopilot's totals live in probes.summaries; their names are imported
+# from here too (the dashboard, the report, the commands)
 from .summaries import (GPU_FIELDS, GPU_SUMMARY_FIELDS, AutopilotTotals,  # noqa: F401
-                        autopilot_totals, gpu_means, gpu_value, lane_ttft, steered_itl_ms)
+                        autopilot_totals, gpu_means, gpu_value, steered_itl_ms)
 
 COMPLETED_REASONS = ("length", "stop")
 #: ``finish_reason`` of the requests a capacity probe's early stop withdraws (the probe is

@@ -3,8 +3,7 @@
 * the GPU fields' means over the samples, one NaN policy for all (:func:`gpu_value`,
   :func:`gpu_means`; ``GPU_FIELDS`` sampled, ``GPU_SUMMARY_FIELDS`` shown);
 * what the autopilot did (:func:`autopilot_totals`: steps per state, the targets in force at
-  the end, and the ITL the steered steps got against its target, :func:`steered_itl_ms`);
-* TTFT of short and long prompts in a trace (:func:`lane_ttft`: the long-prompt lane).
+  the end, and the ITL the steered steps got against its target, :func:`steered_itl_ms`).
 
 ``probes.metrics`` imports these names too (where callers have always found them).
 """
@@ -133,30 +132,3 @@ def autopilot_totals(steps: Iterable[StepRecord]) -> AutopilotTotals | None:
     return AutopilotTotals(len(ap), states, last,
                            steered_itl_ms((x for x in ap if x.auto_budget == last.auto_budget),
                                           stat))
-
-
-def lane_ttft(path: str, short: int | None = None) -> dict:
-    """TTFT of short and long prompts in one trace: what the long-prompt lane
-    (``max_long_partial_prefills``) is for; a prompt is long when it has more than ``short``
-    tokens (default: the ``long_prefill_token_threshold`` of the trace's first step).
-
-    {"requests", "threshold", "no_first_token", "max_long_partial_prefills", "short": {...},
-    "long": {...}} for one trace; each side {"n", "p50", "p90", "p99"} (ms; NaN when empty).
-    Raises ValueError when no threshold is given and the trace's steps carry none (> 0), and
-    ``probes.recorder.TraceReadError`` for a file that is not a readable trace."""
-    from gpuchef.probes.recorder import read_trace
-
-    tr = read_trace(path)
-    first = tr.steps[0] if tr.steps else None
-    thr = short if short is not None else (first.long_prefill_token_threshold if first else 0)
-    if not thr or thr <= 0:
-        raise ValueError(f"{path}: no lane threshold in its steps: give --short N")
-    out = {"requests": len(tr.requests), "threshold": thr,
-           "no_first_token": sum(r.ttft_ms is None for r in tr.requests),
-           "max_long_partial_prefills": first.max_long_partial_prefills if first else None}
-    for side, keep in (("short", lambda n: n <= thr), ("long", lambda n: n > thr)):
-        v = np.array([r.ttft_ms for r in tr.requests
-                      if r.ttft_ms is not None and keep(r.prompt_len)], dtype=np.float64)
-        pct = np.percentile(v, [50, 90, 99]) if len(v) else [np.nan] * 3
-        out[side] = {"n": int(len(v)), **dict(zip(("p50", "p90", "p99"), map(float, pct)))}
-    return out

@@ -15,10 +15,10 @@ import pytest
 
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.probes.lanes import lane_ttft
 from gpuchef.probes.metrics import (
     BenchMetrics,
     format_results_block,
-    lane_ttft,
     parse_goodput,
     parse_percentiles,
     percentile,
