@@ -593,16 +593,28 @@ def check_screenshot_dir(path: str) -> str:
     return check_output_dir(path, "--screenshot-dir")
 
 
+def parse_duration(text: str, flag: str, lo_s: float, hi_s: float) -> float:
+    """"10s", "10m", "2h", or seconds ("90") → seconds in [``lo_s``, ``hi_s``]. Raises
+    ConfigError naming ``flag``, the value and what is allowed."""
+    s = str(text).strip().lower()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(s|m|min|h)?", s)
+    if not m:
+        raise ConfigError(f"{flag} {text!r} is not a duration: use e.g. 10s, 10m, 2h or "
+                          "seconds")
+    v = float(m.group(1)) * {"m": 60, "min": 60, "h": 3600}.get(m.group(2) or "s", 1)
+    if not lo_s <= v <= hi_s:
+        raise ConfigError(f"{flag} {text!r} is out of range: allowed [{_dur(lo_s)}, "
+                          f"{_dur(hi_s)}]")
+    return v
+
+
+def _dur(v: float) -> str:
+    return f"{v / 3600:g} h" if v >= 7200 else f"{v / 60:g} min" if v >= 120 else f"{v:g} s"
+
+
 def parse_window(text: str) -> float:
     """"10s", "60s", "10m", or seconds ("90") → seconds in [1, 3600]. Raises ConfigError."""
-    s = str(text).strip().lower()
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(s|m|min)?", s)
-    if not m:
-        raise ConfigError(f"--window {text!r} is not a duration: use 10s, 60s, 10m or seconds")
-    v = float(m.group(1)) * (60 if m.group(2) in ("m", "min") else 1)
-    if not 1 <= v <= 3600:
-        raise ConfigError(f"--window {text!r} is out of range: allowed [1 s, 60 min]")
-    return v
+    return parse_duration(text, "--window", 1, 3600)
 
 
 serve_options = _opts(

@@ -67,7 +67,7 @@ def is_trace_file(path: str) -> bool:
 
 
 @click.command("report")
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default=None,
               help="Output file (html: .html; perfetto: .json; csv: a prefix, writing "
                    "PREFIX.steps.csv, PREFIX.requests.csv and PREFIX.gpu_samples.csv). "
@@ -84,8 +84,20 @@ def is_trace_file(path: str) -> bool:
 @click.option("--metric-percentiles", default="50,90,99", show_default=True,
               help="Percentiles in the results tables.")
 @click.option("--title", default=None, help="Title of the HTML report.")
+@click.option("--prometheus", default=None, metavar="URL",
+              help="Report the vLLM, SGLang and gpuchef servers a Prometheus server scraped "
+                   "over the last --since, read through its HTTP API (query_range), as a "
+                   "`top --attach` trace of them would be. docs/attach.md.")
+@click.option("--since", default="15m", show_default=True,
+              help="With --prometheus: how far back (10m, 2h, seconds; up to 7 days).")
+@click.option("--step", default=None,
+              help="With --prometheus: one sample per server this often (default: --since / "
+                   "600, at least 1 s).")
+@click.option("--save-trace", default=None, metavar="PATH",
+              help="With --prometheus: keep the trace read from it here (default: not kept).")
 def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple[str, ...],
-           metric_percentiles: str, title: str | None) -> None:
+           metric_percentiles: str, title: str | None, prometheus: str | None, since: str,
+           step: str | None, save_trace: str | None) -> None:
     """Turn session traces (`gpuchef bench/ab/top --trace`) into a report.
 
     One trace: its modes (or the A/B settings of a `gpuchef ab` trace) side by side. Several
@@ -109,10 +121,50 @@ def report(traces: tuple[str, ...], output: str | None, fmt: str, goodput: tuple
     """
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        _report(list(traces), output, fmt, goodput, metric_percentiles, title, err)
+        paths = list(traces)
+        tmp = None
+        if prometheus:
+            tmp, p = _prometheus_trace(prometheus, since, step, save_trace, err)
+            paths.append(p)
+        elif save_trace or step is not None or since != "15m":
+            raise ConfigError("--since, --step and --save-trace go with --prometheus URL")
+        if not paths:
+            raise ConfigError("give a trace (gpuchef bench/ab/top --trace) or --prometheus URL")
+        try:
+            _report(paths, output, fmt, goodput, metric_percentiles, title, err)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
     except ConfigError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
+
+
+def _prometheus_trace(url: str, since: str, step: str | None, save_trace: str | None,
+                      err: Console):
+    """The trace of the fleet the Prometheus server at ``url`` scraped over ``since``: written
+    to ``save_trace``, else into a temporary folder (returned, for the caller to clean up).
+    Returns (the folder or None, the trace's path). Raises ConfigError."""
+    import tempfile
+
+    from ..sessions.prometheus import record_history
+    from .options import check_output_path, parse_duration
+
+    since_s = parse_duration(since, "--since", 10, 7 * 86400)
+    step_s = (parse_duration(step, "--step", 1, 86400) if step is not None
+              else max(1.0, round(since_s / 600)))
+    tmp = None
+    if save_trace:
+        check_output_path(save_trace, "--save-trace")
+        path = save_trace
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="gpuchef-prometheus-")
+        host = url.split("://", 1)[-1].split("/", 1)[0].replace(":", "_")
+        path = str(Path(tmp.name) / f"prometheus-{host}.jsonl")
+    cols = record_history(url, since_s, step_s, path)
+    err.print(f"[dim]{len(cols)} server{'s' if len(cols) != 1 else ''} from {escape(url)} over "
+              f"the last {since_s:g} s, every {step_s:g} s: {escape(', '.join(cols))}[/dim]")
+    return tmp, path
 
 
 def _read_once(paths: list[str], err: Console) -> list[str]:

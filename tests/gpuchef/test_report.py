@@ -724,3 +724,58 @@ def test_report_o_refuses_any_existing_trace(tmp_path):
 
 #: minutes on a 2-core machine together with the other slow files: the full run only
 pytestmark = pytest.mark.slow
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="needs Debian's prometheus (.ci/run installs it)")
+def test_report_of_a_fleet_read_from_prometheus(tmp_path):
+    """`report --prometheus URL`: the two gpuchef servers a real Prometheus scraped, as a trace
+    of scrape records (kept with --save-trace) whose values end where the servers' own
+    /metrics are, and an HTML report with each server's scrape figure (issue 29 item 3)."""
+    import time
+    import urllib.request
+
+    from openai import OpenAI
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_proc import PrometheusProc, ServeProc, wait_until
+
+    from gpuchef.probes.prometheus import PrometheusFleet
+    from gpuchef.probes.scrape import parse_metrics
+
+    with ServeProc() as a, ServeProc() as b, \
+            PrometheusProc([u.split("://", 1)[1] for u in (a.url, b.url)], tmp_path) as prom:
+        c = OpenAI(base_url=a.url + "/v1", api_key="x")
+        for n in (7, 9):
+            c.completions.create(model="tiny", prompt=[13] * n, max_tokens=3)
+        with urllib.request.urlopen(a.url + "/metrics", timeout=10) as r:
+            direct = parse_metrics(r.read().decode())
+        fleet = PrometheusFleet(prom.url)
+
+        def scraped():
+            try:
+                got = fleet.sample(only_new=False)
+            except ConnectionError:
+                return False
+            return got.get(a.url) is not None and got[a.url].values.get(
+                "prompt_tokens") == direct.values["prompt_tokens"] and b.url in got
+        assert wait_until(scraped, 60, 0.5), "Prometheus never scraped the load"
+        time.sleep(2.5)  # a few more points after the load
+        out = tmp_path / "fleet.html"
+        kept = tmp_path / "fleet.jsonl"
+        r = run("report", "--prometheus", prom.url, "--since", "1m", "--step", "1s", "-o", out,
+                "--save-trace", kept)
+        assert r.exit_code == 0, r.output
+    tr = read_trace(kept)
+    assert tr.meta["source"]["prometheus"] == prom.url
+    assert set(tr.meta["source"]["urls"]) == {a.url, b.url}
+    by = {u: [x for x in tr.scrapes if x.url == u and not x.error] for u in (a.url, b.url)}
+    assert len(by[a.url]) >= 3 and len(by[b.url]) >= 3
+    assert by[a.url][-1].values["prompt_tokens"] == direct.values["prompt_tokens"] == 16
+    assert by[b.url][-1].values.get("prompt_tokens", 0) == 0
+    ts = [x.t_ns for x in by[a.url]]
+    assert ts == sorted(ts) and ts[1] - ts[0] == 1_000_000_000
+    page = out.read_text()
+    assert page.count('id="scrape-') >= 2 or page.count("scrape-") >= 2
+    assert a.url.split("//")[1] in page and b.url.split("//")[1] in page
