@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpuchef.probes.scrape import ScrapeSample, parse_metrics
+from gpuchef.probes.scrape import SampleFeed, ScrapeSample, parse_metrics
 
 #: the series asked for: every vLLM, SGLang (both spellings) and gpuchef metric
 SERIES_SELECTOR = '{__name__=~"(vllm|sglang|gpuchef)[:_].+"}'
@@ -290,42 +290,24 @@ class FleetPoller:
             self._stop.wait(max(0.0, period - (time.monotonic() - t)))
 
 
-class ColumnScraper:
-    """One column of a :class:`FleetPoller`, with ``scrape.Scraper``'s interface: ``url`` (the
-    column's key), ``hz``, ``on_sample``, ``latest``, ``status``, ``n_ok``/``n_failed``,
-    ``retry_note``, ``start``/``stop`` (the first start starts the poller, the last stop stops
-    it)."""
+class ColumnScraper(SampleFeed):
+    """One column of a :class:`FleetPoller`, with ``scrape.Scraper``'s interface
+    (``scrape.SampleFeed``; ``url`` is the column's key): the first ``start`` starts the
+    poller, the last ``stop`` stops it; ``status`` adds why Prometheus finds the target down."""
 
     def __init__(self, poller: FleetPoller, key: str) -> None:
+        super().__init__(key, poller.hz)
         self.poller = poller
-        self.url = key
-        self.hz = poller.hz
-        self.on_sample: Callable[[ScrapeSample], None] | None = None
-        self.latest: ScrapeSample | None = None
-        self.n_ok = 0
-        self.n_failed = 0
         self.down = ""
-        self._status = ""
         self._running = False
 
     @property
     def status(self) -> str:
         return self._status or self.down
 
-    @property
-    def retry_note(self) -> str:
-        return f"retrying every {1000.0 / self.hz:.4g} ms"
-
-    def deliver(self, s: ScrapeSample) -> None:
-        if s.error:
-            self.n_failed += 1
-            self._status = f"{self.url}: {s.error}; {self.retry_note}"
-        else:
-            self.n_ok += 1
-            self._status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
-        self.latest = s
-        if self.on_sample is not None:
-            self.on_sample(s)
+    @status.setter
+    def status(self, v: str) -> None:
+        self._status = v
 
     def start(self) -> "ColumnScraper":
         self._running = True

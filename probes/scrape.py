@@ -470,7 +470,43 @@ def deltas_of(samples: Any) -> list[ScrapeDelta]:
     return [d for s in samples if (d := st.add(s)) is not None]
 
 
-class Scraper:
+class SampleFeed:
+    """What a server's samples come through, as the attach session reads it: ``url``, ``hz``,
+    ``on_sample`` (called with each sample), ``latest``, ``status`` ("" or one line: the failure
+    and that it keeps trying, or the refused values), ``n_ok``/``n_failed``. :meth:`deliver`
+    does that bookkeeping for one sample; :class:`Scraper` and ``prometheus.ColumnScraper``
+    feed it."""
+
+    def __init__(self, url: str, hz: float,
+                 on_sample: Callable[[ScrapeSample], None] | None = None) -> None:
+        self.url = url
+        self.hz = float(hz)
+        self.on_sample = on_sample
+        self.latest: ScrapeSample | None = None
+        self.status = ""
+        self.n_ok = 0
+        self.n_failed = 0
+
+    @property
+    def retry_note(self) -> str:
+        """What the status line of a failed scrape adds: the feed keeps trying."""
+        return f"retrying every {1000.0 / self.hz:.4g} ms"
+
+    def deliver(self, s: ScrapeSample) -> ScrapeSample:
+        if s.error:
+            self.n_failed += 1
+            # the line says that the scraper goes on: a server that is not up yet is picked up
+            self.status = f"{self.url}: {s.error}; {self.retry_note}"
+        else:
+            self.n_ok += 1
+            self.status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
+        self.latest = s
+        if self.on_sample is not None:
+            self.on_sample(s)
+        return s
+
+
+class Scraper(SampleFeed):
     """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
     to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP
     error, not Prometheus text) is a sample with ``error`` set and one ``status`` line, which
@@ -484,16 +520,11 @@ class Scraper:
         if not (isinstance(hz, (int, float)) and 0.1 <= hz <= 50):
             raise ValueError(f"--scrape-hz {hz!r} is out of range: allowed [0.1, 50]")
         base = url.rstrip("/")
-        self.url = base if base.endswith("/metrics") else base + "/metrics"
-        self.hz = float(hz)
-        self.on_sample = on_sample
+        super().__init__(base if base.endswith("/metrics") else base + "/metrics", hz,
+                         on_sample)
         self.timeout_s = timeout_s
         self.api_key = api_key
         self._fetch = fetch or self._http_get
-        self.latest: ScrapeSample | None = None
-        self.status = ""
-        self.n_ok = 0
-        self.n_failed = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -521,23 +552,7 @@ class Scraper:
             s = ScrapeSample(t0, self.url, error=f"cannot reach it ({why})")
         except ValueError as e:
             s = ScrapeSample(t0, self.url, error=str(e))
-        s = replace(s, scrape_ms=(time.monotonic_ns() - t0) / 1e6)
-        if s.error:
-            self.n_failed += 1
-            # the line says that the scraper goes on: a server that is not up yet is picked up
-            self.status = f"{self.url}: {s.error}; {self.retry_note}"
-        else:
-            self.n_ok += 1
-            self.status = f"{self.url}: {'; '.join(s.bad.values())}" if s.bad else ""
-        self.latest = s
-        if self.on_sample is not None:
-            self.on_sample(s)
-        return s
-
-    @property
-    def retry_note(self) -> str:
-        """What the status line of a failed scrape adds: the scraper keeps trying."""
-        return f"retrying every {1000.0 / self.hz:.4g} ms"
+        return self.deliver(replace(s, scrape_ms=(time.monotonic_ns() - t0) / 1e6))
 
     def start(self) -> "Scraper":
         if self._thread is None:
