@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import ops
-from .config import ConfigError
+from .config import DECODE_ATTENTION, ConfigError
 
 
 @dataclass
@@ -69,12 +69,6 @@ class AttentionMetadata:
 #: (``FlashInferAttention(mixed_attention=...)``): two wrappers, or one prefill plan for all rows.
 MIXED_ATTENTION = ("split", "single")
 
-#: Which kernel attends a step's decode rows on FlashInfer (``FlashInferAttention(decode_attention=
-#: ...)``): FlashInfer's own decode wrapper, or TensorRT-LLM's XQA decode kernel as FlashInfer
-#: ships it (``flashinfer.decode.xqa_batch_decode_with_kv_cache``; page sizes 16/32/64/128, head
-#: dim ≤ 256, fp16/bf16). "auto": FlashInfer's wrapper (measured faster in the whole decode step
-#: on the H200: docs/benchmarks.md, "Decode attention alone").
-DECODE_ATTENTION = ("auto", "flashinfer", "xqa")
 XQA_PAGE_SIZES = (16, 32, 64, 128)
 
 
@@ -235,52 +229,3 @@ class ReferenceAttention(AttentionBackend):
                 probs = probs.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             out[q0:q1] = torch.einsum("hglk,khd->lhgd", probs, vb).reshape(L, hq, d).to(q.dtype)
         return out
-
-
-def check_backend(name: str, device: torch.device | str) -> None:
-    """Refuse, before any weights load, a backend that ``make_backend`` would refuse for the
-    device alone (unknown name; flashinfer without CUDA). Raises ConfigError."""
-    if name not in ("auto", "reference", "flashinfer"):
-        raise ConfigError(f"--attention-backend {name!r} is not one of auto, reference, flashinfer")
-    if name == "flashinfer" and torch.device(device).type != "cuda":
-        raise ConfigError("--attention-backend flashinfer needs a CUDA device; "
-                          f"this run is on {torch.device(device).type} (use reference)")
-    if name == "flashinfer":
-        import importlib.util
-
-        if importlib.util.find_spec("flashinfer") is None:  # not installed (a broken install
-            # is caught by make_backend's import)
-            raise ConfigError("--attention-backend flashinfer: flashinfer is not installed; "
-                              "install the [gpu] extra or use reference")
-
-
-def make_backend(name: str, device: torch.device | str,
-                 decode_attention: str = "auto") -> AttentionBackend:
-    """Return the attention backend ``name`` ("auto", "reference", "flashinfer").
-
-    "auto" picks "flashinfer" on CUDA when it imports, else "reference". ``decode_attention``
-    (``DECODE_ATTENTION``): FlashInfer's kernel for decode rows (the reference has one path).
-    Raises ConfigError (a ValueError) for an unknown name or when "flashinfer" is asked for
-    where it cannot run (no CUDA device, flashinfer does not import).
-    """
-    dev = torch.device(device)
-    if name == "auto":
-        if dev.type == "cuda":
-            try:
-                from .flashinfer_backend import FlashInferAttention  # noqa: F401
-                name = "flashinfer"
-            except Exception:  # flashinfer missing or broken: the reference still works
-                name = "reference"
-        else:
-            name = "reference"
-    check_backend(name, dev)
-    if name == "reference":
-        return ReferenceAttention()
-    if name == "flashinfer":
-        try:
-            from .flashinfer_backend import FlashInferAttention
-        except ImportError as e:
-            raise ConfigError(f"--attention-backend flashinfer: flashinfer does not import ({e}); "
-                               "install the [gpu] extra or use reference") from e
-        return FlashInferAttention(dev, decode_attention=decode_attention)
-    raise AssertionError(name)  # check_backend refused every other name

@@ -479,6 +479,15 @@ class CacheConfig:
                               "(a fraction of GPU memory)")
 
 
+
+#: Which kernel attends a step's decode rows on FlashInfer (``EngineConfig.decode_attention``,
+#: ``attention.FlashInferAttention(decode_attention=...)``): FlashInfer's own decode wrapper, or
+#: TensorRT-LLM's XQA decode kernel as FlashInfer ships it
+#: (``flashinfer.decode.xqa_batch_decode_with_kv_cache``; page sizes 16/32/64/128, head dim ≤
+#: 256, fp16/bf16). "auto": FlashInfer's wrapper (measured faster in the whole decode step on
+#: the H200: docs/benchmarks.md, "Decode attention alone").
+DECODE_ATTENTION = ("auto", "flashinfer", "xqa")
+
 @dataclass
 class EngineConfig:
     """Everything fixed at engine start-up.
@@ -500,7 +509,7 @@ class EngineConfig:
     graphs' padded token counts (None = PIECEWISE_CAPTURE_SIZES, 16 … 1024); the
     decode graphs keep ``runner.GRAPH_BATCH_SIZES``. The native engine's only (refused, unless
     at their defaults, with ``engine="vllm"``).
-    ``decode_attention`` (``attention.DECODE_ATTENTION``): the kernel for decode rows on
+    ``decode_attention`` (``DECODE_ATTENTION``): the kernel for decode rows on
     FlashInfer — "auto" (FlashInfer's decode wrapper), "flashinfer" or "xqa"
     (``FlashInferAttention``); the native engine's only.
     Raises ConfigError for an unknown engine, a size below 1, an ``async_scheduling`` other
@@ -525,8 +534,6 @@ class EngineConfig:
     decode_attention: str = "auto"
 
     def __post_init__(self) -> None:
-        from .attention import DECODE_ATTENTION
-
         if self.decode_attention not in DECODE_ATTENTION:
             raise ConfigError(f"--decode-attention {self.decode_attention!r} is not one of "
                               f"{', '.join(DECODE_ATTENTION)}")

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .attention import check_backend, decode_split_kv_args, make_backend
+from .attention import decode_split_kv_args
+from .attention_choice import check_backend, make_backend
 from .config import PIECEWISE_CAPTURE_SIZES, ConfigError, EngineConfig, SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model

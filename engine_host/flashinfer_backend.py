@@ -1,6 +1,6 @@
 """FlashInfer attention over the paged KV pool (GPU only).
 
-This module imports ``flashinfer`` at import time on purpose: ``make_backend`` imports it lazily
+This module imports ``flashinfer`` at import time on purpose: ``attention_choice.make_backend`` imports it lazily
 and turns an ImportError into a clear message, and nothing on the CPU path imports it.
 
 One step, as the engine drives it::

@@ -44,10 +44,8 @@ from typing import Any
 import numpy as np
 
 from .config import ConfigError
-from .workload import (BUNDLED_DATASETS, DATA_DIR, MAX_REQUESTS, _int, _num, dataset_path,
-                       load_trace_csv)
-
-WORKLOADS_DIR = DATA_DIR / "workloads"
+from .traces import (BUNDLED_DATASETS, MAX_REQUESTS, WORKLOADS_DIR, _int, _num, dataset_path,
+                     load_trace_csv)
 WORKLOAD_SUFFIXES: tuple[str, ...] = (".yaml", ".yml")
 #: Workloads bundled with gpuchef, usable by name (``--dataset conv_long_burst``).
 BUNDLED_WORKLOADS: dict[str, Path] = {

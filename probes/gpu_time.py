@@ -6,7 +6,7 @@
   prefix) get a category from those labels and their name (:func:`categorize`, ``NAME_RULES``);
   per-step summaries, the bytes each category must move, and the tables the profiler prints.
 * An offline run's steps against the roofline (``benchmarks/bench_vllm_host.py``):
-  :func:`step_breakdown` over its ``StepRecord``\ s.
+  :func:`step_breakdown` over its ``StepRecord`` records.
 
 Pure bookkeeping: no torch, no GPU, so it is tested on the CPU with records made by hand.
 """

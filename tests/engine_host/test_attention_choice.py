@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.attention import make_backend
+from gpuchef.engine_host.attention_choice import make_backend
 from gpuchef.engine_host.config import ConfigError
 
 _register()  # the subcommands are registered lazily by the entry point
@@ -58,11 +58,11 @@ def test_flashinfer_not_installed_is_refused_before_loading(monkeypatch):
     """On a CUDA machine without flashinfer, the same one line, before the weights load."""
     import importlib.util
 
-    from gpuchef.engine_host import attention
+    from gpuchef.engine_host import attention_choice
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a: None if n == "flashinfer" else real(n, *a))
     monkeypatch.setattr(torch, "device", lambda d: type("D", (), {"type": "cuda"})())
     with pytest.raises(ConfigError, match="flashinfer is not installed; install the \\[gpu\\]"):
-        attention.check_backend("flashinfer", "cuda")
+        attention_choice.check_backend("flashinfer", "cuda")

@@ -339,7 +339,7 @@ def test_graph_plan_with_device_page_indices_does_not_wait(fi_backend, decode_at
 
 
 def test_make_backend_picks_flashinfer(fi_backend):
-    from gpuchef.engine_host.attention import make_backend
+    from gpuchef.engine_host.attention_choice import make_backend
     assert make_backend("auto", "cuda").name == "flashinfer"
     assert make_backend("flashinfer", "cuda").name == "flashinfer"
 

@@ -16,8 +16,8 @@ import pytest
 from gpuchef.engine_host.config import ConfigError
 from gpuchef.engine_host.phases import (BUNDLED_WORKLOADS, PHASE_KEYS, load_workload,
                                         parse_phase_mark, phase_mark, phases_meta, schedule)
-from gpuchef.engine_host.workload import (WorkloadConfig, dataset_path, generate,
-                                          load_trace_csv)
+from gpuchef.engine_host.traces import dataset_path, load_trace_csv
+from gpuchef.engine_host.workload import WorkloadConfig, generate
 
 
 def write(tmp_path, text, name="w.yaml"):

@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.traces import dataset_path, load_trace_csv
 from gpuchef.engine_host.workload import (
     DATASET_NAMES,
     MIN_TOKEN_ID,
     PromptTokens,
     RequestSpec,
     WorkloadConfig,
-    dataset_path,
     generate,
-    load_trace_csv,
 )
 
 # The first rows of the bundled engine_host/data/azure_conv.csv.gz:
@@ -430,7 +429,7 @@ def test_trace_speed_nan_is_refused_without_contradicting_inf():
 def test_a_gzipped_trace_reads_as_the_csv_it_holds_and_a_broken_one_is_one_line(tmp_path):
     import gzip as _gzip
 
-    from gpuchef.engine_host.workload import load_trace_csv
+    from gpuchef.engine_host.traces import load_trace_csv
 
     text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
             "2023-11-16 18:15:50.9951690,396,109\n")
