@@ -23,7 +23,8 @@ def test_help_lists_the_dashboard_flags():
 
 
 def test_bad_flags_are_refused_with_the_range():
-    for args, msg in ((("--window", "5h"), "--window '5h' is not a duration"),
+    for args, msg in ((("--window", "5h"), "--window '5h' is out of range: allowed [1 s, 60 min]"),
+                      (("--window", "5x"), "--window '5x' is not a duration"),
                       (("--window", "0.5s"), "allowed [1 s, 60 min]"),
                       (("--dataset", "random", "--request-rate", "inf"), "finite number of req/s"),
                       (("--fps", "100"), "allowed [1, 30]"),
