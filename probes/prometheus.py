@@ -21,7 +21,6 @@ instant vectors, ``/api/v1/targets`` active targets).
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -29,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpuchef.probes.scrape import SampleFeed, ScrapeSample, parse_metrics
+from gpuchef.probes.scrape import Periodic, SampleFeed, ScrapeSample, parse_metrics
 
 #: the series asked for: every vLLM, SGLang (both spellings) and gpuchef metric
 SERIES_SELECTOR = '{__name__=~"(vllm|sglang|gpuchef)[:_].+"}'
@@ -219,7 +218,7 @@ def _http_get(url: str, timeout: float) -> str:
 TARGETS_EVERY_S = 5.0
 
 
-class FleetPoller:
+class FleetPoller(Periodic):
     """Polls a :class:`PrometheusFleet` at ``hz`` on one daemon thread and hands each column's
     new samples to its :class:`ColumnScraper` (``column(key)``): the ``Scraper`` interface the
     attach session's servers use, one Prometheus query for all of them. A failed query is a
@@ -235,9 +234,8 @@ class FleetPoller:
         self.columns: dict[str, ColumnScraper] = {}
         #: the columns the caller watches (set by it; ``column`` makes any)
         self.keys: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._targets_at = 0.0
+        self._periodic_init()
 
     def column(self, key: str) -> "ColumnScraper":
         if key not in self.columns:
@@ -271,23 +269,10 @@ class FleetPoller:
             col.down = (f"{key}: Prometheus finds it down ({t.last_error or 'no reason given'})"
                         if t is not None else "")
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpuchef-prometheus",
-                                            daemon=True)
-            self._thread.start()
+    THREAD_NAME = "gpuchef-prometheus"
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        period = 1.0 / self.hz
-        while not self._stop.is_set():
-            t = time.monotonic()
-            self.poll_once()
-            self._stop.wait(max(0.0, period - (time.monotonic() - t)))
+    def tick(self) -> None:
+        self.poll_once()
 
 
 class ColumnScraper(SampleFeed):

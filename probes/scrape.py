@@ -506,12 +506,52 @@ class SampleFeed:
         return s
 
 
-class Scraper(SampleFeed):
+class Periodic:
+    """Calls ``tick()`` every ``1 / hz`` s on a daemon thread named ``THREAD_NAME`` from
+    ``start()`` (idempotent) until ``stop()``; a slow tick skips the slots it missed and keeps
+    the grid. Subclasses set ``hz`` and call ``_periodic_init()``."""
+
+    THREAD_NAME = "gpuchef-periodic"
+    hz: float
+
+    def _periodic_init(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        period = 1.0 / self.hz
+        nxt = time.monotonic()
+        while not self._stop.is_set():
+            self.tick()
+            nxt += period
+            now = time.monotonic()
+            if nxt < now:  # a slow tick: skip the missed slots, keep the grid
+                nxt += math.ceil((now - nxt) / period) * period
+            self._stop.wait(max(0.0, nxt - now))
+
+
+class Scraper(SampleFeed, Periodic):
     """Scrapes ``url`` (its ``/metrics``) at ``hz`` on a daemon thread; each ScrapeSample goes
     to ``on_sample`` and the newest is ``latest``. A failed scrape (refused, timed out, HTTP
     error, not Prometheus text) is a sample with ``error`` set and one ``status`` line, which
     says the scraper keeps trying (:attr:`retry_note`); the first scrape that succeeds clears
     it. ``fetch(url, timeout)`` may be replaced (tests)."""
+
+    THREAD_NAME = "gpuchef-scrape"
 
     def __init__(self, url: str, hz: float = 4.0, *,
                  on_sample: Callable[[ScrapeSample], None] | None = None,
@@ -525,8 +565,7 @@ class Scraper(SampleFeed):
         self.timeout_s = timeout_s
         self.api_key = api_key
         self._fetch = fetch or self._http_get
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic_init()
 
     def _http_get(self, url: str, timeout: float) -> str:
         req = urllib.request.Request(url, headers={"Accept": "text/plain"})
@@ -554,24 +593,5 @@ class Scraper(SampleFeed):
             s = ScrapeSample(t0, self.url, error=str(e))
         return self.deliver(replace(s, scrape_ms=(time.monotonic_ns() - t0) / 1e6))
 
-    def start(self) -> "Scraper":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpuchef-scrape", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        period = 1.0 / self.hz
-        nxt = time.monotonic()
-        while not self._stop.is_set():
-            self.scrape_once()
-            nxt += period
-            now = time.monotonic()
-            if nxt < now:  # a slow scrape: skip the missed slots, keep the grid
-                nxt += math.ceil((now - nxt) / period) * period
-            self._stop.wait(max(0.0, nxt - now))
+    def tick(self) -> None:
+        self.scrape_once()
