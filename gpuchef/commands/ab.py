@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
 from ..experiments.capacity import SATURATION_TOLERANCE
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..probes.ab import MIN_REPETITIONS
-from .options import (check_output_files, check_sampling, engine_config, engine_options,
-                      flag_given, http_load_options, print_warning, probe_warning, run_config,
+from .options import (check_output_files, check_sampling, engine_config, engine_load,
+                      engine_options, flag_given, http_load_options, print_warning, run_config,
                       scheduler_options, scheduling_desc, trace_flags_warning, workload_config,
                       workload_options, write_json)
 
@@ -175,7 +175,6 @@ def _check(o: dict) -> dict[str, Any]:
 
 
 def _ab(o: dict, err: Console) -> None:
-    from ..engine_host.workload import generate
     from ..sessions.headless import Samplers, build_engine, open_trace, trace_meta
 
     c = _check(o)
@@ -184,13 +183,7 @@ def _ab(o: dict, err: Console) -> None:
         err.print("[yellow]note:[/] A and B are the same setting: an A/A run, whose deltas "
                   "show the run-to-run noise")
     engine = build_engine(c["ecfg"], err)
-    wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
-                           max_model_len=engine.max_model_len)
-    specs = generate(wcfg)
-    if not specs:
-        raise ConfigError("the workload is empty: raise --num-prompts or --duration")
-    if (w := probe_warning(o, specs)):
-        print_warning(w)
+    wcfg, specs = engine_load(o, engine)
     recorder = None
     listeners = []
     if o["trace_path"]:

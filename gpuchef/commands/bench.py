@@ -8,11 +8,11 @@ import click
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from ..engine_host.config import ConfigError
-from .options import (check_output_files, check_sampling, engine_config, engine_options, run_config,
-                      scheduler_options, scheduling_desc, workload_config, workload_options,
-                      write_json, http_load_options, print_warning, probe_warning,
-                      trace_flags_warning)
+from ..engine_host.vocab.errors import ConfigError
+from .options import (check_output_files, check_sampling, engine_config, engine_load,
+                      engine_options, run_config, scheduler_options, scheduling_desc,
+                      workload_config, workload_options, write_json, http_load_options,
+                      print_warning, trace_flags_warning)
 
 
 @click.command("bench")
@@ -74,7 +74,6 @@ def _bench(o: dict, err: Console) -> None:
     if o["base_url"]:  # the load over HTTP to a server gpuchef does not host: no engine here
         return bench_http(o, err)
     check_http_flags(o)
-    from ..engine_host.workload import generate
     from ..probes.metrics import benchmark_duration_s, parse_goodput, parse_percentiles, summarize
     from ..sessions.headless import build_engine, run_load
 
@@ -88,13 +87,7 @@ def _bench(o: dict, err: Console) -> None:
     if (w := trace_flags_warning(o)):
         print_warning(w)
     engine = build_engine(ecfg, err)
-    wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
-                           max_model_len=engine.max_model_len)
-    specs = generate(wcfg)
-    if not specs:
-        raise ConfigError("the workload is empty: raise --num-prompts or --duration")
-    if (w := probe_warning(o, specs)):
-        print_warning(w)
+    wcfg, specs = engine_load(o, engine)
     from ..sessions.headless import Samplers, phase_marks
 
     recorder, listeners, started = _open_trace(o, engine, ecfg, wcfg)

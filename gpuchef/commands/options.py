@@ -12,9 +12,10 @@ import click
 
 from ..engine_host.attention import DECODE_ATTENTION
 from ..engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
-                                 PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig, ConfigError,
-                                 parse_capture_sizes,
-                                 EngineConfig, SchedulerConfig, parse_auto_budget)
+                                  PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig,
+                                  parse_capture_sizes, EngineConfig, SchedulerConfig,
+                                  parse_auto_budget)
+from ..engine_host.vocab.errors import ConfigError
 from ..serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
 
 
@@ -374,6 +375,22 @@ def trace_flags_warning(o: dict[str, Any]) -> str | None:
     what = "its phases bring their" if is_workload(o["dataset"]) else "a trace brings its"
     return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: {what} "
             "own arrival times and lengths (--trace-speed scales the times)")
+
+
+def engine_load(o: dict[str, Any], engine: Any) -> tuple[Any, list]:
+    """The load for a hosted ``engine``: its ``WorkloadConfig`` (the engine's vocabulary and
+    context length) and the generated RequestSpecs, with :func:`probe_warning`'s line printed.
+    Raises ConfigError for an empty load."""
+    from ..engine_host.workload import generate
+
+    wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
+                           max_model_len=engine.max_model_len)
+    specs = generate(wcfg)
+    if not specs:
+        raise ConfigError("the workload is empty: raise --num-prompts or --duration")
+    if (w := probe_warning(o, specs)):
+        print_warning(w)
+    return wcfg, specs
 
 
 def probe_warning(o: dict[str, Any], specs: Any) -> str | None:
