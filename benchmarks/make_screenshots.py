@@ -47,8 +47,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, ENGINES, CacheConfig, ConfigError,
-                                        EngineConfig, SchedulerConfig, parse_value)
+from gpuchef.engine_host.config import (AUTO_BUDGET, ENGINES, CacheConfig, EngineConfig,
+                                        SchedulerConfig, parse_value)
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.sampler import check_sample_hz

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from . import ops
-from .config import DECODE_ATTENTION, ConfigError
+from .config import DECODE_ATTENTION
+from .vocab.errors import ConfigError
 
 
 @dataclass

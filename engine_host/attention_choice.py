@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionBackend, ReferenceAttention
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 
 def check_backend(name: str, device: torch.device | str) -> None:

@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from .vocab.errors import ConfigError
+
 MODES = ("continuous", "chunked")
 ENGINES = ("native", "vllm")
 #: ``--cudagraph-mode`` (vLLM's ``CompilationConfig.cudagraph_mode`` values the native engine
@@ -41,10 +43,6 @@ def parse_capture_sizes(text: str | None) -> tuple[int, ...] | None:
     except ValueError:
         raise ConfigError(f"--cudagraph-capture-sizes {text!r} must be comma-separated token "
                           f"counts, e.g. 16,32,64,128,256,512") from None
-
-
-class ConfigError(ValueError):
-    """Bad user input. The message names the value given and what is allowed."""
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 
-from .config import ConfigError, EngineConfig, SchedulerConfig, parse_value
+from .vocab.errors import ConfigError
+from .config import EngineConfig, SchedulerConfig, parse_value
 from .core_proc import SUBSCRIBER_HWM, engine_facts, engine_main
 from .core_wire import (Command, NewHost, OutBatch, Shutdown, Start, Stop, Submit, Subscribe,
                         Workload, batch_records)

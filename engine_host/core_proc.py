@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import msgspec
 
-from .config import ConfigError, EngineConfig, SchedulerConfig
+from .vocab.errors import ConfigError
+from .config import EngineConfig, SchedulerConfig
 from .core_wire import (Command, Inbound, NewHost, OutBatch, Shutdown, Start, Stop, Submit,
                         Subscribe, Workload)
 from .records import EngineEvent, RequestRecord, StepOutput, StepRecord

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from .config import AUTO_BUDGET, ConfigError, parse_value
+from .config import AUTO_BUDGET, parse_value
+from .vocab.errors import ConfigError
 from .contract import Engine
 from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 from .model import LlamaForCausalLM, ModelConfig, eos_token_ids
 from .presets import PRESETS, get_preset
 

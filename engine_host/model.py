@@ -24,7 +24,7 @@ from torch import nn
 
 from . import ops, rope_append
 from .attention import AttentionBackend
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -6,7 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 
 SAMPLING_EPS = 1e-5  # vllm/sampling_params.py _SAMPLING_EPS

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 BUNDLED_PATH = Path(__file__).parent / "data" / "tokenizer-bundled.json"
 #: The bundled tokenizer's chat template: ChatML (Qwen2's format) over its special tokens.

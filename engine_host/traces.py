@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: the bundled phased workloads (``phases.BUNDLED_WORKLOADS``: name → file)

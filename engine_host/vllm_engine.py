@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 import torch
 
-from .config import ConfigError, EngineConfig, SchedulerConfig
+from .vocab.errors import ConfigError
+from .config import EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage, cdiv
 from .records import RequestRecord, StepOutput, StepRecord

@@ -21,7 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 
 VLLM_TESTED = "0.24.0"
 INSTALL_HINT = "pip install 'gpuchef[vllm]'"

@@ -35,7 +35,8 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .config import ConfigError, SchedulerConfig
+from .vocab.errors import ConfigError
+from .config import SchedulerConfig
 from .records import StepRecord
 from .request import SamplingParams
 

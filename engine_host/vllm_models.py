@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError
+from .vocab.errors import ConfigError
 from .engine import DEFAULT_MAX_MODEL_LEN
 from .presets import PRESETS, get_preset
 

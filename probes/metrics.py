@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 

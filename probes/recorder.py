@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.metrics import json_safe
 

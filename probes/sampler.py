@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 
 def check_sample_hz(value: Any, lo: float, hi: float, flag: str = "--sample-hz") -> float:

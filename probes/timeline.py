@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 
 from .sampler import HostSample

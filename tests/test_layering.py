@@ -2,7 +2,8 @@
 Every module of the three rooms is parsed (ast, not imported) and each import it makes — absolute
 ``gpuchef.<room>`` or relative — must land in its own room or one to its left. Inside gpuchef/:
 a click command (commands/) imports no other command but the shared flag module, and no gpuchef/
-module takes part in an import cycle."""
+module takes part in an import cycle. The shared vocabulary (``engine_host/vocab/``: errors, knob
+table, records, workloads, tokenizer) is the bottom: it imports nothing of ours outside itself."""
 
 from __future__ import annotations
 
@@ -191,6 +192,47 @@ def test_no_import_cycles_in_any_product_folder():
     assert "gpuchef.engine_host.scheduler" in graph["gpuchef.engine_host.engine"]  # it sees them
     cycles = _cycles(graph)
     assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+#: the bottom package: every room imports it, it imports nothing of ours outside itself
+VOCAB = "gpuchef.engine_host.vocab"
+
+
+def _in_vocab(module: str) -> bool:
+    return module == VOCAB or module.startswith(VOCAB + ".")
+
+
+def _outside_vocab(graph: dict[str, set[str]]) -> list[str]:
+    """``"<vocab module> imports <module>"`` for each import of a vocab module that lands outside
+    the vocab package (lazy imports inside functions included)."""
+    return [f"{m} imports {t}" for m, ts in sorted(graph.items()) if _in_vocab(m)
+            for t in sorted(ts) if not _in_vocab(t)]
+
+
+def test_vocab_imports_nothing_of_ours_outside_itself():
+    """The vocabulary everyone shares (errors, knob table and labels, records, workloads,
+    tokenizer) sits below the engine: probes, tui and gpuchef read it without importing the
+    engine, and it never reaches back up."""
+    graph = _graph_of(PACKAGES)
+    assert f"{VOCAB}.errors" in graph and graph[f"{VOCAB}.errors"] == set()  # it sees them
+    assert f"{VOCAB}.errors" in graph["gpuchef.engine_host.engine"]
+    bad = _outside_vocab(graph)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_vocab_check_sees_a_wrong_import(tmp_path):
+    """A vocab module's lazy import of an engine module is found; imports inside vocab, and the
+    engine's imports of vocab, are fine."""
+    eh = tmp_path / "engine_host"
+    (eh / "vocab").mkdir(parents=True)
+    (eh / "__init__.py").write_text("")
+    (eh / "engine.py").write_text("from .vocab.errors import E\n")
+    (eh / "vocab" / "__init__.py").write_text("")
+    (eh / "vocab" / "errors.py").write_text("class E(Exception):\n    pass\n")
+    (eh / "vocab" / "records.py").write_text("from .errors import E\ndef f():\n"
+                                             "    from ..engine import x\n")
+    graph = _graph_of({eh: "gpuchef.engine_host"})
+    assert _outside_vocab(graph) == [f"{VOCAB}.records imports gpuchef.engine_host.engine"]
 
 
 def test_type_checking_imports_are_no_edge(tmp_path):

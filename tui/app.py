@@ -26,8 +26,8 @@ from textual.app import App, ScreenStackError
 from textual.css.query import NoMatches
 from textual.message import Message
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, SchedulerConfig,
-                                        parse_value)
+from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, SchedulerConfig, parse_value
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .ab_live import ABAnalyser
 from .arrivals import ArrivalMeter, Arrivals

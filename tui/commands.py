@@ -27,8 +27,9 @@ from typing import Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, ConfigError, parse_auto_budget,
-                                        parse_settings, setting_name)
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, parse_auto_budget, parse_settings,
+                                        setting_name)
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 

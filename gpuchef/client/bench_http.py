@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..commands.options import flag_given as _given, flag_name as _flag
 
 #: bench options that configure the hosted engine, its probes or its trace: they cannot apply to

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 
 ENDPOINTS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
 #: Default per-request limit (s): the whole request, first byte to ``[DONE]``.

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.workload import RequestSpec
 
 # the settings, the results and the server look-up live in their own modules; their names are

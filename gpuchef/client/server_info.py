@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from .http_config import HttpLoadConfig
 from .http_results import _error_message
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import click
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..experiments import attention as att
 from .options import check_output_path, write_json
 

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 
 
 @click.command("replay")

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from .options import check_output_path
 
 MATPLOTLIB_HINT = ("the HTML report draws its plots with matplotlib, which is not installed: "

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from .options import (check_output_files, check_sampling, engine_config, engine_options,
                       scheduler_options, serve_options)
 from ..sessions.serve import build_serve_session, prepare_serving

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape  # messages may hold brackets, e.g. gpuchef[vllm]
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from .options import (print_warning, check_output_files, check_screenshot_dir, engine_config,
                       engine_options, http_client_options, scheduler_options, trace_flags_warning,
                       workload_config, workload_options, parse_window, serve_options)

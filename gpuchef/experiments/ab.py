@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import AUTO_BUDGET, ConfigError, SchedulerConfig, parse_settings
+from ..engine_host.config import AUTO_BUDGET, SchedulerConfig, parse_settings
+from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.records import EngineEvent
 from ..probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
                          WindowResult, metric_specs, pool, rep_request_id)

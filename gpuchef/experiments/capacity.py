@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import ConfigError, parse_latency_targets
+from ..engine_host.vocab.errors import ConfigError
+from ..engine_host.config import parse_latency_targets
 from ..engine_host.workload import PROBE_ID_PREFIX
 from ..probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 

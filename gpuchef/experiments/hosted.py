@@ -18,7 +18,8 @@ import time
 from dataclasses import fields
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import ConfigError, SchedulerConfig
+from ..engine_host.vocab.errors import ConfigError
+from ..engine_host.config import SchedulerConfig
 from ..engine_host.records import EngineEvent
 from ..probes.ab import LABELS, WindowResult, mark_name, window_results
 from ..probes.ab import windows as ab_windows

@@ -405,7 +405,7 @@ def capacity_probes(view: TraceView) -> tuple[list[Any], list[Any]]:
         return view._probes
     from gpuchef.experiments.capacity import judge_probe, parse_capacity_mark, parse_slos, probe_of, \
         slo_percentiles
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     meta_ab = view.meta.get("ab") if isinstance(view.meta.get("ab"), dict) else {}
     try:

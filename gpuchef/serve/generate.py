@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.records import RequestRecord
 from ..engine_host.request import SamplingParams
 from . import protocol as P

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine_host.config import ConfigError, SchedulerConfig
+from ..engine_host.vocab.errors import ConfigError
+from ..engine_host.config import SchedulerConfig
 from ..engine_host.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .profile import ProfileError
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 
 
 class ProfileError(Exception):

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.records import RequestRecord, StepOutput
 from . import protocol as P
 from .admin import AdminRoutes

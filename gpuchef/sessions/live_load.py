@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.request import SamplingParams
 from ..engine_host.phases import load_workload, phase_mark
 from ..engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,

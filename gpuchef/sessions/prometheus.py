@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 from ..probes.prometheus import PrometheusFleet
 from ..probes.recorder import TraceRecorder
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engine_host.config import ConfigError
+from ..engine_host.vocab.errors import ConfigError
 
 
 def model_vocab_size(model: str) -> int:

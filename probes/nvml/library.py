@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 MAX_GPU_INDEX = 1023           # --gpus without NVML to ask: no host has more GPUs than this
 

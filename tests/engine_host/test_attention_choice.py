@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.attention_choice import make_backend
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 _register()  # the subcommands are registered lazily by the entry point
 

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig
+from gpuchef.engine_host.config import CacheConfig, EngineConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.kv_cache import KVCacheManager
 from gpuchef.engine_host.request import SamplingParams
 from gpuchef.engine_host.workload import WorkloadConfig, clip_stats, generate

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.core import (EngineCoreClient, EngineProcessError, RemoteEngine,
                                       make_host)
 from gpuchef.engine_host.engine import LLMEngine

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpuchef.engine_host.attention import decode_split_kv_args
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 
 @pytest.mark.parametrize("value,kw", [

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention, write_kv
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.loader import LoadedModel, load_model
 from gpuchef.engine_host.model import LlamaForCausalLM, ModelConfig
 from gpuchef.engine_host.presets import PRESETS, get_preset

@@ -323,7 +323,7 @@ def test_rope_per_layer_type_matches_transformers(name):
 ])
 def test_rope_spellings_gpuchef_cannot_do_are_refused(spelling, needle):
     """One ConfigError line naming the value and what is allowed, never a silent fallback."""
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         _gpuchef_inv_freq(spelling, "Qwen2ForCausalLM")

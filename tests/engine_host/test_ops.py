@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuchef.engine_host import ops
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama as hf_llama  # noqa: E402

@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.phases import (BUNDLED_WORKLOADS, PHASE_KEYS, load_workload,
                                         parse_phase_mark, phase_mark, phases_meta, schedule)
 from gpuchef.engine_host.traces import dataset_path, load_trace_csv

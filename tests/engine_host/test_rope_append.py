@@ -128,7 +128,7 @@ def test_rope_args_follow_the_switch(fused):
 
 
 def test_bad_rope_append_mode_is_refused(fused):
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
     with pytest.raises(ConfigError, match="rope append 'fast': allowed fused, "
                                           "fused-except-piecewise, separate"):
         ops.set_rope_append("fast")

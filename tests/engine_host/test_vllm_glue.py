@@ -24,7 +24,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
+from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.request import SamplingParams
 
 BS = 16

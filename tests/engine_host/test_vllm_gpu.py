@@ -19,8 +19,8 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 vllm = pytest.importorskip("vllm")
 
-from gpuchef.engine_host.config import (CacheConfig, ConfigError, EngineConfig,  # noqa: E402
-                                        SchedulerConfig)
+from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.request import SamplingParams  # noqa: E402
 
 BUDGET, SEQS = 512, 32

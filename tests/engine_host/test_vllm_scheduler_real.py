@@ -30,7 +30,8 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig  # noqa: E402
+from gpuchef.engine_host.vocab.errors import ConfigError  # noqa: E402
+from gpuchef.engine_host.config import EngineConfig, SchedulerConfig  # noqa: E402
 from gpuchef.engine_host.request import SamplingParams  # noqa: E402
 
 BS = 16

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.traces import dataset_path, load_trace_csv
 from gpuchef.engine_host.workload import (
     DATASET_NAMES,
@@ -416,7 +416,7 @@ def test_trace_speed_nan_is_refused_without_contradicting_inf():
     which inf is not (a tester's report). NaN is refused, inf is taken."""
     import pytest
 
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"--trace-speed must be a number \(inf allowed\), "
                                           r"not NaN, got nan"):

@@ -15,7 +15,8 @@ from gpuchef.experiments.ab import Setting, compare, parse_setting, run_orders, 
 from gpuchef.experiments.ab_text import side_by_side
 from gpuchef.experiments.hosted import run_interleaved, run_sequential
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.config import ConfigError, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
+from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.workload import WorkloadConfig, generate
 
 _register()

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from rich.console import Console
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.probes.recorder import read_trace
 from gpuchef.commands.top import _build, top
 

@@ -22,7 +22,7 @@ import pytest
 from serve_proc import ServeProc
 from test_attach import FakeServer, build, drive, wait_for
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.recorder import read_trace
 from gpuchef.tui.screens.ab import ABScreen
@@ -208,7 +208,7 @@ def test_ab_is_refused_with_one_server_and_a_knob_spec_and_while_the_load_runs(s
     (["--ab-repetitions", "0"], "--ab-repetitions 0 is out of range: allowed [1, 100]"),
 ])
 def test_ab_flags_bad_input_is_one_error_before_start(extra, needle):
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with FakeServer() as srv:
         with pytest.raises(ConfigError) as e:
@@ -217,7 +217,7 @@ def test_ab_flags_bad_input_is_one_error_before_start(extra, needle):
 
 
 def test_ab_flags_need_attach():
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         build(["--ab-load", "sequential", "--device", "cpu", "--model", "tiny"])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuchef.engine_host.config import ConfigError, SchedulerConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
+from gpuchef.engine_host.config import SchedulerConfig
 
 
 def test_ab_spec_takes_auto_budget_with_its_comma():

@@ -18,7 +18,7 @@ from dataclasses import replace
 from gpuchef.experiments.capacity import (SLO, CapacityResult, Tolerance, capacity_ratio,
                                          capacity_search, parse_slos, parse_tolerance)
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 _register()
 

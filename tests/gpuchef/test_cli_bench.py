@@ -276,7 +276,7 @@ def _no_space(self):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_a_trace_on_a_full_disk_is_one_error_not_a_traceback(tmp_path):
     # the meta record's flush failed, then close() flushed again and raised out of the recorder
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--trace '/dev/full': cannot write: No space left"):
         TraceRecorder("/dev/full")

@@ -87,7 +87,7 @@ def test_refused_before_loading(cmd, case, tmp_path):
 
 
 def test_result_json_check_leaves_no_file(tmp_path):
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
     from gpuchef.commands.options import check_output_path
 
     p = tmp_path / "r.json"
@@ -228,7 +228,7 @@ def test_top_refuses_an_unwritable_trace_before_loading():
 def test_output_paths_under_a_file_and_with_a_tilde(tmp_path, monkeypatch):
     """A path whose folder is a file says so (it said the folder "does not exist"), and
     --result-json=~/x (no shell expansion after '=') is written where it was checked: $HOME."""
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
     from gpuchef.commands.options import check_output_path, write_json
 
     f = tmp_path / "t.jsonl"

@@ -69,7 +69,7 @@ def test_top_attach_sends_the_rate_its_help_names(monkeypatch):
     one that stops the command); with --ab-load and one --attach it stops with one error line
     before announcing any load."""
     import gpuchef.sessions.attach as attach_mod
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     def no_session(*a, **kw):
         raise ConfigError("stopped by the test")

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.config import ConfigError, EngineConfig
+from gpuchef.engine_host.vocab.errors import ConfigError
+from gpuchef.engine_host.config import EngineConfig
 
 _register()
 

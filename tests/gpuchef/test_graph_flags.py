@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.commands.options import engine_config, engine_options, scheduler_options
 
 _register()

@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.probes.sampler import HostSample, HostSampler
 
 

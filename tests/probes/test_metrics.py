@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import RequestRecord, StepRecord
 from gpuchef.probes.lanes import lane_ttft
 from gpuchef.probes.metrics import (

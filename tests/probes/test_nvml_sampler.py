@@ -9,7 +9,7 @@ import time
 import pynvml
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.probes.nvml import (GPM_FIELDS, MAX_GPU_INDEX, NA, GpuSample, NvmlLibrary,
                                  NvmlSampler, describe_nvml_error, nvml_library, parse_gpus)
 from gpuchef.probes.nvml.fake import FakeNvml

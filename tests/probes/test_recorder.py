@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
@@ -475,7 +475,7 @@ def test_rotate_onto_the_file_being_written_is_refused_and_nothing_is_lost(tmp_p
                                                                           monkeypatch):
     # before: the file was reopened for writing (truncated): the part's records were lost and
     # a run of NUL bytes stood where they had been
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     rec = TraceRecorder(tmp_path / "run.jsonl")

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample

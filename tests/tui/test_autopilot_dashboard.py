@@ -296,7 +296,7 @@ def test_status_line_says_whether_the_window_kept_the_itl_promise(itls, says):
 
 
 def test_palette_ab_takes_the_autopilot_with_its_comma():
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
     from gpuchef.tui.commands import parse_ab
 
     a, b, w = parse_ab("budget=1024 vs auto=itl_p99:50ms,ttft_p99:2s, budget=2048 window=5")

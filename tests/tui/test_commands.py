@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from tui_fakes import StaticSession, settle
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.commands import DashboardCommands, parse_ab
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gpuchef.engine_host.config import ConfigError
+from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.workload import WorkloadConfig
 from gpuchef.sessions.live_load import LiveLoad
 

@@ -82,7 +82,7 @@ def test_top_serve_shows_http_requests_and_keeps_the_internal_load_paused(tmp_pa
 
 
 def test_serve_flags_without_serve_are_refused_before_the_model_loads():
-    from gpuchef.engine_host.config import ConfigError
+    from gpuchef.engine_host.vocab.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--port, --api-key need --serve"):
         build(["--device", "cpu", "--port", "9000", "--api-key", "k"])

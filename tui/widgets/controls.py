@@ -19,8 +19,9 @@ from textual.message import Message
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Select, Switch
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, ConfigError,
-                                        SchedulerConfig, parse_auto_budget, parse_knob)
+from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, SchedulerConfig,
+                                        parse_auto_budget, parse_knob)
+from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .. import theme
 from ..session import LoadState, parse_rate
