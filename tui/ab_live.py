@@ -66,7 +66,7 @@ class ABAnalyser:
 
     def analyse(self, snap: TimelineSnapshot, state: ABState) -> ABResult:
         # two attached servers (state.load): each window a whole load, as `gpuchef ab` judges
-        whole = bool(getattr(state, "load", ""))
+        whole = bool(state.load)
         pairs = MIN_REPETITIONS if whole else MIN_WINDOWS
         run, wins, ended, results, cmp = analyse(
             snap.events, snap.requests, snap.steps, run=state.run or None,

@@ -185,8 +185,7 @@ class GpuchefApp(App):
     @property
     def requested_engine_paused(self) -> bool:
         """Whether the engine is paused, as requested (``P``; the engine pauses between steps)."""
-        return bool(self.requested.get("engine_paused",
-                                       bool(getattr(self.session, "engine_paused", False))))
+        return bool(self.requested.get("engine_paused", self.session.engine_paused))
 
     def _refused(self, e: ConfigError) -> None:
         self.notify(str(e), title="refused", severity="error", timeout=8)
@@ -205,7 +204,7 @@ class GpuchefApp(App):
         """What :meth:`request_knob` would send for ``name`` = ``value``, without sending it:
         the parsed value, or ConfigError with the refusal it would show (the palette previews
         it). The session may still refuse (an engine limit), as it would after Enter."""
-        reason = getattr(self.session, "knobs_reason", "")  # attached read-only, a replay
+        reason = self.session.knobs_reason  # attached read-only, a replay
         if reason:
             raise ConfigError(reason)
         parsed = parse_value(name, value)
@@ -254,7 +253,7 @@ class GpuchefApp(App):
         "×"), or ConfigError with the refusal it would show: a load whose rate is fixed (its
         ``REASON``), or ``parse_rate``'s (the load's own parser). The palette previews it."""
         load = self.session.load
-        reason = getattr(load, "REASON", "")
+        reason = load.REASON
         if reason:
             raise ConfigError(reason)
         unit = load.state().rate_unit
@@ -349,11 +348,13 @@ class GpuchefApp(App):
 
     def action_toggle_engine(self) -> None:
         s = self.session
-        if not hasattr(s, "pause_engine"):
-            return
         paused = self.requested_engine_paused
-        s.pause_engine(not paused)
-        self.requested.sent("engine_paused", not paused, bool(getattr(s, "engine_paused", False)))
+        try:
+            s.pause_engine(not paused)
+        except ConfigError as e:  # no engine of gpuchef's to pause (attached servers): say why
+            self._refused(e)
+            return
+        self.requested.sent("engine_paused", not paused, s.engine_paused)
         self.notify("engine resumed" if paused else "engine paused: requests wait (P resumes)",
                     timeout=3)
 

@@ -193,9 +193,12 @@ class ABState:
 
 
 class LoadControl(Protocol):
-    """The live load's controls. A load whose rate and pause are fixed may say why in a class
-    attribute ``REASON`` (gpuchef/sessions/attach.py's): its ``set_rate``/``pause`` raise ConfigError with
-    it, and the palette previews that refusal (``GpuchefApp.check_rate``)."""
+    """The live load's controls. ``REASON``: "" when ``set_rate``/``pause``/``resume`` act;
+    else one line saying why the load's rate and pause are fixed (an attached server's own
+    clients, arrivals fixed at start, a replay): those calls raise ConfigError with it, and the
+    palette previews that refusal (``GpuchefApp.check_rate``)."""
+
+    REASON: str
 
     def state(self) -> LoadState: ...
     def set_rate(self, value: Any) -> float: ...
@@ -216,6 +219,10 @@ class Session(Protocol):
     ``set_knob``/``set_config`` validate in the caller's thread (ConfigError naming the value and
     the allowed range; nothing changes) and take effect before the engine's next step.
     ``export_trace()`` blocks (file I/O): returns a one-line message, raises ConfigError.
+
+    Every session has every member below; what differs between sessions is a value (``""``,
+    ``False``, a ConfigError saying why), never a member that may be missing, so the app reads
+    them without probing.
     """
 
     info: SessionInfo
@@ -238,9 +245,24 @@ class Session(Protocol):
     def trace_path(self) -> str | None: ...
     @property
     def engine_error(self) -> str | None: ...
+    @property
+    def engine_paused(self) -> bool:
+        """The engine is paused between steps (``P``; queued requests wait). False where the
+        session has no engine of gpuchef's to pause (attached servers, a replay)."""
+    @property
+    def knobs_reason(self) -> str:
+        """"" when ``set_knob``/``set_config`` reach the engine; else one line saying why the
+        knobs are read-only (an attached server without gpuchef's knob endpoint, a replay's
+        ``READ_ONLY``): ``set_knob`` then raises ConfigError saying so, and the palette
+        previews that refusal (``GpuchefApp.check_knob``)."""
 
     def set_knob(self, name: str, value: Any) -> Any: ...
     def set_config(self, **changes: Any) -> dict[str, Any]: ...
+
+    def pause_engine(self, paused: bool) -> None:
+        """Pause (True) or resume (False) the engine between steps. Raises ConfigError saying
+        why where there is no engine of gpuchef's to pause (``engine_paused`` stays False)."""
+
     def export_trace(self) -> str: ...
     def close(self) -> None: ...
 
@@ -269,20 +291,25 @@ class ScrapedServer(Protocol):
 class AttachedSession(Session, Protocol):
     """A session on servers gpuchef does not host (``info.per_step_records`` is False): the
     timeline holds the client's requests (when gpuchef sends the load), GPU samples (``--gpus``)
-    and events, never steps. ``knobs_reason``: "" when ``set_knob`` reaches the server's knob
-    endpoint, else why the knobs are read-only (``set_knob`` then raises ConfigError saying
-    so). ``scheduler_config`` is what the server said (meaningless while read-only)."""
+    and events, never steps. ``servers``: the attached servers, in ``--attach`` order (the first
+    is the one whose knobs ``set_knob`` reaches). ``knobs_reason`` (see ``Session``): "" when
+    ``set_knob`` reaches the first server's knob endpoint. ``scheduler_config`` is what the
+    server said (meaningless while read-only)."""
 
     servers: tuple[ScrapedServer, ...]
 
     @property
-    def knobs_reason(self) -> str: ...
+    def status_lines(self) -> Sequence[str]:
+        """One line per thing that is wrong now (a scrape failing, the load stopped, how the
+        last A/B ended); empty when all is well. The attach screen's header lists them."""
 
 
-class ReplayControl(Session, Protocol):
+class ReplayControl(AttachedSession, Protocol):
     """A saved trace played back as a session (``gpuchef/sessions/replay.py``'s ReplaySession): the
     timeline holds what was recorded up to ``position_ns``; every steering call raises
-    ConfigError (``READ_ONLY``). ``path``: the trace; ``start_ns``/``end_ns``: its span
+    ConfigError (``READ_ONLY``). A trace of `top --attach` plays on the attach screen, so a
+    replay is also an ``AttachedSession``: ``servers`` holds its recorded servers (empty for a
+    trace of a hosted engine). ``path``: the trace; ``start_ns``/``end_ns``: its span
     (monotonic ns of the recording); ``playing``, ``speed`` (× real time). ``seek``/``seek_s``/
     ``step`` move the position (ns; seconds from the start; seconds relative) and return the
     new ``position_ns``; ``toggle`` plays or pauses and returns ``playing``; ``set_speed``

@@ -172,6 +172,11 @@ class AttachedServer:
         self.scraper.stop()
 
 
+#: The refusal of ``P`` on attached servers: their engines are not gpuchef's.
+NO_ENGINE_PAUSE = ("the attached server's engine is not gpuchef's: it cannot be paused from "
+                   "here")
+
+
 class NoLoad:
     """``LoadControl`` when gpuchef sends no load at start: the server's own clients drive it
     (``name``: what the header says instead, e.g. that the load is kept for the A/B)."""
@@ -561,6 +566,9 @@ class AttachSession:
     def engine_error(self) -> str | None:
         return None  # the server's own failures show as scrape status lines
 
+    #: the servers' engines are not gpuchef's: nothing here pauses them
+    engine_paused = False
+
     @property
     def status_lines(self) -> list[str]:
         """One line per thing that is wrong now (a scrape failing, the load stopped)."""
@@ -590,6 +598,9 @@ class AttachSession:
                 raise not_a_knob(k)
             changes[k] = parse_value(k, v)
         return self.servers[0].patch_knobs(changes)
+
+    def pause_engine(self, paused: bool) -> None:
+        raise ConfigError(NO_ENGINE_PAUSE)
 
     def export_trace(self, path: str | None = None) -> str:
         """Rotate the open trace, or write what the session holds (every kept scrape, the

@@ -205,6 +205,9 @@ class LiveSession:
     def engine_paused(self) -> bool:
         return self.host.paused
 
+    #: the knobs always reach the hosted engine (``tui.session.Session.knobs_reason``)
+    knobs_reason = ""
+
     # -- commands --------------------------------------------------------------------------------
     def set_knob(self, name: str, value: Any) -> Any:
         """Validate now, in force from the next step. ConfigError names the allowed range."""

@@ -53,6 +53,9 @@ class LiveLoad:
     random arrivals go on. ``clock``: monotonic ns. Raises ConfigError for a bad config.
     """
 
+    #: its rate and pause are live (``tui.session.LoadControl.REASON``)
+    REASON = ""
+
     def __init__(self, host: Any, cfg: WorkloadConfig, *, num_prompts: int | None = None,
                  duration_s: float | None = None, loop: bool = True,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:

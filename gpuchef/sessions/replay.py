@@ -38,6 +38,8 @@ def _read_only(what: str) -> ConfigError:
 class ReplayLoad:
     """The recorded load, read-only: ``state()`` describes it, ``paused`` mirrors playback."""
 
+    REASON = READ_ONLY
+
     def __init__(self, session: "ReplaySession", kind: str, name: str, rate: float) -> None:
         self._s = session
         self._kind, self._name, self._rate = kind, name, rate
@@ -290,6 +292,7 @@ class ReplaySession:
         return self.path
 
     engine_error = None
+    engine_paused = False  # a recording: no engine runs
     knobs_reason = READ_ONLY
 
     @property
@@ -301,6 +304,9 @@ class ReplaySession:
 
     def set_config(self, **changes: Any) -> dict[str, Any]:
         raise _read_only(", ".join(changes) or "settings")
+
+    def pause_engine(self, paused: bool) -> None:
+        raise _read_only("engine")
 
     def export_trace(self) -> str:
         raise _read_only("the trace is already saved")

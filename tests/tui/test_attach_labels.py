@@ -57,6 +57,8 @@ class Server:
 
 
 class NoLoad:
+    REASON = "not gpuchef's load (a fake)"
+
     def state(self) -> LoadState:
         return LoadState("random", "random", 2.0)
 
@@ -90,6 +92,7 @@ class Session:
         self.scheduler_config = SchedulerConfig()
         self.trace_path = None
         self.engine_error = None
+        self.engine_paused = False
         self.status_lines: list[str] = []
         self.gpu_available = False
         self.gpu_status = "no --gpus"

@@ -150,6 +150,8 @@ def simulate(timeline: Timeline, *, start_ns: int, seconds: float, mode_at: list
 
 
 class FakeLoad:
+    REASON = ""  # the rate and pause are live
+
     def __init__(self) -> None:
         self.rate = 0.5
         self.paused = False
@@ -258,6 +260,8 @@ class StaticSession:
 
     trace_path = None
     engine_error = None
+    engine_paused = False
+    knobs_reason = ""
 
     def set_knob(self, name: str, value: Any) -> Any:
         v = parse_mode(value) if name == "mode" else parse_knob(name, value)
@@ -267,6 +271,9 @@ class StaticSession:
 
     def set_config(self, **changes: Any) -> dict:
         return {k: self.set_knob(k, v) for k, v in changes.items()}
+
+    def pause_engine(self, paused: bool) -> None:
+        self.engine_paused = paused
 
     def export_trace(self) -> str:
         return "trace fake.jsonl written"

@@ -64,7 +64,7 @@ def attach_header_text(s, elapsed_s: int) -> Text:
     t.append(s.trace_path or "off (e: write one)", style=theme.TITLE if s.trace_path else theme.AXIS)
     if s.info.note:
         t.append(f"   {s.info.note}", style=theme.AXIS)
-    for line in getattr(s, "status_lines", ()):
+    for line in s.status_lines:
         t.append(f"\n ⚠ {line}", style=f"bold {theme.PREEMPTED}")
     return t
 

@@ -36,7 +36,7 @@ def header_state(app) -> HeaderState:
     return HeaderState(s.info, s.scheduler_config, s.load.state(),
                        int((now - s.start_ns) // 1_000_000_000), s.trace_path, s.gpu_status,
                        s.ab.state(), app.ui_cost_pct, s.engine_error,
-                       bool(getattr(s, "engine_paused", False)),
+                       s.engine_paused,
                        getattr(app, "front_door_error", ""), getattr(app, "arrivals", None))
 
 
