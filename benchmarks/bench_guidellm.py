@@ -8,7 +8,7 @@ prompts, output lengths forced by guidellm's ``max_tokens`` + ``ignore_eos``, a 
 JSON, stops the server (SIGINT, as Ctrl-C) and reads its trace.
 
 Definitions (guidellm: ``guidellm/schemas/base/request_stats.py`` and the weights in
-``guidellm/benchmark/schemas/metrics.py``; gpuchef: ``engine_host/records.py``,
+``guidellm/benchmark/schemas/metrics.py``; gpuchef: ``engine_host/vocab/records.py``,
 ``probes/metrics.py``, vllm bench serve's):
 
 * guidellm TTFT = the first SSE line with non-empty ``text`` parsed − ``request_start`` (httpx's

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.plotdata import StepColumns
 from gpuchef.tui.widgets.numbers import RequestColumns, compute_numbers, compute_numbers_fast

@@ -42,7 +42,7 @@ import tracemalloc
 import numpy as np
 
 from gpuchef.engine_host.host import DEFAULT_SWITCH_INTERVAL_S
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline

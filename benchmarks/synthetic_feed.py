@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 
 
 @dataclass

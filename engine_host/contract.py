@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 
 from .config import EngineConfig, SchedulerConfig
-from .records import RequestRecord
+from .vocab.records import RequestRecord
 from .request import SamplingParams
 
 

@@ -50,7 +50,7 @@ from .config import EngineConfig, SchedulerConfig, parse_value
 from .core_proc import SUBSCRIBER_HWM, engine_facts, engine_main
 from .core_wire import (Command, NewHost, OutBatch, Shutdown, Start, Stop, Submit, Subscribe,
                         Workload, batch_records)
-from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 
 #: how long the client waits for the engine process to build the engine (s): a first vLLM

@@ -24,7 +24,7 @@ from .vocab.errors import ConfigError
 from .config import EngineConfig, SchedulerConfig
 from .core_wire import (Command, Inbound, NewHost, OutBatch, Shutdown, Start, Stop, Submit,
                         Subscribe, Workload)
-from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 
 #: a subscriber's queue (frames) before frames for it are dropped: minutes of steps; only a
 #: subscriber that stopped reading fills it, and it must never hold the engine's stream back

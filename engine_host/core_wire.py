@@ -11,7 +11,7 @@ from typing import Any, Union
 import msgspec
 
 from .config import SchedulerConfig
-from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 
 

@@ -20,7 +20,7 @@ from .config import PIECEWISE_CAPTURE_SIZES, EngineConfig, SchedulerConfig
 from .vocab.errors import ConfigError
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model
-from .records import RequestRecord, StepOutput, StepRecord
+from .vocab.records import RequestRecord, StepOutput, StepRecord
 from .request import Request, SamplingParams, check_prompt
 from . import ops
 from .runner import CudaGraphDecode, CudaGraphPiecewise, ModelRunner, StepHandle

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .config import AUTO_BUDGET, parse_value
 from .vocab.errors import ConfigError
 from .contract import Engine
-from .records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 from .scheduler import Scheduler
 

@@ -45,7 +45,7 @@ from .vocab.errors import ConfigError
 from .config import EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage, cdiv
-from .records import RequestRecord, StepOutput, StepRecord
+from .vocab.records import RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams, check_prompt
 from .vllm_env import (INSTALL_HINT, VLLM_TESTED, check_vllm_environment, first_line, import_vllm,
                        use_spawn_for_workers)

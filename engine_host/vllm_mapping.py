@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from .vocab.errors import ConfigError
 from .config import SchedulerConfig
-from .records import StepRecord
+from .vocab.records import StepRecord
 from .request import SamplingParams
 
 

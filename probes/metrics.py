@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 
 # the GPU means and the autopilot's totals live in probes.summaries; their names are imported

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.metrics import json_safe
 
 from .sampler import HostSample

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpuchef.engine_host.autopilot import STEERING
 from gpuchef.engine_host.config import parse_auto_budget
-from gpuchef.engine_host.records import StepRecord
+from gpuchef.engine_host.vocab.records import StepRecord
 
 NAN = float("nan")
 

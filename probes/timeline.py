@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 
 from .sampler import HostSample
 from .metrics import DEFAULT_PERCENTILES

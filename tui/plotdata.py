@@ -23,7 +23,7 @@ import numpy as np
 from gpuchef.engine_host.autopilot import ERROR_ENTER, FALLBACK, INFEASIBLE, LEARNING, STEERING
 from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
 from gpuchef.engine_host.phases import parse_phase_mark
-from gpuchef.engine_host.records import EngineEvent, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value, steered_itl_ms
 from gpuchef.probes.timeline import TimelineSnapshot, spread_over_bins, step_compute_ns

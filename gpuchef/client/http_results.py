@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine_host.records import RequestRecord
+from ..engine_host.vocab.records import RequestRecord
 
 #: Error kinds, in the order ``error_lines`` prints them.
 ERROR_KINDS: tuple[str, ...] = ("http", "refused", "connection", "timeout", "stream_cut",

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.config import AUTO_BUDGET, SchedulerConfig, parse_settings
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.records import EngineEvent
+from ..engine_host.vocab.records import EngineEvent
 from ..probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
                          WindowResult, metric_specs, pool, rep_request_id)
 from ..probes.ab import compare as _compare

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.config import SchedulerConfig
-from ..engine_host.records import EngineEvent
+from ..engine_host.vocab.records import EngineEvent
 from ..probes.ab import LABELS, WindowResult, mark_name, window_results
 from ..probes.ab import windows as ab_windows
 from ..probes.metrics import DEFAULT_PERCENTILES

@@ -9,7 +9,7 @@ import csv
 from dataclasses import fields
 from pathlib import Path
 
-from gpuchef.engine_host.records import StepRecord
+from gpuchef.engine_host.vocab.records import StepRecord
 
 from gpuchef.probes.metrics import is_probe_id
 from gpuchef.probes.nvml import GpuSample

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes import ab as abdef
 from gpuchef.probes.metrics import (GPU_SUMMARY_FIELDS, BenchMetrics, benchmark_duration_s,
                                     gpu_means, load_start_ns, summarize)

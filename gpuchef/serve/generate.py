@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.records import RequestRecord
+from ..engine_host.vocab.records import RequestRecord
 from ..engine_host.request import SamplingParams
 from . import protocol as P
 from .protocol import APIError

@@ -38,7 +38,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.config import KNOBS, MODES
-from ..engine_host.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
+from ..engine_host.vocab.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
 from ..probes.metrics import is_completed
 from ..probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.config import SchedulerConfig
-from ..engine_host.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .profile import ProfileError
 
 #: the sender's longest sleep (s) when the engine is idle; a step wakes it at once

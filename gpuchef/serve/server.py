@@ -31,7 +31,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.records import RequestRecord, StepOutput
+from ..engine_host.vocab.records import RequestRecord, StepOutput
 from . import protocol as P
 from .admin import AdminRoutes
 # HTTP_ID_PREFIX and stop_prefix_len are imported from here too (the dashboard, the tests)

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..engine_host.records import RequestRecord, StepRecord
+from ..engine_host.vocab.records import RequestRecord, StepRecord
 from ..probes.recorder import TraceRecorder
 
 #: records at one instant in a backfilled trace: in this order (by type name)

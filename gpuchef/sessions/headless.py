@@ -22,7 +22,7 @@ from ..engine_host.engine import LLMEngine
 from ..engine_host.factory import make_engine
 from ..engine_host.core import RemoteEngine, device_name, make_host
 from ..engine_host.host import EngineHost
-from ..engine_host.records import EngineEvent, RequestRecord, StepRecord
+from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from ..probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
 
 

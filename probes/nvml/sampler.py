@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent
+from gpuchef.engine_host.vocab.records import EngineEvent
 
 from ..sampler import PeriodicSampler, check_sample_hz
 from .library import NA, NvmlUnavailable, describe_nvml_error, nvml_library

@@ -16,7 +16,7 @@ from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.core import (EngineCoreClient, EngineProcessError, RemoteEngine,
                                       make_host)
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from gpuchef.engine_host.request import SamplingParams
 from gpuchef.engine_host.workload import WorkloadConfig, generate
 

@@ -15,7 +15,7 @@ from gpuchef.engine_host import config as C
 from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, SETTINGS, SchedulerConfig,
                                         parse_settings, setting_name)
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent
+from gpuchef.engine_host.vocab.records import EngineEvent
 
 VALUE = {"mode": "continuous", AUTO_BUDGET: "itl_p99:50ms"}
 

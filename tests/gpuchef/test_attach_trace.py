@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuchef.engine_host.records import RequestRecord
+from gpuchef.engine_host.vocab.records import RequestRecord
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.scrape import ScrapeSample, parse_metrics
 

@@ -143,7 +143,7 @@ def test_probe_limit_reports_not_converged():
 
 def test_slo_values_from_bench_metrics():
     from gpuchef.probes.metrics import summarize
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
 
     ms = 1_000_000
     recs = [RequestRecord(f"req-{i}", 0, 10, 3, (100 * ms, 110 * ms, 130 * ms), "length")
@@ -498,7 +498,7 @@ def test_achieved_is_shown_beside_what_arrived_over_its_own_span():
     judged span's arrival rate so the table and JSON do not put 'achieved 9' beside 'offered 7'
     as if the engine made requests; the reference is counted here from the arrivals."""
     from gpuchef.experiments.capacity import WARMUP_SHARE, judge_probe, parse_slos, probe_of
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
 
     S = 10**9
     arr, t = [], 0.0
@@ -581,7 +581,7 @@ def test_a_probe_stopped_early_shows_its_bound_not_a_partial_value():
     its SLO cells say "> 200" for the SLO the stop proved broken and "n/a" for the others, in
     the table and in --result-json (values_ms null, values_above_ms the bound)."""
     from gpuchef.experiments.capacity import Measured, probe_of, stopped_slo
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
     from gpuchef.probes.metrics import summarize
     from gpuchef.report.html import capacity_table
 

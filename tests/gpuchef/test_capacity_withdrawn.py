@@ -9,7 +9,7 @@ or the server gave up) and an "error" stay failed."""
 
 from __future__ import annotations
 
-from gpuchef.engine_host.records import RequestRecord
+from gpuchef.engine_host.vocab.records import RequestRecord
 from gpuchef.probes.metrics import format_results_block, summarize
 
 MS = 1_000_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 from gpuchef.probes.metrics import summarize
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 from gpuchef.probes.timeline import Timeline

@@ -181,7 +181,7 @@ def test_bench_trace_without_load_start_falls_back_with_a_note(traces, tmp_path)
 
 
 def test_ab_segments_of_several_dashboard_runs():
-    from gpuchef.engine_host.records import EngineEvent, RequestRecord
+    from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord
     from gpuchef.report.data import _assign, ab_segments
 
     ev = [EngineEvent("mark", 0, t, n) for t, n in
@@ -561,7 +561,7 @@ def test_corrupt_and_truncated_trace_warns_and_still_reports(traces, tmp_path):
 def test_a_trace_still_being_written_is_not_called_killed(tmp_path):
     """A live session's trace has no end record yet: the problem line says it may still be
     written, not only that the process was killed (a tester's wording note)."""
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
     from gpuchef.report import build
 
     p = tmp_path / "live.jsonl"
@@ -685,7 +685,7 @@ def test_same_file_name_in_two_folders_is_named_by_folder(tmp_path):
 
 def test_ab_stopped_before_any_step_has_a_plain_label(tmp_path):
     """A dashboard A/B stopped at once: marks with nothing between them, no settings in the meta."""
-    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.engine_host.vocab.records import EngineEvent
     from gpuchef.report.data import build
 
     src = read_trace(H200)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuchef.engine_host.records import EngineEvent
+from gpuchef.engine_host.vocab.records import EngineEvent
 from gpuchef.probes.recorder import TraceRecorder, read_trace
 
 H200 = Path(__file__).parent / "data" / "h200_chunked_1s.jsonl"

@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from gpuchef.engine_host.records import EngineEvent
+from gpuchef.engine_host.vocab.records import EngineEvent
 from gpuchef.probes.recorder import read_trace
 from test_report_data import H200, write_trace
 

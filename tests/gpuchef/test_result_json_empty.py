@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from test_http_load import FakeServer
 
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.records import RequestRecord
+from gpuchef.engine_host.vocab.records import RequestRecord
 from gpuchef.probes.metrics import summarize
 
 _register()

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_proc import ServeProc, wait_until
 from test_serve import client, http, metrics, one
 
-from gpuchef.engine_host.records import RequestRecord, StepOutput
+from gpuchef.engine_host.vocab.records import RequestRecord, StepOutput
 from gpuchef.probes.recorder import read_trace
 from gpuchef.probes.scrape import VLLM_METRICS
 from gpuchef.serve.metrics import ServeMetrics, build_1_2_5_buckets

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from gpuchef.experiments.ab_text import format_deltas
-from gpuchef.engine_host.records import EngineEvent, RequestRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord
 from gpuchef.probes import ab
 
 S = 1_000_000_000

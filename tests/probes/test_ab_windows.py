@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes import ab
 
 S = 1_000_000_000

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gpuchef.engine_host.records import StepRecord
+from gpuchef.engine_host.vocab.records import StepRecord
 from gpuchef.probes import gpu_time as gt
 from gpuchef.probes.gpu_time import step_breakdown
 

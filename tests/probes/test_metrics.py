@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 from gpuchef.probes.lanes import lane_ttft
 from gpuchef.probes.metrics import (
     BenchMetrics,

@@ -649,7 +649,7 @@ def test_status_changes_become_trace_events():
     """on_event gets each status change as an EngineEvent for the trace: none for a healthy
     start, a warning when GPM counters are taken, a notice when they are back; NVML missing at
     start is a warning too."""
-    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.engine_host.vocab.records import EngineEvent
 
     clk = ManualClock()
     fake = FakeNvml(1, clock=clk, pcie_window_s=0)

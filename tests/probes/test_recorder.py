@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.recorder import (TRACE_SCHEMA, TRACE_VERSION, TraceReadError, TraceRecorder,
@@ -262,7 +262,7 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path):
     code = (
         "import time\n"
         "from gpuchef.probes.recorder import TraceRecorder\n"
-        "from gpuchef.engine_host.records import EngineEvent\n"
+        "from gpuchef.engine_host.vocab.records import EngineEvent\n"
         f"rec = TraceRecorder({str(p)!r})\n"
         "i = 0\n"
         "print('ready', flush=True)\n"
@@ -566,7 +566,7 @@ def test_an_impossible_step_is_skipped_with_its_line_number(tmp_path, change, wh
 def test_what_a_writer_does_write_is_not_impossible(tmp_path):
     """The -1 sentinels (autopilot off), a NaN gpu_ms (null), a zero-length step and equal
     token times (one chunk) are read as written."""
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
 
     p = tmp_path / "t.jsonl"
     with TraceRecorder(p) as rec:

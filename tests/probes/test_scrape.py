@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuchef.engine_host.records import RequestRecord, StepOutput, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepOutput, StepRecord
 from gpuchef.probes import scrape
 from gpuchef.probes.scrape import Scraper, delta, parse_metrics
 from gpuchef.serve.metrics import ServeMetrics

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.metrics import summarize

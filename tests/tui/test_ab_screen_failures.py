@@ -2,7 +2,7 @@
 failed-requests row, no better/worse verdict on latency or throughput, one line why — the rows
 of ``probes.ab.compare`` over the timeline (tests/probes/test_ab_failures.py holds the rule)."""
 
-from gpuchef.engine_host.records import EngineEvent, RequestRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord
 from gpuchef.probes import ab
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.ab_live import ABAnalyser

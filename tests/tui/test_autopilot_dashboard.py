@@ -255,7 +255,7 @@ def test_drawn_allowance_and_step_times_are_the_records_under_overload(engine):
     ("", -1.0, ["off: the static budget"]),
 ])
 def test_status_line_names_the_state_the_budget_and_the_error(state, fit_error, says):
-    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.engine_host.vocab.records import StepRecord
     from gpuchef.tui.plotdata import AutopilotStatus
 
     rec = StepRecord(1, 0, 10**6, 1.0, "chunked", 2048, 256, 0, 1, 1, 64, 2, 0, 3, 0, 0, 5, 100,
@@ -277,7 +277,7 @@ def test_status_line_names_the_state_the_budget_and_the_error(state, fit_error, 
 def test_status_line_says_whether_the_window_kept_the_itl_promise(itls, says):
     # the window's steered steps, each ITL once per decode row, against the target; steps not
     # steered (here an infeasible one with a 900 ms ITL) and other targets' steps are not in it
-    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.engine_host.vocab.records import StepRecord
     from gpuchef.tui.plotdata import AutopilotStatus
 
     def rec(i, itl, rows, state="steering", spec="itl_p99:50ms"):

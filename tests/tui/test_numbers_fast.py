@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 
-from gpuchef.engine_host.records import RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 from gpuchef.engine_host.workload import PROBE_ID_PREFIX
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.plotdata import StepColumns

@@ -13,7 +13,7 @@ import pytest
 from tui_fakes import StaticSession, settle
 
 from gpuchef.engine_host.phases import load_workload, phase_mark, schedule
-from gpuchef.engine_host.records import EngineEvent
+from gpuchef.engine_host.vocab.records import EngineEvent
 from gpuchef.tui import theme
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.plotdata import event_label

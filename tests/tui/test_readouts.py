@@ -229,7 +229,7 @@ def test_arrivals_while_the_engine_is_paused_count_as_waiting():
 # ---- the mode band, the batch panel and the change labels ---------------------------------
 def test_mode_band_shows_the_mode_switched_to_before_any_step_ran_in_it():
     """A switch in a quiet stretch (no step yet) kept the old mode's colour on the band."""
-    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.engine_host.vocab.records import EngineEvent
     from gpuchef.tui import theme
 
     async def go():
@@ -258,7 +258,7 @@ def test_mode_band_shows_the_mode_switched_to_before_any_step_ran_in_it():
 def test_batch_title_help_and_computation_agree_on_the_largest_step():
     """The title said 'largest step in each slice', the help 'mean of the steps': the code
     draws the largest (a real step: a prefill-only and a decode-only step must not blend)."""
-    from gpuchef.engine_host.records import StepRecord
+    from gpuchef.engine_host.vocab.records import StepRecord
     from gpuchef.probes.timeline import Timeline
     from gpuchef.tui.plotdata import StepColumns, TimeGrid, build_frame
     from gpuchef.tui.screens.help import PANELS
@@ -328,7 +328,7 @@ def test_change_labels_are_whole_or_counted_never_cut():
 
 
 def test_time_axis_draws_close_changes_legibly_in_the_app():
-    from gpuchef.engine_host.records import EngineEvent
+    from gpuchef.engine_host.vocab.records import EngineEvent
 
     async def go():
         s = StaticSession(gpu=True)

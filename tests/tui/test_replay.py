@@ -357,7 +357,7 @@ def test_a_trace_still_being_written_is_not_called_stopped(tmp_path):
 
     from rich.console import Console
 
-    from gpuchef.engine_host.records import RequestRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord
     from gpuchef.report import build
 
     p = tmp_path / "live.jsonl"

@@ -95,7 +95,7 @@ def _snap(tl, t):
 def test_arrival_meter_counts_each_source_and_the_http_requests_in_flight():
     """gpuchef's load from its sends, HTTP from its finished records plus what the engine's
     queues hold beyond gpuchef's own; over the window it has measured."""
-    from gpuchef.engine_host.records import RequestRecord, StepRecord
+    from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
     from gpuchef.tui.arrivals import HTTP_ID_PREFIX, ArrivalMeter
 
     tl = Timeline(origin_ns=T0, clock=lambda: T0)

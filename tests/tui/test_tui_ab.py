@@ -2,7 +2,7 @@
 
 import math
 
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.ab_live import ABAnalyser, ab_windows
 from gpuchef.tui.session import ABState

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gpuchef.engine_host.records import EngineEvent, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, StepRecord
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.chart import GUTTER_L, GUTTER_R, Cells
 from gpuchef.tui.plotdata import (StepColumns, TimeGrid, build_frame, event_label, markers_for,

@@ -11,7 +11,7 @@ import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.config import SchedulerConfig, parse_knob, parse_mode
-from gpuchef.engine_host.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.session import ABState, LoadState, SessionInfo, parse_rate
