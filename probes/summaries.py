@@ -21,14 +21,16 @@ from gpuchef.engine_host.autopilot import STEERING
 from gpuchef.engine_host.config import parse_auto_budget
 from gpuchef.engine_host.vocab.records import StepRecord
 
+from .nvml.fields import MEAN_FIELDS, SUMMARY_FIELDS
+
 NAN = float("nan")
 
 
-#: The GPU fields the probes sample (``probes.nvml.GpuSample`` attributes, % or W) and the ones
-#: the summaries show (bench's results block, ``ab``, the report, the dashboard's GPU panels).
-GPU_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bw_util", "gpu_util",
-              "mem_util", "power_w")
-GPU_SUMMARY_FIELDS = ("sm_active", "tensor_active", "dram_bw_util", "gpu_util", "power_w")
+#: The GPU fields averaged over a span (``probes.nvml.GpuSample`` attributes, % or W) and the
+#: ones the summaries show (bench's results block, ``ab``, the report, the dashboard's GPU
+#: panels): both from the one table of GPU fields, ``probes/nvml/fields.py``.
+GPU_FIELDS = MEAN_FIELDS
+GPU_SUMMARY_FIELDS = SUMMARY_FIELDS
 
 
 def gpu_value(v: float | None) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuchef.engine_host.vocab.records import StepRecord
 
 from gpuchef.probes.metrics import is_probe_id
-from gpuchef.probes.nvml import GpuSample
+from gpuchef.probes.nvml.fields import SAMPLE_COLUMNS
 
 from .data import ReportData, TraceView, segment_finder
 
@@ -22,7 +22,7 @@ STEP_HEADER = ["trace", "group", "window", "t_start_s", "t_end_s", "wall_ms", "n
 REQUEST_HEADER = ["trace", "group", "window", "request_id", "arrival_s", "first_token_s",
                   "finish_s", "prompt_len", "output_len", "finish_reason", "num_preemptions",
                   "ttft_ms", "tpot_ms", "e2el_ms", "mean_itl_ms", "max_itl_ms", "is_probe"]
-GPU_SAMPLE_FIELDS = [f.name for f in fields(GpuSample)]
+GPU_SAMPLE_FIELDS = list(SAMPLE_COLUMNS)  # GpuSample's attributes: the table of GPU fields
 GPU_SAMPLE_HEADER = ["trace", "group", "window", "t_s", *GPU_SAMPLE_FIELDS]
 
 

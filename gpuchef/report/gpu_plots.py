@@ -7,14 +7,17 @@ import math
 
 import numpy as np
 
+from gpuchef.probes.nvml.fields import BY_NAME
+
 from .data import PALETTE, TraceView, gpu_indices, gpu_names, per_gpu_means
 from .plot_kit import (_LEGEND, LABEL_ROW_PT, _events_overlay, _figure, _nice_bin, _slug, _timeline,
                        _with_rc, to_svg)
 
 
-#: The per-GPU figure's utilisation measure, best first: (GpuSample field, what it is).
-UTIL_FIELDS = (("sm_active", "SM active (GPM: share of SMs busy)"),
-               ("gpu_util", "GPU-Util (NVML: any kernel running)"))
+#: The per-GPU figure's utilisation measure, best first: (GpuSample field, what it is), e.g.
+#: "SM active (GPM: share of SMs busy)" — label, source and meaning from the table of GPU fields.
+UTIL_FIELDS = tuple((f, f"{g.label} ({g.source}: {g.what})")
+                    for f in ("sm_active", "gpu_util") for g in [BY_NAME[f]])
 
 
 def util_field(view: TraceView) -> tuple[str, str] | None:
@@ -48,10 +51,11 @@ def per_gpu(view: TraceView, span_s: float | None = None) -> str | None:
     names = gpu_names(view)
     means = per_gpu_means(view)
     util = util_field(view)
-    extra = [(f, t, u) for f, t, u in (
-        ("dram_bw_util", "DRAM bandwidth per GPU (GPM, % of peak)", "%"),
-        ("power_w", "Board power per GPU (NVML)", "W"))
-        if any(getattr(g, f) is not None for g in tr.gpu_samples)]
+    dram, power = BY_NAME["dram_bw_util"], BY_NAME["power_w"]
+    extra = [(f.name, t, f.unit) for f, t in (
+        (dram, f"{dram.label} per GPU ({dram.source}, {dram.unit} of peak)"),
+        (power, f"Board {power.label} per GPU ({power.source})"))
+        if any(getattr(g, f.name) is not None for g in tr.gpu_samples)]
     same = len({names.get(k) for k in gpus}) == 1 and names.get(gpus[0])  # one name for all
     panels: list[tuple[str, str, str]] = []
     if util:

@@ -10,7 +10,9 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from gpuchef.experiments.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rules_note
-from gpuchef.probes.metrics import STEPS_SECTION, format_value, results_block_rows
+from gpuchef.probes.metrics import (GPU_SUMMARY_FIELDS, STEPS_SECTION, format_value,
+                                    results_block_rows)
+from gpuchef.probes.nvml.fields import BY_NAME
 
 from . import plots
 from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
@@ -336,10 +338,10 @@ def capacity_table(probes: Sequence[Any], slos: Sequence[Any]) -> str:
     return _table(head, rows, num_cols=range(1, 6 + len(slos)))
 
 
-#: The per-GPU table's columns: (per_gpu_means key, header).
-GPU_TABLE_COLUMNS = (("samples", "samples"), ("sm_active", "SM active %"),
-                     ("tensor_active", "tensor active %"), ("dram_bw_util", "DRAM BW %"),
-                     ("gpu_util", "GPU-Util %"), ("power_w", "power W"),
+#: The per-GPU table's columns: (per_gpu_means key, header); the GPU fields are the summaries'
+#: (GPU_SUMMARY_FIELDS), headed as the table of GPU fields says ("SM active %").
+GPU_TABLE_COLUMNS = (("samples", "samples"),
+                     *((f, BY_NAME[f].header) for f in GPU_SUMMARY_FIELDS),
                      ("mem_used_gib", "memory used GiB"))
 
 

@@ -1,6 +1,6 @@
 """Session traces as Chrome Trace Event JSON (object form), for ui.perfetto.dev and chrome://tracing.
 
-Format (the Trace Event Format document; REFERENCE.md §7): ``{"traceEvents": [...],
+Format (the Trace Event Format document): ``{"traceEvents": [...],
 "displayTimeUnit": "ms", "otherData": {...}}``; ``ts``/``dur`` in µs. Per trace (one process
 each, several traces side by side with their own time 0):
 
@@ -28,9 +28,14 @@ import heapq
 import json
 from typing import Any, Sequence
 
+from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS
+from gpuchef.probes.nvml.fields import BY_NAME
+
 from .data import ReportData, TraceView, gpu_indices, gpu_names
 
 PID_STRIDE = 100  # pids of trace k: k*100 + 1 (engine), + 2 (requests), + 10 + gpu (GPUs)
+#: the GPU fields of the "utilisation (%)" counter: the summaries' % fields, by their labels
+_UTIL = tuple(f for f in GPU_SUMMARY_FIELDS if BY_NAME[f].unit == "%")
 TID_STEPS, TID_OVERLAP, TID_SETTINGS, TID_COUNTERS = 1, 2, 3, 4
 
 
@@ -169,9 +174,7 @@ def _gpu_and_host_events(view: TraceView, base: int, eng: int) -> list[dict[str,
         ev.append(_meta(pid, None, "process_sort_index", base + 10 + g))
     for x in sorted(tr.gpu_samples, key=lambda x: x.t_ns):
         pid, ts = base + 10 + x.gpu, _us(view, x.t_ns)
-        util = {k: v for k, v in (("SM active", x.sm_active), ("tensor active", x.tensor_active),
-                                  ("DRAM bandwidth", x.dram_bw_util), ("GPU-Util", x.gpu_util))
-                if v is not None}
+        util = {BY_NAME[f].label: v for f in _UTIL if (v := getattr(x, f)) is not None}
         if util:
             ev.append({"ph": "C", "pid": pid, "name": "utilisation (%)", "ts": ts, "args": util})
         if x.power_w is not None:

@@ -9,11 +9,18 @@ from typing import Any
 
 import numpy as np
 
+from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS
+from gpuchef.probes.nvml.fields import BY_NAME, GPM
+
 from .autopilot_plots import ALLOWANCE, autopilot_absent, autopilot_series
 from .data import TraceView
 from .plot_kit import (_LEGEND, DECODE, LABEL_ROW_PT, PREFILL, TARGET_BINS, _binned,
                        _events_overlay, _ffill, _figure, _nice_bin, _slug, _timeline, _with_rc,
                        to_svg)
+
+
+#: the GPU panel's % series: the summaries' GPM fields (SM active, tensor active, DRAM bandwidth)
+_GPM_SHOWN = tuple(f for f in GPU_SUMMARY_FIELDS if BY_NAME[f].cadence == GPM)
 
 
 def waveforms(view: TraceView, span_s: float | None = None,
@@ -56,8 +63,7 @@ def waveforms_figure(view: TraceView, span_s: float | None = None,
     snap = _timeline(view)
     t0 = view.origin_ns
     t1 = t0 + int(nb * bin_s * 1e9)
-    gpu_fields = [f for f in ("sm_active", "tensor_active", "dram_bw_util")
-                  if any(getattr(g, f) is not None for g in tr.gpu_samples)]
+    gpu_fields = [f for f in _GPM_SHOWN if any(getattr(g, f) is not None for g in tr.gpu_samples)]
     has_power = any(g.power_w is not None for g in tr.gpu_samples)
     panels = ["Engine busy", "Tokens per step", "Queue", "KV cache", "Latency"]
     if gpu_fields or has_power:
@@ -169,15 +175,14 @@ def _kv_panel(ax: Any, b: _Bins) -> None:
 def _gpu_panel(ax: Any, b: _Bins, samples: Any, gpu_fields: list[str], has_power: bool) -> None:
     """The GPU's utilisation fields (%) and, on a right axis, its power (W); the mean of the
     GPUs when there are several."""
-    names = {"sm_active": ("SM active", "#4C72B0"), "tensor_active": ("tensor active", "#55A868"),
-             "dram_bw_util": ("DRAM bandwidth", "#DD8452")}
+    colours = {"sm_active": "#4C72B0", "tensor_active": "#55A868", "dram_bw_util": "#DD8452"}
     gb = max(b.bin_s, 0.1)  # GPM windows are >= 100 ms: finer bins only repeat values
     gn = max(1, int(math.ceil(b.span / gb)))
     gm = np.arange(gn) * gb + gb / 2
     t0 = b.t0
     for f in gpu_fields:
         _, v = b.snap.sample_waveform(f, t0, t0 + int(gn * gb * 1e9), gn)
-        ax.plot(gm, v, color=names[f][1], lw=0.9, label=f"{names[f][0]} %")
+        ax.plot(gm, v, color=colours[f], lw=0.9, label=f"{BY_NAME[f].label} {BY_NAME[f].unit}")
     ax.set_ylim(0, 105)
     ax.set_ylabel("%")
     handles, labels = ax.get_legend_handles_labels()

@@ -40,6 +40,7 @@ from prometheus_client.registry import CollectorRegistry
 from ..engine_host.config import KNOBS, MODES
 from ..engine_host.vocab.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
 from ..probes.metrics import is_completed
+from ..probes.nvml.fields import PROMETHEUS_GAUGES
 from ..probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
 
 # vLLM V1's buckets (vllm/v1/metrics/loggers.py)
@@ -72,13 +73,9 @@ STEP_SECONDS_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.
 #: the finished_reason labels of vllm:request_success_total ("abort" stays 0, as in vLLM 0.24)
 FINISHED_REASONS = ("stop", "length", "abort")
 ABORT_REASON = "abort"
-#: GpuSample field → gpuchef gauge name (percent unless the name says otherwise)
-GPU_GAUGES = {"sm_active": "gpuchef:gpu_sm_active_percent",
-              "sm_occupancy": "gpuchef:gpu_sm_occupancy_percent",
-              "tensor_active": "gpuchef:gpu_tensor_active_percent",
-              "dram_bw_util": "gpuchef:gpu_dram_bw_util_percent",
-              "gpu_util": "gpuchef:gpu_util_percent",
-              "power_w": "gpuchef:gpu_power_watts"}
+#: GpuSample field → gpuchef gauge name (percent unless the name says otherwise): the table of
+#: GPU fields' ``prometheus`` column (probes/nvml/fields.py)
+GPU_GAUGES = PROMETHEUS_GAUGES
 #: routes http_requests_total leaves out: vLLM's instrumentator's excluded handlers (polls and
 #: scrapes, which would count themselves)
 HTTP_UNCOUNTED = frozenset(("/metrics", "/health", "/load", "/ping", "/version"))

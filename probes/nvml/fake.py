@@ -11,7 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .fields import BY_NAME, GPM_FIELDS, GPM_METRICS
+
 _LIBC: Any = None
+_SM_ACTIVE = BY_NAME["sm_active"].gpm_metric[1]    # the GPM metric ids the other fields follow
+_DRAM_BW = BY_NAME["dram_bw_util"].gpm_metric[1]
+_GRAPHICS_UTIL = 1                                  # NVML_GPM_METRIC_GRAPHICS_UTIL (not sampled)
 
 
 def _c_usleep(us: int) -> None:
@@ -102,12 +107,18 @@ class FakeNvml:
         """From now on every call on ``gpu`` raises ``error`` (default NVMLError_GpuIsLost)."""
         self.lost[gpu] = error or self.NVMLError_GpuIsLost
 
-    def set_load(self, gpu: int = 0, *, sm_active: float = 0.0, sm_occupancy: float = 0.0,
-                 tensor_active: float = 0.0, dram_bw_util: float = 0.0) -> None:
-        """Set the GPM activity (%, 0–100) from now on; GPM windows report its time average."""
+    def set_load(self, gpu: int = 0, **load: float) -> None:
+        """Set the GPM activity (%, 0–100) from now on, by GPM field (``sm_active=70``,
+        ``sm_occupancy``, ``tensor_active``, ``dram_bw_util``: ``fields.GPM_FIELDS``; 0 for a
+        field not named); GPM windows report its time average. GPU-Util, memory-Util, power,
+        the SM clock and the temperature follow SM active and DRAM bandwidth."""
+        unknown = sorted(set(load) - set(GPM_FIELDS))
+        if unknown:
+            raise TypeError(f"set_load: not a GPM field: {', '.join(unknown)} "
+                            f"(GPM fields: {', '.join(GPM_FIELDS)})")
         self._accumulate(gpu)
-        self._load[gpu] = {2: sm_active, 3: sm_occupancy, 5: tensor_active, 10: dram_bw_util,
-                           1: min(100.0, sm_active * 1.05)}
+        self._load[gpu] = {mid: float(load.get(f, 0.0)) for f, _, mid in GPM_METRICS}
+        self._load[gpu][_GRAPHICS_UTIL] = min(100.0, load.get("sm_active", 0.0) * 1.05)
 
     def _accumulate(self, gpu: int) -> None:
         now = self.clock()
@@ -154,8 +165,9 @@ class FakeNvml:
     # -- per-tick fields
     def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         self._call("nvmlDeviceGetUtilizationRates", h)
-        busy = self._load[h.index].get(2, 0.0)
-        return _Obj(gpu=100 if busy > 0 else 0, memory=int(self._load[h.index].get(10, 0.0)))
+        busy = self._load[h.index].get(_SM_ACTIVE, 0.0)
+        return _Obj(gpu=100 if busy > 0 else 0,
+                    memory=int(self._load[h.index].get(_DRAM_BW, 0.0)))
 
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
         self._call("nvmlDeviceGetMemoryInfo", h)
@@ -164,21 +176,21 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         self._call("nvmlDeviceGetPowerUsage", h)
-        return int(90_000 + 6_000 * self._load[h.index].get(2, 0.0))  # mW
+        return int(90_000 + 6_000 * self._load[h.index].get(_SM_ACTIVE, 0.0))  # mW
 
     def nvmlDeviceGetClockInfo(self, h: Any, which: int) -> int:
         self._call("nvmlDeviceGetClockInfo", h)
         if which == self.NVML_CLOCK_SM:  # a power cap pulls the SM clock down under load
-            return 1980 - int(4 * self._load[h.index].get(2, 0.0))
+            return 1980 - int(4 * self._load[h.index].get(_SM_ACTIVE, 0.0))
         return 2619
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         self._call("nvmlDeviceGetTemperature", h)
-        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
+        return 35 + int(self._load[h.index].get(_SM_ACTIVE, 0.0) / 4)
 
     def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
         self._call("nvmlDeviceGetTemperatureV", h)
-        return 35 + int(self._load[h.index].get(2, 0.0) / 4)
+        return 35 + int(self._load[h.index].get(_SM_ACTIVE, 0.0) / 4)
 
     def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
         self._call("nvmlDeviceGetPcieThroughput", h)

@@ -68,18 +68,9 @@ from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.vocab.records import EngineEvent
 
 from ..sampler import PeriodicSampler, check_sample_hz
+from .fields import GPM_FIELDS, GPM_METRICS
 from .library import NA, NvmlUnavailable, describe_nvml_error, nvml_library
 
-# GPM metric ids (nvml.h nvmlGpmMetricId_t; REFERENCE §5). pynvml's constants are used when the
-# module has them; these literals are only the fallback for a stand-in module without them.
-GPM_METRICS: tuple[tuple[str, str, int], ...] = (
-    # (GpuSample field, pynvml constant name, id)
-    ("sm_active", "NVML_GPM_METRIC_SM_UTIL", 2),
-    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", 3),
-    ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5),
-    ("dram_bw_util", "NVML_GPM_METRIC_DRAM_BW_UTIL", 10),
-)
-GPM_FIELDS = tuple(f for f, _, _ in GPM_METRICS)
 
 SAMPLE_HZ_RANGE = (1.0, 100.0)
 DEFAULT_SAMPLE_HZ = 10.0
@@ -95,6 +86,9 @@ FAILING_AFTER_NS = 1_000_000_000  # every per-tick field of a GPU erroring this 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One reading of one GPU. Any field but ``t_ns``/``gpu`` is None when not available.
+
+    Its fields after ``t_ns``/``gpu`` are ``fields.FIELDS`` in order (units, NVML calls,
+    cadences; ``tests/probes/test_gpu_fields.py`` checks that they agree).
 
     ``t_ns``: ``time.monotonic_ns()`` (or the sampler's injected clock) when the tick began.
     ``gpu``: NVML index. ``gpu_util`` / ``mem_util``: % of NVML's sample period (~200 ms on H200)
@@ -179,7 +173,7 @@ class NvmlSampler(PeriodicSampler):
     """Samples GPUs through NVML (+ GPM on Hopper and newer) on a daemon thread.
 
     ``gpus``: NVML indices (None = all; see :func:`parse_gpus`). ``sample_hz``: ticks per second,
-    in [1, 100] (ConfigError otherwise; default 10 as DESIGN.md's ``--sample-hz``).
+    in [1, 100] (ConfigError otherwise; default 10, as ``--sample-hz``).
     ``nvml``: a stand-in for the pynvml module (tests); default ``import pynvml`` in the thread.
     ``clock``: gives ``GpuSample.t_ns`` and times GPM windows (default ``time.monotonic_ns``).
     ``on_sample(GpuSample)``: called on the sampler thread for every sample (keep it cheap).
@@ -535,7 +529,7 @@ class NvmlSampler(PeriodicSampler):
             None if p is NA else p / 1000.0,  # NVML reports mW
             None if smc is NA else int(smc), None if mmc is NA else int(mmc),
             None if tc is NA else int(tc),
-            tx, rx, gv[0], gv[1], gv[2], gv[3],
+            tx, rx, **dict(zip(GPM_FIELDS, gv)),  # GPM_METRICS order
         )
 
     def _gpm(self, g: _Gpu, t: int) -> None:

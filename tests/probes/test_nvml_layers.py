@@ -38,11 +38,11 @@ def test_outside_probes_only_the_package_surface_is_imported():
 
 
 def test_the_package_exports_the_binding_and_the_sampler_but_not_the_fake():
-    from gpuchef.probes.nvml import library, sampler
+    from gpuchef.probes.nvml import fields, library, sampler
 
     for name in nvml.__all__:
         obj = getattr(nvml, name)
-        assert obj is getattr(library, name, None) or obj is getattr(sampler, name, None), name
+        assert any(obj is getattr(m, name, None) for m in (library, sampler, fields)), name
     assert "FakeNvml" not in nvml.__all__ and not hasattr(nvml, "FakeNvml")
     assert {"NvmlSampler", "GpuSample", "parse_gpus", "nvml_library", "NA"} <= set(nvml.__all__)
 

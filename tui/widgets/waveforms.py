@@ -27,6 +27,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuchef.engine_host.autopilot import FALLBACK, INFEASIBLE, STEERING
+from gpuchef.probes.nvml.fields import BY_NAME
 
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
@@ -408,6 +409,13 @@ def _note(c: Cells, row: int, texts: Sequence[str], colour: str) -> None:
             return
 
 
+def gpu_series(field: str, colour: str, vmax: float) -> tuple[str, str, str, float, str]:
+    """A SeriesPanel row for a GpuSample field: its short label and unit from the table of GPU
+    fields (probes/nvml/fields.py)."""
+    f = BY_NAME[field]
+    return (field, f.short, colour, vmax, f.unit)
+
+
 class SeriesPanel(ChartPanel):
     """Several single-series bar strips stacked vertically, each with its own scale."""
 
@@ -474,9 +482,9 @@ class GpuPanel(SeriesPanel):
     UNIT = "% (GPM SM active, tensor active; GPU-Util = any kernel running)"
     UNIT_SHORT = "% (GPM; GPU-Util = any kernel)"
     SOURCE = "NVML/GPM"
-    SERIES = (("sm_active", "SM act", theme.SM_ACTIVE, 100.0, "%"),
-              ("tensor_active", "tensor", theme.TENSOR_ACTIVE, 100.0, "%"),
-              ("gpu_util", "GPU-Utl", theme.GPU_UTIL, 100.0, "%"))
+    SERIES = (gpu_series("sm_active", theme.SM_ACTIVE, 100.0),
+              gpu_series("tensor_active", theme.TENSOR_ACTIVE, 100.0),
+              gpu_series("gpu_util", theme.GPU_UTIL, 100.0))
 
 
 class MemPowerPanel(SeriesPanel):
@@ -484,8 +492,8 @@ class MemPowerPanel(SeriesPanel):
     UNIT = "% of peak (GPM DRAM BW), W"
     UNIT_SHORT = "% of peak, W"
     SOURCE = "NVML/GPM"
-    SERIES = (("dram_bw_util", "DRAM BW", theme.DRAM_BW, 100.0, "%"),
-              ("power_w", "power", theme.POWER, 0.0, "W"))
+    SERIES = (gpu_series("dram_bw_util", theme.DRAM_BW, 100.0),
+              gpu_series("power_w", theme.POWER, 0.0))
 
 
 class TimeAxis(ChartPanel):
