@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    from gpuchef.engine_host.presets import PRESETS, get_preset
+    from gpuchef.engine_host.vocab.presets import PRESETS, get_preset
 
     if a.model not in PRESETS:
         ap.error(f"--model {a.model!r} is not a preset: allowed {', '.join(PRESETS)}")

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--l2-mb", type=float, default=50.0, help="L2 size the rotation defeats")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    from gpuchef.engine_host.presets import PRESETS, get_preset
+    from gpuchef.engine_host.vocab.presets import PRESETS, get_preset
 
     if a.model not in PRESETS:
         ap.error(f"--model {a.model!r} is not a preset: allowed {', '.join(PRESETS)}")

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-BUNDLED_TOKENIZER = REPO / "engine_host" / "data" / "tokenizer-bundled.json"
+BUNDLED_TOKENIZER = REPO / "engine_host" / "vocab" / "data" / "tokenizer-bundled.json"
 TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
                     "eos_token": "</s>"}
 NAN = float("nan")
@@ -256,7 +256,7 @@ def main() -> None:
                     "guidellm_vs_gpuchef.json)")
     a = ap.parse_args()
 
-    from gpuchef.engine_host.tokenizer import load_tokenizer
+    from gpuchef.engine_host.vocab.tokenizer import load_tokenizer
     from gpuchef.probes.metrics import summarize
     from gpuchef.probes.recorder import read_trace
 

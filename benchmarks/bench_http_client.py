@@ -7,7 +7,7 @@ Run:  python benchmarks/bench_http_client.py [--rates 250,500,750,1000,1500,2000
 A fake OpenAI-compatible server that answers at once (``--chunks`` token chunks, a usage chunk,
 ``[DONE]``; no sleeps) runs in a child process pinned to ``--server-cpu``; the client runs here,
 pinned to ``--client-cpu`` (one core). For each rate, ``--seconds`` of Poisson arrivals from
-gpuchef's own load generator (``engine_host.workload.generate``, 16-token prompts as token ids,
+gpuchef's own load generator (``engine_host.vocab.workload.generate``, 16-token prompts as token ids,
 ``--chunks`` forced output tokens) go through ``client.http_load.run_http_load``, exactly the code
 `bench --base-url` runs.
 
@@ -102,7 +102,7 @@ def _proc_cpu_s(pid: int) -> float:
 def run_rate(url: str, rate: float, seconds: float, chunks: int, seed: int,
              server_pid: int) -> dict:
     from gpuchef.client.http_load import HttpLoadConfig, lateness_stats, run_http_load
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
     n = max(1, int(rate * seconds))
     specs = generate(WorkloadConfig(request_rate=rate, num_prompts=n, input_len=16,

@@ -59,8 +59,8 @@ def main() -> None:
 
     from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
     from gpuchef.engine_host.core import make_host
-    from gpuchef.engine_host.tokenizer import load_tokenizer
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.tokenizer import load_tokenizer
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
     from gpuchef.probes.metrics import summarize
     from gpuchef.serve.process import ChildArgs, ServeProcess
     from gpuchef.serve.server import bind_socket

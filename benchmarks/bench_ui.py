@@ -43,7 +43,7 @@ from typing import Any
 from rich.console import Console
 
 from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
-from gpuchef.engine_host.workload import WorkloadConfig, generate
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.metrics import summarize
 from gpuchef.probes.timeline import busy_fraction

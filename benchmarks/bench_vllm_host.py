@@ -45,7 +45,7 @@ LABELS = {"plain": "plain vLLM (LLM.generate)", "hosted": "vLLM under gpuchef's 
 
 def load_specs(a: argparse.Namespace, vocab_size: int):
     """The offline run's requests: (prompt token ids, forced output length) pairs."""
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
     cfg = WorkloadConfig(dataset=a.dataset, num_prompts=a.num_prompts, trace_speed=float("inf"),
                          max_model_len=a.max_model_len, vocab_size=vocab_size, seed=a.seed)
@@ -53,7 +53,7 @@ def load_specs(a: argparse.Namespace, vocab_size: int):
 
 
 def _vocab(model: str) -> int:
-    from gpuchef.engine_host.presets import PRESETS
+    from gpuchef.engine_host.vocab.presets import PRESETS
 
     if model in PRESETS:
         return PRESETS[model]["vocab_size"]
@@ -62,7 +62,7 @@ def _vocab(model: str) -> int:
 
 
 def _model_path(model: str) -> str:
-    from gpuchef.engine_host.presets import PRESETS
+    from gpuchef.engine_host.vocab.presets import PRESETS
     from gpuchef.engine_host.vllm_models import preset_model_folder
 
     return str(preset_model_folder(model)) if model in PRESETS else model
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="bf16 matmul ceiling for the native arm's step breakdown")
     ap.add_argument("--timeout", type=float, default=1800, help="per arm, with --run all (s)")
     a = ap.parse_args(argv)
-    from gpuchef.engine_host.presets import PRESETS
+    from gpuchef.engine_host.vocab.presets import PRESETS
 
     a.model_is_preset = a.model in PRESETS
     if a.report:

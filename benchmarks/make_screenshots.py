@@ -50,7 +50,7 @@ from rich.markup import escape
 from gpuchef.engine_host.config import (AUTO_BUDGET, ENGINES, CacheConfig, EngineConfig,
                                         SchedulerConfig, parse_value)
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.sampler import check_sample_hz
 from gpuchef.probes.nvml import SAMPLE_HZ_RANGE, parse_gpus

@@ -21,7 +21,7 @@ import torch
 
 from .vocab.errors import ConfigError
 from .model import LlamaForCausalLM, ModelConfig, eos_token_ids
-from .presets import PRESETS, get_preset
+from .vocab.presets import PRESETS, get_preset
 
 ProgressFn = Callable[[str, int, int], None]
 

@@ -19,7 +19,7 @@ import torch
 
 from .vocab.errors import ConfigError
 from .engine import DEFAULT_MAX_MODEL_LEN
-from .presets import PRESETS, get_preset
+from .vocab.presets import PRESETS, get_preset
 
 
 @dataclass(frozen=True)

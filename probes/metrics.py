@@ -20,7 +20,7 @@ Definitions (vllm/benchmarks/serve.py ``calculate_metrics``; DESIGN.md "Requests
 * goodput (``--goodput ttft:MS tpot:MS e2el:MS``) = completed requests/s whose every named
   metric is <= its SLO; a request with one output token counts as TPOT 0 there, as in vllm.
 
-Probe requests (ids starting with ``engine_host.workload.PROBE_ID_PREFIX``) are left out of all
+Probe requests (ids starting with ``engine_host.vocab.workload.PROBE_ID_PREFIX``) are left out of all
 of the above and summarised on their own, as vllm's probe requests are.
 
 From ``StepRecord``s: steps, steps/s, mean step time, mean prefill/decode/total tokens per step,
@@ -45,7 +45,7 @@ import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
-from gpuchef.engine_host.workload import PROBE_ID_PREFIX
+from gpuchef.engine_host.vocab.workload import PROBE_ID_PREFIX
 
 # the GPU means and the autopilot's totals live in probes.summaries; their names are imported
 # from here too (the dashboard, the report, the commands)

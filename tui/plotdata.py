@@ -22,7 +22,7 @@ import numpy as np
 
 from gpuchef.engine_host.autopilot import ERROR_ENTER, FALLBACK, INFEASIBLE, LEARNING, STEERING
 from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
-from gpuchef.engine_host.phases import parse_phase_mark
+from gpuchef.engine_host.vocab.phases import parse_phase_mark
 from gpuchef.engine_host.vocab.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark
 from gpuchef.probes.metrics import GPU_SUMMARY_FIELDS, StepArrays, gpu_value, steered_itl_ms
@@ -683,7 +683,7 @@ def event_label(ev: EngineEvent) -> tuple[str, str] | None:
             if m is None:
                 return None
             return ("A/B end" if m.label == "end" else f"{m.label}#{m.n}"), "ab"
-        phase = parse_phase_mark(name)  # engine_host/phases.py owns the format
+        phase = parse_phase_mark(name)  # engine_host/vocab/phases.py owns the format
         if phase is not None:
             return phase, "phase"
         return name, "mark"

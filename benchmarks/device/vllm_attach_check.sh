@@ -27,7 +27,7 @@ else
   source /tmp/g/benchmarks/device/env.sh
   export PYTHONPATH=$VLLM_PATH CUDA_VISIBLE_DEVICES=0
   D=/tmp/llama3_8b_dummy; mkdir -p $D
-  python3 -c "import json; from gpuchef.engine_host.presets import PRESETS; json.dump(PRESETS['llama-3-8b'], open('$D/config.json', 'w'))"
+  python3 -c "import json; from gpuchef.engine_host.vocab.presets import PRESETS; json.dump(PRESETS['llama-3-8b'], open('$D/config.json', 'w'))"
   start() {  # start PORT: a plain vLLM server on PORT, dummy weights, 0.42 of the GPU
     python3 -m vllm.entrypoints.openai.api_server --model $D --served-model-name llama-3-8b \
       --load-format dummy --skip-tokenizer-init --port $1 --max-model-len 8192 \

@@ -33,7 +33,7 @@ kill -TERM $P; wait $P
 [ -n "${DRY_SMOKE:-}" ] || [ -z "${PLAIN:-}" ] && exit 0
 # 2. (PLAIN=1) plain vllm serve (dummy weights, token-id prompts) as a server gpuchef does not host
 D=/tmp/llama3_8b_dummy; mkdir -p $D
-python3 -c "import json; from gpuchef.engine_host.presets import PRESETS; json.dump(PRESETS['llama-3-8b'], open('$D/config.json', 'w'))"
+python3 -c "import json; from gpuchef.engine_host.vocab.presets import PRESETS; json.dump(PRESETS['llama-3-8b'], open('$D/config.json', 'w'))"
 python3 -m vllm.entrypoints.openai.api_server --model $D --served-model-name llama-3-8b \
   --load-format dummy --skip-tokenizer-init --port 8012 --max-model-len 8192 \
   > $R/vllm_plain_serve.log 2>&1 &

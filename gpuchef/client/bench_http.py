@@ -125,7 +125,7 @@ def prepare_http_load(o: dict[str, Any], *, base_url: str | None = None,
     (default ``o["base_url"]``); ``model``: the name to send ("" = the server's first model);
     ``tok``: ``check_load_flags``' answer when the flags were checked already.
     Raises ConfigError for bad input or an unreachable server, before any request is sent."""
-    from ..engine_host.workload import generate
+    from ..engine_host.vocab.workload import generate
     from ..commands.options import workload_config
     from ..sessions.headless import load_desc
     from .http_load import apply_ramp_up, fetch_server_info, request_body, tokenizer_vocab_size

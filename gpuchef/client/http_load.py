@@ -1,6 +1,6 @@
 """The HTTP load client: gpuchef's request stream sent to an OpenAI-compatible server, streamed.
 
-``run_http_load(specs, cfg, prompt)`` sends each ``RequestSpec`` of ``engine_host.workload``
+``run_http_load(specs, cfg, prompt)`` sends each ``RequestSpec`` of ``engine_host.vocab.workload``
 (trace replay, Poisson/gamma, probes) as one streaming POST at its arrival time and returns one
 ``ClientResult`` per request; ``to_request_records`` turns those into ``RequestRecord``s so that
 ``probes.metrics.summarize`` computes the results block, the one metrics implementation.
@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.workload import RequestSpec
+from ..engine_host.vocab.workload import RequestSpec
 
 # the settings, the results and the server look-up live in their own modules; their names are
 # imported from here too (the commands, the sessions, the A/B runner, the tests)
@@ -128,9 +128,9 @@ def apply_ramp_up(specs: Sequence[RequestSpec], strategy: str, start_rps: int, e
 
 def load_tokenizer(path: str):
     """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json`` file, or a folder holding one
-    (``engine_host.tokenizer.read_tokenizer_json``, the one reader). Raises ConfigError naming
+    (``engine_host.vocab.tokenizer.read_tokenizer_json``, the one reader). Raises ConfigError naming
     ``--tokenizer`` and the path."""
-    from ..engine_host.tokenizer import read_tokenizer_json
+    from ..engine_host.vocab.tokenizer import read_tokenizer_json
 
     try:
         return read_tokenizer_json(path)[0]

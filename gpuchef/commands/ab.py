@@ -343,7 +343,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
 
 def _capacity_header(c, engine, wcfg, native, err) -> None:
     """The lines above a capacity search: the run's header, the SLOs and the method."""
-    from ..engine_host.workload import generate
+    from ..engine_host.vocab.workload import generate
 
     slos = c["slos"]
     load = (f"random, rate searched, burstiness {wcfg.burstiness}" if native is None else

@@ -330,7 +330,7 @@ def workload_config(o: dict[str, Any], *, vocab_size: int, max_model_len: int | 
     When ``max_model_len`` shortens requests, one line says how many, to ``warn`` (default:
     ``warning: ...`` on stderr); ``limit_from`` names whose limit it is when ``--max-model-len``
     was not given (the hosted model's; over HTTP the server's)."""
-    from ..engine_host.workload import WorkloadConfig, clip_stats
+    from ..engine_host.vocab.workload import WorkloadConfig, clip_stats
 
     try:
         rate = float(o["request_rate"])
@@ -370,7 +370,7 @@ def trace_flags_warning(o: dict[str, Any]) -> str | None:
     given = [k for k in _RANDOM_ONLY_FLAGS if flag_given(k)]
     if not given:
         return None
-    from ..engine_host.phases import is_workload
+    from ..engine_host.vocab.phases import is_workload
 
     what = "its phases bring their" if is_workload(o["dataset"]) else "a trace brings its"
     return (f"{_flags_have(given)} no effect with --dataset {o['dataset']}: {what} "
@@ -381,7 +381,7 @@ def engine_load(o: dict[str, Any], engine: Any) -> tuple[Any, list]:
     """The load for a hosted ``engine``: its ``WorkloadConfig`` (the engine's vocabulary and
     context length) and the generated RequestSpecs, with :func:`probe_warning`'s line printed.
     Raises ConfigError for an empty load."""
-    from ..engine_host.workload import generate
+    from ..engine_host.vocab.workload import generate
 
     wcfg = workload_config(o, vocab_size=engine.model_config.vocab_size,
                            max_model_len=engine.max_model_len)
@@ -396,7 +396,7 @@ def engine_load(o: dict[str, Any], engine: Any) -> tuple[Any, list]:
 def probe_warning(o: dict[str, Any], specs: Any) -> str | None:
     """One line when ``--probe-interval`` was given but the load ``specs`` (workload
     RequestSpecs) hold no probe request, or None: probes arrive every interval up to the load's
-    last arrival (``engine_host.workload.generate``), which ``--request-rate inf`` puts at 0 s.
+    last arrival (``engine_host.vocab.workload.generate``), which ``--request-rate inf`` puts at 0 s.
     A warning: the run goes on without probes."""
     iv = o.get("probe_interval_s")
     if iv is None or any(getattr(s, "is_probe", False) for s in specs):

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.config import parse_latency_targets
-from ..engine_host.workload import PROBE_ID_PREFIX
+from ..engine_host.vocab.workload import PROBE_ID_PREFIX
 from ..probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -607,7 +607,7 @@ def capacity_ratio(a: CapacityResult, b: CapacityResult) -> tuple[float | None, 
 def trace_rate(wcfg) -> float:
     """The native request rate of a trace dataset (req/s at --trace-speed 1) over the requests
     the load selects (:func:`offered_rate`)."""
-    from ..engine_host.workload import generate
+    from ..engine_host.vocab.workload import generate
 
     r = offered_rate([s.arrival_s for s in generate(replace(wcfg, trace_speed=1.0,
                                                             probe_interval_s=None))])
@@ -626,7 +626,7 @@ def probe_workload(wcfg, rate: float, native: float | None):
     (:func:`offered_rate` of the requests the probe replays, within ``SPEED_TOLERANCE``,
     by bisection over the speed; the closest one tried otherwise): a trace that gets denser later offers more than ``rate`` when
     its speed is taken from its start (the H200 probe labelled 12.6 req/s offered ≈ 29)."""
-    from ..engine_host.workload import generate
+    from ..engine_host.vocab.workload import generate
 
     if native is None:
         w = replace(wcfg, request_rate=rate)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..engine_host.workload import PROBE_ID_PREFIX
+from ..engine_host.vocab.workload import PROBE_ID_PREFIX
 from ..probes.metrics import is_completed
 
 

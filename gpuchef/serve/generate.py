@@ -458,7 +458,7 @@ class GenerationRoutes:
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
-    """The most characters one token of ``tokenizer`` (engine_host.tokenizer's Tokenizer) can
+    """The most characters one token of ``tokenizer`` (engine_host.vocab.tokenizer's Tokenizer) can
     stand for: its longest vocabulary string (a byte-level BPE writes one character per byte,
     and a text's characters are no more than its bytes). None when the vocabulary cannot be
     read (then no text is refused for its length alone)."""

@@ -398,7 +398,7 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from ..engine_host.tokenizer import load_tokenizer
+    from ..engine_host.vocab.tokenizer import load_tokenizer
     from .metrics import ServeMetrics
     from .server import FrontDoor, bind_socket
 

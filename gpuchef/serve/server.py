@@ -87,7 +87,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class FrontDoor(AdminRoutes, GenerationRoutes):
-    """The server. ``host``: the EngineHost to feed; ``tokenizer``: engine_host.tokenizer's
+    """The server. ``host``: the EngineHost to feed; ``tokenizer``: engine_host.vocab.tokenizer's
     Tokenizer or None (then only token-id prompts, and no text in responses);
     ``metrics``: a ServeMetrics or None; ``model_name``: what clients send as ``model``
     (``--served-model-name``); ``api_key``: Bearer key for the GUARDED_PREFIXES routes (None:

@@ -173,7 +173,7 @@ def load_desc(w: Any) -> str:
     if w.dataset == "random":
         return f"random, {w.request_rate} req/s, burstiness {w.burstiness}"
     if w.is_phased:
-        from ..engine_host.phases import load_workload
+        from ..engine_host.vocab.phases import load_workload
 
         names = " → ".join(p.name for p in load_workload(w.dataset).phases)
         return f"{w.dataset} at {w.trace_speed}x ({names})"
@@ -185,7 +185,7 @@ def phase_marks(w: Any) -> list[tuple[float, str]]:
     the load's start) and its mark (``phases.phase_mark``); [] for any other load."""
     if w is None or not w.is_phased:
         return []
-    from ..engine_host.phases import load_workload, phase_mark, schedule
+    from ..engine_host.vocab.phases import load_workload, phase_mark, schedule
 
     return [(p["start_s"], phase_mark(p["name"]))
             for p in schedule(load_workload(w.dataset), w.trace_speed, w.duration_s)]
@@ -197,7 +197,7 @@ def phases_meta(w: Any) -> dict[str, Any] | None:
     None."""
     if w is None or not w.is_phased:
         return None
-    from ..engine_host.phases import load_workload, phases_meta as meta
+    from ..engine_host.vocab.phases import load_workload, phases_meta as meta
 
     return meta(load_workload(w.dataset), w.trace_speed, w.duration_s)
 

@@ -19,7 +19,7 @@ from ..engine_host.config import SchedulerConfig
 from ..engine_host.contract import Engine
 from ..engine_host.engine import LLMEngine
 from ..engine_host.core import make_host
-from ..engine_host.workload import WorkloadConfig
+from ..engine_host.vocab.workload import WorkloadConfig
 from .live_load import LiveLoad
 from ..probes.sampler import HostSampler
 from ..probes.metrics import DEFAULT_PERCENTILES, SESSION_END_REASON

@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterator
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.request import SamplingParams
-from ..engine_host.phases import load_workload, phase_mark
-from ..engine_host.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,
-                                   WorkloadConfig, generate)
+from ..engine_host.vocab.phases import load_workload, phase_mark
+from ..engine_host.vocab.workload import (PROBE_ID_PREFIX, REQUEST_ID_PREFIX, RequestSpec,
+                                          WorkloadConfig, generate)
 from ..tui.session import LoadState, parse_rate
 
 #: Load time generated per chunk of an endless random stream (request units).

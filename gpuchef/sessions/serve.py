@@ -15,7 +15,7 @@ def model_vocab_size(model: str) -> int:
     """The vocabulary size of ``model`` (a preset, or a folder's config.json) without loading
     weights. Raises ConfigError as the loader does for a bad folder."""
     from ..engine_host.loader import model_folder, read_config_json
-    from ..engine_host.presets import PRESETS
+    from ..engine_host.vocab.presets import PRESETS
 
     if model in PRESETS:
         return int(PRESETS[model]["vocab_size"])

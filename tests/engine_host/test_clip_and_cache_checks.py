@@ -13,7 +13,7 @@ from gpuchef.engine_host.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.kv_cache import KVCacheManager
 from gpuchef.engine_host.request import SamplingParams
-from gpuchef.engine_host.workload import WorkloadConfig, clip_stats, generate
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, clip_stats, generate
 
 
 def test_clip_stats_matches_generate(capsys):

@@ -18,7 +18,7 @@ from gpuchef.engine_host.core import (EngineCoreClient, EngineProcessError, Remo
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from gpuchef.engine_host.request import SamplingParams
-from gpuchef.engine_host.workload import WorkloadConfig, generate
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
 VOCAB = 512  # below the tiny preset's vocabulary
 CFG = EngineConfig(model="tiny", device="cpu", max_model_len=512,

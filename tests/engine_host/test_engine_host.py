@@ -143,7 +143,7 @@ def test_pause_resume_and_mark(engine_cfg):
 
 
 def test_workload_arrivals_are_scheduled_not_dumped(engine_cfg):
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
     specs = generate(WorkloadConfig(dataset="random", request_rate=20.0, num_prompts=8,
                                     input_len=16, output_len=4, vocab_size=4096, seed=3))
     c = Collector()

@@ -12,7 +12,7 @@ from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.loader import LoadedModel, load_model
 from gpuchef.engine_host.model import LlamaForCausalLM, ModelConfig
-from gpuchef.engine_host.presets import PRESETS, get_preset
+from gpuchef.engine_host.vocab.presets import PRESETS, get_preset
 
 SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
          "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

@@ -1,4 +1,4 @@
-"""Workloads that shift: phased YAML files (engine_host/phases.py) through workload.generate.
+"""Workloads that shift: phased YAML files (engine_host/vocab/phases.py) through workload.generate.
 
 The references are computed here, independently of the generator: expected counts from rate ×
 duration (Poisson bounds of 5 standard deviations), the ramp's integral, the trace rows read
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.phases import (BUNDLED_WORKLOADS, PHASE_KEYS, load_workload,
-                                        parse_phase_mark, phase_mark, phases_meta, schedule)
-from gpuchef.engine_host.traces import dataset_path, load_trace_csv
-from gpuchef.engine_host.workload import WorkloadConfig, generate
+from gpuchef.engine_host.vocab.phases import (BUNDLED_WORKLOADS, PHASE_KEYS, load_workload,
+                                              parse_phase_mark, phase_mark, phases_meta, schedule)
+from gpuchef.engine_host.vocab.traces import dataset_path, load_trace_csv
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
 
 def write(tmp_path, text, name="w.yaml"):

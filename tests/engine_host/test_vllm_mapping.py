@@ -427,7 +427,7 @@ def test_local_folder_is_passed_through(tmp_path):
 def test_local_folder_eos_includes_generation_config(tmp_path, hf_eos):
     import torch
 
-    from gpuchef.engine_host.presets import get_preset
+    from gpuchef.engine_host.vocab.presets import get_preset
     cfg = {**get_preset("tiny"), "eos_token_id": hf_eos}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": [2, 120]}')

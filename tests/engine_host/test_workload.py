@@ -1,4 +1,4 @@
-"""The load generator's request stream (engine_host/workload.py)."""
+"""The load generator's request stream (engine_host/vocab/workload.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.traces import dataset_path, load_trace_csv
-from gpuchef.engine_host.workload import (
-    DATASET_NAMES,
-    MIN_TOKEN_ID,
-    PromptTokens,
-    RequestSpec,
-    WorkloadConfig,
-    generate,
-)
+from gpuchef.engine_host.vocab.traces import dataset_path, load_trace_csv
+from gpuchef.engine_host.vocab.workload import (DATASET_NAMES, MIN_TOKEN_ID, PromptTokens,
+                                                RequestSpec, WorkloadConfig, generate)
 
-# The first rows of the bundled engine_host/data/azure_conv.csv.gz:
+# The first rows of the bundled engine_host/vocab/data/azure_conv.csv.gz:
 #   2023-11-16 18:15:46.6805900,374,44
 #   2023-11-16 18:15:50.9951690,396,109
 #   2023-11-16 18:15:51.2224670,879,55
@@ -405,7 +399,7 @@ def test_edited_file_is_reread(tmp_path):
 
 
 def test_trace_speed_inf_sends_everything_at_once():
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
     specs = generate(WorkloadConfig(dataset="azure-conv", num_prompts=20, trace_speed=float("inf"),
                                     max_model_len=8192, vocab_size=4096))
     assert len(specs) == 20 and all(s.arrival_s == 0.0 for s in specs)
@@ -429,7 +423,7 @@ def test_trace_speed_nan_is_refused_without_contradicting_inf():
 def test_a_gzipped_trace_reads_as_the_csv_it_holds_and_a_broken_one_is_one_line(tmp_path):
     import gzip as _gzip
 
-    from gpuchef.engine_host.traces import load_trace_csv
+    from gpuchef.engine_host.vocab.traces import load_trace_csv
 
     text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
             "2023-11-16 18:15:50.9951690,396,109\n")

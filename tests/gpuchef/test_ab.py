@@ -17,7 +17,7 @@ from gpuchef.experiments.hosted import run_interleaved, run_sequential
 from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
-from gpuchef.engine_host.workload import WorkloadConfig, generate
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
 _register()
 

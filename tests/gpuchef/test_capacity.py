@@ -231,7 +231,7 @@ def test_cli_capacity_on_cpu(tmp_path):
     for k in "AB":
         if d["capacity"][k]["at_upper_bound"]:
             assert d["capacity"][k]["converged"] is None
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
     specs = generate(WorkloadConfig(num_prompts=6, request_rate=8.0, input_len=64, output_len=8,
                                     vocab_size=1 << 20))
@@ -342,7 +342,7 @@ def test_a_trace_probe_offers_the_rate_it_is_labelled_with(tmp_path):
     """The H200 bug: the native rate was taken over the trace's first --duration seconds, and a
     sped-up probe covered more, denser trace (labelled 12.6 req/s, offered ≈ 29)."""
     from gpuchef.experiments.capacity import offered_rate, probe_workload, trace_rate
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
     w = WorkloadConfig(dataset=str(_denser_trace(tmp_path / "t.csv")), duration_s=30.0,
                        vocab_size=1000, max_model_len=4096)

@@ -42,7 +42,7 @@ def test_bench_prints_the_results_block(mode, tmp_path):
     d = json.loads(out_json.read_text())
     assert d["completed"] == 8 and d["mode"] == mode
     # forced output lengths: total generated = the sum of the clipped trace lengths
-    from gpuchef.engine_host.workload import WorkloadConfig, generate
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
     specs = generate(WorkloadConfig(dataset="azure-conv", num_prompts=8, max_input_len=256,
                                     max_output_len=16, max_model_len=8192, vocab_size=4096))
     assert d["total_output_tokens"] == sum(s.output_len for s in specs)

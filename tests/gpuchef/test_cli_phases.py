@@ -1,4 +1,4 @@
-"""Phased workloads (`--dataset FILE.yaml`, engine_host/phases.py) through the commands: a bad
+"""Phased workloads (`--dataset FILE.yaml`, engine_host/vocab/phases.py) through the commands: a bad
 file is one line before anything is built, in bench, ab, top and bench --base-url; bench on the
 CPU runs the phases and records them in the trace's meta and as marks; ab and bench --base-url
 send the same requests as the generator makes."""
@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
-from gpuchef.engine_host.workload import WorkloadConfig, generate
+from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
 _register()
 

@@ -25,7 +25,7 @@ from gpuchef.client.http_load import (HttpLoadConfig, apply_ramp_up, error_count
                                       normalize_base_url, ramp_up_rate, request_body,
                                       result_arrays, run_http_load, to_request_records)
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.workload import RequestSpec
+from gpuchef.engine_host.vocab.workload import RequestSpec
 from gpuchef.probes.metrics import format_results_block, summarize
 
 _register()

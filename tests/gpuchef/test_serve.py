@@ -18,7 +18,7 @@ from serve_proc import ServeProc, run_cli, wait_until
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from gpuchef.engine_host.tokenizer import load_tokenizer  # noqa: E402
+from gpuchef.engine_host.vocab.tokenizer import load_tokenizer  # noqa: E402
 from gpuchef.probes.recorder import read_trace  # noqa: E402
 
 MAX_MODEL_LEN = 512

@@ -31,7 +31,7 @@ import torch
 from serve_proc import ServeProc
 from test_serve import (MAX_MODEL_LEN, TOK, client, engine_greedy, http,  # noqa: F401
                         server)  # (server: the fixture)
-from gpuchef.engine_host.tokenizer import BUNDLED_PATH
+from gpuchef.engine_host.vocab.tokenizer import BUNDLED_PATH
 from gpuchef.probes.recorder import read_trace
 from gpuchef.serve.protocol import UNSUPPORTED
 

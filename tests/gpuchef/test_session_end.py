@@ -7,7 +7,7 @@ import time
 
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.metrics import SESSION_END_REASON, is_withdrawn, results_block_rows, summarize
 from gpuchef.probes.nvml.fake import FakeNvml

@@ -193,7 +193,7 @@ def test_against_numpy_on_random_records():
 def test_itls_are_each_requests_own_gaps_in_order():
     """The vectorised ITLs equal RequestRecord.itls_ms request by request, element for element:
     no gap across two requests, none for one-token, untimed, failed or probe requests."""
-    from gpuchef.engine_host.workload import PROBE_ID_PREFIX
+    from gpuchef.engine_host.vocab.workload import PROBE_ID_PREFIX
     from gpuchef.probes.metrics import _itls_ms
 
     rng = np.random.default_rng(7)

@@ -14,7 +14,7 @@ from tui_fakes import capture_notes, palette
 
 from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.probes.recorder import read_trace

@@ -19,7 +19,7 @@ from gpuchef.engine_host.autopilot import FALLBACK, INFEASIBLE, LEARNING, STEERI
 from gpuchef.engine_host.config import (AUTO_BUDGET, CacheConfig, EngineConfig, SchedulerConfig,
                                         parse_value)
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession
 from gpuchef.tui.app import DEFAULT_AUTO_BUDGET as DEFAULT_TYPED
 from gpuchef.tui.app import GpuchefApp

@@ -11,7 +11,7 @@ from tui_fakes import StaticSession
 
 from gpuchef.engine_host.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession, engine_identity
 from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.tui.app import GpuchefApp

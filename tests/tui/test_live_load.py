@@ -6,7 +6,7 @@ import time
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live_load import LiveLoad
 
 
@@ -124,7 +124,7 @@ def test_bad_rates_are_refused_with_the_range():
         trace.set_rate("0")
 
 
-# ---- a phased workload (engine_host/phases.py): its phase marks, in order, when due ---------
+# ---- a phased workload (engine_host/vocab/phases.py): its phase marks, in order, when due ---------
 
 class OrderHost(FakeHost):
     """Submissions and marks in one list, in the order the feeder sent them."""

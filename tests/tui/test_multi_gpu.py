@@ -119,7 +119,7 @@ def _live(gpus):
     the others at 10 %), sampling ``gpus`` (None = all)."""
     from gpuchef.engine_host.config import CacheConfig, EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
-    from gpuchef.engine_host.workload import WorkloadConfig
+    from gpuchef.engine_host.vocab.workload import WorkloadConfig
     from gpuchef.sessions.live import LiveSession
     from gpuchef.probes.nvml.fake import FakeNvml
 

@@ -9,7 +9,7 @@ import math
 import random
 
 from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
-from gpuchef.engine_host.workload import PROBE_ID_PREFIX
+from gpuchef.engine_host.vocab.workload import PROBE_ID_PREFIX
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.plotdata import StepColumns
 from gpuchef.tui.widgets.numbers import RequestColumns, compute_numbers, compute_numbers_fast

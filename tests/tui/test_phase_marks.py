@@ -12,7 +12,7 @@ import time
 import pytest
 from tui_fakes import StaticSession, settle
 
-from gpuchef.engine_host.phases import load_workload, phase_mark, schedule
+from gpuchef.engine_host.vocab.phases import load_workload, phase_mark, schedule
 from gpuchef.engine_host.vocab.records import EngineEvent
 from gpuchef.tui import theme
 from gpuchef.tui.app import GpuchefApp

@@ -22,7 +22,7 @@ from tui_fakes import T0, StaticSession, simulate
 
 from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
-from gpuchef.engine_host.workload import WorkloadConfig
+from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.probes.nvml.fake import FakeNvml
 from gpuchef.probes.recorder import TraceRecorder
 from gpuchef.probes.timeline import Timeline

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 from .traces import BUNDLED_DATASETS, MAX_REQUESTS, _int, _num, dataset_path, load_trace_csv
 
 #: Every dataset name ``WorkloadConfig.dataset`` accepts besides a path to a CSV file.

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 from .traces import (BUNDLED_DATASETS, MAX_REQUESTS, WORKLOADS_DIR, _int, _num, dataset_path,
                      load_trace_csv)
 WORKLOAD_SUFFIXES: tuple[str, ...] = (".yaml", ".yml")

@@ -7,7 +7,7 @@ so that a text prompt becomes a realistic number of tokens (~4 characters each).
 ``<unk> <s> </s> <|im_start|> <|im_end|>`` (BOS 1 and EOS 2, as the ``tiny`` preset has them);
 encoding adds ``<s>`` first, as Llama's tokenizers do.
 
-Run from the repository root: ``python -m gpuchef.engine_host.bundled_tokenizer``. Training is
+Run from the repository root: ``python -m gpuchef.engine_host.vocab.bundled_tokenizer``. Training is
 deterministic for the same text; the JSON is committed, so nothing is built at run time.
 """
 
@@ -45,6 +45,6 @@ def build(root: Path, out: Path = BUNDLED_PATH) -> int:
 
 
 if __name__ == "__main__":
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     n = build(root)
     print(f"wrote {BUNDLED_PATH} ({n} ids, {BUNDLED_PATH.stat().st_size / 1024:.0f} KiB)")

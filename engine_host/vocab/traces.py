@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: the bundled phased workloads (``phases.BUNDLED_WORKLOADS``: name → file)
 WORKLOADS_DIR = DATA_DIR / "workloads"
 
-#: Named trace datasets bundled with gpuchef (name -> file under ``engine_host/data``).
+#: Named trace datasets bundled with gpuchef (name -> file under ``engine_host/vocab/data``).
 BUNDLED_DATASETS: dict[str, str] = {"azure-conv": "azure_conv.csv.gz"}
 TRACE_COLUMNS: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 #: Sanity cap on the number of requests one workload may hold.

@@ -4,8 +4,8 @@ hub), or for the random-weight presets a small bundled byte-level BPE (see
 ``bundled_tokenizer.py``), with the chat template a folder's ``tokenizer_config.json`` (or
 ``chat_template.jinja``) gives.
 
-The engine itself never sees text; this module is here, beside the loader that reads the same
-folders, so that every surface (server, client, tests) reads a folder one way.
+The engine itself never sees text; this module is in the shared vocabulary so that every surface
+(server, client, tests) reads a folder one way without importing the engine.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 
 BUNDLED_PATH = Path(__file__).parent / "data" / "tokenizer-bundled.json"
 #: The bundled tokenizer's chat template: ChatML (Qwen2's format) over its special tokens.

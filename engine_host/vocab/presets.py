@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 
 _LLAMA3_8B: dict[str, Any] = {
     # meta-llama/Meta-Llama-3-8B config.json
