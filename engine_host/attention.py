@@ -75,12 +75,12 @@ XQA_PAGE_SIZES = (16, 32, 64, 128)
 
 def decode_split_kv_args(value: str | None) -> dict:
     """The split-KV keywords of FlashInfer's decode ``plan`` for ``GPUCHEF_DECODE_SPLIT_KV``
-    (an experiment, issue 16; benchmarks/bench_decode_attention.py ``fi_tc_nosplit``): unset,
+    (an experiment: benchmarks/bench_decode_attention.py's ``fi_tc_nosplit``): unset,
     "" or "auto" → {} (FlashInfer's own split); "off" → ``disable_split_kv=True`` (one CTA per
     request and KV head group, no merge kernel). Raises ConfigError naming the value otherwise.
     A fixed split (FlashInfer's ``fixed_split_size``) is refused: the engine replays decode steps
     from CUDA graphs, and a graph captured with a fixed split replays wrong outputs for steps of
-    other lengths (H200, session 14; FlashInfer's scheduler says to disable CUDA graphs with it).
+    other lengths (seen on an H200; FlashInfer's scheduler says to disable CUDA graphs with it).
     """
     v = (value or "").strip().lower()
     if v in ("", "auto"):

@@ -1,7 +1,7 @@
 """Engine configuration and the live scheduler knobs, with their validation.
 
 Knob names and meanings follow vLLM's ``SchedulerConfig`` (vllm/config/scheduler.py); the modes
-are gpuchef's (see DESIGN.md): ``continuous`` is vLLM V0's ``_schedule_default`` (prefill-first,
+are gpuchef's: ``continuous`` is vLLM V0's ``_schedule_default`` (prefill-first,
 whole prompts) and ``chunked`` is Sarathi-Serve's stall-free batching (decode-first, token budget).
 """
 
@@ -24,8 +24,8 @@ CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 #: rows does M FLOP per weight byte; an H200 gives ~990 dense TFLOP/s for 4.8 TB/s (~200 FLOP a
 #: byte), so below M ≈ 200 a step's GEMMs are bound by reading the weights and padding rows cost
 #: little: coarse sizes there. Above, padding is paid in compute: sizes step by 64 rows (≤ 25 %
-#: padding above 256 tokens, ≤ 7 % above 896). The cap, 1024, is where the H200 profile of 2026-12-02 (session 8,
-#: docs/engine-graphs.md) saw graphs stop paying: 1.45–1.51× over eager for 512 prefill tokens
+#: padding above 256 tokens, ≤ 7 % above 896). The cap, 1024, is where graphs stop paying on an
+#: H200 (docs/engine-graphs.md, "Capture sizes"): 1.45–1.51× over eager for 512 prefill tokens
 #: + 64 decodes, 1.16× at 1024 tokens, 1.01× at 2048. runner.CudaGraphPiecewise captures them.
 PIECEWISE_CAPTURE_SIZES = (16, 32, 64, 96, *range(128, 1024 + 1, 64))
 #: the largest piecewise capture size accepted (tokens): the static buffers are this many rows

@@ -159,7 +159,7 @@ class LLMEngine:
         """Compile JIT kernels, then capture CUDA graphs (piecewise ones for steps with prefill
         tokens unless ``cudagraph_mode`` is FULL_DECODE_ONLY, full ones for decode-only steps;
         one memory pool), each shown as a named progress step, the piecewise one naming its
-        capture sizes (FlashInfer's first compile takes minutes: REFERENCE.md §4)."""
+        capture sizes (FlashInfer's first JIT compile takes minutes)."""
         stage = "compile kernels (first run: minutes)"
         if progress:
             progress(stage, 0, 1)

@@ -17,7 +17,7 @@ through ``BatchPrefillWithPagedKVCacheWrapper`` with ``causal=True`` (FlashInfer
 aligned to the end of the KV, the same rule as ``ReferenceAttention``). Both wrappers share one
 float workspace. Both are planned from the CPU int32 tensors of ``AttentionMetadata``, with
 ``q_data_type``/``kv_data_type`` set to the cache dtype (FlashInfer defaults to float16) and
-``pos_encoding_mode="NONE"`` (the model applies RoPE itself). Facts: ../shared/REFERENCE.md §4.
+``pos_encoding_mode="NONE"`` (the model applies RoPE itself).
 Planning is host work, once per step, and does not wait for the GPU, so it overlaps the previous
 step's kernels (its cost: docs/benchmarks.md, "Attention kernels"). That holds for the eager
 wrappers; a CUDA-graph wrapper's plan copies CPU page indices into its device buffer with a

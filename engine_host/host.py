@@ -35,7 +35,7 @@ from .scheduler import Scheduler
 
 # vLLM runs its engine core in another process to keep the GIL away from it; gpuchef hosts it
 # in-process, and a short switch interval gives the engine thread the GIL back promptly after
-# each synchronize (REFERENCE.md §4b: 61 % → 87 % of the engine's steps/s beside a busy UI).
+# each synchronize (beside a busy UI thread: 61 % → 87 % of the engine's steps/s alone).
 DEFAULT_SWITCH_INTERVAL_S = 0.0005
 
 

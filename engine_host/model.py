@@ -5,7 +5,7 @@ request's new tokens, and the attention backend (``attention.py``) knows from it
 metadata where each request's rows and pages are.
 
 Parameter names follow Hugging Face's, except that q/k/v are one ``qkv_proj`` and gate/up one
-``gate_up_proj`` (fewer, larger GEMMs: eager decode is launch-bound, see REFERENCE.md §4b).
+``gate_up_proj`` (fewer, larger GEMMs: eager decode is bound by kernel launches).
 ``checkpoint_layout()`` maps every Hugging Face checkpoint name onto the rows of our parameter
 that it fills; the loader loads by that map.
 

@@ -2,8 +2,8 @@
 
 The unfused path runs four kernels a layer for this work on CUDA: the copies that make q and k
 contiguous (they are strided views of the fused qkv projection), FlashInfer's
-``apply_rope_with_cos_sin_cache_inplace``, and ``append_paged_kv_cache`` (issue 16's decode
-profile). FlashInfer 0.6.18 has no half-precision kernel that does both (its
+``apply_rope_with_cos_sin_cache_inplace``, and ``append_paged_kv_cache`` (a decode step's
+profile: docs/engine-graphs.md). FlashInfer 0.6.18 has no half-precision kernel that does both (its
 ``rope_quantize_fp8_append_paged_kv_cache`` writes FP8 only), so this is ours: one program per
 (token, group of ``_HEADS`` heads) reads q, k or v straight from the strided views, rotates q and
 k in float32, and writes q contiguous and rotated, k rotated and v as they are into the pages at

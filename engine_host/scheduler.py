@@ -1,4 +1,4 @@
-"""One scheduler, two policies, switchable between steps (DESIGN.md "Scheduler modes").
+"""One scheduler, two policies, switchable between steps.
 
 ``continuous`` — vLLM V0's ``_schedule_default``: "First, it batches as many prefill requests as
 possible" and "Don't schedule decodes if prefills are scheduled". Prompts are never split (a

@@ -137,7 +137,7 @@ def record_from_split(split: StepSplit, *, step: int, t_start_ns: int, t_end_ns:
                       cuda_graph: bool = False) -> StepRecord:
     """The StepRecord of a split step. ``num_partial_prefills`` None = the split's own count
     (scheduled requests left mid-prefill); the glue passes vLLM's count of every running request
-    mid-prefill, scheduled or not. ``num_decode_reqs`` is the decode token count (DESIGN.md)."""
+    mid-prefill, scheduled or not. ``num_decode_reqs`` is the decode token count (one a decoding request)."""
     return StepRecord(
         step=step, t_start_ns=t_start_ns, t_end_ns=t_end_ns, gpu_ms=gpu_ms, mode=config.mode,
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
@@ -162,7 +162,7 @@ def step_record_from_scheduler_output(
 
     See ``split_scheduler_output`` for what ``so``, ``prompt_lens`` and ``prefill_targets`` are
     (``prefill_targets`` is updated in place). Times: monotonic ns; ``gpu_ms`` in ms. Queue sizes
-    and KV blocks are the caller's, taken after the step (DESIGN.md "StepRecord").
+    and KV blocks are the caller's, taken after the step (``records.StepRecord``).
     """
     if not so.total_num_scheduled_tokens:
         return None

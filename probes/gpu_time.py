@@ -187,7 +187,7 @@ def summarize(steps: list[list[dict]]) -> dict:
 
 #: A graphed (full or piecewise) profile whose forward holds fewer kernels per step than this
 #: share of the eager forward's traced (almost) none inside its graph replays: CUPTI did not see
-#: them (torch 2.11+cu130 on the H200, benchmarks/results/2026-12-02-h200-s8/s8_05_profile.log).
+#: them (torch 2.11+cu130 on an H200).
 #: A graph replays the eager kernels, so a traced one holds about as many.
 GRAPH_TRACE_MIN_SHARE = 0.5
 UNTRACED_NOTE = ("CUPTI traced no kernels inside graph replays on this build: the per-kernel "

@@ -1,6 +1,6 @@
 """Serving metrics with ``vllm bench serve``'s names and definitions, plus gpuchef's step figures.
 
-Definitions (vllm/benchmarks/serve.py ``calculate_metrics``; DESIGN.md "Requests and latency"):
+Definitions (vllm/benchmarks/serve.py ``calculate_metrics``):
 
 * a request is *completed* when it finished normally (``finish_reason`` "length" or "stop");
   one *withdrawn* by the tool itself (``WITHDRAWN_REASONS``: a capacity probe stopped early
@@ -506,8 +506,9 @@ def load_start_event(t0_ns: int) -> EngineEvent:
 
 def load_start_ns(events: Iterable[Any]) -> int | None:
     """The load's start (monotonic ns) from a trace's events (the first :data:`LOAD_START`
-    event), or None when the trace has none (not a ``gpuchef bench`` trace, one written before
-    2026-12-03, or one cut short before the bench ended)."""
+    event), or None when the trace has none (not a ``gpuchef bench`` trace, one written by a
+    gpuchef that did not record the load's start yet, or one cut short before the bench
+    ended)."""
     for e in events:
         if (getattr(e, "kind", None), getattr(e, "name", None)) == LOAD_START:
             return int(e.t_ns)

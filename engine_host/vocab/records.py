@@ -18,7 +18,7 @@ STEP_KINDS = ("prefill_only", "mixed", "decode_only")
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One engine step, emitted at the scheduler/runner boundary (DESIGN.md "StepRecord").
+    """One engine step, emitted at the scheduler/runner boundary (docs/trace-format.md).
 
     ``t_start_ns``/``t_end_ns``: monotonic ns around schedule + forward + sample + bookkeeping.
     ``gpu_ms``: the forward pass in ms, from CUDA events on GPU, wall time on CPU.

@@ -198,8 +198,8 @@ def rules_note(recorded: Any) -> str:
     one sentence saying that the trace is judged by today's rules and what differs."""
     now = judging_rules()
     if not isinstance(recorded, dict):
-        return ("The trace does not record the rules its command judged by (written before "
-                f"2026-12-02): it is judged by today's (rule 1 at {SATURATION_TOLERANCE:.0%}), "
+        return ("The trace does not record the rules its command judged by (an older "
+                f"trace): it is judged by today's (rule 1 at {SATURATION_TOLERANCE:.0%}), "
                 "so a verdict can differ from the command's at the time.")
     diff = [f"{k} {recorded.get(k)!r} then, {v!r} now" for k, v in now.items()
             if recorded.get(k) != v]
@@ -290,10 +290,9 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
     system, so the finishes span the arrivals' time plus how much that time in system grew
     (a denser trace, longer outputs, slower steps: up to seconds over a probe, hence the
     tolerance); saturated, they come at the engine's service rate whatever arrives. Counting
-    the finishes inside the arrival span instead — the first two versions, once shifted by the
-    warm-up's service time — called probes saturated whose requests' E2EL grew through them
-    (H200, 2026-12-01: P50 TTFT 62 ms, drained 3.8 s after the last arrival, "achieved 5.81 of
-    8.48 req/s"). Rule 2 (queue growing): the mean
+    the finishes inside the arrival span instead, even shifted by the warm-up's service time,
+    calls a probe saturated whose requests' E2EL merely grew through it (on an H200: P50 TTFT
+    62 ms, drained 3.8 s after the last arrival, yet "achieved 5.81 of 8.48 req/s"). Rule 2 (queue growing): the mean
     ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
     quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
     shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL. Raises

@@ -264,7 +264,7 @@ def _describe_steps(steps: Sequence[StepRecord]) -> str:
 
 def _place_legacy_withdrawals(requests: list[RequestRecord]) -> list[RequestRecord]:
     """``requests`` (file order) with ``ended_ns`` inferred for a capacity trace written
-    before the field existed (2026-12-02): a request the early stop aborted before its arrival
+    before traces had the field: a request the early stop aborted before its arrival
     (``finish_reason`` ``capacity.EARLY_STOP_REASON``, no token, never scheduled) was recorded
     at the stop, right after the records that closed before it, but carries its planned arrival,
     which lies in a later probe. It gets the latest close time of the records before it in the
@@ -595,7 +595,7 @@ def _read_views(paths: Sequence[str | Path]) -> tuple[list[TraceView], list[str]
         if (tr.meta.get("command") == "bench" and load_start_ns(tr.events) is None
                 and tr.requests):
             problems.append(f"{tr.path}: no load-start event (gpuchef bench writes one before "
-                            "its first step since 2026-12-03): the duration counts from the "
+                            "its first step; an older trace has none): the duration counts from the "
                             "first arrival, "
                             "not from the load's start as gpuchef bench counted it, so the "
                             "throughputs here may read higher than bench printed")

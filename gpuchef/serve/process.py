@@ -1,7 +1,7 @@
 """The front door in its own process, as vLLM runs its API server apart from its engine core.
 
-Measured on the H200 (docs/benchmarks.md, "The engine process and the HTTP front door",
-2026-12-01): with the HTTP server on a thread of the engine's process, its per-token Python work
+Measured on an H200 (docs/benchmarks.md, "The engine process and the HTTP front door"):
+with the HTTP server on a thread of the engine's process, its per-token Python work
 (a task wake-up, a detokenise step, a JSON chunk and a socket write per stream per step) took the
 GIL from the engine thread — the engine's own P50 ITL went from 10 to 40 ms at 3× the Azure
 trace. So the server runs in a child process
