@@ -137,7 +137,8 @@ def record_from_split(split: StepSplit, *, step: int, t_start_ns: int, t_end_ns:
                       cuda_graph: bool = False) -> StepRecord:
     """The StepRecord of a split step. ``num_partial_prefills`` None = the split's own count
     (scheduled requests left mid-prefill); the glue passes vLLM's count of every running request
-    mid-prefill, scheduled or not. ``num_decode_reqs`` is the decode token count (one a decoding request)."""
+    mid-prefill, scheduled or not. ``num_decode_reqs`` is the decode token count (one a
+    decoding request)."""
     return StepRecord(
         step=step, t_start_ns=t_start_ns, t_end_ns=t_end_ns, gpu_ms=gpu_ms, mode=config.mode,
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,

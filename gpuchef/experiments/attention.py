@@ -9,10 +9,11 @@ Three cases, each a batch of ``--batch-size`` requests of ``--seq-len`` tokens o
   ``--chunk-len`` tokens on ``seq_len − chunk_len`` cached ones (causal, aligned to the end of the
   KV, FlashInfer's rule).
 
-Defaults: batch 16, seq 2048, 32 q and 32 kv heads, head_dim 128, bf16, chunks of 512. On a CPU those shapes would take minutes and ~20 GB (the naive
-scores alone are 16·32·2048² elements), so there the batch, sequence, chunk and iteration flags
-that were not given default to ``CPU_DEFAULTS``, and a case whose estimated memory exceeds what
-the machine has free is skipped with its estimate.
+Defaults: batch 16, seq 2048, 32 q and 32 kv heads, head_dim 128, bf16, chunks of 512. On a CPU
+those shapes would take minutes and ~20 GB (the naive scores alone are 16·32·2048² elements),
+so there the batch, sequence, chunk and iteration flags that were not given default to
+``CPU_DEFAULTS``, and a case whose estimated memory exceeds what the machine has free is
+skipped with its estimate.
 
 FlashInfer reads a paged pool of ``--page-size`` tokens a page (pages shuffled, as in a
 long-running server) through ``FlashInferAttention``, planned once outside the timing (plan is

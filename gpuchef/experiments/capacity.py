@@ -292,9 +292,10 @@ def judge_load(arrivals_ns: Sequence[int], finishes_ns: Sequence[int | None],
     tolerance); saturated, they come at the engine's service rate whatever arrives. Counting
     the finishes inside the arrival span instead, even shifted by the warm-up's service time,
     calls a probe saturated whose requests' E2EL merely grew through it (on an H200: P50 TTFT
-    62 ms, drained 3.8 s after the last arrival, yet "achieved 5.81 of 8.48 req/s"). Rule 2 (queue growing): the mean
-    ``num_waiting`` of the steps in the last quarter of the arrival span exceeds the second
-    quarter's by more than ``QUEUE_GROWTH_MIN`` and is more than twice it. Notes: the span is
+    62 ms, drained 3.8 s after the last arrival, yet "achieved 5.81 of 8.48 req/s").
+    Rule 2 (queue growing): the mean ``num_waiting`` of the steps in the last quarter of the
+    arrival span exceeds the second quarter's by more than ``QUEUE_GROWTH_MIN`` and is more
+    than twice it. Notes: the span is
     shorter than ``MIN_PROBE_SPAN_S`` or ``STEADY_E2EL_FACTOR`` × the median E2EL. Raises
     ValueError when the two lists differ in length."""
     if len(finishes_ns) != len(arrivals_ns):

@@ -595,8 +595,8 @@ def _read_views(paths: Sequence[str | Path]) -> tuple[list[TraceView], list[str]
         if (tr.meta.get("command") == "bench" and load_start_ns(tr.events) is None
                 and tr.requests):
             problems.append(f"{tr.path}: no load-start event (gpuchef bench writes one before "
-                            "its first step; an older trace has none): the duration counts from the "
-                            "first arrival, "
+                            "its first step; an older trace has none): the duration counts "
+                            "from the first arrival, "
                             "not from the load's start as gpuchef bench counted it, so the "
                             "throughputs here may read higher than bench printed")
         src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}
