@@ -6,7 +6,7 @@ metric) and how often (:data:`TICK`, :data:`SLOW`, :data:`PCIE`, :data:`GPM`; th
 doc says why each cadence), and where it is shown (the summaries' means, the /metrics gauge).
 nvitop's ``Device`` is the model: one place that names a device's readings and their units.
 
-Derived here, for the places that used to spell the list themselves:
+Derived here, so that no other place spells the list:
 
 * :data:`SAMPLE_COLUMNS` — ``GpuSample``'s attributes in order (``t_ns``, ``gpu``, then the
   table): the report's CSV columns.
