@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from gpuchef.engine_host.autopilot import INFEASIBLE, STEERING
-from gpuchef.engine_host.config import parse_auto_budget
+from gpuchef.engine_host.vocab.config import parse_auto_budget
 from gpuchef.probes.metrics import autopilot_totals
 from gpuchef.probes.recorder import read_trace
 

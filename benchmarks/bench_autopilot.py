@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuchef.engine_host.autopilot import StepTimeModel  # noqa: E402
-from gpuchef.engine_host.config import SchedulerConfig  # noqa: E402
+from gpuchef.engine_host.vocab.config import SchedulerConfig  # noqa: E402
 from gpuchef.engine_host.kv_cache import KVCacheManager  # noqa: E402
 from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams  # noqa: E402
 from gpuchef.engine_host.scheduler import Scheduler  # noqa: E402

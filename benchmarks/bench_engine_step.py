@@ -33,7 +33,7 @@ import time
 import torch
 
 from gpuchef.engine_host import ops
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.kv_cache import BlockPool, KVCacheManager, cdiv
 from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams

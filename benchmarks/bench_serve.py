@@ -57,7 +57,7 @@ def main() -> None:
 
     from rich.console import Console
 
-    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
     from gpuchef.engine_host.core import make_host
     from gpuchef.engine_host.vocab.tokenizer import load_tokenizer
     from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate

@@ -42,7 +42,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 from gpuchef.sessions.live import LiveSession
 from gpuchef.probes.metrics import summarize

@@ -108,7 +108,7 @@ def run_plain(a: argparse.Namespace) -> dict:
 
 
 def _engine_config(a: argparse.Namespace, engine: str):
-    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 
     eager = a.enforce_eager or (engine == "native" and a.native_enforce_eager)
     return EngineConfig(

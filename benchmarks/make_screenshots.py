@@ -47,8 +47,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, ENGINES, CacheConfig, EngineConfig,
-                                        SchedulerConfig, parse_value)
+from gpuchef.engine_host.vocab.config import (AUTO_BUDGET, ENGINES, CacheConfig, EngineConfig,
+                                              SchedulerConfig, parse_value)
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession

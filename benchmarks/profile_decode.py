@@ -71,8 +71,8 @@ from bench_engine_step import make_req, time_step  # noqa: E402
 
 from gpuchef.engine_host import ops  # noqa: E402
 from gpuchef.engine_host.attention import AttentionMetadata  # noqa: E402
-from gpuchef.engine_host.config import (CUDAGRAPH_MODES, PIECEWISE_CAPTURE_SIZES, CacheConfig,
-                                        EngineConfig, parse_capture_sizes)
+from gpuchef.engine_host.vocab.config import (CUDAGRAPH_MODES, PIECEWISE_CAPTURE_SIZES, CacheConfig,
+                                              EngineConfig, parse_capture_sizes)
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.decode_inputs import build_decode_inputs  # noqa: E402
 from gpuchef.engine_host.engine import LLMEngine  # noqa: E402

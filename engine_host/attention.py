@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import ops
-from .config import DECODE_ATTENTION
+from .vocab.config import DECODE_ATTENTION
 from .vocab.errors import ConfigError
 
 

@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .config import AutoBudgetSpec
+from .vocab.config import AutoBudgetSpec
 
 try:  # numpy's gufunc behind np.linalg.solve, without its ~5 µs of argument checks per call
     from numpy.linalg._umath_linalg import solve1 as _solve

@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from .config import EngineConfig, SchedulerConfig
+from .vocab.config import EngineConfig, SchedulerConfig
 from .vocab.records import RequestRecord
 from .request import SamplingParams
 

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable
 import msgspec
 
 from .vocab.errors import ConfigError
-from .config import EngineConfig, SchedulerConfig, parse_value
+from .vocab.config import EngineConfig, SchedulerConfig, parse_value
 from .core_proc import SUBSCRIBER_HWM, engine_facts, engine_main
 from .core_wire import (Command, NewHost, OutBatch, Shutdown, Start, Stop, Submit, Subscribe,
                         Workload, batch_records)
@@ -438,7 +438,7 @@ class EngineCoreClient:
         return parsed
 
     def set_auto_budget(self, spec: Any) -> str:
-        from .config import AUTO_BUDGET
+        from .vocab.config import AUTO_BUDGET
 
         return self.set_knob(AUTO_BUDGET, "" if spec is None else spec)
 

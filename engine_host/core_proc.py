@@ -21,7 +21,7 @@ from typing import Any, Callable
 import msgspec
 
 from .vocab.errors import ConfigError
-from .config import EngineConfig, SchedulerConfig
+from .vocab.config import EngineConfig, SchedulerConfig
 from .core_wire import (Command, Inbound, NewHost, OutBatch, Shutdown, Start, Stop, Submit,
                         Subscribe, Workload)
 from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord

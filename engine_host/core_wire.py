@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .config import SchedulerConfig
+from .vocab.config import SchedulerConfig
 from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
 

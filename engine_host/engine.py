@@ -16,7 +16,7 @@ import torch
 
 from .attention import decode_split_kv_args
 from .attention_choice import check_backend, make_backend
-from .config import PIECEWISE_CAPTURE_SIZES, EngineConfig, SchedulerConfig
+from .vocab.config import PIECEWISE_CAPTURE_SIZES, EngineConfig, SchedulerConfig
 from .vocab.errors import ConfigError
 from .kv_cache import KVCacheManager, cdiv
 from .loader import LoadedModel, load_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .config import ENGINES, EngineConfig
+from .vocab.config import ENGINES, EngineConfig
 from .vocab.errors import ConfigError
 from .contract import Engine
 

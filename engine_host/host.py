@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from .config import AUTO_BUDGET, parse_value
+from .vocab.config import AUTO_BUDGET, parse_value
 from .vocab.errors import ConfigError
 from .contract import Engine
 from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord

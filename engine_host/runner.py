@@ -12,7 +12,7 @@ import torch
 
 from . import ops, rope_append
 from .attention import AttentionBackend, AttentionMetadata
-from .config import PIECEWISE_CAPTURE_SIZES
+from .vocab.config import PIECEWISE_CAPTURE_SIZES
 from .decode_inputs import BlockTableCache, build_decode_inputs
 from .kv_cache import KVCacheManager
 from .request import Request

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .autopilot import Autopilot, Decision
-from .config import SchedulerConfig
+from .vocab.config import SchedulerConfig
 from .kv_cache import KVCacheManager, cdiv
 from .request import PLACEHOLDER_TOKEN, Request, RequestStatus
 

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 
 from .vocab.errors import ConfigError
-from .config import EngineConfig, SchedulerConfig
+from .vocab.config import EngineConfig, SchedulerConfig
 from .engine import DEFAULT_MAX_MODEL_LEN, StepResult
 from .kv_cache import KVUsage, cdiv
 from .vocab.records import RequestRecord, StepOutput, StepRecord

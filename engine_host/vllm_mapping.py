@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .vocab.errors import ConfigError
-from .config import SchedulerConfig
+from .vocab.config import SchedulerConfig
 from .vocab.records import StepRecord
 from .request import SamplingParams
 

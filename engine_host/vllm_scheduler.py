@@ -39,7 +39,7 @@ from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from .config import SchedulerConfig
+from .vocab.config import SchedulerConfig
 from .kv_cache import cdiv
 from .vllm_mapping import (QueuedRequest, chunked_admission_limit, plan_continuous)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.autopilot import STEERING
-from gpuchef.engine_host.config import parse_auto_budget
+from gpuchef.engine_host.vocab.config import parse_auto_budget
 from gpuchef.engine_host.vocab.records import StepRecord
 
 from .nvml.fields import MEAN_FIELDS, SUMMARY_FIELDS

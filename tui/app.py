@@ -26,7 +26,7 @@ from textual.app import App, ScreenStackError
 from textual.css.query import NoMatches
 from textual.message import Message
 
-from gpuchef.engine_host.config import AUTO_BUDGET, KNOBS, SchedulerConfig, parse_value
+from gpuchef.engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig, parse_value
 from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .ab_live import ABAnalyser

@@ -1,6 +1,6 @@
 """The command palette (ctrl+p): every dashboard action, plus settings typed as text.
 
-Typed forms (any spelling ``engine_host.config.setting_name`` takes: short names, vLLM knob names
+Typed forms (any spelling ``engine_host.vocab.config.setting_name`` takes: short names, vLLM knob names
 or flags; values as in the controls panel):
 
 * ``budget 512`` / ``max_num_batched_tokens 512``, ``chunk 256``, ``seqs 64``, ``partial 2``,
@@ -27,15 +27,15 @@ from typing import Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, parse_auto_budget, parse_settings,
-                                        setting_name)
+from gpuchef.engine_host.vocab.config import (AUTO_BUDGET, KNOBS, parse_auto_budget, parse_settings,
+                                              setting_name)
 from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .screens.ab import describe_setting  # one formatter of an A/B setting
 
 def parse_setting(text: str) -> dict[str, Any]:
     """``"mode=continuous, budget=512"`` → ``{"mode": "continuous", "max_num_batched_tokens":
-    512}`` (engine_host.config.parse_settings, the one grammar). Raises ConfigError naming a bad
+    512}`` (engine_host.vocab.config.parse_settings, the one grammar). Raises ConfigError naming a bad
     pair, knob or value, or a setting that names no knob."""
     out = parse_settings(text)
     if not out:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpuchef.engine_host.autopilot import ERROR_ENTER, FALLBACK, INFEASIBLE, LEARNING, STEERING
-from gpuchef.engine_host.config import AUTO_BUDGET, parse_auto_budget, setting_label
+from gpuchef.engine_host.vocab.config import AUTO_BUDGET, parse_auto_budget, setting_label
 from gpuchef.engine_host.vocab.phases import parse_phase_mark
 from gpuchef.engine_host.vocab.records import EngineEvent, StepRecord
 from gpuchef.probes.ab import parse_mark

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 
 #: How long a sent value stands for the value in force when the engine does not show it (s). A
 #: change the engine refused in its own thread, or a later change from elsewhere (an A/B run, the

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.probes.scrape import ScrapeDelta, ScrapeSample
 from gpuchef.probes.timeline import Timeline
 

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ..engine_host.config import AUTO_BUDGET, KNOBS, SchedulerConfig
+from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig
 from ..engine_host.vocab.errors import ConfigError
 
 KNOB_PATH = "/gpuchef/v1/scheduler"

@@ -11,10 +11,10 @@ from typing import Any, Callable
 import click
 
 from ..engine_host.attention import DECODE_ATTENTION
-from ..engine_host.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
-                                  PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig,
-                                  parse_capture_sizes, EngineConfig, SchedulerConfig,
-                                  parse_auto_budget)
+from ..engine_host.vocab.config import (AUTO_BUDGET, CUDAGRAPH_MODES, KNOBS, MODES,
+                                        PIECEWISE_CAPTURE_SIZES, SETTINGS, CacheConfig,
+                                        parse_capture_sizes, EngineConfig, SchedulerConfig,
+                                        parse_auto_budget)
 from ..engine_host.vocab.errors import ConfigError
 from ..serve.server import DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONCURRENT
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import AUTO_BUDGET, SchedulerConfig, parse_settings
+from ..engine_host.vocab.config import AUTO_BUDGET, SchedulerConfig, parse_settings
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.vocab.records import EngineEvent
 from ..probes.ab import (LABELS, MIN_REPETITIONS, MIN_WINDOWS, Comparison, DeltaRow, MetricSpec,
@@ -89,8 +89,8 @@ class Setting:
 
 def parse_setting(spec: str, base: SchedulerConfig, label: str = "A",
                   flag: str | None = None) -> Setting:
-    """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` over ``base`` with ``engine_host.config``'s grammar
-    (:func:`~gpuchef.engine_host.config.parse_settings`: vLLM's names and flags, the palette's
+    """Parse ``KNOB=VALUE[,KNOB=VALUE...]`` over ``base`` with ``engine_host.vocab.config``'s grammar
+    (:func:`~gpuchef.engine_host.vocab.config.parse_settings`: vLLM's names and flags, the palette's
     short names, a bare ``continuous``/``chunked``, ``auto_budget=itl_p99:50ms,ttft_p99:2s``);
     "" means the base settings.
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.config import parse_latency_targets
+from ..engine_host.vocab.config import parse_latency_targets
 from ..engine_host.vocab.workload import PROBE_ID_PREFIX
 from ..probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 
@@ -90,7 +90,7 @@ class SLO:
 
 def parse_slos(spec: str | Sequence[str]) -> list[SLO]:
     """Parse ``"itl_p99:100ms,ttft_p99:2000ms"`` into SLOs, with the grammar ``--auto-budget``
-    shares (``engine_host.config.parse_latency_targets``: pairs split by commas or spaces,
+    shares (``engine_host.vocab.config.parse_latency_targets``: pairs split by commas or spaces,
     values in ms by default or with a ``ms``/``s`` unit).
 
     Keys are ``<metric>_<stat>``: metric ttft, tpot, itl or e2el; stat mean, median or p<q>

@@ -19,7 +19,7 @@ from dataclasses import fields
 from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.config import SchedulerConfig
+from ..engine_host.vocab.config import SchedulerConfig
 from ..engine_host.vocab.records import EngineEvent
 from ..probes.ab import LABELS, WindowResult, mark_name, window_results
 from ..probes.ab import windows as ab_windows

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import AUTO_BUDGET, KNOBS, SchedulerConfig
+from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig
 from ..engine_host.vocab.errors import ConfigError
 from ..probes.ab import STEP_ROWS, mark_name
 from ..tui.session import ABState

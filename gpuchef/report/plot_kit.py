@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpuchef.engine_host.config import setting_label
+from gpuchef.engine_host.vocab.config import setting_label
 from gpuchef.probes.timeline import Timeline
 
 from .data import AB_COLORS, TraceView

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..engine_host.config import AUTO_BUDGET, KNOBS, MODES, SETTINGS, not_a_knob, parse_value
+from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, MODES, SETTINGS, not_a_knob, parse_value
 from ..engine_host.vocab.errors import ConfigError
 from . import protocol as P
 from .generate import OFF_LOOP_BYTES

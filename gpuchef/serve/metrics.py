@@ -37,7 +37,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from ..engine_host.config import KNOBS, MODES
+from ..engine_host.vocab.config import KNOBS, MODES
 from ..engine_host.vocab.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
 from ..probes.metrics import is_completed
 from ..probes.nvml.fields import PROMETHEUS_GAUGES

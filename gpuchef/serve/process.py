@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine_host.vocab.errors import ConfigError
-from ..engine_host.config import SchedulerConfig
+from ..engine_host.vocab.config import SchedulerConfig
 from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .profile import ProfileError
 

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Sequence
 
-from ..engine_host.config import AUTO_BUDGET, KNOBS, SchedulerConfig, not_a_knob, parse_value
+from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig, not_a_knob, parse_value
 from ..engine_host.vocab.errors import ConfigError
 from .export import backfill, record_to, rotate
 from ..client.knobs import KNOB_TIMEOUT_S, KnobEndpoint

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..engine_host.config import EngineConfig
+from ..engine_host.vocab.config import EngineConfig
 from ..engine_host.engine import LLMEngine
 from ..engine_host.factory import make_engine
 from ..engine_host.core import RemoteEngine, device_name, make_host

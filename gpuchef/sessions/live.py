@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..engine_host.config import SchedulerConfig
+from ..engine_host.vocab.config import SchedulerConfig
 from ..engine_host.contract import Engine
 from ..engine_host.engine import LLMEngine
 from ..engine_host.core import make_host

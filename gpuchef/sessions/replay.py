@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.probes.metrics import DEFAULT_PERCENTILES
 from gpuchef.probes.recorder import Trace, read_trace, trace_span
 from gpuchef.probes.timeline import Timeline

@@ -43,7 +43,7 @@ def test_cli_flashinfer_on_cpu_exits_2_with_one_line(cmd):
 def test_engine_refuses_flashinfer_on_cpu_before_loading_weights(monkeypatch):
     """The refusal comes before the weights load (minutes for a real model), not after."""
     from gpuchef.engine_host import engine as engine_mod
-    from gpuchef.engine_host.config import EngineConfig
+    from gpuchef.engine_host.vocab.config import EngineConfig
 
     def no_load(*a, **kw):
         raise AssertionError("weights were loaded before the backend was checked")

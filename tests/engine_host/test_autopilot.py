@@ -16,7 +16,8 @@ import torch
 
 from gpuchef.engine_host import autopilot as ap_mod
 from gpuchef.engine_host.autopilot import MIN_PREFILL_ALLOWANCE, Autopilot, StepTimeModel
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig, parse_auto_budget
+from gpuchef.engine_host.vocab.config import (CacheConfig, EngineConfig, SchedulerConfig,
+                                              parse_auto_budget)
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.kv_cache import KVCacheManager
 from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.kv_cache import KVCacheManager
 from gpuchef.engine_host.request import SamplingParams

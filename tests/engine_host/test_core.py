@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.core import (EngineCoreClient, EngineProcessError, RemoteEngine,
                                       make_host)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuchef.engine_host import ops
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.request import SamplingParams
 

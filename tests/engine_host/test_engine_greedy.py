@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from gpuchef.engine_host.vocab.config import (CacheConfig, EngineConfig, SchedulerConfig)  # noqa: E402
 from gpuchef.engine_host.engine import LLMEngine  # noqa: E402
 from gpuchef.engine_host.request import SamplingParams  # noqa: E402
 

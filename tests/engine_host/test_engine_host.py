@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.host import EngineHost

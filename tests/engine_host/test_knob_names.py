@@ -1,4 +1,4 @@
-"""Knob names have one owner (engine_host/config.py: KNOBS and SETTINGS): the grammar takes every
+"""Knob names have one owner (engine_host/vocab/config.py: KNOBS and SETTINGS): the grammar takes every
 spelling, and every surface that shows a knob reads its label from the table."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuchef.engine_host import config as C
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, SETTINGS, SchedulerConfig,
-                                        parse_settings, setting_name)
+from gpuchef.engine_host.vocab import config as C
+from gpuchef.engine_host.vocab.config import (AUTO_BUDGET, KNOBS, SETTINGS, SchedulerConfig,
+                                              parse_settings, setting_name)
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.vocab.records import EngineEvent
 
@@ -168,7 +168,7 @@ def test_controls_labels_come_from_the_table(relabelled):
 def test_ab_imports_without_textual():
     code = ("import sys; sys.modules['textual'] = None\n"
             "import gpuchef.experiments.ab, gpuchef.commands.ab\n"
-            "from gpuchef.engine_host.config import SchedulerConfig\n"
+            "from gpuchef.engine_host.vocab.config import SchedulerConfig\n"
             "s = gpuchef.experiments.ab.parse_setting('seqs=8,auto=itl_p99:50ms', SchedulerConfig())\n"
             "assert s.config.max_num_seqs == 8, s\n"
             "assert not any(m.startswith('gpuchef.tui') for m in sys.modules), "

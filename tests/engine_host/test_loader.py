@@ -165,7 +165,7 @@ def test_generation_config_eos_joins_config_eos(tmp_path, gen_eos, want):
 
 
 def test_generation_config_eos_stops_generation(tmp_path):
-    from gpuchef.engine_host.config import EngineConfig
+    from gpuchef.engine_host.vocab.config import EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.request import SamplingParams
 

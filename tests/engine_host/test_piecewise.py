@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gpuchef.engine_host.attention import AttentionMetadata, ReferenceAttention
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.loader import load_model

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gpuchef.engine_host import ops
-from gpuchef.engine_host.config import (PIECEWISE_CAPTURE_SIZES, CacheConfig, EngineConfig,
-                                        SchedulerConfig)
+from gpuchef.engine_host.vocab.config import (PIECEWISE_CAPTURE_SIZES, CacheConfig, EngineConfig,
+                                              SchedulerConfig)
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.request import SamplingParams
 

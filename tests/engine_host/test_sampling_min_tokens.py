@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.engine_host.request import PLACEHOLDER_TOKEN, Request, SamplingParams
 from gpuchef.engine_host.sampling import sample_tensor
 

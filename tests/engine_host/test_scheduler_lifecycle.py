@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.kv_cache import KVCacheManager, cdiv
 from gpuchef.engine_host.request import (PLACEHOLDER_TOKEN, Request, RequestStatus,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.engine_host.kv_cache import KVCacheManager, cdiv
 from gpuchef.engine_host.request import Request, SamplingParams
 from gpuchef.engine_host.scheduler import Scheduler

@@ -25,7 +25,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.request import SamplingParams
 
 BS = 16

@@ -19,7 +19,7 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 vllm = pytest.importorskip("vllm")
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.request import SamplingParams  # noqa: E402
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpuchef.engine_host import vllm_env, vllm_models
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.factory import make_engine
 from gpuchef.engine_host.vllm_mapping import (
     ContinuousPlan, QueuedRequest, check_live_knobs, check_startup_knobs, chunked_admission_limit,

@@ -31,7 +31,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from gpuchef.engine_host.vocab.errors import ConfigError  # noqa: E402
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig  # noqa: E402
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig  # noqa: E402
 from gpuchef.engine_host.request import SamplingParams  # noqa: E402
 
 BS = 16

@@ -16,7 +16,7 @@ from gpuchef.experiments.ab_text import side_by_side
 from gpuchef.experiments.hosted import run_interleaved, run_sequential
 from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
 
 _register()
@@ -219,7 +219,7 @@ def test_side_by_side_matches_rows_by_label():
 
 
 def test_palette_short_names_work_in_specs():
-    from gpuchef.engine_host.config import KNOBS, SETTINGS
+    from gpuchef.engine_host.vocab.config import KNOBS, SETTINGS
 
     base = SchedulerConfig(mode="chunked", max_num_batched_tokens=2048)
     s = parse_setting("budget=512,chunk=64,seqs=8,partial=2", base, "A")

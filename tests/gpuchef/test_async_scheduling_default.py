@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine, resolve_async_scheduling
 from gpuchef.commands.options import engine_config, engine_options, scheduler_options
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 
 
 def test_ab_spec_takes_auto_budget_with_its_comma():
@@ -79,7 +79,7 @@ def test_ab_says_the_autopilot_is_idle_in_continuous_mode():
     """A tester combined mode=continuous with auto_budget and got no hint that the autopilot
     (chunked steps' prefill allowance) does nothing there; the header says so, once."""
     from gpuchef.experiments.ab import parse_setting
-    from gpuchef.engine_host.config import SchedulerConfig
+    from gpuchef.engine_host.vocab.config import SchedulerConfig
 
     s = parse_setting("mode=continuous,auto_budget=itl_p99:50ms", SchedulerConfig(), "B")
     assert s.notes and "idle in continuous" in s.notes[0]

@@ -180,7 +180,7 @@ def test_bad_slo_is_one_clear_message(spec, needle):
 def test_slo_and_auto_budget_share_one_parser_and_its_messages(pair, says):
     """--slo and --auto-budget spell targets alike: the same bad pair is refused with the same
     reason by both (the autopilot's message adds its whole spec), each naming the value."""
-    from gpuchef.engine_host.config import parse_auto_budget
+    from gpuchef.engine_host.vocab.config import parse_auto_budget
     with pytest.raises(ConfigError) as slo:
         parse_slos(pair)
     with pytest.raises(ConfigError) as auto:
@@ -192,7 +192,7 @@ def test_slo_and_auto_budget_share_one_parser_and_its_messages(pair, says):
 def test_slo_metric_set_is_wider_than_the_autopilots():
     """Capacity SLOs may name tpot and e2el; the autopilot only itl and ttft; a trailing comma
     is skipped by both."""
-    from gpuchef.engine_host.config import parse_auto_budget
+    from gpuchef.engine_host.vocab.config import parse_auto_budget
     assert [s.key for s in parse_slos("tpot_p50:14,e2el_mean:2s,")] == ["tpot_p50", "e2el_mean"]
     assert parse_slos("itl_p99:50ms,") == parse_slos("itl_p99:50ms")
     assert parse_auto_budget("itl_p99:50ms,").canonical == "itl_p99:50ms"

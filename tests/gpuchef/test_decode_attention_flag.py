@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gpuchef.commands.cli import _register, cli
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import EngineConfig
+from gpuchef.engine_host.vocab.config import EngineConfig
 
 _register()
 

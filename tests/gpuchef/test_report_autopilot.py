@@ -144,7 +144,7 @@ def test_infeasible_steps_are_shaded_and_named_in_the_legend(tmp_path):
     import random
 
     from gpuchef.engine_host.autopilot import INFEASIBLE, STATE_MEANING
-    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.request import SamplingParams
     from gpuchef.probes.recorder import TraceRecorder

@@ -83,7 +83,7 @@ def engine_sampled(prompt_ids: list[int], n: int, temperature: float,
                    seed: int | None) -> list[int]:
     """The native engine's own tokens for ``prompt_ids`` (tiny, CPU, model seed 0) at
     ``temperature`` with ``seed``."""
-    from gpuchef.engine_host.config import EngineConfig
+    from gpuchef.engine_host.vocab.config import EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.request import SamplingParams
 

@@ -5,7 +5,7 @@ failed request (302 in a tester's `top` trace), as if the server had lost them."
 
 import time
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession

@@ -362,7 +362,7 @@ def test_steered_itl_is_the_pooled_per_token_itl_of_the_steered_steps():
     import random
 
     from gpuchef.engine_host.autopilot import STEERING
-    from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+    from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.request import SamplingParams
     from gpuchef.probes.metrics import autopilot_totals, steered_itl_ms

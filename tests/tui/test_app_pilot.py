@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 from tui_fakes import capture_notes, palette
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig, SchedulerConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig, SchedulerConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuchef.engine_host.config import SchedulerConfig
+from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.engine_host.vocab.records import RequestRecord
 from gpuchef.probes.scrape import delta, parse_metrics
 from gpuchef.probes.timeline import Timeline

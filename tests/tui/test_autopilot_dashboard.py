@@ -16,8 +16,8 @@ from textual.widgets import Input
 from tui_fakes import capture_notes
 
 from gpuchef.engine_host.autopilot import FALLBACK, INFEASIBLE, LEARNING, STEERING
-from gpuchef.engine_host.config import (AUTO_BUDGET, CacheConfig, EngineConfig, SchedulerConfig,
-                                        parse_value)
+from gpuchef.engine_host.vocab.config import (AUTO_BUDGET, CacheConfig, EngineConfig,
+                                              SchedulerConfig, parse_value)
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 from tui_fakes import StaticSession
 
-from gpuchef.engine_host.config import CacheConfig, EngineConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.sessions.live import LiveSession, engine_identity

@@ -11,7 +11,7 @@ import asyncio
 
 from tui_fakes import StaticSession, settle
 
-from gpuchef.engine_host.config import parse_value
+from gpuchef.engine_host.vocab.config import parse_value
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.requested import Requested
 

@@ -117,7 +117,7 @@ def test_bad_gpus_are_refused_in_one_line():
 def _live(gpus):
     """A LiveSession on the tiny CPU engine with a fake 8-GPU NVML (GPU 3 at 90 % SM active,
     the others at 10 %), sampling ``gpus`` (None = all)."""
-    from gpuchef.engine_host.config import CacheConfig, EngineConfig
+    from gpuchef.engine_host.vocab.config import CacheConfig, EngineConfig
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.vocab.workload import WorkloadConfig
     from gpuchef.sessions.live import LiveSession

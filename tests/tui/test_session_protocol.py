@@ -20,7 +20,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import pytest
 from tui_fakes import T0, StaticSession, simulate
 
-from gpuchef.engine_host.config import CacheConfig, ConfigError, EngineConfig
+from gpuchef.engine_host.vocab.config import CacheConfig, ConfigError, EngineConfig
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.vocab.workload import WorkloadConfig
 from gpuchef.probes.nvml.fake import FakeNvml

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.config import SchedulerConfig, parse_knob, parse_mode
+from gpuchef.engine_host.vocab.config import SchedulerConfig, parse_knob, parse_mode
 from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.timeline import Timeline

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gpuchef.engine_host.config import setting_short
+from gpuchef.engine_host.vocab.config import setting_short
 
 from .. import theme
 from gpuchef.probes.ab import FAILED_ROW, pool

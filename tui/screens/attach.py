@@ -17,7 +17,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gpuchef.engine_host.config import setting_label as _label
+from gpuchef.engine_host.vocab.config import setting_label as _label
 
 from .. import theme
 from ..chart import GUTTER_L, GUTTER_R

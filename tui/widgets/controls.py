@@ -19,14 +19,14 @@ from textual.message import Message
 from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Select, Switch
 
-from gpuchef.engine_host.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, SchedulerConfig,
-                                        parse_auto_budget, parse_knob)
+from gpuchef.engine_host.vocab.config import (AUTO_BUDGET, KNOBS, MODES, SETTINGS, SchedulerConfig,
+                                              parse_auto_budget, parse_knob)
 from gpuchef.engine_host.vocab.errors import ConfigError
 
 from .. import theme
 from ..session import LoadState, parse_rate
 
-#: The knobs the panel shows, in its order (labels: engine_host.config.KNOBS)
+#: The knobs the panel shows, in its order (labels: engine_host.vocab.config.KNOBS)
 SHOWN = ("max_num_batched_tokens", "long_prefill_token_threshold", "max_num_seqs",
          "max_num_partial_prefills")
 
@@ -77,7 +77,7 @@ class ControlsPanel(Vertical):
     # what the panel asks of the app (requests: the session validates and applies them)
     @dataclass
     class KnobRequest(Message):
-        """Set ``name`` (a knob of ``engine_host.config.KNOBS``, "mode" or "auto_budget") to
+        """Set ``name`` (a knob of ``engine_host.vocab.config.KNOBS``, "mode" or "auto_budget") to
         ``value`` (as typed)."""
 
         name: str

@@ -18,7 +18,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
-from gpuchef.engine_host.config import KNOBS, SchedulerConfig
+from gpuchef.engine_host.vocab.config import KNOBS, SchedulerConfig
 
 from .. import theme
 from ..arrivals import Arrivals, fmt_rate

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .vocab.errors import ConfigError
+from .errors import ConfigError
 
 MODES = ("continuous", "chunked")
 ENGINES = ("native", "vllm")
