@@ -58,6 +58,19 @@ def gpu_means(samples: Iterable[Any], fields: Sequence[str] = GPU_SUMMARY_FIELDS
     return {f: sums[f] / counts[f] if counts[f] else NAN for f in fields}
 
 
+def gpu_result_rows(means: dict[str, float]) -> dict[str, str]:
+    """The results block's GPU rows of :func:`gpu_means`' ``means`` (fields absent or NaN read
+    "n/a"): SM active / tensor active, DRAM bandwidth / GPU-Util (mean %), power (mean W). The
+    one spelling of those rows in bench, ab and the report."""
+    def f(k: str) -> str:
+        v = means.get(k, NAN)
+        return "n/a" if v != v else f"{v:.1f}"
+
+    return {"GPU SM active / tensor active (mean %):": f"{f('sm_active')} / {f('tensor_active')}",
+            "GPU DRAM BW util / GPU-Util (mean %):": f"{f('dram_bw_util')} / {f('gpu_util')}",
+            "GPU power (mean W):": f("power_w")}
+
+
 def steered_itl_ms(steps: Iterable[StepRecord], stat: str) -> float:
     """The ITL statistic ``stat`` ("p99", "p<q>", "median" or "mean", as an autopilot target
     names it) over the decode tokens of the steps the autopilot steered (ms; NaN when there

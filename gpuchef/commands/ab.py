@@ -239,6 +239,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
     from ..experiments.ab_text import format_deltas, side_by_side
     from ..experiments.hosted import run_interleaved, run_sequential
     from ..probes.metrics import autopilot_totals, format_results_block, is_probe_id
+    from ..probes.summaries import gpu_result_rows
 
     settings, pcts, goodput = c["settings"], c["pcts"], c["goodput"]
 
@@ -289,9 +290,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
         extra["Runs pooled:"] = str(n)
         g = cmp.pooled_gpu[k]
         if any(math.isfinite(v) for v in g.values()):
-            extra["GPU SM active / tensor (mean %):"] = \
-                f"{g.get('sm_active', math.nan):.1f}/{g.get('tensor_active', math.nan):.1f}"
-            extra["GPU power (mean W):"] = f"{g.get('power_w', math.nan):.1f}"
+            extra.update(gpu_result_rows(g))
         blocks[k] = format_results_block(cmp.pooled[k], extra=extra)
     click.echo("\n".join(lines))
     click.echo(side_by_side(blocks["A"], blocks["B"], "A/B Serving Benchmark Result"))

@@ -13,6 +13,7 @@ from gpuchef.experiments.capacity import SATURATION_TOLERANCE, WARMUP_SHARE, rul
 from gpuchef.probes.metrics import (GPU_SUMMARY_FIELDS, STEPS_SECTION, format_value,
                                     results_block_rows)
 from gpuchef.probes.nvml.fields import BY_NAME
+from gpuchef.probes.summaries import gpu_result_rows
 
 from . import plots
 from .data import (Group, ReportData, TraceView, capacity_probes, gpu_indices, gpu_names,
@@ -214,10 +215,7 @@ def _gpu_extra(g: Group) -> dict[str, str]:
     gp = g.gpu
     if not any(math.isfinite(v) for v in gp.values()):
         return {}
-    f = lambda k: _num(gp.get(k), "{:.1f}")  # noqa: E731
-    return {"GPU SM active / tensor active (mean %):": f"{f('sm_active')} / {f('tensor_active')}",
-            "GPU DRAM BW util / GPU-Util (mean %):": f"{f('dram_bw_util')} / {f('gpu_util')}",
-            "GPU power (mean W):": f("power_w")}
+    return gpu_result_rows(gp)
 
 
 def _delta(a: Any, b: Any) -> list[str]:

@@ -24,6 +24,7 @@ from ..engine_host.core import RemoteEngine, device_name, make_host
 from ..engine_host.host import EngineHost
 from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from ..probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
+from ..probes.summaries import gpu_result_rows
 
 
 def build_engine(cfg: EngineConfig, console: Console | None = None, *,
@@ -296,13 +297,10 @@ class Samplers:
             return {"GPU:": "NVML sampler off (--sample-hz 0)"}
         if not self.gpu_samples(t0_ns, t1_ns):
             return {"GPU:": self.nvml.status or "no samples"}
-        m = {k: ("n/a" if v != v else f"{v:.1f}") for k, v in self.gpu_means(t0_ns, t1_ns).items()}
         c = self.sampler_cost()
         cost = {} if c is None else {
             "NVML sampler Hz (asked / got):": f"{c['sample_hz']:g} / {c['achieved_hz']:.1f}",
             "NVML sampler µs/tick / CPU % of a core:":
                 f"{c['tick_us_mean']:,.0f} / {c['cpu_pct']:.2f}"}
         return {"GPU:": self.nvml.status, **cost,
-                "GPU SM active / tensor active (mean %):": f"{m['sm_active']} / {m['tensor_active']}",
-                "GPU DRAM BW util / GPU-Util (mean %):": f"{m['dram_bw_util']} / {m['gpu_util']}",
-                "GPU power (mean W):": m["power_w"]}
+                **gpu_result_rows(self.gpu_means(t0_ns, t1_ns))}
