@@ -22,7 +22,7 @@ VOCAB_SIZE = 4096
 
 def corpus(root: Path) -> list[str]:
     files = [root / "README.md", *sorted((root / "docs").glob("*.md")),
-             *sorted((root / "engine_host").glob("*.py"))]
+             *sorted((root / "engine_host").rglob("*.py"))]  # vocab/ included
     return [p.read_text(encoding="utf-8") for p in files if p.is_file()]
 
 
