@@ -34,6 +34,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from ..engine_host.vocab.errors import ConfigError
 
 ENV_PUBLISH = "GPUCHEF_PUBLISH"
 ENV_ALLOW_REMOTE = "GPUCHEF_PUBLISH_ALLOW_REMOTE"
@@ -44,10 +45,6 @@ DEFAULT_HWM = 1000
 MAX_READERS = 16
 #: inbound messages (HELLO/BYE) handled per record() at most
 DRAIN_LIMIT = 64
-
-
-class ConfigError(ValueError):
-    """``GPUCHEF_PUBLISH`` (or its companions) cannot be used; the message says why."""
 
 
 @dataclass(frozen=True)

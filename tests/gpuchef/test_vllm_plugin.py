@@ -558,7 +558,8 @@ def test_env_var_off_binds_and_imports_nothing():
 
 def test_import_is_light():
     """import gpuchef.vllm_plugin, and even a publishing logger, import no torch, Textual or the
-    rest of gpuchef (only stdlib, pyzmq, msgspec and the wire module)."""
+    rest of gpuchef (only stdlib, pyzmq, msgspec, the wire module and the one error class, whose
+    packages' __init__ files import nothing)."""
     code = textwrap.dedent("""
         import os, sys
         os.environ["GPUCHEF_PUBLISH"] = "127.0.0.1:0"
@@ -571,9 +572,10 @@ def test_import_is_light():
                  if m.split('.')[0] in ('torch', 'textual', 'numpy', 'rich', 'vllm', 'aiohttp')]
         ours = sorted(m for m in sys.modules if m.startswith('gpuchef'))
         assert not heavy, heavy
-        assert ours == ['gpuchef', 'gpuchef.probes', 'gpuchef.probes.plugin_wire',
-                        'gpuchef.vllm_plugin', 'gpuchef.vllm_plugin.logger',
-                        'gpuchef.vllm_plugin.publisher'], ours
+        assert ours == ['gpuchef', 'gpuchef.engine_host', 'gpuchef.engine_host.vocab',
+                        'gpuchef.engine_host.vocab.errors', 'gpuchef.probes',
+                        'gpuchef.probes.plugin_wire', 'gpuchef.vllm_plugin',
+                        'gpuchef.vllm_plugin.logger', 'gpuchef.vllm_plugin.publisher'], ours
         lg.close()
         print("ok")
     """)
