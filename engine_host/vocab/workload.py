@@ -24,7 +24,7 @@ an A/B experiment see identical requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -351,9 +351,15 @@ def _trace_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
                           f"(allowed [0, {len(rows) - 1}])")
     rows = rows[cfg.skip:]
     t0 = rows[0][0]
+    return _cut(cfg, (((t - t0) / cfg.trace_speed, ctx, gen) for t, ctx, gen in rows))
+
+
+def _cut(cfg: WorkloadConfig, items: Iterable[tuple[float, int, int]]
+         ) -> list[tuple[float, int, int]]:
+    """``items`` (arrival s, prompt, output; in arrival order) up to ``cfg.duration_s`` (an
+    arrival at or after it is left out) and at most ``cfg.num_prompts`` of them."""
     out = []
-    for t, ctx, gen in rows:
-        a = (t - t0) / cfg.trace_speed
+    for a, ctx, gen in items:
         if cfg.duration_s is not None and a >= cfg.duration_s:
             break
         out.append((a, ctx, gen))
@@ -367,15 +373,10 @@ def _phased_rows(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:
     from the first arrival: a quiet first phase stays quiet) and cut as a trace is."""
     from .phases import load_workload, phase_items
 
-    out = []
-    for a, ctx, gen in (x for ph in phase_items(load_workload(cfg.dataset), cfg.seed) for x in ph):
-        a = a / cfg.trace_speed if a > 0 else 0.0  # speed inf: all at 0
-        if cfg.duration_s is not None and a >= cfg.duration_s:
-            break
-        out.append((a, ctx, gen))
-        if cfg.num_prompts is not None and len(out) >= cfg.num_prompts:
-            break
-    return out
+    items = (x for ph in phase_items(load_workload(cfg.dataset), cfg.seed) for x in ph)
+    # speed inf: all at 0
+    return _cut(cfg, ((a / cfg.trace_speed if a > 0 else 0.0, ctx, gen)
+                      for a, ctx, gen in items))
 
 
 def _items(cfg: WorkloadConfig) -> list[tuple[float, int, int]]:

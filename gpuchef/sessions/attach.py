@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig, not_a_knob, parse_value
 from ..engine_host.vocab.errors import ConfigError
-from .export import backfill, record_to, rotate
+from .export import TraceOwner, backfill, record_to, rotate
 from ..client.knobs import KNOB_TIMEOUT_S, KnobEndpoint
 from ..experiments.http import AttachAB
 from ..probes.metrics import DEFAULT_PERCENTILES
@@ -177,7 +177,22 @@ NO_ENGINE_PAUSE = ("the attached server's engine is not gpuchef's: it cannot be 
                    "here")
 
 
-class NoLoad:
+class FixedLoad:
+    """A load whose rate and pause gpuchef cannot change here: each refuses with ``REASON``."""
+
+    REASON = ""
+
+    def set_rate(self, value: Any) -> float:
+        raise ConfigError(self.REASON)
+
+    def pause(self) -> None:
+        raise ConfigError(self.REASON)
+
+    def resume(self) -> None:
+        raise ConfigError(self.REASON)
+
+
+class NoLoad(FixedLoad):
     """``LoadControl`` when gpuchef sends no load at start: the server's own clients drive it
     (``name``: what the header says instead, e.g. that the load is kept for the A/B)."""
 
@@ -190,17 +205,8 @@ class NoLoad:
     def state(self) -> LoadState:
         return LoadState("none", self.name, 0.0)
 
-    def set_rate(self, value: Any) -> float:
-        raise ConfigError(self.REASON)
 
-    def pause(self) -> None:
-        raise ConfigError(self.REASON)
-
-    def resume(self) -> None:
-        raise ConfigError(self.REASON)
-
-
-class HttpLoadControl:
+class HttpLoadControl(FixedLoad):
     """The load of `bench --base-url` (a ``client.bench_http.PreparedLoad``) sent on its own
     event loop thread; ``on_record(RequestRecord)`` for each request as the client saw it
     (``client.http_load.to_request_records``). The arrivals are fixed when it starts (absolute
@@ -227,15 +233,6 @@ class HttpLoadControl:
     def state(self) -> LoadState:
         return LoadState(self._kind, self.p.wcfg.dataset, self._rate, submitted=self.finished,
                          done=self.done)
-
-    def set_rate(self, value: Any) -> float:
-        raise ConfigError(self.REASON)
-
-    def pause(self) -> None:
-        raise ConfigError(self.REASON)
-
-    def resume(self) -> None:
-        raise ConfigError(self.REASON)
 
     def _on_result(self, r: Any) -> None:
         from ..client.http_load import to_request_records
@@ -314,7 +311,7 @@ class NoAB:
         pass
 
 
-class AttachSession:
+class AttachSession(TraceOwner):
     """`top --attach`'s session (``tui.session.AttachedSession``).
 
     ``urls``: the servers (base URLs or their /metrics). ``scrape_hz``: scrapes/s each.
@@ -556,11 +553,6 @@ class AttachSession:
     @property
     def gpu_available(self) -> bool:
         return self.nvml is not None and self.nvml.available
-
-    @property
-    def trace_path(self) -> str | None:
-        r = self._recorder
-        return str(r.path) if r is not None else None
 
     @property
     def engine_error(self) -> str | None:

@@ -39,6 +39,18 @@ def default_trace_path() -> Path:
     return Path(f"gpuchef-top-{datetime.now():%Y%m%d-%H%M%S}.jsonl")
 
 
+class TraceOwner:
+    """A session that writes its trace through ``_recorder`` (a ``TraceRecorder`` or None):
+    ``trace_path`` is the file it writes now, None when none is open."""
+
+    _recorder: TraceRecorder | None
+
+    @property
+    def trace_path(self) -> str | None:
+        r = self._recorder
+        return str(r.path) if r is not None else None
+
+
 def record_to(owner: Any, rec: Any) -> None:
     """Write ``rec`` to ``owner``'s open trace, or keep it for the one being opened."""
     r = owner._recorder

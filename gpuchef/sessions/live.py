@@ -27,7 +27,7 @@ from ..probes.nvml import NvmlSampler
 from ..probes.recorder import TraceRecorder
 from ..probes.timeline import Timeline
 from ..experiments.hosted import LiveAB
-from .export import backfill, record_to, rotate
+from .export import TraceOwner, backfill, record_to, rotate
 from .headless import attention_label, trace_meta
 from ..tui.session import SessionInfo
 
@@ -51,7 +51,7 @@ def engine_identity(engine: Engine) -> tuple[str, int, tuple[str, ...]]:
     return name, tp, tuple(str(o) for o in ordinals)
 
 
-class LiveSession:
+class LiveSession(TraceOwner):
     """Everything `gpuchef top` runs, behind the interface ``tui.session.Session`` describes.
 
     ``engine``: a built LLMEngine. ``wcfg``: the load. ``sample_hz``/``gpus``: NVML sampler
@@ -190,11 +190,6 @@ class LiveSession:
     @property
     def gpu_available(self) -> bool:
         return self.nvml.available
-
-    @property
-    def trace_path(self) -> str | None:
-        r = self._recorder
-        return str(r.path) if r is not None else None
 
     @property
     def engine_error(self) -> str | None:
