@@ -465,20 +465,36 @@ def _child_main(conn: Any, a: ChildArgs) -> None:
             stream.close()
 
 
+#: what the front door and /metrics take of the engine's records (events go elsewhere)
+_ENGINE_RECORDS = (StepOutput, RequestRecord, StepRecord)
+
+
 def _to_server(item: Any, front: Any, metrics: Any) -> bool:
-    """Hand one engine record to the front door (streams) and /metrics; False when ``item`` is
-    not an engine record (the bridge's own messages, GPU samples)."""
-    if isinstance(item, StepOutput):
-        front.on_output(item)
-        metrics.on_output(item)
-    elif isinstance(item, RequestRecord):
-        front.on_request(item)
-        metrics.on_request(item)
-    elif isinstance(item, StepRecord):
-        metrics.on_step(item)
-    else:
+    """Hand one engine record to /metrics and the front door (streams); False when ``item``
+    is not an engine record (the bridge's own messages, GPU samples)."""
+    if not isinstance(item, _ENGINE_RECORDS):
         return False
+    _records_to_server((item,), front, metrics)
     return True
+
+
+def _records_to_server(records: Any, front: Any, metrics: Any) -> None:
+    """Hand engine records (one loop turn's, in the engine's order) to /metrics, then to the
+    front door: a stream ends with its request's last StepOutput, and its RequestRecord comes
+    after it in the same turn, so /metrics takes the whole turn first — a client that has read
+    the end of its stream and then scrapes /metrics finds its request counted."""
+    for item in records:
+        if isinstance(item, StepOutput):
+            metrics.on_output(item)
+        elif isinstance(item, RequestRecord):
+            metrics.on_request(item)
+        elif isinstance(item, StepRecord):
+            metrics.on_step(item)
+    for item in records:
+        if isinstance(item, StepOutput):
+            front.on_output(item)
+        elif isinstance(item, RequestRecord):
+            front.on_request(item)
 
 
 class _EngineStream:
@@ -522,9 +538,9 @@ class _EngineStream:
     def _apply(self, b: Any) -> None:
         from ..engine_host.core_wire import batch_records
 
-        front, metrics, remote = self.front, self.metrics, self.remote
-        for item in batch_records(b):
-            _to_server(item, front, metrics)
+        remote = self.remote
+        _records_to_server([x for x in batch_records(b) if isinstance(x, _ENGINE_RECORDS)],
+                           self.front, self.metrics)
         remote.step_id = b.step_id
         if b.state is not None:
             remote.state = tuple(b.state)
