@@ -66,7 +66,9 @@ allowance is a share of the budget left (a quarter at first) that the same feedb
 the measured ITL alone (``log_share``, within [``FALLBACK_SHARE_MIN``, 1]), so the promise is
 kept without a model, at the TTFT's expense, until the model is trusted again.
 **Infeasible**: when the fitted model predicts the step's fixed part f (its decodes, before
-any prefill token: t̂(P=0) + θ_mixed) over ``INFEASIBLE_ENTER`` × the ITL target, no allowance
+any prefill token: t̂(P=0) + θ_mixed), plus the engine's mean time between steps that the
+decodes' ITL also holds (``gap_ms``, from itl − wall), over ``INFEASIBLE_ENTER`` × the ITL
+target, no allowance
 can meet the target — shrinking the prefill only starves the queue, its TTFT growing without
 bound — so the static budget is in force (the TTFT is what can still be served) until f is
 predicted within ``INFEASIBLE_LEAVE`` × the target (hysteresis: f moves by a row or two a
@@ -300,6 +302,8 @@ class Autopilot:
         self.log_kappa = 0.0
         #: in fallback: ln of the share of the budget left the allowance is (the same feedback)
         self.log_share = _LOG_SHARE_START
+        #: the engine's own time between steps, as the decodes see it (ms): mean of itl − wall
+        self.gap_ms = 0.0
         self.clock: Callable[[], int] = time.monotonic_ns  # the requests' arrival clock (ns)
         self._ttft_age = TTFT_EVERY  # steps since the TTFT need was worked out
         self._learn_i = 0
@@ -364,7 +368,9 @@ class Autopilot:
                                 budget_left >> LEARN_SHIFTS[self._learn_i]), LEARNING, ctx)
         th = self.model._th
         fixed = th[0] + th[1] + th[2] * nd / 64.0 + th[4] * ctx / 65536.0
-        if self._infeasible(fixed):
+        # what the decodes alone would see: their step plus the engine's time between steps
+        seen = fixed + self.gap_ms
+        if self._infeasible(seen):
             self.state = INFEASIBLE  # no allowance meets the ITL target: serve the TTFT
             return Decision(budget_left, INFEASIBLE, ctx)
         self.state = STEERING
@@ -403,8 +409,8 @@ class Autopilot:
         # the floor keeps prefill moving when the decodes leave less, but within the target
         # itself while the decodes alone fit under it (the ITL target is the promise)
         floor = min(MIN_PREFILL_ALLOWANCE, budget_left)
-        if fixed <= itl and p < floor:
-            floor = max(1, min(floor, int(_largest_p(itl - fixed, b, e / 2.0))))
+        if seen <= itl and p < floor:
+            floor = max(1, min(floor, int(_largest_p(itl - seen, b, e / 2.0))))
         return Decision(max(floor, min(int(p), budget_left)), STEERING, ctx, goal_ms=goal)
 
     def _infeasible(self, fixed_ms: float) -> bool:
@@ -481,6 +487,8 @@ class Autopilot:
         ``itl_ms`` (what the promise is about: the step plus the engine's own work between
         steps; see the module docstring)."""
         self.model.update(d.features, wall_ms)
+        if itl_ms > 0:
+            self.gap_ms += ERROR_ALPHA * (max(0.0, itl_ms - wall_ms) - self.gap_ms)
         if itl_ms <= 0 or d.state not in (STEERING, FALLBACK):
             return
         over = 1.0 if itl_ms > self.spec.itl_ms else 0.0
