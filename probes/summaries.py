@@ -89,7 +89,16 @@ def steered_itl_ms(steps: Iterable[StepRecord], stat: str) -> float:
     if stat == "mean":
         return float(np.dot(a, w) / w.sum())
     q = 50.0 if stat == "median" else float(stat[1:])
-    return float(np.percentile(np.repeat(a, w), q))
+    # np.percentile's linear interpolation over the tokens (each step's ITL ``w`` times),
+    # read off the cumulative counts instead of repeating the values (the dashboard asks this
+    # every frame over its window: 6000 steps × 256 rows repeated cost 18 ms a call)
+    o = np.argsort(a, kind="stable")
+    xs, c = a[o], np.cumsum(w[o])
+    pos = q / 100.0 * (c[-1] - 1)
+    lo = int(math.floor(pos))
+    v_lo = xs[np.searchsorted(c, lo, side="right")]
+    v_hi = xs[np.searchsorted(c, min(lo + 1, int(c[-1]) - 1), side="right")]
+    return float(v_lo + (pos - lo) * (v_hi - v_lo))
 
 
 @dataclass
