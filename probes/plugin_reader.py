@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -52,6 +52,13 @@ class Received:
     gap_dropped: int  # of the gap, the publisher's count of its drops for this reader
     restarted: bool  # the first record of its stream (or of a restarted publisher)
     recv_ns: int  # time.time_ns() here when it was decoded
+    #: time.monotonic_ns() here when it was decoded (0: not known): the session's time axis
+    recv_mono_ns: int = 0
+
+    @property
+    def t_ns(self) -> int:
+        """Where a trace places this record: when this process received it (monotonic ns)."""
+        return self.recv_mono_ns
 
 
 @dataclass
@@ -83,7 +90,8 @@ class SeqAccounts:
     def __init__(self):
         self.streams: dict[tuple[str, int], StreamStats] = {}
 
-    def ingest(self, server: str, dropped: int, rec: PluginRecord, recv_ns: int = 0) -> Received:
+    def ingest(self, server: str, dropped: int, rec: PluginRecord, recv_ns: int = 0,
+               recv_mono_ns: int = 0) -> Received:
         key = (server, rec.engine_idx)
         st = self.streams.get(key)
         fresh = st is None
@@ -107,7 +115,7 @@ class SeqAccounts:
         st.received += 1
         st.last_recv_ns = recv_ns
         st.last = rec
-        return Received(server, rec, dropped, gap, gap_dropped, fresh, recv_ns)
+        return Received(server, rec, dropped, gap, gap_dropped, fresh, recv_ns, recv_mono_ns)
 
 
 @dataclass(frozen=True)
@@ -140,10 +148,13 @@ def normalize_url(url: str) -> str:
 
 class PluginReader:
     """Connects to the publishers at ``urls`` (a DEALER socket each; zmq reconnects by itself,
-    and the reader may start before vLLM does)."""
+    and the reader may start before vLLM does). ``on_record(received)``: called for each record
+    in the thread that polls (the reader's own after ``start()``), after it is counted; it must
+    return quickly and not raise."""
 
     def __init__(self, urls: str | Iterable[str], *, heartbeat_s: float = HEARTBEAT_S,
-                 rcvhwm: int = 10_000, rcvbuf: int | None = None, keep: int = 2048):
+                 rcvhwm: int = 10_000, rcvbuf: int | None = None, keep: int = 2048,
+                 on_record: Callable[[Received], None] | None = None):
         import zmq
 
         self._zmq = zmq
@@ -155,6 +166,7 @@ class PluginReader:
             raise ValueError(f"a publisher URL is given twice: {self.urls}")
         self.heartbeat_s = heartbeat_s
         self._keep = keep
+        self._on_record = on_record
         self._dec_head = msgspec.msgpack.Decoder(Header)
         self._dec_rec = msgspec.msgpack.Decoder(PluginRecord)
         self._ctx = zmq.Context(io_threads=1)
@@ -220,7 +232,7 @@ class PluginReader:
                     frames = s.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                recv_ns = time.time_ns()
+                recv_ns, recv_mono = time.time_ns(), time.monotonic_ns()
                 try:
                     head, body = frames
                     dropped = self._dec_head.decode(head).dropped
@@ -230,13 +242,15 @@ class PluginReader:
                         self._bad[url] += 1
                     continue
                 with self._lock:
-                    got = self._accounts.ingest(url, dropped, rec, recv_ns)
+                    got = self._accounts.ingest(url, dropped, rec, recv_ns, recv_mono)
                     key = (url, rec.engine_idx)
                     ring = self._recent.get(key)
                     if ring is None:
                         ring = self._recent[key] = deque(maxlen=self._keep)
                     ring.append(got)
                 out.append(got)
+                if self._on_record is not None:
+                    self._on_record(got)
         return out
 
     def records(self, idle_timeout_s: float | None = None) -> Iterator[Received]:
@@ -291,3 +305,35 @@ class PluginReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- as a trace record (probes.recorder's ``plugin`` type, docs/trace-format.md) ------------------
+_JSON_INTS = ("t_ns", "recv_ns", "dropped", "gap", "gap_dropped")
+
+
+def received_to_json(got: Received) -> dict:
+    """``got`` as a trace's ``plugin`` record: when it arrived here (``t_ns``: monotonic ns, the
+    trace's axis; ``recv_ns``: Unix ns), from which server, its accounting, and the
+    PluginRecord's fields as the wire carries them (defaults left out)."""
+    return {"t_ns": got.recv_mono_ns, "recv_ns": got.recv_ns, "server": got.server,
+            "dropped": got.dropped, "gap": got.gap, "gap_dropped": got.gap_dropped,
+            "restarted": got.restarted, "record": msgspec.to_builtins(got.record)}
+
+
+def received_from_json(d: dict) -> Received:
+    """The Received that :func:`received_to_json` wrote. Raises ValueError naming the field
+    that is missing, of the wrong type or negative."""
+    for k in _JSON_INTS:
+        v = d.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"plugin field {k}={v!r} is not an int >= 0")
+    if not isinstance(d.get("server"), str) or not isinstance(d.get("restarted"), bool):
+        raise ValueError("plugin record lacks its server (str) or restarted (bool)")
+    if not isinstance(d.get("record"), dict):
+        raise ValueError("plugin record lacks its record (an object)")
+    try:
+        rec = msgspec.convert(d["record"], PluginRecord)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"plugin record: {e}") from None
+    return Received(d["server"], rec, d["dropped"], d["gap"], d["gap_dropped"], d["restarted"],
+                    d["recv_ns"], d["t_ns"])

@@ -8,19 +8,16 @@ thread serialises, writes and flushes at least every ``flush_interval_s`` (defau
 killed process (SIGKILL) loses at most the last ~second. Flushing hands the bytes to the OS, which
 survives the process; ``fsync=True`` also survives a power cut, at ~1–10 ms of disk time a flush.
 
-Wiring into a bench command (5 lines)::
+Wiring (``fanout`` is in ``probes/timeline.py``)::
 
-    rec = TraceRecorder(args.trace, meta={"command": "bench", "model": cfg.model,
-                                           "config": config_dict, "gpus": sampler.gpu_names})
-    host = EngineHost(engine, on_step=fanout(timeline.add_step, rec.record_step),
-                      on_request=fanout(timeline.add_request, rec.record_request),
-                      on_event=fanout(timeline.add_event, rec.record_event))
-    sampler = NvmlSampler(gpus, hz, on_sample=fanout(timeline.add_gpu_sample, rec.record_gpu_sample))
+    rec = TraceRecorder(args.trace, meta={"command": "bench", "model": cfg.model})
+    host = EngineHost(engine, on_step=fanout(timeline.add_step, rec.record_step), ...)
+    sampler = NvmlSampler(gpus, hz, on_sample=fanout(timeline.add_gpu_sample, rec.record))
     ...; rec.close()                      # drains the queue, writes the end record
 
-(``fanout`` is in ``probes/timeline.py``.) ``TraceRecorder(...)`` raises ConfigError naming the
-path when it cannot be opened; after that nothing raises into producers: a write error (disk full)
-is kept in ``recorder.error`` and later records are counted in ``dropped``.
+``TraceRecorder(...)`` raises ConfigError naming the path when it cannot be opened; after that
+nothing raises into producers: a write error (disk full) is kept in ``recorder.error`` and later
+records are counted in ``dropped``.
 
 Reading: :func:`read_trace` returns a :class:`Trace` (typed records + ``problems``);
 :func:`iter_trace` streams :class:`TraceRecord` s. A corrupt or truncated line is reported with its
@@ -53,6 +50,7 @@ from gpuchef.probes.metrics import json_safe
 
 from .sampler import HostSample
 from .nvml import GpuSample
+from .plugin_reader import Received, received_from_json, received_to_json
 from .scrape import ScrapeSample, sample_from_json, sample_to_json
 
 NAN = float("nan")
@@ -67,11 +65,15 @@ RECORD_TYPES: dict[str, type] = {
     "request": RequestRecord,
     "event": EngineEvent,
 }
-#: `top --attach`'s scrapes of a server's /metrics: their own record type (not a dataclass of
-#: flat fields: histograms nest), written by sample_to_json and read by sample_from_json
+#: `top --attach`'s /metrics scrapes and vLLM plugin records: nested, each its writer and reader
 SCRAPE_TYPE = "scrape"
+PLUGIN_TYPE = "plugin"
+NESTED_TYPES: dict[str, tuple[type, Callable[[Any], dict], Callable[[dict], Any]]] = {
+    SCRAPE_TYPE: (ScrapeSample, sample_to_json, sample_from_json),
+    PLUGIN_TYPE: (Received, received_to_json, received_from_json),
+}
 _TYPE_OF: dict[type, str] = {cls: name for name, cls in RECORD_TYPES.items()}
-_TYPE_OF[ScrapeSample] = SCRAPE_TYPE
+_TYPE_OF.update({cls: name for name, (cls, _, _) in NESTED_TYPES.items()})
 _FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls))
                                         for cls in RECORD_TYPES.values()}
 _TOKEN_FIELDS = ("output_token_ids", "prompt_token_ids")  # written only with trace_prompts
@@ -134,8 +136,8 @@ def encode_record(rec: Any, *, trace_prompts: bool = False) -> str:
     left out unless ``trace_prompts``. Raises TypeError for an object of no known record type.
     """
     cls = type(rec)
-    if cls is ScrapeSample:
-        return _dumps({"type": SCRAPE_TYPE, **sample_to_json(rec)})
+    if (kind := _TYPE_OF.get(cls)) in NESTED_TYPES:
+        return _dumps({"type": kind, **NESTED_TYPES[kind][1](rec)})
     names = _FIELDS.get(cls)
     if names is None:
         raise TypeError(f"not a trace record: {cls.__name__}")
@@ -268,11 +270,7 @@ class TraceRecorder:
             return
         self._q.put(rec)
 
-    record_step = record
-    record_request = record
-    record_event = record
-    record_gpu_sample = record
-    record_host_sample = record
+    record_step = record_request = record_event = record_gpu_sample = record_host_sample = record
 
     # ---- control (any thread but the writer) ------------------------------------------------
     def _command(self, kind: str, arg: Any = None, timeout: float | None = 10.0) -> Any:
@@ -373,7 +371,7 @@ class TraceRecorder:
                 try:
                     lines.append(encode_record(item, trace_prompts=tp))
                     k = _TYPE_OF[type(item)]
-                    counts[k] = counts.get(k, 0) + 1  # "scrape" only in attached traces
+                    counts[k] = counts.get(k, 0) + 1  # "scrape", "plugin": attached traces
                 except Exception:  # an unknown object or an unserialisable value: skip it
                     self.dropped += 1
                 if len(lines) >= 4096:
@@ -457,6 +455,7 @@ class Trace:
     requests: list[RequestRecord] = field(default_factory=list)
     events: list[EngineEvent] = field(default_factory=list)
     scrapes: list[ScrapeSample] = field(default_factory=list)
+    plugin: list[Received] = field(default_factory=list)
     end: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -482,7 +481,7 @@ def trace_span(tr: Trace) -> tuple[int, int]:
     if tr.steps:
         lo.append(min(s.t_start_ns for s in tr.steps))
         hi.append(max(s.t_end_ns for s in tr.steps))
-    for xs in (tr.scrapes, tr.gpu_samples, tr.host_samples, tr.events):
+    for xs in (tr.scrapes, tr.plugin, tr.gpu_samples, tr.host_samples, tr.events):
         if xs:
             lo.append(min(x.t_ns for x in xs))
             hi.append(max(x.t_ns for x in xs))
@@ -765,9 +764,9 @@ def _record_from_line(p: Path, n: int, line: str) -> TraceRecord | str | None:
         return TraceRecord("end", n, d)
     if kind == "meta":
         return f"{p} line {n}: a second meta record — skipped"
-    if kind == SCRAPE_TYPE:
+    if kind in NESTED_TYPES:
         try:
-            return TraceRecord(kind, n, sample_from_json(d))
+            return TraceRecord(kind, n, NESTED_TYPES[kind][2](d))
         except ValueError as e:
             return f"{p} line {n}: {e} — skipped"
     if kind not in RECORD_TYPES:
@@ -780,7 +779,8 @@ def _record_from_line(p: Path, n: int, line: str) -> TraceRecord | str | None:
 
 
 _LISTS = {"step": "steps", "gpu_sample": "gpu_samples", "host_sample": "host_samples",
-          "request": "requests", "event": "events", SCRAPE_TYPE: "scrapes"}
+          "request": "requests", "event": "events", SCRAPE_TYPE: "scrapes",
+          PLUGIN_TYPE: "plugin"}
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:

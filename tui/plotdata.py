@@ -294,6 +294,9 @@ class StepColumns:
     the newest one are dropped (the longest window plus a margin).
     """
 
+    #: the int64 columns, in order (:meth:`append` takes rows of them)
+    FIELDS = _STEP_FIELDS
+
     def __init__(self, max_age_ns: int = 700 * 10**9) -> None:
         self.max_age_ns = max_age_ns
         self.ints = np.zeros((0, len(_STEP_FIELDS)), dtype=np.int64)
@@ -322,11 +325,21 @@ class StepColumns:
         gpu = np.fromiter((s.gpu_ms for s in new), np.float64, m)
         pred = np.fromiter((s.predicted_ms for s in new), np.float64, m)
         mode = np.fromiter((_MODE_CODE.get(s.mode, 1) for s in new), np.int8, m)
+        self.append(ints, gpu, pred, mode)
+
+    def append(self, ints: np.ndarray, gpu_ms: np.ndarray, predicted_ms: np.ndarray,
+               mode: np.ndarray) -> None:
+        """Rows already converted (``ints``: (n, len(FIELDS)) int64 in that order, time
+        ordered, after the rows held; float64 ``gpu_ms``/``predicted_ms``, int8 mode codes):
+        how rows that are not StepRecords join (the vLLM plugin's iterations,
+        ``tui.iterations``)."""
+        if not len(ints):
+            return
         self.ints = np.concatenate([self.ints, ints])
-        self.gpu_ms = np.concatenate([self.gpu_ms, gpu])
-        self.predicted_ms = np.concatenate([self.predicted_ms, pred])
+        self.gpu_ms = np.concatenate([self.gpu_ms, gpu_ms])
+        self.predicted_ms = np.concatenate([self.predicted_ms, predicted_ms])
         self.mode = np.concatenate([self.mode, mode])
-        self.last_step = new[-1].step
+        self.last_step = int(ints[-1, _STEP_FIELDS.index("step")])
         cut = int(np.searchsorted(self.ints[:, 1], self.ints[-1, 1] - self.max_age_ns))
         if cut > 4096:  # trim in chunks, not every call
             self.ints, self.gpu_ms, self.mode = self.ints[cut:], self.gpu_ms[cut:], self.mode[cut:]
@@ -474,6 +487,18 @@ def build_frame(snap: TimelineSnapshot, grid: TimeGrid, *, gpu: bool = True,
                      modes, gpu_series, per_gpu, markers_for(snap.events_between(t0, t1), grid),
                      c.kv_blocks_total, _latest_step(steps), allowance=c.allowance,
                      predicted_ms=c.predicted_ms, step_ms=c.step_ms, autopilot=autopilot)
+
+
+def steps_frame(steps: StepColumns, grid: TimeGrid) -> WaveFrame:
+    """The step figures of ``steps`` alone on ``grid``, as :func:`build_frame` bins them (no
+    events, GPU samples or modes): rows that come from somewhere else than a timeline snapshot
+    (the vLLM plugin's iterations, ``tui.iterations``)."""
+    c = _step_series(steps, steps.overlapping(grid.t0_ns, grid.t1_ns), grid)
+    return WaveFrame(grid, c.busy_prefill, c.busy_mixed, c.busy_decode, c.prefill_per_step,
+                     c.decode_per_step, c.budget, c.state[:, 0], c.state[:, 1], c.preempted,
+                     c.state[:, 2], c.steps, [""] * grid.cols, kv_blocks_total=c.kv_blocks_total,
+                     latest=_latest_step(steps), allowance=c.allowance,
+                     predicted_ms=c.predicted_ms, step_ms=c.step_ms)
 
 
 def _window_steps(snap: TimelineSnapshot, grid: TimeGrid) -> StepColumns:

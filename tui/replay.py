@@ -158,8 +158,9 @@ class ReplayAttachScreen(AttachScreen):
 
     def jumped(self) -> None:
         """After a seek: redraw now (the frames are built from the intervals up to the
-        position each tick; only the GPU columns, which are rebuilt)."""
+        position each tick; only the GPU columns and the plugin's rows, which are rebuilt)."""
         self.gpus = GpuColumns()
+        self.plugin_view.reset()
         if self.ready:
             self.tick(force=True)
 

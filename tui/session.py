@@ -288,15 +288,37 @@ class ScrapedServer(Protocol):
     def deltas(self) -> Sequence[ScrapeDelta]: ...
 
 
+class PluginSource(Protocol):
+    """gpuchef's vLLM plugin in attached servers as the attach screen reads it
+    (``gpuchef/sessions/attach_plugin.py``: live, or a trace's records at the replay position).
+    ``endpoints``: server base URL → the plugin endpoint read for it (``tcp://HOST:PORT``);
+    servers without one are absent. ``keys()``: the (endpoint, engine_idx) streams that sent a
+    record, by server then engine. ``since(key, n)``: the stream's rows
+    (``probes.plugin_steps.Iteration``, time ordered) numbered ``n`` and up, and the number
+    after the last (the screen asks again from there). ``counts(key)``: the stream's
+    ``probes.plugin_steps.StreamCounts``. ``status(server)``: "" when that server's plugin sent
+    records, else one line saying why there are none (no endpoint given, none arrived yet).
+    All safe to call from the UI thread."""
+
+    endpoints: dict[str, str]
+
+    def keys(self) -> Sequence[tuple[str, int]]: ...
+    def since(self, key: tuple[str, int], n: int) -> tuple[Sequence[Any], int]: ...
+    def counts(self, key: tuple[str, int]) -> Any: ...
+    def status(self, server: str) -> str: ...
+
+
 class AttachedSession(Session, Protocol):
     """A session on servers gpuchef does not host (``info.per_step_records`` is False): the
     timeline holds the client's requests (when gpuchef sends the load), GPU samples (``--gpus``)
     and events, never steps. ``servers``: the attached servers, in ``--attach`` order (the first
     is the one whose knobs ``set_knob`` reaches). ``knobs_reason`` (see ``Session``): "" when
     ``set_knob`` reaches the first server's knob endpoint. ``scheduler_config`` is what the
-    server said (meaningless while read-only)."""
+    server said (meaningless while read-only). ``plugin``: the servers' vLLM plugin records
+    (:class:`PluginSource`; its ``endpoints`` are empty when no ``--plugin`` was given)."""
 
     servers: tuple[ScrapedServer, ...]
+    plugin: PluginSource
 
     @property
     def status_lines(self) -> Sequence[str]:

@@ -94,6 +94,12 @@ def check_terminal() -> None:
               help="Watch the vLLM, SGLang and gpuchef servers a Prometheus server scrapes, "
                    "through its HTTP API (one column per target; per engine label where a "
                    "server has several), with or without --attach. docs/attach.md.")
+@click.option("--plugin", "plugin", multiple=True, metavar="HOST:PORT",
+              help="With --attach: where gpuchef's vLLM plugin in that server publishes (the "
+                   "GPUCHEF_PUBLISH=HOST:PORT vllm serve was started with); paired with "
+                   "--attach in order, - for a server without it. The step waveform, batch "
+                   "composition and queue/KV panels then draw its records: every output batch, "
+                   "a band per engine. docs/attach.md.")
 @click.option("--scrape-hz", default=4.0, show_default=True, type=float,
               help="With --attach: scrapes of /metrics per second (0.1–50); with "
                    "--prometheus, its queries per second.")
@@ -156,7 +162,7 @@ ATTACH_REFUSES = ("engine", "tensor_parallel_size", "model", "device", "dtype",
 #: the options only --attach gives a meaning to
 ATTACH_ONLY = ("scrape_hz", "endpoint", "max_concurrency", "ramp_up_strategy",
                "ramp_up_start_rps", "ramp_up_end_rps", "vocab_size", "request_timeout",
-               "ab_load", "ab_repetitions")
+               "ab_load", "ab_repetitions", "plugin")
 
 
 def _flag(ctx: click.Context, name: str) -> str:
@@ -346,6 +352,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
     ``need_terminal``: as :func:`_build`'s."""
     from ..experiments.ab import check_repetitions
     from ..sessions.attach import AttachSession, base_of
+    from ..sessions.attach_plugin import pair_plugins
     from ..probes.sampler import check_sample_hz
     from ..probes.metrics import parse_goodput, parse_percentiles
     from ..probes.nvml import SAMPLE_HZ_RANGE, parse_gpus
@@ -353,6 +360,7 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
 
     window_s = parse_window(o["window"])
     urls = [base_of(u) for u in o["attach"]]
+    plugins = pair_plugins(urls, o["plugin"])  # before the Prometheus columns join the URLs
     if not 0.1 <= o["scrape_hz"] <= 50:
         raise ConfigError(f"--scrape-hz {o['scrape_hz']:g} is out of range: allowed [0.1, 50]")
     poller = None
@@ -415,7 +423,8 @@ def _build_attach(ctx: click.Context, o: dict, err: Console, need_terminal: bool
                             trace_path=o["trace_path"], slos=slos, percentiles=pcts,
                             stats_window_s=o["stats_window"], ab_loads=ab_loads,
                             ab_load=o["ab_load"] or "mirrored", ab_repetitions=reps,
-                            load_for_ab=bool(o["ab_load"]), ab_why=ab_why, prometheus=poller)
+                            load_for_ab=bool(o["ab_load"]), ab_why=ab_why, prometheus=poller,
+                            plugins=plugins)
     app = GpuchefApp(session, window_s=window_s, fps=o["fps"],
                      screenshot_dir=o["screenshot_dir"])
     session.start()

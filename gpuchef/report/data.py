@@ -317,7 +317,8 @@ def view_trace(tr: Trace) -> TraceView:
                         default=origin)
         segs = mode_segments(steps, start, end + 1)
         src = tr.meta.get("source") if isinstance(tr.meta.get("source"), dict) else {}
-        if not segs and src.get("kind") == "attached" and (tr.requests or tr.scrapes):
+        if not segs and src.get("kind") == "attached" and (tr.requests or tr.scrapes
+                                                           or tr.plugin):
             # `top --attach`: no steps (the server's own); one stretch, the client's requests
             segs = [Segment(ATTACHED, ATTACHED, start, end + 1)]
         elif not segs and tr.requests:

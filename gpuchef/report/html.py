@@ -479,21 +479,36 @@ def _waveforms_caption(v: TraceView) -> str:
     return f"{v.name}: the run over time" + (f"; {', '.join(marks)}." if marks else ".")
 
 
+def _attached_figures(v: TraceView) -> str:
+    """An attached trace's figures: its vLLM plugin records when it has them (per output
+    batch), then the servers' /metrics (derived, per scrape interval)."""
+    from .plugin_plots import plugin_figure
+    from .scrape_plots import scrape_figure
+
+    out = ""
+    svg = plugin_figure(v)
+    if svg:
+        out += _figure(svg, f"plugin-{plots._slug(v.name)}",
+                       f"{v.name}: the server's output batches from gpuchef's vLLM plugin, per "
+                       "engine (per bin: the time between batches as the API server saw it — "
+                       "not GPU time — and the engine core's ITL, the largest batch's prefill "
+                       "tokens and decode rows, the queues and KV cache after it).")
+    svg = scrape_figure(v)
+    out += (_figure(svg, f"scrape-{plots._slug(v.name)}",
+                    f"{v.name}: a server gpuchef did not host, drawn from its /metrics — derived "
+                    "series, one value per scrape interval (no per-step records: the engine's "
+                    "steps are the server's own).") if svg else
+            '<p class="empty">fewer than two good scrapes of a server</p>')
+    return out
+
+
 def _waveforms_section(views: Sequence[TraceView], span: float | None,
                        say: Callable[[str], None]) -> str:
     body = []
     for v in views:
         say(f"waveforms {v.name}")
-        if v.trace.scrapes and not v.trace.steps:  # `top --attach`: the server's /metrics
-            from .scrape_plots import scrape_figure
-
-            svg = scrape_figure(v)
-            body.append(f"<h3>{esc(v.name)}</h3>" + (_figure(
-                svg, f"scrape-{plots._slug(v.name)}",
-                f"{v.name}: a server gpuchef did not host, drawn from its /metrics — derived "
-                "series, one value per scrape interval (no per-step records: the engine's "
-                "steps are the server's own).") if svg else
-                '<p class="empty">fewer than two good scrapes of a server</p>'))
+        if (v.trace.scrapes or v.trace.plugin) and not v.trace.steps:  # `top --attach`
+            body.append(f"<h3>{esc(v.name)}</h3>" + _attached_figures(v))
             continue
         if not v.trace.steps and not v.trace.requests:
             body.append(f'<h3>{esc(v.name)}</h3><p class="empty">no steps or requests recorded</p>')

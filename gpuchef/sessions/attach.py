@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.config import AUTO_BUDGET, KNOBS, SchedulerConfig, not_a_knob, parse_value
 from ..engine_host.vocab.errors import ConfigError
+from .attach_plugin import LivePlugin
 from .export import TraceOwner, backfill, record_to, rotate
 from ..client.knobs import KNOB_TIMEOUT_S, KnobEndpoint
 from ..experiments.http import AttachAB
@@ -326,7 +327,10 @@ class AttachSession(TraceOwner):
     (``client.http_load.ServerInfo`` by URL: the load's answer, else asked at start), in the
     trace meta as ``server_models``. ``prometheus``: a ``probes.prometheus.FleetPoller`` whose
     columns ``urls`` name (the servers are read through the Prometheus server that scrapes
-    them, not scraped here). Raises ConfigError for a bad URL or rate.
+    them, not scraped here). ``plugins``: per URL of ``urls`` (in order; fewer: none for the
+    rest), the endpoint of gpuchef's vLLM plugin in that server (``tcp://HOST:PORT``,
+    ``attach_plugin.parse_plugin``) or "": read into ``plugin`` (``attach_plugin.LivePlugin``),
+    its records written to the trace. Raises ConfigError for a bad URL or rate.
     """
 
     def __init__(self, urls: Sequence[str], *, scrape_hz: float = 4.0,
@@ -338,7 +342,7 @@ class AttachSession(TraceOwner):
                  fetch: Callable[[str, float], str] | None = None,
                  ab_loads: dict[str, Any] | None = None, ab_load: str = "mirrored",
                  ab_repetitions: int = 2, load_for_ab: bool = False,
-                 ab_why: str = "", prometheus: Any = None) -> None:
+                 ab_why: str = "", prometheus: Any = None, plugins: Sequence[str] = ()) -> None:
         if not urls:
             raise ConfigError("--attach needs a URL (the server's base URL, e.g. "
                               "http://127.0.0.1:8000)")
@@ -365,6 +369,8 @@ class AttachSession(TraceOwner):
         if dup:
             raise ConfigError(f"--attach {dup[0]} is given twice: each server once")
         self.scrape_hz = self.servers[0].hz
+        self.plugin = LivePlugin({s.url: ep for s, ep in zip(self.servers, plugins) if ep},
+                                 on_record=self._record)
         if load is not None and load_for_ab and ab_loads is not None:
             self.load: Any = NoLoad(f"{load.desc}: kept for the A/B ({ab_load}; a starts it)")
         elif load is not None:
@@ -452,7 +458,8 @@ class AttachSession(TraceOwner):
             "device": "remote",
             # each scrape record names its server's kind (vllm / sglang / gpuchef)
             "source": {"kind": "attached", "urls": [s.url for s in self.servers],
-                       **({"prometheus": self._prometheus} if self._prometheus else {})},
+                       **({"prometheus": self._prometheus} if self._prometheus else {}),
+                       **({"plugin": self.plugin.endpoints} if self.plugin.endpoints else {})},
             "slos_ms": self.slos, "percentiles": list(self.percentiles),
             **self._meta_extra}
         if self.nvml is not None and self.nvml.gpu_names:
@@ -505,6 +512,7 @@ class AttachSession(TraceOwner):
             self.nvml.start()
         for s in self.servers:
             s.start()
+        self.plugin.start()
         if isinstance(self.load, HttpLoadControl):
             self.load.start()
         return self
@@ -524,6 +532,7 @@ class AttachSession(TraceOwner):
             self.load.stop()
         for s in self.servers:
             s.stop()
+        self.plugin.close()
         if self.nvml is not None:
             self.nvml.stop()
         r = self._recorder
@@ -564,7 +573,7 @@ class AttachSession(TraceOwner):
     @property
     def status_lines(self) -> list[str]:
         """One line per thing that is wrong now (a scrape failing, the load stopped)."""
-        out = [s.status for s in self.servers if s.status]
+        out = [s.status for s in self.servers if s.status] + self.plugin.status_lines
         if isinstance(self.load, HttpLoadControl):
             if self.load.failure_line:
                 out.append(self.load.failure_line)
@@ -607,12 +616,14 @@ class AttachSession(TraceOwner):
         def held() -> list[Any]:
             snap = self.timeline.snapshot()
             scrapes = [s for srv in self.servers for s in srv.samples()]
-            got.update(scrapes=len(scrapes), requests=len(snap.requests))
-            return [*scrapes, *snap.gpu_samples, *snap.events, *snap.requests]
+            plugin = self.plugin.held()
+            got.update(scrapes=len(scrapes), requests=len(snap.requests), plugin=len(plugin))
+            return [*scrapes, *plugin, *snap.gpu_samples, *snap.events, *snap.requests]
 
         p = backfill(self, path, self._meta(), held)
-        return (f"trace {p}: wrote {got['scrapes']} scrapes and {got['requests']} requests held "
-                "in memory; recording goes on there")
+        recs = f", {got['plugin']} plugin records" if self.plugin.endpoints else ""
+        return (f"trace {p}: wrote {got['scrapes']} scrapes{recs} and {got['requests']} requests "
+                "held in memory; recording goes on there")
 
 
 __all__ = ["AttachAB", "AttachSession", "AttachedServer", "HttpLoadControl", "NoAB", "NoLoad",

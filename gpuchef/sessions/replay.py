@@ -28,6 +28,8 @@ from gpuchef.probes.recorder import Trace, read_trace, trace_span
 from gpuchef.probes.timeline import Timeline
 from gpuchef.tui.session import READ_ONLY, ABState, LoadState, SessionInfo
 
+from .attach_plugin import recorded_plugin
+
 SPEED_MIN, SPEED_MAX = 0.25, 16.0
 
 
@@ -157,6 +159,8 @@ class ReplaySession:
         for x in tr.scrapes:
             by_url.setdefault(x.url, []).append(x)
         self.servers = tuple(ReplayScrapedServer(self, u, xs) for u, xs in by_url.items())
+        # and its vLLM plugin records: the rows the live dashboard drew, up to the position
+        self.plugin = recorded_plugin(tr.meta, tr.plugin, self.clock_ns)
         self._steps = tl.snapshot(self.end_ns).steps
         self._step_ends = [s.t_end_ns for s in self._steps]
         self.info = _info(tr)

@@ -14,6 +14,7 @@ from gpuchef.engine_host.vocab.config import SchedulerConfig
 from gpuchef.engine_host.vocab.records import RequestRecord
 from gpuchef.probes.scrape import delta, parse_metrics
 from gpuchef.probes.timeline import Timeline
+from gpuchef.sessions.attach_plugin import PluginSource
 from gpuchef.tui.app import GpuchefApp
 from gpuchef.tui.session import ABState, LoadState, SessionInfo
 
@@ -82,6 +83,7 @@ class Session:
                 f"r{k}", a, 100, 4, tuple(a + (j + 1) * 40_000_000 for j in range(4)), "length",
                 max_tokens=4))
         self.servers = (Server(),)
+        self.plugin = PluginSource({})  # no --plugin
         self.info = SessionInfo("m", False, "remote", "(server's)", source=URL,
                                 per_step_records=False)
         self.load, self.ab = NoLoad(), NoAB()

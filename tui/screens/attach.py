@@ -2,8 +2,13 @@
 
 Its picture comes from the server's ``/metrics`` (``tui.widgets.scrape``), the local GPUs when
 sampled, and gpuchef's own load when it sends one. What a hosted session draws from StepRecords
-(the step waveform, exact batch composition) has no source here: that panel says why. The first
-server's charts are drawn; the numbers panel has one column per server.
+(the step waveform, exact batch composition, the queues per step) comes from gpuchef's vLLM
+plugin when the server runs it and ``--plugin`` names its endpoint (``tui.widgets.iterations``:
+a band per server and engine, per output batch); a server whose plugin sent rows has its
+/metrics queue and batch-estimate panels give way to those (when every server has). Without
+plugin rows the step waveform's line says why. The charts have a band per server; the numbers
+panel has one column per server, and per plugin stream; "Sources" says which source each
+panel draws.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ from ..widgets.numbers import compute_numbers
 from ..widgets.scrape import (AttachNumbersPanel, BatchEstimatePanel, ScrapeQueuePanel,
                               ServerLatencyPanel, TokenRatePanel, attach_numbers_text,
                               build_scrape_frame, server_numbers)
+from ..widgets.iterations import (IterationPanel, PluginBatchPanel, PluginQueuePanel,
+                                  PluginView, plugin_numbers_text, sources_text)
 from ..widgets.waveforms import GpuPanel, MemPowerPanel
 
 NUMBERS_EVERY_S = 1.0
 #: why the step waveform is absent on an attached server
 NO_STEPS = ("no per-step records: a server gpuchef does not host exports no step spans "
             "(the panels below are per scrape interval)")
+#: the plugin panels, in the order they are composed
+PLUGIN_IDS = ("#a-iter", "#a-pbatch", "#a-pqueue")
 
 
 def attach_header_text(s, elapsed_s: int) -> Text:
@@ -91,6 +100,10 @@ class AttachScreen(Screen):
         self._knobs_shown: tuple | None = None
         #: index of the server the charts draw
         self.charted = 0
+        #: the vLLM plugin's rows as columns, and the frames last drawn (read by tests)
+        self.plugin_view = PluginView()
+        self.plugin_frames: list = []
+        self._plugin_shown: tuple | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="a-header")
@@ -99,12 +112,17 @@ class AttachScreen(Screen):
                 yield GpuPanel(id="a-gpu")
                 yield MemPowerPanel(id="a-mem")
                 yield Static(f" ▍Step waveform  ⊘ {NO_STEPS}", id="a-steps")
+                yield IterationPanel(id="a-iter")
+                yield PluginBatchPanel(id="a-pbatch")
+                yield PluginQueuePanel(id="a-pqueue")
                 yield ScrapeQueuePanel(id="a-queue")
                 yield TokenRatePanel(id="a-rates")
                 yield BatchEstimatePanel(id="a-batch")
                 yield ServerLatencyPanel(id="a-latency")
             with VerticalScroll(id="a-side"):
                 yield AttachNumbersPanel(id="a-numbers")
+                yield Static("", id="a-plugin")
+                yield Static("", id="a-sources")
                 yield Static("", id="a-knobs")
         yield Footer()
 
@@ -112,6 +130,8 @@ class AttachScreen(Screen):
         self.scrape_panels = [self.query_one(x) for x in ("#a-queue", "#a-rates", "#a-batch",
                                                           "#a-latency")]
         self.gpu_panels = [self.query_one("#a-gpu"), self.query_one("#a-mem")]
+        self.plugin_panels = [self.query_one(x) for x in PLUGIN_IDS]
+        self._show_plugin(False, set())
         self.numbers = self.query_one(AttachNumbersPanel)
         n = len(self.app.session.servers)
         if n > 2:  # one 17-cell column per server beside the 14-cell labels
@@ -150,7 +170,8 @@ class AttachScreen(Screen):
         now = s.clock()
         wall = time.monotonic()
         self._tick_gpu(s)
-        cols = self.scrape_panels[0].size.width - GUTTER_L - GUTTER_R
+        # the rates panel is always shown (the queue panel gives way to the plugin's)
+        cols = self.query_one("#a-rates").size.width - GUTTER_L - GUTTER_R
         if cols > 0:
             grid = TimeGrid.ending_at(now, s.start_ns, app.window_s, cols)
             n = len(s.servers)
@@ -166,6 +187,7 @@ class AttachScreen(Screen):
                 frames.append(f)
             for p in self.scrape_panels:
                 p.set_frames(frames)
+            self._tick_plugin(s, order, grid)
             if self._gpu_on:
                 snap = s.timeline.snapshot(now)
                 self.gpus.extend(snap)
@@ -182,6 +204,11 @@ class AttachScreen(Screen):
             client = compute_numbers(snap, s.stats_window_s, s.slos, s.percentiles).metrics \
                 if snap.requests else None
             self.numbers.show(attach_numbers_text(nums, client, s.percentiles, s.stats_window_s))
+            streams = self.plugin_view.streams(s.plugin, s.servers)
+            self.query_one("#a-plugin", Static).update(plugin_numbers_text(
+                s.plugin, streams, now, s.stats_window_s))
+            covered = self.plugin_view.covered(s.plugin, s.servers)
+            self.query_one("#a-sources", Static).update(sources_text(s, covered, bool(covered)))
             self._show_knobs()
         cfg = (s.scheduler_config, s.knobs_reason)
         if cfg != self._knobs_shown:  # a knob change shows at once, not at the next second
@@ -191,6 +218,44 @@ class AttachScreen(Screen):
         if header != self._header:
             self._header = header
             self.query_one("#a-header", Static).update(header)
+
+    def _tick_plugin(self, s, order, grid: TimeGrid) -> None:
+        """The plugin's panels: frames of every stream of the servers with an endpoint (in the
+        charts' order); shown once a stream has rows, in place of the step waveform's line."""
+        self.plugin_view.update(s.plugin)
+        frames = self.plugin_view.frames(s.plugin, order, grid)
+        self.plugin_frames = frames
+        on = any(f.wave is not None for f in frames)
+        self._show_plugin(on, self.plugin_view.covered(s.plugin, s.servers))
+        if on:
+            for p in self.plugin_panels:
+                p.set_frames(frames)
+
+    def _show_plugin(self, on: bool, covered: set[str]) -> None:
+        """Plugin panels on or off; the /metrics queue and batch estimate give way when every
+        server's plugin sent rows; off, the step waveform's line says why."""
+        s = self.app.session
+        every = bool(covered) and covered >= {x.url for x in s.servers}
+        key = (on, every, self._why_no_plugin(s) if not on else "")
+        if key == self._plugin_shown:
+            return
+        self._plugin_shown = key
+        for p in self.plugin_panels:
+            p.display = on
+        for x in ("#a-queue", "#a-batch"):
+            self.query_one(x).display = not every
+        steps = self.query_one("#a-steps", Static)
+        steps.display = not on
+        if not on:
+            steps.update(f" ▍Step waveform  ⊘ {NO_STEPS} — {key[2]}")
+
+    @staticmethod
+    def _why_no_plugin(s) -> str:
+        """Why no plugin rows: the first server with an endpoint's status, else none given."""
+        for srv in s.servers:
+            if srv.url in s.plugin.endpoints:
+                return s.plugin.status(srv.url) or "its records so far are no engine step's output"
+        return s.plugin.status(s.servers[0].url) if s.servers else "no plugin records"
 
     def toggle_side(self) -> None:
         """``n``: the numbers/knobs panel off on a wide terminal; on a narrow one, where it is

@@ -24,9 +24,10 @@ from gpuchef.probes.scrape import (SERIES, HistQuantile, ScrapeDelta, ScrapeSamp
                                    bucket_quantile, hist_quantile_text)
 
 from .. import theme
-from ..chart import GUTTER_L, GUTTER_R, Cells, fmt_num, last_value, style, text_strip
+from ..chart import Cells, fmt_num, last_value
 from ..plotdata import TimeGrid, nice_max
-from .waveforms import BG, MIN_COLS, ChartPanel, _gutter, _right
+from .bands import BandedPanel, band_tag
+from .waveforms import BG, _gutter, _right
 
 NAN = float("nan")
 #: per-interval series a frame holds, and where each comes from in a ScrapeDelta
@@ -141,9 +142,9 @@ def window_quantiles(deltas: Sequence[ScrapeDelta], name: str, t0_ns: int,
     return [bucket_quantile(b, q / 100) for q in qs]
 
 
-class ScrapePanel(ChartPanel):
-    """A chart of one server's ScrapeFrame. ``NEEDS``: series without which the panel shows
-    ``off_text()`` instead (one line, why)."""
+class ScrapePanel(BandedPanel):
+    """A chart of one server's ScrapeFrame (several servers: a band each, ``set_frames``).
+    ``NEEDS``: series without which the panel shows ``off_text()`` instead (one line, why)."""
 
     NEEDS: tuple[str, ...] = ()
 
@@ -178,47 +179,8 @@ class ScrapePanel(ChartPanel):
                             "interval yet (idle, or only one scrape so far)")
         return "no source", self.off_text(f)
 
-    #: fewest rows a server's band takes (its label row + the chart) before the panel falls
-    #: back to the first server alone
-    MIN_BAND = 4
-    frames: tuple[ScrapeFrame, ...] = ()
-
-    def set_frames(self, frames: Sequence[ScrapeFrame]) -> None:
-        """Several servers: one band each (a label row, then the chart at its own scale), when
-        they fit at ``MIN_BAND`` rows; else the first alone."""
-        self.frames = tuple(frames)
-        self.set_frame(self.frames[0])
-
-    def _rebuild(self) -> None:
-        f = self._frame
-        w, h = self.size.width, self.size.height
-        n = len(self.frames)
-        cols = w - GUTTER_L - GUTTER_R
-        if n > 1 and w > 0 and cols >= MIN_COLS and (h - 1) // n >= self.MIN_BAND:
-            rows = [self.title_strip(w)]
-            band = (h - 1) // n
-            for i, fr in enumerate(self.frames):
-                bh = band if i < n - 1 else h - 1 - band * (n - 1)
-                label = [(f" {i + 1}: {fr.url_label} ", style(theme.TITLE, "#1b2130", bold=True)),
-                         (f" {fr.kind}", style(theme.LABEL, BG))]
-                off = self.off_line(fr)
-                if off is not None:
-                    label.append((f"  ⊘ {off[0]} — {off[1]}", style(theme.LABEL, BG)))
-                    rows += [text_strip(label, w, BG)] + [Strip.blank(w, style(bg=BG))] * (bh - 1)
-                    continue
-                rows.append(text_strip(label, w, BG))
-                rows += self.draw(fr, cols, bh - 1)
-            self._publish(rows, w, h)
-            return
-        off = self.off_line(f) if f is not None and w > 0 else None
-        if off is not None:
-            parts = [(" ▍", style(theme.AXIS, BG)), (self.TITLE, style(theme.TITLE, BG, bold=True)),
-                     (f"  ⊘ {off[0]} — ", style(theme.PREEMPTED, BG, bold=True)),
-                     (off[1], style(theme.LABEL, BG))]
-            self._publish([text_strip(parts, w, BG)] + [Strip.blank(w, style(bg=BG))] *
-                          max(0, h - 1), w, h)
-            return
-        super()._rebuild()
+    def band_label(self, i: int, fr: ScrapeFrame) -> list:
+        return band_tag(i, fr.url_label, fr.kind)
 
 
 class ScrapeQueuePanel(ScrapePanel):

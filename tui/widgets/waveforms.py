@@ -279,6 +279,7 @@ class BatchPanel(ChartPanel):
     #: the title parts set before the autopilot legend took over (None: not taken over)
     _plain: tuple | None = None
     LEGEND_AUTO = LEGEND + (("━ autopilot allowance", theme.ALLOWANCE, "━ allowance"),)
+    BUDGET = True  # its readout; False where the records hold no budget (vLLM's plugin)
     OVER_NOTES = ("▲ above the budget line: a prompt longer than the budget runs alone, whole",
                   "▲ above budget: a long prompt runs alone", "▲ > budget")
 
@@ -321,7 +322,7 @@ class BatchPanel(ChartPanel):
         b = last_value(budget, cols)
         items = [("prefill", theme.PREFILL), (fmt_num(p), theme.PREFILL),
                  ("decode", theme.DECODE), (fmt_num(d), theme.DECODE),
-                 ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)]
+                 ("budget", theme.BUDGET), (fmt_num(b), theme.BUDGET)][:6 if self.BUDGET else 4]
         ap = f.autopilot
         if auto and ap is not None and ap.allowance >= 0:  # the newest step's allowance
             items[4:4] = [("allow", theme.ALLOWANCE), (fmt_num(ap.allowance), theme.ALLOWANCE)]
