@@ -82,8 +82,9 @@ def build_app(trace: str, *, speed: float = 1.0, start_s: float = 0.0, window: s
     if start_s > session.duration_s:
         raise ConfigError(f"--start {start_s:g} is beyond the end of {trace}: allowed "
                           f"[0, {session.duration_s:.1f}] s")
-    if not (tr.steps or tr.gpu_samples or tr.requests):
-        raise ConfigError(f"{trace}: the trace holds no steps, samples or requests to replay")
+    if not (tr.steps or tr.gpu_samples or tr.requests or tr.scrapes or tr.plugin):
+        raise ConfigError(f"{trace}: the trace holds no steps, samples, requests, scrapes or "
+                          "plugin records to replay")
     screenshot_dir = check_screenshot_dir(screenshot_dir)  # last: a refused run makes no folder
     if not paused:
         session.play()

@@ -258,3 +258,21 @@ def test_frames_that_are_not_records_are_counted_not_raised():
         assert snap.bad_frames == {url: 4}
     finally:
         router.close()
+
+
+# -- as a trace record ------------------------------------------------------------------------
+def test_a_record_as_trace_json_round_trips_and_bad_fields_are_named():
+    import json
+
+    from gpuchef.probes.plugin_reader import Received, received_from_json, received_to_json
+
+    r = rec(4, engine=1, running=3, kv_usage=0.5, itls=[0.01, 0.02], cg_unpadded_tokens=260,
+            has_sched=True, has_iter=True)
+    g = Received("tcp://127.0.0.1:5557", r, 2, 1, 1, False, 1_700_000_000_000_000_000, 123_456)
+    d = json.loads(json.dumps(received_to_json(g)))
+    assert d["t_ns"] == 123_456 == g.t_ns
+    assert received_from_json(d) == g
+    for k, v, why in (("gap", -1, "gap=-1"), ("server", 5, "server"),
+                      ("record", {"seq": "x"}, "plugin record")):
+        with pytest.raises(ValueError, match=why):
+            received_from_json({**d, k: v})

@@ -38,6 +38,9 @@ from .waveforms import BG, BatchPanel, StepPanel, _gutter, _right, fmt_span
 SOURCE = "from gpuchef's vLLM plugin · per output batch"
 PREFILL_SCHEDULED = "prefill = scheduled tokens − decode rows"
 PREFILL_COMPLETED = "prefill = prompts completed (vLLM without --cudagraph-metrics)"
+#: the step waveform's scale: this percentile of its slices (the few above it are cut, ▲)
+SCALE_PCT = 95
+NAN = float("nan")
 
 
 class PluginPanel(BandedPanel):
@@ -80,28 +83,40 @@ class IterationPanel(PluginPanel):
         iv, itl, kind = self.fit(f.interval_ms, cols), self.fit(f.itl_ms, cols), \
             self.fit(f.kind, cols)
         vals = np.concatenate([iv[np.isfinite(iv)], itl[np.isfinite(itl)]])
-        top = nice_max(float(vals.max()) if len(vals) else 0.0, 1)
+        # the scale of most slices: a batch after a stall (a long prefill, a preemption)
+        # would squash the rest; it is cut at the top and marked ▲
+        top = nice_max(float(np.percentile(vals, SCALE_PCT)) if len(vals) else 0.0, 1)
         c = Cells(h, cols, [])
-        c.stacked([np.where(kind == k, iv, 0) / top * h for k in (KIND_PREFILL, KIND_MIXED,
-                                                                  KIND_DECODE)],
+        c.stacked([np.where(kind == k, np.minimum(iv, top), 0) / top * h
+                   for k in (KIND_PREFILL, KIND_MIXED, KIND_DECODE)],
                   [theme.PREFILL, theme.MIXED, theme.DECODE])
-        c.hline(itl / top * h, theme.BUDGET, char="━", over=True)
-        # over the newest complete columns (~2 s; the title row says how long exactly)
+        c.hline(np.minimum(itl, top) / top * h, theme.BUDGET, char="━", over=True)
+        over = np.nonzero(np.nan_to_num(np.fmax(iv, itl)) > top)[0]
+        c.chars[0, over] = "▲"
+        c.fg[0, over] = c.colour(theme.PREEMPTED)
+        return c.strips(_gutter(h, fmt_num(top, "ms"), "0",
+                                {h // 2: fmt_num(top / 2)} if h >= 5 else None),
+                        self.readouts(f, h), BG)
+
+    @staticmethod
+    def readouts(f: IterationFrame, h: int) -> list:
+        """Over the newest complete columns (~2 s; the title row says how long exactly):
+        batches/s, the median time between them and the engine core's ITL — a label row and
+        a value row each, or one row each ("99/s", "↔9.9ms", "━10ms") on a short band."""
         w = f.wave
         k = StepPanel.readout_cols(w)
         done = slice(-k - 1, -1) if len(w.steps) > 1 else slice(None)
         per_s = float(np.nansum(w.steps[done])) / max(1e-9, k * w.grid.bin_s)
-        ivd = f.interval_ms[done]
-        ivd = ivd[np.isfinite(ivd)]
-        gap = float(np.median(ivd)) if len(ivd) else float("nan")
-        last_itl = f.itl_ms[done]
-        last_itl = last_itl[np.isfinite(last_itl)]
-        itl_now = float(np.mean(last_itl)) if len(last_itl) else float("nan")
-        right = _right(h, [("it/s", theme.LABEL), (fmt_num(per_s), theme.TITLE),
-                           ("between", theme.LABEL), (fmt_num(gap, "ms"), theme.TITLE),
-                           ("ITL", theme.LABEL), (fmt_num(itl_now, "ms"), theme.BUDGET)])
-        return c.strips(_gutter(h, fmt_num(top, "ms"), "0",
-                                {h // 2: fmt_num(top / 2)} if h >= 5 else None), right, BG)
+        ivd, itd = f.interval_ms[done], f.itl_ms[done]
+        gap = float(np.median(ivd[np.isfinite(ivd)])) if np.isfinite(ivd).any() else NAN
+        itl = float(np.mean(itd[np.isfinite(itd)])) if np.isfinite(itd).any() else NAN
+        if h >= 6:
+            return _right(h, [("it/s", theme.LABEL), (fmt_num(per_s), theme.TITLE),
+                              ("between", theme.LABEL), (fmt_num(gap, "ms"), theme.TITLE),
+                              ("ITL", theme.LABEL), (fmt_num(itl, "ms"), theme.BUDGET)])
+        return _right(h, [(f"{fmt_num(per_s)}/s", theme.TITLE),
+                          (f"↔{fmt_num(gap, 'ms')}", theme.TITLE),
+                          (f"━{fmt_num(itl, 'ms')}", theme.BUDGET)])
 
 
 class PluginBatchPanel(PluginPanel, BatchPanel):
