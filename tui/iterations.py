@@ -192,10 +192,6 @@ class IterationFrame:
     label: str = ""  # the band's label: "host:port · engine 0"
 
     @property
-    def markers(self) -> list:
-        return []
-
-    @property
     def grid(self) -> TimeGrid | None:
         return self.wave.grid if self.wave is not None else None
 

@@ -131,8 +131,9 @@ class LivePlugin(PluginSource):
         self._forward = on_record
         self._held: dict[tuple[str, int], deque[Received]] = {}
         self._lock = threading.Lock()
-        self.reader = (PluginReader(sorted(set(self.endpoints.values())), on_record=self._got)
-                       if self.endpoints else None)
+        # keep=1: the rows are this class's; the reader's own ring of recent records is unused
+        self.reader = (PluginReader(sorted(set(self.endpoints.values())), on_record=self._got,
+                                    keep=1) if self.endpoints else None)
 
     def _got(self, got: Received) -> None:
         self.log.add(got)

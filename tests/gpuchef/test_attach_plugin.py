@@ -300,3 +300,47 @@ def test_plugin_values_are_what_gpuchef_publish_takes():
     assert parse_plugin("[::1]:5557") == "tcp://[::1]:5557"
     assert parse_plugin("localhost:5557") == "tcp://127.0.0.1:5557"
     assert parse_plugin("-") == ""
+
+
+def test_e_writes_the_plugin_records_held_and_records_on(vllm, tmp_path):
+    host, ep = vllm
+    sent: dict[int, list[dict]] = {0: [], 1: []}
+    out = tmp_path / "e.jsonl"
+    with FakeServer(LOAD) as srv:
+        app = build(["--attach", srv.url, "--plugin", ep, "--scrape-hz", "10",
+                     "--screenshot-dir", str(tmp_path)])
+        s = app.session
+
+        async def go():
+            async with app.run_test(size=(170, 60)) as pilot:
+                await send(host, sent)
+                assert await wait_for(pilot, lambda: sum(
+                    s.plugin.counts(k).received for k in s.plugin.keys()) == 2 * N)
+                msg = s.export_trace(str(out))
+                assert f"{2 * N} plugin records" in msg
+                host.output(*batch(0, N)[:2])  # one more, recorded there
+                assert await wait_for(pilot, lambda: s.plugin.counts(
+                    (f"tcp://{ep}", 0)).received == N + 1)
+                await pilot.press("q")
+
+        drive(s, go)
+    t = read_trace(out)
+    assert len(t.plugin) == 2 * N + 1 and not t.problems
+    assert t.meta["source"]["plugin"] == {srv.url: f"tcp://{ep}"}
+
+
+def test_lost_records_are_one_status_line_per_engine():
+    from gpuchef.probes.plugin_reader import Received
+    from gpuchef.probes.plugin_wire import PluginRecord
+    from gpuchef.sessions.attach_plugin import PluginSource
+
+    src = PluginSource({"http://h:8000": "tcp://127.0.0.1:5557"})
+    for seq, gap, dropped in ((0, 0, 0), (6, 5, 3), (7, 0, 0)):
+        src.log.add(Received("tcp://127.0.0.1:5557", PluginRecord(
+            v=1, pub=1, engine_idx=1, seq=seq, has_sched=True, running=1, waiting=0),
+            dropped, gap, dropped, seq == 0, 0, seq * 1000))
+    assert src.status("http://h:8000") == "" and src.status("http://other:1") == \
+        "no plugin records (--plugin not given)"
+    assert src.status_lines == [
+        "plugin tcp://127.0.0.1:5557 engine 1: 5 of 8 records lost (3 dropped by vLLM's "
+        "publisher: this reader fell behind; 2 while reconnecting)"]

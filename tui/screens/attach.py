@@ -236,7 +236,9 @@ class AttachScreen(Screen):
         server's plugin sent rows; off, the step waveform's line says why."""
         s = self.app.session
         every = bool(covered) and covered >= {x.url for x in s.servers}
-        key = (on, every, self._why_no_plugin(s) if not on else "")
+        key = (on, every, "" if on else next(
+            (f.off for f in self.plugin_frames if f.off),
+            s.plugin.status(s.servers[0].url) if s.servers else "no plugin records"))
         if key == self._plugin_shown:
             return
         self._plugin_shown = key
@@ -248,14 +250,6 @@ class AttachScreen(Screen):
         steps.display = not on
         if not on:
             steps.update(f" ▍Step waveform  ⊘ {NO_STEPS} — {key[2]}")
-
-    @staticmethod
-    def _why_no_plugin(s) -> str:
-        """Why no plugin rows: the first server with an endpoint's status, else none given."""
-        for srv in s.servers:
-            if srv.url in s.plugin.endpoints:
-                return s.plugin.status(srv.url) or "its records so far are no engine step's output"
-        return s.plugin.status(s.servers[0].url) if s.servers else "no plugin records"
 
     def toggle_side(self) -> None:
         """``n``: the numbers/knobs panel off on a wide terminal; on a narrow one, where it is

@@ -198,15 +198,26 @@ class PluginView:
             out += [(srv.url, self.cols[k]) for k in mine] or [(srv.url, None)]
         return out
 
+    @staticmethod
+    def why_empty(src: Any, url: str, c: IterationColumns | None) -> str:
+        """Why a server (``c``: one of its streams, or None) has no row to draw: no endpoint, no
+        record yet (``src.status``), records that were no engine step's output, or (a replay)
+        no batch before the position."""
+        why = src.status(url)
+        if why or c is None:
+            return why or "no record yet"
+        if src.counts((c.server, c.engine_idx)).rows:
+            return "no output batch recorded before this point"
+        return "its records so far are no engine step's output (aborts, wave notices)"
+
     def frames(self, src: Any, servers: Sequence[Any], grid: TimeGrid) -> list[IterationFrame]:
-        """A frame per stream (see :meth:`streams`); a server with no record yet gets a frame
+        """A frame per stream (see :meth:`streams`); a server with no row yet gets a frame
         whose ``off`` says why."""
         out = []
         for url, c in self.streams(src, servers):
             if c is None or not len(c):
-                why = src.status(url) or ("its records so far are no engine step's output "
-                                          "(aborts, wave notices)")
-                out.append(IterationFrame(url, -1 if c is None else c.engine_idx, None, off=why,
+                out.append(IterationFrame(url, -1 if c is None else c.engine_idx, None,
+                                          off=self.why_empty(src, url, c),
                                           label=_label(url, 0 if c is None else c.engine_idx)))
                 continue
             f = c.frame(grid)
