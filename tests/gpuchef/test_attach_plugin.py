@@ -254,7 +254,8 @@ def test_without_plugin_records_the_metrics_panels_stay_and_the_line_says_why(tm
             async with app.run_test(size=(170, 50)) as pilot:
                 assert await wait_for(pilot, lambda: app.screen.ready)
                 line = str(app.screen.query_one("#a-steps").render())
-                assert line.endswith("— no plugin records (--plugin not given)"), line
+                assert line.startswith(" ▍Step waveform  ⊘ no plugin records (--plugin not "
+                                       "given) — no per-step records"), line
                 await pilot.press("q")
 
         drive(app.session, go2)

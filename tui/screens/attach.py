@@ -249,7 +249,7 @@ class AttachScreen(Screen):
         steps = self.query_one("#a-steps", Static)
         steps.display = not on
         if not on:
-            steps.update(f" ▍Step waveform  ⊘ {NO_STEPS} — {key[2]}")
+            steps.update(f" ▍Step waveform  ⊘ {key[2]} — {NO_STEPS}")  # why first: it is cut
 
     def toggle_side(self) -> None:
         """``n``: the numbers/knobs panel off on a wide terminal; on a narrow one, where it is

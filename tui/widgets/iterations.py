@@ -295,6 +295,6 @@ def sources_text(s: Any, covered: set[str], plugin_on: bool) -> Text:
     lines.append(" token rates, server latency: /metrics")
     lines.append(f" GPU panels: {gpu}")
     if not plugin_on:
-        lines.append(" step waveform: none (the line above it says why)")
+        lines.append(" step waveform: none (its line says why)")
     t.append("\n".join(lines), style=theme.LABEL)
     return t
