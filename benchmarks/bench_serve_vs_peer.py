@@ -125,7 +125,8 @@ def run_arm(arm: str, load: str, a: argparse.Namespace, tmp: str) -> dict:
         try:
             wait_health(url, srv, a.start_timeout)
             model = a.served_model or a.model
-            subprocess.run(gp + ["bench", "--base-url", url, "--model", model, *lf,
+            vocab = ["--vocab-size", str(a.vocab_size)] if a.vocab_size else []
+            subprocess.run(gp + ["bench", "--base-url", url, "--model", model, *lf, *vocab,
                                  "--result-json", out], env=env, check=True,
                            stdout=subprocess.DEVNULL)
         finally:
@@ -157,6 +158,9 @@ def main() -> None:
                     "--skip-tokenizer-init", help="the plain vLLM server's command line")
     ap.add_argument("--served-model", default=None,
                     help="the model name the HTTP arms send (default --model)")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="for the HTTP arms' token-id prompts, where the server does not say its "
+                         "vocabulary (vllm serve --skip-tokenizer-init: 128256 for llama-3-8b)")
     ap.add_argument("--start-timeout", type=float, default=900.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--out-dir", default=None,

@@ -139,7 +139,8 @@ def run_arm(arm: str, a, tmp: str) -> dict:
         gp = [sys.executable, "-m", "gpuchef", "bench", "--model", a.served_model or a.model]
         outs = [os.path.join(tmp, f"{arm}-{i}.json") for i in range(n)]
         t0 = time.monotonic()
-        loads = [subprocess.Popen(gp + ["--base-url", url, *lf, "--seed", str(i),
+        vocab = ["--vocab-size", str(a.vocab_size)] if a.vocab_size else []
+        loads = [subprocess.Popen(gp + ["--base-url", url, *lf, *vocab, "--seed", str(i),
                                         "--result-json", out], stdout=subprocess.DEVNULL)
                  for i, ((_, url, _), out) in enumerate(zip(procs, outs))]
         for q in loads:
@@ -209,6 +210,9 @@ def main() -> None:
     ap.add_argument("--request-rate", type=float, default=10.0)
     ap.add_argument("--vllm-cmd", default="vllm serve /tmp/llama3 --load-format dummy "
                     "--skip-tokenizer-init --served-model-name llama-3-8b")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="the token-id prompts' vocabulary, where the server does not say it "
+                         "(vllm serve --skip-tokenizer-init: 128256 for llama-3-8b)")
     ap.add_argument("--servers", type=int, default=2, help="servers of the pair arm")
     ap.add_argument("--pair-memory", type=float, default=0.84,
                     help="GPU memory fraction the pair's servers share")

@@ -13,7 +13,8 @@ job() {
   local name=$1 to=$2; shift 2
   echo "$(date +%T) start $name (gpu ${CUDA_VISIBLE_DEVICES:-all})" >> $R/status.txt
   [ -n "$DRY" ] && { sleep ${DRY}; echo "$(date +%T) end   $name (dry)" >> $R/status.txt; return 0; }
-  ( cd $G && exec timeout -k 10 $to bash -c "$*" ) > $R/$name.log 2>&1 &
+  # stdin from /dev/null: a job that reads stdin (a TUI under `script`) would eat the job list
+  ( cd $G && exec timeout -k 10 $to bash -c "$*" ) < /dev/null > $R/$name.log 2>&1 &
   local pid=$!
   echo $pid > $F/pid_${WORKER:-x}
   wait $pid
