@@ -114,7 +114,6 @@ def main() -> None:
     extra = ["--trace", a.trace] if a.trace else []
     extra += [x for p in a.plugin for x in ("--plugin", p)]
     if a.plugin_demo:
-        sys.path.insert(0, str(Path(__file__).parent))
         from plugin_demo import DemoVllm
 
         out = Path(a.out or "screenshots/cpu-attach-plugin.svg")

@@ -27,6 +27,7 @@ from pathlib import Path
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "gpuchef"))
+from synthetic_feed import chunk_prefills  # noqa: E402
 from test_vllm_plugin import (CUDAGraphStat, EngineCoreOutputs, FakeHost,  # noqa: E402
                               FinishedRequestStats, IterationStats, PromptTokenStats,
                               SchedulerStats)
@@ -89,15 +90,10 @@ class _Engine:
         left, first = BUDGET - len(dec), []
         while self.waiting and len(self.running) < MAX_SEQS:
             self.running.append(self.waiting.pop(0))
-        for q in self.running:
-            if left <= 0:
-                break
-            if q.prefilled < q.prompt:
-                c = min(left, q.prompt - q.prefilled)
-                q.prefilled += c
-                left -= c
-                if q.prefilled >= q.prompt:
-                    first.append(q)
+        for q, c in chunk_prefills(self.running, left):
+            left -= c
+            if q.prefilled >= q.prompt:
+                first.append(q)
         it = IterationStats()
         it.inter_token_latencies_iter = [now - q.last for q in dec]
         it.time_to_first_tokens_iter = [now - q.arrival for q in first]

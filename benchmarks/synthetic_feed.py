@@ -25,6 +25,23 @@ from dataclasses import dataclass, field
 from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 
 
+def chunk_prefills(queue, budget: int) -> list:
+    """Chunked prefill's split of a step's token ``budget`` (what is left after the decode
+    rows): the requests of ``queue`` (in order) whose prompt is not all computed get chunks
+    until the budget is spent; each one's ``prefilled`` advances. Returns (request, chunk)
+    pairs."""
+    out = []
+    for q in queue:
+        if budget <= 0:
+            break
+        if q.prefilled < q.prompt:
+            c = min(budget, q.prompt - q.prefilled)
+            q.prefilled += c
+            budget -= c
+            out.append((q, c))
+    return out
+
+
 @dataclass
 class _Req:
     rid: str
@@ -98,20 +115,14 @@ class SyntheticFeed:
             dec = [q for q in running if q.prefilled >= q.prompt]
             budget = self.budget - len(dec)
             pre_tok = pre_reqs = 0
-            for q in running + waiting:
-                if budget <= 0:
-                    break
-                if q.prefilled < q.prompt:
-                    c = min(budget, q.prompt - q.prefilled)
-                    q.prefilled += c
-                    budget -= c
-                    pre_tok += c
-                    pre_reqs += 1
-                    if q in waiting:
-                        waiting.remove(q)
-                        running.append(q)
-                    if q.prefilled >= q.prompt:
-                        q.times.append(t_end)  # the prefill's last chunk samples a token
+            for q, c in chunk_prefills(running + waiting, budget):
+                pre_tok += c
+                pre_reqs += 1
+                if q in waiting:
+                    waiting.remove(q)
+                    running.append(q)
+                if q.prefilled >= q.prompt:
+                    q.times.append(t_end)  # the prefill's last chunk samples a token
             for q in dec:
                 q.times.append(t_end)
             fin = [q for q in running if len(q.times) >= q.out]
