@@ -18,8 +18,9 @@ class SamplingParams:
     """How to pick each output token, and when to stop.
 
     ``temperature`` below 1e-5 = greedy (vLLM's rule). ``top_k`` 0 = off, ``top_p`` 1.0 = off
-    (vLLM's conventions). ``seed`` (an integer torch's generator takes) makes a request's samples reproducible whatever it is batched with (each request
-    draws from its own generator). ``ignore_eos`` with ``max_tokens`` forces the output length,
+    (vLLM's conventions). ``seed`` (an integer in [-2^63, 2^64)) keys the request's sampling noise; with or
+    without one, a request's samples do not depend on what it is batched with (its noise is a
+    hash of its seed and output position: ``sampling.row_key``). ``ignore_eos`` with ``max_tokens`` forces the output length,
     as trace replay needs (``vllm bench``'s ``ignore_eos``). ``stop_token_ids`` end the request
     when sampled (finish reason "stop"), ``ignore_eos`` or not, as in vLLM. ``min_tokens``
     (vLLM's SamplingParams field, 0 = off, at most ``max_tokens``): until the request has that
@@ -50,7 +51,7 @@ class SamplingParams:
         if s is not None and (isinstance(s, bool) or not isinstance(s, int)
                               or not SEED_MIN <= s <= SEED_MAX):
             raise ConfigError(f"seed={s!r} must be an integer in [{SEED_MIN}, {SEED_MAX}] "
-                              "(what torch.Generator.manual_seed takes)")
+                              "(vLLM's range: what torch.Generator.manual_seed takes)")
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
             raise ConfigError(f"stop_token_ids={ids!r} must be a tuple of integer token ids")
@@ -119,7 +120,6 @@ class Request:
     token_times_ns: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     finish_reason: str = ""
-    generator: object = None  # torch.Generator, created lazily by the sampler
     last_step: int = -1  # id of the latest step with this request in it (Scheduler.advance)
     first_scheduled_ns: int = 0  # start of the first step that computed any of it (queue time)
     #: the ids ``sampling.min_tokens`` masks: the model's EOS ids and ``stop_token_ids`` (vLLM's
