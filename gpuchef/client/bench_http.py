@@ -30,7 +30,8 @@ ENGINE_ONLY = ("engine", "tensor_parallel_size", "device", "dtype", "attention_b
                "trace_path", "trace_prompts", "sample_hz", "gpus")
 #: the options that only mean something with --base-url
 HTTP_ONLY = ("endpoint", "max_concurrency", "ramp_up_strategy", "ramp_up_start_rps",
-             "ramp_up_end_rps", "api_key", "tokenizer", "vocab_size", "request_timeout")
+             "ramp_up_end_rps", "api_key", "tokenizer", "vocab_size", "request_timeout",
+             "temperature", "top_p", "top_k")
 
 
 def check_http_flags(o: dict[str, Any], *, via: str = "--base-url",
@@ -87,7 +88,9 @@ def http_config(o: dict[str, Any], base_url: str | None = None, model: str = "")
     return HttpLoadConfig(base_url=base_url or o["base_url"], endpoint=o["endpoint"],
                           model=model, api_key=o.get("api_key"),
                           max_concurrency=o.get("max_concurrency"),
-                          request_timeout_s=o["request_timeout"])
+                          request_timeout_s=o["request_timeout"],
+                          temperature=0.0 if o.get("temperature") is None else o["temperature"],
+                          top_p=o.get("top_p"), top_k=o.get("top_k"))
 
 
 def check_load_flags(o: dict[str, Any], cfg: Any) -> Any:

@@ -27,6 +27,9 @@ class HttpLoadConfig:
     ``request_timeout_s``: per request, from the POST to the end of the stream (s, > 0).
     ``ignore_eos``: sent with every request so that outputs have the forced lengths.
     ``continuous_usage``: ask for per-chunk usage (the chunk's token count).
+    ``temperature`` (sent with every request; 0 = greedy, ``vllm bench serve``'s default when
+    its ``--temperature`` is not given — a server's own default is 1), ``top_p`` and ``top_k``
+    (sent when not None; ``top_k`` -1 or 0 = off, as vLLM takes them).
     Raises ConfigError (``validate``) naming the value and what is allowed.
     """
 
@@ -38,6 +41,9 @@ class HttpLoadConfig:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     ignore_eos: bool = True
     continuous_usage: bool = True
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,8 +65,22 @@ class HttpLoadConfig:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or \
                 not (math.isfinite(t) and t > 0):
             raise ConfigError(f"--request-timeout {t!r} must be a number of seconds > 0")
+        self._check_sampling()
         if self.api_key is None:
             self.api_key = os.environ.get("OPENAI_API_KEY") or None
+
+    def _check_sampling(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t)
+                                                                          and t >= 0):
+            raise ConfigError(f"--temperature {t!r} must be a number >= 0 (0 = greedy)")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
+                              or not 0 < p <= 1):
+            raise ConfigError(f"--top-p {p!r} is out of range: allowed (0, 1]")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < -1):
+            raise ConfigError(f"--top-k {k!r} must be an integer >= 1, or -1 / 0 (off)")
 
     @property
     def is_chat(self) -> bool:

@@ -178,7 +178,8 @@ def request_body(spec: RequestSpec, cfg: HttpLoadConfig, tok=None) -> bytes:
     """The JSON body of ``spec``'s request: completions get ``prompt`` as token ids (or text with
     a tokenizer), ``max_tokens``; chat gets one user message of text and
     ``max_completion_tokens`` (vLLM's client's field); both ``stream``, ``stream_options``
-    (``include_usage``, ``continuous_usage_stats``) and ``ignore_eos``."""
+    (``include_usage``, ``continuous_usage_stats``), ``ignore_eos`` and the sampling fields
+    (``temperature`` always, as ``vllm bench serve`` sends it; ``top_p``/``top_k`` when set)."""
     body: dict[str, Any] = {"model": cfg.model}
     if tok is not None:
         prompt: Any = text_prompt(tok, spec.prompt_token_ids, spec.prompt_len)
@@ -198,6 +199,11 @@ def request_body(spec: RequestSpec, cfg: HttpLoadConfig, tok=None) -> bytes:
     body["stream_options"] = so
     if cfg.ignore_eos:
         body["ignore_eos"] = True
+    body["temperature"] = cfg.temperature
+    if cfg.top_p is not None:
+        body["top_p"] = cfg.top_p
+    if cfg.top_k is not None:
+        body["top_k"] = cfg.top_k
     return json.dumps(body, separators=(",", ":")).encode()
 
 

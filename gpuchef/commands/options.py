@@ -183,6 +183,13 @@ def _http_client(via: str) -> tuple:
                           "tokenizer's, else the server's /v1/models when it says)."),
         click.option("--request-timeout", default=600.0, show_default=True, type=float,
                      help=f"With {via}: seconds a request may take, end to end."),
+        click.option("--temperature", default=None, type=float,
+                     help=f"With {via}: sent with every request (default 0: greedy, as vllm "
+                          "bench serve sends it; a server's own default is 1)."),
+        click.option("--top-p", default=None, type=float,
+                     help=f"With {via}: top_p sent with every request (default: not sent)."),
+        click.option("--top-k", default=None, type=int,
+                     help=f"With {via}: top_k sent with every request (default: not sent)."),
     )
 
 

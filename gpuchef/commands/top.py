@@ -162,7 +162,7 @@ ATTACH_REFUSES = ("engine", "tensor_parallel_size", "model", "device", "dtype",
 #: the options only --attach gives a meaning to
 ATTACH_ONLY = ("scrape_hz", "endpoint", "max_concurrency", "ramp_up_strategy",
                "ramp_up_start_rps", "ramp_up_end_rps", "vocab_size", "request_timeout",
-               "ab_load", "ab_repetitions", "plugin")
+               "temperature", "top_p", "top_k", "ab_load", "ab_repetitions", "plugin")
 
 
 def _flag(ctx: click.Context, name: str) -> str:

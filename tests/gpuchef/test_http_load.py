@@ -371,6 +371,11 @@ def test_request_body_is_vllms(server):
     assert b["prompt"] == [10, 11, 12, 13, 14] and b["max_tokens"] == 3
     assert b["stream"] is True and b["ignore_eos"] is True and b["model"] == "fake-model"
     assert b["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    # greedy unless asked, as vllm bench serve sends it (a server's own default is 1)
+    assert b["temperature"] == 0.0 and "top_p" not in b and "top_k" not in b
+    cfg = HttpLoadConfig(base_url=server.url, model="m", temperature=0.7, top_p=0.9, top_k=20)
+    sent = json.loads(request_body(specs(1)[0], cfg))
+    assert (sent["temperature"], sent["top_p"], sent["top_k"]) == (0.7, 0.9, 20)
     cfg = HttpLoadConfig(base_url=server.url, endpoint="/v1/chat/completions", model="m")
     chat = json.loads(request_body(specs(1)[0], cfg, tok=_ToyTok()))
     assert chat["messages"][0]["role"] == "user" and chat["max_completion_tokens"] == 4
@@ -398,7 +403,13 @@ def test_base_url_is_normalised(url, want):
                                     ({"base_url": "http://h", "endpoint": "/v1/embeddings"},
                                      "is not one of"),
                                     ({"base_url": "http://h", "max_concurrency": 0}, ">= 1"),
-                                    ({"base_url": "http://h", "request_timeout_s": 0}, "> 0")])
+                                    ({"base_url": "http://h", "request_timeout_s": 0}, "> 0"),
+                                    ({"base_url": "http://h", "temperature": -1},
+                                     "--temperature -1 must be a number >= 0"),
+                                    ({"base_url": "http://h", "top_p": 1.5},
+                                     "--top-p 1.5 is out of range"),
+                                    ({"base_url": "http://h", "top_k": -2},
+                                     "--top-k -2 must be an integer >= 1")])
 def test_bad_config_is_one_clear_error(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         HttpLoadConfig(**kw)
@@ -460,6 +471,8 @@ def test_bench_base_url_refuses_engine_flags_and_http_flags_alone(server):
     assert r.exit_code == 2 and "--device, --mode do not apply with --base-url" in r.output
     r = bench(["--max-concurrency", "4", "--device", "cpu"])
     assert r.exit_code == 2 and "--max-concurrency needs --base-url" in r.output
+    r = bench(["--temperature", "0.8", "--device", "cpu"])
+    assert r.exit_code == 2 and "--temperature needs --base-url" in r.output
     r = bench(["--base-url", server.url, "--cudagraph-mode", "FULL_DECODE_ONLY",
                "--cudagraph-capture-sizes", "16", "--vocab-size", "100"])
     assert r.exit_code == 2 and ("--cudagraph-mode, --cudagraph-capture-sizes do not apply "
@@ -473,6 +486,8 @@ def test_bench_base_url_one_line_for_bad_input(server):
     assert r.exit_code == 2 and "not served" in r.output and "fake-model" in r.output
     r = bench(["--base-url", server.url, "--endpoint", "/v1/chat/completions"])
     assert r.exit_code == 2 and "--tokenizer" in r.output
+    r = bench(["--base-url", server.url, "--vocab-size", "100", "--top-p", "0"])
+    assert r.exit_code == 2 and "--top-p 0.0 is out of range: allowed (0, 1]" in r.output
     r = bench(["--base-url", f"http://127.0.0.1:{free_port()}", "--vocab-size", "100"])
     assert r.exit_code == 2 and "cannot connect" in r.output
     r = bench(["--base-url", server.url, "--vocab-size", "100", "--ramp-up-strategy", "linear",
