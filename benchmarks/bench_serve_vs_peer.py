@@ -127,7 +127,7 @@ def run_arm(arm: str, load: str, a: argparse.Namespace, tmp: str) -> dict:
             model = a.served_model or a.model
             vocab = ["--vocab-size", str(a.vocab_size)] if a.vocab_size else []
             subprocess.run(gp + ["bench", "--base-url", url, "--model", model, *lf, *vocab,
-                                 "--result-json", out], env=env, check=True,
+                                 *shlex.split(a.http_args), "--result-json", out], env=env, check=True,
                            stdout=subprocess.DEVNULL)
         finally:
             os.killpg(srv.pid, signal.SIGINT)
@@ -158,6 +158,9 @@ def main() -> None:
                     "--skip-tokenizer-init", help="the plain vLLM server's command line")
     ap.add_argument("--served-model", default=None,
                     help="the model name the HTTP arms send (default --model)")
+    ap.add_argument("--http-args", default="",
+                    help="more flags for the HTTP arms' `gpuchef bench --base-url` (e.g. "
+                         "'--temperature 1': sampled decoding instead of vllm bench's greedy)")
     ap.add_argument("--vocab-size", type=int, default=None,
                     help="for the HTTP arms' token-id prompts, where the server does not say its "
                          "vocabulary (vllm serve --skip-tokenizer-init: 128256 for llama-3-8b)")
