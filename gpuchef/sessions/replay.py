@@ -106,7 +106,10 @@ class ReplayScrapedServer:
 
     @property
     def status(self) -> str:
-        """The failure of the newest scrape at the position ("" if it was good)."""
+        """The failure of the newest scrape at the position ("" if it was good); for a server
+        the trace holds no scrape of at all, that it has none."""
+        if not self._samples:
+            return f"{self.url}: no /metrics scrape in this trace"
         i = self._cut()
         x = self._samples[i - 1] if i else None
         return f"{x.url}: {x.error}" if x is not None and x.error else ""
@@ -157,7 +160,12 @@ class ReplaySession:
         # an attached trace: its scrapes, one server each, played back like the other records
         by_url: dict[str, list] = {}
         for x in tr.scrapes:
-            by_url.setdefault(x.url, []).append(x)
+            by_url.setdefault(x.url.removesuffix("/metrics"), []).append(x)
+        # a server the meta names but no scrape of which was written (the trace ended before
+        # the first, or holds only plugin records): still a band, so that its plugin rows draw
+        for u in _source(tr).get("source", "").split(","):
+            if u:
+                by_url.setdefault(u.removesuffix("/metrics"), [])
         self.servers = tuple(ReplayScrapedServer(self, u, xs) for u, xs in by_url.items())
         # and its vLLM plugin records: the rows the live dashboard drew, up to the position
         self.plugin = recorded_plugin(tr.meta, tr.plugin, self.clock_ns)

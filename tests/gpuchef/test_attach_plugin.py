@@ -345,3 +345,44 @@ def test_lost_records_are_one_status_line_per_engine():
     assert src.status_lines == [
         "plugin tcp://127.0.0.1:5557 engine 1: 5 of 8 records lost (3 dropped by vLLM's "
         "publisher: this reader fell behind; 2 while reconnecting)"]
+
+
+def test_a_trace_of_plugin_records_without_a_scrape_replays_its_bands(tmp_path):
+    """An attached trace that holds plugin records but no /metrics scrape (cut short before the
+    first, or made of a plugin records file): its server still gets a band, the plugin panels
+    draw the rows, and the /metrics panels and the header say there is no scrape."""
+    from gpuchef.commands.replay import build_app
+    from gpuchef.probes.plugin_reader import Received
+    from gpuchef.probes.plugin_wire import PluginRecord
+    from gpuchef.probes.recorder import TraceRecorder
+
+    url, ep = "http://vllm-host:8000", "tcp://127.0.0.1:5557"
+    trace = tmp_path / "p.jsonl"
+    meta = {"command": "top", "device": "remote",
+            "source": {"kind": "attached", "urls": [url], "plugin": {url: ep}}}
+    with TraceRecorder(trace, meta=meta) as rec:
+        for k in range(60):  # a batch every 8 ms: 3 decode rows, a 1024-token prompt every 10th
+            rec.record(Received(ep, PluginRecord(
+                v=1, pub=1, seq=k, mono_ns=10**12 + k * 8_000_000, t_ns=10**18, has_sched=True,
+                has_iter=True, running=4, waiting=0, kv_usage=0.1, itls=[0.008] * 3,
+                ttfts=[0.05] * (k % 10 == 0), prompt_tokens=1024 * (k % 10 == 0),
+                generation_tokens=3 + (k % 10 == 0)), 0, 0, 0, k == 0, 10**18,
+                10**12 + k * 8_000_000 + 100_000))
+    rapp = build_app(str(trace), paused=True, screenshot_dir=str(tmp_path))
+
+    async def replay():
+        async with rapp.run_test(size=(170, 50)) as pilot:
+            assert await wait_for(pilot, lambda: getattr(rapp.screen, "ready", False))
+            rapp.action_seek_edge(1)
+            await pilot.pause(0.5)
+            scr = rapp.screen
+            assert [f.label for f in scr.plugin_frames] == ["vllm-host:8000 · engine 0"]
+            c = scr.plugin_view.cols[(ep, 0)]
+            assert int(c.decode.sum()) == 180
+            assert scr.query_one("#a-pbatch").display and not scr.query_one("#a-steps").display
+            assert rapp.session.status_lines == [f"{url}: no /metrics scrape in this trace"]
+            assert all(f.error == f"{url}: no /metrics scrape in this trace"
+                       for f in scr.scrape_panels[0].frames)
+            await pilot.press("q")
+
+    asyncio.run(replay())

@@ -181,6 +181,8 @@ class AttachScreen(Screen):
                 last = srv.samples()[-1:]
                 f = build_scrape_frame(srv.deltas(), grid, srv.kind, srv.hz,
                                        last[0] if last else None)
+                if not last and srv.status:  # no scrape at all: say so, not "no series"
+                    f.error = srv.status
                 f.url_label = srv.url.split("//", 1)[-1]
                 if n > 1:  # the titles say whose chart is on top (or alone, when short)
                     f.server = f"{f.url_label} first ({self.charted + 1}/{n}, v)"
