@@ -8,17 +8,16 @@ steps stretch (measured on an H100: TPOT under ``gpuchef serve`` was 2.2× the i
 engine's when the bridge lived beside the engine). So the engine runs alone:
 
 * **engine process** (``core_proc.engine_main``, ``EngineCoreProc``): builds the engine, then
-  runs an ``EngineHost`` loop (scheduler + runner + async pipeline) whose listeners append
-  records to a list, flushed once per loop turn as one batch. Its two other threads are I/O:
+  runs an ``EngineHost`` loop (scheduler + runner + async pipeline) whose one sink queues each
+  loop turn's ``RecordBatch`` for sending. Its two other threads are I/O:
   the *input* thread is blocked in ``zmq`` ``recv`` with the GIL released and turns each
   message into the host call it names; the *output* thread encodes each batch with msgspec
   (C, no per-record Python) and sends it (GIL released).
 * **client** (this module: ``RemoteEngine`` / ``EngineCoreClient``, in the caller's process): the
   engine's facts (model, device, KV cache, limits) for the surfaces, and a host with
-  ``EngineHost``'s API whose listeners (``on_step``, ``on_output``, ``on_request``,
-  ``on_event``) a receiver thread calls for every record of the stream, in the engine's order.
-  The sinks — trace recorder, timeline, front door, /metrics, load results, A/B — are those
-  listeners.
+  ``EngineHost``'s API whose sinks (``engine_host.sinks.RecordSink``: trace recorder, timeline,
+  front door, /metrics, load results, A/B) a receiver thread hands each decoded batch, in the
+  order of the list — the same batches an in-thread ``EngineHost`` would deliver.
 
 The wire (``core_wire``): ZMQ PUSH/PULL over ``ipc://`` sockets in a private temporary folder
 (the client binds the output socket, the engine binds the input socket), msgpack by msgspec.
@@ -29,8 +28,8 @@ translation.
 
 Errors: a start-up failure (bad model folder, vLLM missing) is the ConfigError of the engine
 process, raised here with its one line; a crash of the engine process afterwards (killed, a
-segfault) sets ``host.error`` and sends one "error" EngineEvent naming it to ``on_event``, and
-``wait_done`` returns.
+segfault) sets ``host.error`` and sends one "error" EngineEvent naming it to the sinks (a batch
+of its own), and ``wait_done`` returns.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import msgspec
 
@@ -49,8 +48,9 @@ from .vocab.errors import ConfigError
 from .vocab.config import EngineConfig, SchedulerConfig, parse_value
 from .core_proc import SUBSCRIBER_HWM, engine_facts, engine_main
 from .core_wire import (Command, NewHost, OutBatch, Shutdown, Start, Stop, Submit, Subscribe,
-                        Workload, batch_records)
-from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+                        Workload, batch_records, record_batch)
+from .sinks import RecordBatch, RecordSink
+from .vocab.records import EngineEvent
 from .request import SamplingParams
 
 #: how long the client waits for the engine process to build the engine (s): a first vLLM
@@ -99,10 +99,6 @@ def device_name(engine: Any) -> str:
 
 class EngineProcessError(RuntimeError):
     """The engine process died or its engine thread raised; the message says how."""
-
-
-def _noop(_: Any) -> None:
-    pass
 
 
 class RemoteEngine:
@@ -247,17 +243,13 @@ class RemoteEngine:
             check_live_knobs(cfg, **self.live_limits)
 
     # -- hosts -----------------------------------------------------------------------------------
-    def new_host(self, *, on_step: Callable[[StepRecord], None] = _noop,
-                 on_request: Callable[[RequestRecord], None] = _noop,
-                 on_event: Callable[[EngineEvent], None] = _noop,
-                 on_output: Callable[[StepOutput], None] = _noop) -> "EngineCoreClient":
+    def new_host(self, sinks: Sequence[RecordSink] = ()) -> "EngineCoreClient":
         """A fresh host for the engine (the previous one, if any, must be stopped): the
-        ``EngineHost`` API, its listeners called on this process's receiver thread."""
+        ``EngineHost`` API, its ``sinks`` called on this process's receiver thread."""
         if self._closed:
             raise EngineProcessError(self.error or "the engine process is closed")
         self._host_ids += 1
-        h = EngineCoreClient(self, self._host_ids, on_step=on_step, on_request=on_request,
-                             on_event=on_event, on_output=on_output)
+        h = EngineCoreClient(self, self._host_ids, sinks)
         self._host = h
         self._send(NewHost(h.host_id))
         return h
@@ -359,20 +351,18 @@ class EngineCoreClient:
 
     Requests and commands are messages to the engine process, applied there between steps in
     the order sent. Knob changes are validated here first (ConfigError naming the value and the
-    allowed range; nothing is sent). Listeners run on the receiver thread, one record at a
-    time in the engine's order. ``state``, ``step_id``, ``scheduler_config``, ``paused``,
-    ``load_paused``: the latest the engine sent. ``error``: the engine thread's exception, or
-    an EngineProcessError once the engine process is gone.
+    allowed range; nothing is sent). ``sinks`` get each loop turn's ``RecordBatch`` on the
+    receiver thread, in the order of the list (the same batches an in-thread ``EngineHost``
+    delivers; a status-only turn delivers none). ``state``, ``step_id``, ``scheduler_config``,
+    ``paused``, ``load_paused``: the latest the engine sent. ``error``: the engine thread's
+    exception, or an EngineProcessError once the engine process is gone.
     """
 
-    def __init__(self, engine: RemoteEngine, host_id: int, *, on_step: Callable, on_request:
-                 Callable, on_event: Callable, on_output: Callable) -> None:
+    def __init__(self, engine: RemoteEngine, host_id: int,
+                 sinks: Sequence[RecordSink] = ()) -> None:
         self.engine = engine
         self.host_id = host_id
-        self.on_step = on_step
-        self.on_request = on_request
-        self.on_event = on_event
-        self.on_output = on_output
+        self.sinks = tuple(sinks)
         self.error: BaseException | None = None
         self.paused = False
         self.load_paused = False
@@ -474,7 +464,7 @@ class EngineCoreClient:
     def stop(self, timeout: float | None = 10.0, *, abort_remaining: bool = False,
              abort_reason: str = "abort") -> None:
         """As ``EngineHost.stop``: returns once the engine process stopped the host and its last
-        records (the withdrawn requests' too) went to the listeners, or after ``timeout``."""
+        records (the withdrawn requests' too) went to the sinks, or after ``timeout``."""
         if self._stopped:
             return
         self._stopped = True
@@ -488,10 +478,10 @@ class EngineCoreClient:
 
     # -- the receiver thread ------------------------------------------------------------------
     def _receive(self, b: OutBatch) -> None:
-        calls = {StepRecord: self.on_step, StepOutput: self.on_output,
-                 RequestRecord: self.on_request, EngineEvent: self.on_event}
-        for rec in batch_records(b):
-            calls[type(rec)](rec)
+        if b.order:
+            batch = record_batch(b)
+            for s in self.sinks:
+                s.record(batch)
         self.paused = b.paused
         self.load_paused = b.load_paused
         if b.error and self.error is None:
@@ -505,21 +495,23 @@ class EngineCoreClient:
     def _engine_died(self, msg: str) -> None:
         if self.error is None:
             self.error = EngineProcessError(msg)
-        self.on_event(EngineEvent("error", self.engine.step_id, time.monotonic_ns(), "engine",
-                                  message=msg))
+        batch = RecordBatch([EngineEvent("error", self.engine.step_id, time.monotonic_ns(),
+                                         "engine", message=msg)])
+        for s in self.sinks:
+            s.record(batch)
         self._done.set()
         self._final.set()
 
 
-def make_host(engine: Any, **listeners: Any) -> Any:
+def make_host(engine: Any, sinks: Sequence[RecordSink] = ()) -> Any:
     """The host for ``engine``: ``RemoteEngine.new_host`` for an engine in its own process, an
     in-thread ``EngineHost`` for one built in this process (tests, benchmarks that compare
-    the two). ``listeners``: ``on_step``, ``on_request``, ``on_event``, ``on_output``."""
+    the two); either hands each loop turn's ``RecordBatch`` to ``sinks``, in their order."""
     if isinstance(engine, RemoteEngine):
-        return engine.new_host(**listeners)
+        return engine.new_host(sinks)
     from .host import EngineHost
 
-    return EngineHost(engine, **listeners)
+    return EngineHost(engine, sinks=sinks)
 
 
 __all__ = ["EngineCoreClient", "EngineProcessError", "OutBatch", "RemoteEngine", "device_name",

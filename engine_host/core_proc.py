@@ -2,12 +2,14 @@
 ready with its facts, then serves the input socket until Shutdown.
 
 Threads: the *engine* thread runs an ``EngineHost`` loop (scheduler + runner + async pipeline)
-whose listeners append records to a list, flushed once per loop turn as one batch onto a
-``queue.SimpleQueue``; the *input* thread (the process's main thread) is blocked in ``zmq``
-``recv`` with the GIL released and turns each message into the host call it names
-(``submit``, ``abort``, knob changes, ``pause``…); the *output* thread is blocked on the
-batch queue and encodes each batch with msgspec (C, no per-record Python) and sends it. The
-client's side is ``core.RemoteEngine``; the messages are ``core_wire``'s.
+whose one sink is this process's sender (``EngineCoreProc.record``): each loop turn's
+``RecordBatch``, with the host's status after the turn, goes onto a ``queue.SimpleQueue`` (one
+put; a turn that emitted nothing but changed the status puts the status alone); the *input*
+thread (the process's main thread) is blocked in ``zmq`` ``recv`` with the GIL released and
+turns each message into the host call it names (``submit``, ``abort``, knob changes,
+``pause``…); the *output* thread is blocked on the batch queue and encodes each batch with
+msgspec (C, no per-record Python but splitting the batch by type) and sends it as one
+``OutBatch``. The client's side is ``core.RemoteEngine``; the messages are ``core_wire``'s.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import msgspec
 
 from .vocab.errors import ConfigError
 from .vocab.config import EngineConfig, SchedulerConfig
-from .core_wire import (Command, Inbound, NewHost, OutBatch, Shutdown, Start, Stop, Submit,
-                        Subscribe, Workload)
-from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .core_wire import (CODES, Command, Inbound, NewHost, OutBatch, Shutdown, Start, Stop,
+                        Submit, Subscribe, Workload)
+from .sinks import RecordBatch
 
 #: a subscriber's queue (frames) before frames for it are dropped: minutes of steps; only a
 #: subscriber that stopped reading fills it, and it must never hold the engine's stream back
@@ -112,41 +114,34 @@ class EngineCoreProc:
         self.subs: dict[str, Any] = {}  # addr -> PUSH socket (writer thread only)
         self.host: Any = None
         self.host_id = 0
-        #: (code, record) pairs, one append each (atomic), codes as OutBatch.order's
-        self._buf: list[tuple[int, Any]] = []
         self._last_status: tuple = ()
         self._last_sched: SchedulerConfig | None = None
 
-    # listeners: the engine thread's whole cost is these appends
-    def _on_step(self, r: StepRecord) -> None:
-        self._buf.append((115, r))
-
-    def _on_output(self, o: StepOutput) -> None:
-        self._buf.append((111, o))
-
-    def _on_request(self, r: RequestRecord) -> None:
-        self._buf.append((114, r))
-
-    def _on_event(self, e: EngineEvent) -> None:
-        self._buf.append((101, e))
+    # the host's one sink (the engine thread): its whole cost is the status tuple and one put
+    def record(self, batch: RecordBatch) -> None:
+        self._put(batch)
 
     def _flush(self, final: bool = False) -> None:
+        """The host's ``on_flush`` (the end of every loop turn): the status alone, when it
+        changed since the last batch (or ``final``: the host stopped)."""
+        self._put(None, final)
+
+    def _put(self, batch: RecordBatch | None, final: bool = False) -> None:
         h = self.host
         if h is None:
             return
         err = "" if h.error is None else f"{type(h.error).__name__}: {h.error}"
         status = (h.state, self.engine.step_id, h.submitted, h._done.is_set(), h.paused,
                   h.load_paused, err)
-        if not self._buf and status == self._last_status and not final:
+        if batch is None and status == self._last_status and not final:
             return
         sched = self.engine.scheduler_config
         if sched == self._last_sched:
             sched = None
         else:
             self._last_sched = sched
-        buf, self._buf = self._buf, []
         self._last_status = status
-        self.outq.put((self.host_id, buf, status, sched, final))
+        self.outq.put((self.host_id, batch, status, sched, final))
 
     def _subscribe(self, addr: str, on: bool) -> None:
         """The writer thread's part of Subscribe (sockets belong to the thread using them)."""
@@ -173,12 +168,12 @@ class EngineCoreProc:
             if item[0] == "sub":
                 self._subscribe(item[1], item[2])
                 continue
-            host_id, buf, status, sched, final = item
-            steps, outs, reqs, evs = [], [], [], []
-            lists = {115: steps, 111: outs, 114: reqs, 101: evs}  # s o r e
-            for code, rec in buf:
-                lists[code].append(rec)
-            order = bytes(code for code, _ in buf)
+            host_id, batch, status, sched, final = item
+            if batch is None:
+                order, steps, outs, reqs, evs = b"", [], [], [], []
+            else:
+                order = bytes(CODES[type(r)] for r in batch.records)
+                steps, outs, reqs, evs = batch.steps, batch.outputs, batch.requests, batch.events
             state, step_id, submitted, done, paused, load_paused, err = status
             frame = enc.encode(OutBatch(host_id, order, steps, outs, reqs, evs, state, step_id,
                                         submitted, done, paused, load_paused, sched, err, final))
@@ -196,9 +191,7 @@ class EngineCoreProc:
             self.host.stop()
         self.host_id = host_id
         self._last_status = ()
-        self.host = EngineHost(self.engine, on_step=self._on_step, on_request=self._on_request,
-                               on_event=self._on_event, on_output=self._on_output,
-                               on_flush=self._flush)
+        self.host = EngineHost(self.engine, sinks=(self,), on_flush=self._flush)
 
     def run(self, ready: Callable[[], None]) -> None:
         writer = threading.Thread(target=self._writer, name="gpuchef-engine-out", daemon=True)

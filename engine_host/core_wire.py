@@ -13,6 +13,10 @@ import msgspec
 from .vocab.config import SchedulerConfig
 from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .request import SamplingParams
+from .sinks import RecordBatch
+
+#: ``OutBatch.order``'s code of each record type: which list the next record comes from
+CODES = {StepRecord: 115, StepOutput: 111, RequestRecord: 114, EngineEvent: 101}  # s o r e
 
 
 class OutBatch(msgspec.Struct, array_like=True):
@@ -91,5 +95,10 @@ def batch_records(b: OutBatch) -> list[Any]:
     return [next(it[code]) for code in b.order]
 
 
-__all__ = ["Command", "Inbound", "NewHost", "OutBatch", "Shutdown", "Start", "Stop", "Submit",
-           "Subscribe", "Workload", "batch_records"]
+def record_batch(b: OutBatch) -> RecordBatch:
+    """The RecordBatch an OutBatch carries (the lists by type as decoded)."""
+    return RecordBatch(batch_records(b), (b.steps, b.outputs, b.requests, b.events))
+
+
+__all__ = ["CODES", "Command", "Inbound", "NewHost", "OutBatch", "Shutdown", "Start", "Stop",
+           "Submit", "Subscribe", "Workload", "batch_records", "record_batch"]

@@ -1,15 +1,17 @@
 """EngineHost: the engine's step loop in a background thread, fed by a load schedule and steered
 by commands that take effect between steps.
 
-Everything the host emits goes through three listeners, called on the engine thread, which must
-be cheap (append to a ring buffer or a queue): ``on_step(StepRecord)``,
-``on_request(RequestRecord)``, ``on_event(EngineEvent)``, and ``on_output(StepOutput)`` (each
-step's new tokens, before the RequestRecords of the requests that finished in it). The host never
-knows who listens.
+Everything the host emits — StepRecord, StepOutput (each step's new tokens), RequestRecord,
+EngineEvent — is gathered over one loop turn and handed to its sinks as one ``RecordBatch``
+(``engine_host.sinks``), in the order emitted: the commands applied before the step, the step,
+its outputs, then the requests that finished in it. Sinks are called on the engine thread, in
+the order of the list, and must be cheap (append to a ring buffer or a queue). The host never
+knows who listens. The engine in its own process (``core_proc``) runs this same host with one
+sink, the sender of its record stream, so both deliver the same batches.
 
 Usage::
 
-    host = EngineHost(engine, on_step=timeline.add_step, on_request=..., on_event=...)
+    host = EngineHost(engine, sinks=[timeline, recorder])
     host.set_workload(generate(workload_cfg))
     host.start()
     host.set_knob("max_num_batched_tokens", 512)   # validated now, in force from the next step
@@ -29,7 +31,8 @@ from typing import Any, Callable, Iterable, Sequence
 from .vocab.config import AUTO_BUDGET, parse_value
 from .vocab.errors import ConfigError
 from .contract import Engine
-from .vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
+from .vocab.records import EngineEvent, RequestRecord
+from .sinks import RecordBatch, RecordSink
 from .request import SamplingParams
 from .scheduler import Scheduler
 
@@ -62,10 +65,6 @@ class _Arrival:
         return (self.arrival_ns, self.seq) < (other.arrival_ns, other.seq)
 
 
-def _noop(_: Any) -> None:
-    pass
-
-
 class EngineHost:
     """Runs ``engine.step()`` in a daemon thread; thread-safe ``submit`` and commands.
 
@@ -75,22 +74,16 @@ class EngineHost:
     with ``finish_reason="error"`` plus an "error" event; the others go on.
     """
 
-    def __init__(self, engine: Engine, *,
-                 on_step: Callable[[StepRecord], None] = _noop,
-                 on_request: Callable[[RequestRecord], None] = _noop,
-                 on_event: Callable[[EngineEvent], None] = _noop,
-                 on_output: Callable[[StepOutput], None] = _noop,
+    def __init__(self, engine: Engine, *, sinks: Sequence[RecordSink] = (),
                  on_flush: Callable[[], None] | None = None,
                  switch_interval_s: float | None = DEFAULT_SWITCH_INTERVAL_S) -> None:
         self.engine = engine
-        self.on_step = on_step
-        self.on_request = on_request
-        self.on_event = on_event
-        self.on_output = on_output
-        #: called on the engine thread once per loop turn, after the turn's records (a step's
-        #: records, the commands applied before it) went to the listeners: the engine process
-        #: (core.py) ships them as one batch there
+        #: the record stream's consumers, each given every loop turn's batch, in this order
+        self.sinks = tuple(sinks)
+        #: called on the engine thread at the end of every loop turn, after the turn's batch (if
+        #: any) went to the sinks: the engine process sends the host's status with it there
         self.on_flush = on_flush
+        self._buf: list[Any] = []  # this turn's records; one append each (atomic)
         self.switch_interval_s = switch_interval_s
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._arrivals: list[_Arrival] = []  # heap, engine thread only after start
@@ -195,7 +188,7 @@ class EngineHost:
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """Stop a request (queued or running) before the next step; its KV blocks are freed then
-        and its RequestRecord (``finish_reason`` = ``reason``) goes to ``on_request``. A request
+        and its RequestRecord (``finish_reason`` = ``reason``) goes to the sinks. A request
         still waiting for its arrival time is dropped the same way. Unknown ids are ignored."""
         self._command(_Command("abort", (("reason", reason),), label=request_id))
 
@@ -227,7 +220,7 @@ class EngineHost:
              abort_reason: str = "abort") -> None:
         """Stop after the current step and join the thread. ``abort_remaining``: then abort
         the requests still in the engine (a session closing), each RequestRecord
-        (finish_reason ``abort_reason``) to ``on_request``."""
+        (finish_reason ``abort_reason``) to the sinks, as one batch."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -236,8 +229,9 @@ class EngineHost:
             for rid in list(self.engine.requests):
                 rec = self.engine.abort(rid, abort_reason)
                 if rec is not None:
-                    self.on_request(rec)
+                    self._buf.append(rec)
             self._note_state()
+            self._deliver()
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Block until every request given so far (workload and ``submit``) has finished, or
@@ -254,8 +248,8 @@ class EngineHost:
 
     def _emit(self, kind: str, name: str = "", old: Any = None, new: Any = None,
               message: str = "", source: str = "") -> None:
-        self.on_event(EngineEvent(kind, self.engine.step_id, time.monotonic_ns(), name, old, new,
-                                  message, source))
+        self._buf.append(EngineEvent(kind, self.engine.step_id, time.monotonic_ns(), name, old,
+                                     new, message, source))
 
     def _apply(self, c: _Command) -> None:
         eng = self.engine
@@ -316,7 +310,7 @@ class EngineHost:
                         break
             if rec is not None:
                 self._note_state()
-                self.on_request(rec)
+                self._buf.append(rec)
 
     def _drain_incoming(self) -> None:
         while True:
@@ -343,9 +337,9 @@ class EngineHost:
                 self.engine.add_request(a.request_id, a.prompt_token_ids, a.sampling, a.arrival_ns)
             except ConfigError as e:
                 self._emit("error", a.request_id, message=str(e))
-                self.on_request(RequestRecord(a.request_id, a.arrival_ns, len(a.prompt_token_ids),
-                                              0, (), "error", max_tokens=a.sampling.max_tokens,
-                                              error=str(e)))
+                self._buf.append(RequestRecord(
+                    a.request_id, a.arrival_ns, len(a.prompt_token_ids), 0, (), "error",
+                    max_tokens=a.sampling.max_tokens, error=str(e)))
         for a in held:
             heapq.heappush(self._arrivals, a)
         if admitted:  # the queue the surfaces show counts it now, not at the next step's end
@@ -363,16 +357,28 @@ class EngineHost:
         r = res.record
         if r is not None:
             self.state = (r.num_running, r.num_waiting, r.kv_blocks_used, r.kv_blocks_total)
-            self.on_step(r)
+            self._buf.append(r)
         out = res.output
         if out is not None:
-            self.on_output(out)
-        for f in res.finished:
-            self.on_request(f)
+            self._buf.append(out)
+        self._buf.extend(res.finished)
+
+    def _deliver(self) -> None:
+        """This turn's records, if any, to every sink as one batch, in the sinks' order."""
+        if self._buf:
+            batch = RecordBatch(self._buf)
+            self._buf = []
+            for s in self.sinks:
+                s.record(batch)
+
+    def _turn_end(self) -> None:
+        self._deliver()
+        if self.on_flush is not None:
+            self.on_flush()
 
     def _run(self) -> None:
         eng = self.engine
-        flush = self.on_flush or (lambda: None)
+        flush = self._turn_end
         try:
             while not self._stop.is_set():
                 while True:

@@ -510,12 +510,14 @@ def test_host_turns_it_on_live_records_a_knob_event_and_refuses_bad_targets():
 
     from gpuchef.engine_host.engine import LLMEngine
     from gpuchef.engine_host.host import EngineHost
+    from gpuchef.engine_host.sinks import ListenerSink
 
     cfg = EngineConfig(model="tiny", device="cpu", max_model_len=512,
                        cache=CacheConfig(num_gpu_blocks=256),
                        scheduler=SchedulerConfig(mode="chunked", max_num_batched_tokens=128))
     steps, events = [], []
-    host = EngineHost(LLMEngine(cfg), on_step=steps.append, on_event=events.append)
+    host = EngineHost(LLMEngine(cfg),
+                      sinks=[ListenerSink(on_step=steps.append, on_event=events.append)])
     host.start()
     try:
         for i in range(6):

@@ -34,14 +34,13 @@ def remote():
 
 
 class Stream:
-    """Every record a host's listeners got, in order."""
+    """A sink: every record a host delivered, in order."""
 
     def __init__(self):
         self.items = []
 
-    def listeners(self):
-        return dict(on_step=self.items.append, on_request=self.items.append,
-                    on_event=self.items.append, on_output=self.items.append)
+    def record(self, batch):
+        self.items.extend(batch.records)
 
     def of(self, cls):
         return [x for x in self.items if isinstance(x, cls)]
@@ -66,9 +65,9 @@ def run(host, stream, sp, changes=None):
 def test_stream_equals_the_in_thread_engine(remote):
     sp = specs()
     ref = Stream()
-    run(make_host(LLMEngine(CFG), **ref.listeners()), ref, sp, {"max_num_batched_tokens": 64})
+    run(make_host(LLMEngine(CFG), [ref]), ref, sp, {"max_num_batched_tokens": 64})
     got = Stream()
-    h = remote.new_host(**got.listeners())
+    h = remote.new_host([got])
     assert isinstance(h, EngineCoreClient)
     run(h, got, sp, {"max_num_batched_tokens": 64})
     # the same tokens for every request, and the same step composition, step by step
@@ -101,7 +100,7 @@ def test_stream_equals_the_in_thread_engine(remote):
 
 def test_commands_and_refusals(remote):
     s = Stream()
-    h = remote.new_host(**s.listeners())
+    h = remote.new_host([s])
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
         h.set_config(max_num_batched_tokens=-3)
     with pytest.raises(ConfigError, match="mode"):
@@ -128,14 +127,14 @@ def test_commands_and_refusals(remote):
 
 def test_stop_withdraws_the_requests_in_flight(remote):
     s = Stream()
-    h = remote.new_host(**s.listeners())
+    h = remote.new_host([s])
     h.start()
     h.submit("long", list(range(1, 50)), SamplingParams(max_tokens=400, ignore_eos=True))
     t = time.monotonic()
     while not s.of(StepRecord) and time.monotonic() - t < 30:
         time.sleep(0.01)
     h.stop(abort_remaining=True, abort_reason="session end")
-    # stop returns after the withdrawn record reached the listener
+    # stop returns after the withdrawn record reached the sink
     rec = s.of(RequestRecord)
     assert [(r.request_id, r.finish_reason) for r in rec] == [("long", "session end")]
     assert not remote.has_unfinished()
@@ -152,7 +151,7 @@ def test_a_dead_engine_process_is_one_line_and_ends_the_wait():
     eng = RemoteEngine.spawn(CFG)
     try:
         s = Stream()
-        h = eng.new_host(**s.listeners())
+        h = eng.new_host([s])
         h.start()
         h.submit("r", list(range(1, 50)), SamplingParams(max_tokens=10_000 // 40, ignore_eos=True))
         os.kill(eng.pid, signal.SIGKILL)

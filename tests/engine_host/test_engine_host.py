@@ -14,6 +14,7 @@ from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.engine import LLMEngine
 from gpuchef.engine_host.host import EngineHost
 from gpuchef.engine_host.request import SamplingParams
+from gpuchef.engine_host.sinks import ListenerSink
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
@@ -46,8 +47,8 @@ class Collector:
 
 def start_host(cfg, n=6, prompt=40, out=60):
     c = Collector()
-    host = EngineHost(LLMEngine(cfg), on_step=c.on_step, on_request=c.on_request,
-                      on_event=c.on_event)
+    host = EngineHost(LLMEngine(cfg), sinks=[ListenerSink(
+        on_step=c.on_step, on_request=c.on_request, on_event=c.on_event)])
     host.start()
     for i in range(n):
         host.submit(f"r{i}", list(range(10, 10 + prompt)),
@@ -147,7 +148,8 @@ def test_workload_arrivals_are_scheduled_not_dumped(engine_cfg):
     specs = generate(WorkloadConfig(dataset="random", request_rate=20.0, num_prompts=8,
                                     input_len=16, output_len=4, vocab_size=4096, seed=3))
     c = Collector()
-    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=c.on_request)
+    host = EngineHost(LLMEngine(engine_cfg),
+                      sinks=[ListenerSink(on_step=c.on_step, on_request=c.on_request)])
     host.set_workload(specs)
     host.start()
     try:
@@ -228,7 +230,8 @@ def test_abort_frees_pages_and_reports_the_request(async_on):
 
 def test_pausing_the_load_keeps_requests_that_already_arrived(engine_cfg):
     c = Collector()
-    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=c.on_request)
+    host = EngineHost(LLMEngine(engine_cfg),
+                      sinks=[ListenerSink(on_step=c.on_step, on_request=c.on_request)])
     host.start()
     try:
         t = time.monotonic_ns()
@@ -261,8 +264,8 @@ def test_step_output_streams_every_token_before_the_finished_record(engine_cfg):
         c.on_request(r)
         order.append(("req", r.request_id))
 
-    host = EngineHost(LLMEngine(engine_cfg), on_step=c.on_step, on_request=on_request,
-                      on_output=on_output)
+    host = EngineHost(LLMEngine(engine_cfg), sinks=[ListenerSink(
+        on_step=c.on_step, on_request=on_request, on_output=on_output)])
     host.start()
     try:
         for i in range(4):

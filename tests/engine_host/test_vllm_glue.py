@@ -480,10 +480,12 @@ def test_abort_and_bad_requests(glue):
 
 def test_engine_host_drives_the_vllm_engine(glue):
     from gpuchef.engine_host.host import EngineHost
+    from gpuchef.engine_host.sinks import ListenerSink
 
     eng, _ = make_engine(glue, mode="continuous")
     steps, reqs, events = [], [], []
-    host = EngineHost(eng, on_step=steps.append, on_request=reqs.append, on_event=events.append)
+    host = EngineHost(eng, sinks=[ListenerSink(on_step=steps.append, on_request=reqs.append,
+                                             on_event=events.append)])
     specs = [NS(request_id=f"w{i}", arrival_s=0.0, prompt_token_ids=p, output_len=5)
              for i, p in enumerate(prompts(6, lo=20, hi=80))]
     host.set_workload(specs)

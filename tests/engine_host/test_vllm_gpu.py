@@ -166,10 +166,12 @@ def test_engine_host_thread_drives_vllm(eng):
     from types import SimpleNamespace as NS
 
     from gpuchef.engine_host.host import EngineHost
+    from gpuchef.engine_host.sinks import ListenerSink
 
     eng.set_scheduler_config(SchedulerConfig(max_num_batched_tokens=BUDGET, max_num_seqs=SEQS))
     steps, reqs, events = [], [], []
-    host = EngineHost(eng, on_step=steps.append, on_request=reqs.append, on_event=events.append)
+    host = EngineHost(eng, sinks=[ListenerSink(on_step=steps.append, on_request=reqs.append,
+                                             on_event=events.append)])
     specs = [NS(request_id=f"h{i}", arrival_s=0.05 * i, prompt_token_ids=p, output_len=32)
              for i, p in enumerate(prompts(20, 50, 600, 7))]
     host.set_workload(specs)
