@@ -64,7 +64,8 @@ def main() -> None:
     from gpuchef.probes.metrics import summarize
     from gpuchef.serve.process import ChildArgs, ServeProcess
     from gpuchef.serve.server import bind_socket
-    from gpuchef.serve.session import fan, make_front_door
+    from gpuchef.engine_host.sinks import ListenerSink
+    from gpuchef.serve.session import make_front_door
     from gpuchef.sessions.headless import build_engine, run_load
 
     err = Console(stderr=True)
@@ -86,16 +87,18 @@ def main() -> None:
         return _row(m)
 
     def http(thread: bool) -> dict:
-        host = make_host(engine)  # the engine in its own process, as every command runs it
         server_recs = []
+        kept = ListenerSink(on_request=server_recs.append)
         if thread:  # the front door on a thread of this process (the design before process.py)
+            # the engine in its own process, as every command runs it; its sinks once the front
+            # door, which needs the host, is built (before the host starts)
+            host = make_host(engine)
             tok = load_tokenizer(a.model, engine.model_config.vocab_size)
             front, metrics = make_front_door(host, engine, tokenizer=tok, served_model_name=None,
                                              model=a.model, api_key=None,
                                              max_concurrent=1 << 20, max_body_bytes=256 << 20)
-            host.on_output = fan(front.on_output, metrics.on_output)
-            host.on_request = fan(front.on_request, metrics.on_request, server_recs.append)
-            host.on_step = metrics.on_step
+            # /metrics before the front door: a request is counted before its stream ends
+            host.sinks = (metrics, front, kept)
             front.record_send_lag = True
             sock = bind_socket("127.0.0.1", 0)
             host.start()
@@ -103,9 +106,7 @@ def main() -> None:
         else:  # what gpuchef serve runs: the server in its own process
             front = ServeProcess(ChildArgs("127.0.0.1", 0, a.model, engine.model_config.vocab_size,
                                            None, None, None, 1 << 20, 256 << 20, "bench")).start()
-            host.on_output = front.on_output
-            host.on_request = fan(front.on_request, server_recs.append)
-            host.on_step = front.on_step
+            host = make_host(engine, [front, kept])
             host.start()
             front.attach(host, engine)
         with tempfile.TemporaryDirectory() as d:

@@ -3,8 +3,8 @@
 ``SyntheticFeed(session, steps_per_s)`` drives a real :class:`gpuchef.sessions.live.LiveSession` (its
 engine is built but never started) with made-up but realistic records: a thread emits one
 StepRecord every ``1 / steps_per_s`` s and a RequestRecord (with a token time per decode step)
-for every request that finishes, through the session host's ``on_step`` / ``on_request``
-listeners — the same path (Timeline + trace recorder) the real engine thread takes. GPUs come
+for every request that finishes, one RecordBatch a step to the session host's sinks — the same
+path (Timeline + trace recorder) the real engine thread takes. GPUs come
 from the session's NVML sampler (give it ``nvml=FakeNvml(2)``): the feed sets their GPM load so
 that the GPU panels are not empty.
 
@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gpuchef.engine_host.sinks import RecordBatch
 from gpuchef.engine_host.vocab.records import RequestRecord, StepRecord
 
 
@@ -97,7 +98,7 @@ class SyntheticFeed:
                     max(2, int(r.expovariate(1 / self.output_len))))
 
     def _run(self) -> None:
-        on_step, on_request = self.s.host.on_step, self.s.host.on_request
+        sinks = self.s.host.sinks
         cfg = self.s.host.scheduler_config
         period = self.period_ns
         waiting: list[_Req] = []
@@ -137,10 +138,11 @@ class SyntheticFeed:
                              min(used, self.kv_total), self.kv_total, len(fin), True)
             # wait for the step's end, then publish as the engine thread does
             self._sleep_until(t_end)
-            on_step(rec)
-            for q in fin:
-                on_request(RequestRecord(q.rid, q.arrival_ns, q.prompt, len(q.times),
-                                         tuple(q.times), "length", max_tokens=q.out))
+            batch = RecordBatch([rec] + [
+                RequestRecord(q.rid, q.arrival_ns, q.prompt, len(q.times), tuple(q.times),
+                              "length", max_tokens=q.out) for q in fin])
+            for s in sinks:
+                s.record(batch)
             step += 1
             self.steps = step
             t = t_start + period

@@ -8,16 +8,15 @@ thread serialises, writes and flushes at least every ``flush_interval_s`` (defau
 killed process (SIGKILL) loses at most the last ~second. Flushing hands the bytes to the OS, which
 survives the process; ``fsync=True`` also survives a power cut, at ~1–10 ms of disk time a flush.
 
-Wiring (``fanout`` is in ``probes/timeline.py``)::
+Wiring: the recorder is one of the host's sinks (``engine_host.sinks``) and a sampler's sink::
 
     rec = TraceRecorder(args.trace, meta={"command": "bench", "model": cfg.model})
-    host = EngineHost(engine, on_step=fanout(timeline.add_step, rec.record_step), ...)
-    sampler = NvmlSampler(gpus, hz, on_sample=fanout(timeline.add_gpu_sample, rec.record))
-    ...; rec.close()                      # drains the queue, writes the end record
+    host = make_host(engine, [timeline, rec]); sampler = NvmlSampler(on_sample=rec.record, ...)
+    ...; rec.close()  # drains the queue, writes the end record
 
 ``TraceRecorder(...)`` raises ConfigError naming the path when it cannot be opened; after that
-nothing raises into producers: a write error (disk full) is kept in ``recorder.error`` and later
-records are counted in ``dropped``.
+nothing raises into producers: a write error (disk full) is kept in ``recorder.error``, later
+records counted in ``dropped``.
 
 Reading: :func:`read_trace` returns a :class:`Trace` (typed records + ``problems``);
 :func:`iter_trace` streams :class:`TraceRecord` s. A corrupt or truncated line is reported with its
@@ -45,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.sinks import RecordBatch
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from gpuchef.probes.metrics import json_safe
 
 from .sampler import HostSample
@@ -169,18 +169,16 @@ class TraceRecorder:
     """Writes a session trace from any number of producer threads.
 
     ``path``: the file (created or truncated; parent folders are created; gzip when it ends in
-    ``.gz``, ``is_gzip_name``). ``meta``: JSON-able
-    facts for the meta record, e.g. ``{"command": "bench", "model": ..., "config": {...},
-    "gpus": {0: "NVIDIA H200"}}`` (keys ``type``/``schema``/``version`` are reserved).
-    ``flush_interval_s`` in (0, 1]: the longest a written record waits for a flush (default 0.5).
-    ``trace_prompts``: also write token ids (``--trace-prompts``); off by default.
+    ``.gz``, ``is_gzip_name``). ``meta``: JSON-able facts for the meta record, e.g. ``{"command":
+    "bench", "config": {...}, "gpus": {0: "NVIDIA H200"}}`` (``type``/``schema``/``version``:
+    reserved). ``flush_interval_s`` in (0, 1]: the longest a written record waits for a flush
+    (default 0.5). ``trace_prompts``: also write token ids (``--trace-prompts``); off by default.
     ``fsync``: ``os.fsync`` after each flush (survives power loss; costs disk time).
-    ``max_pending``: records queued but not yet written beyond which new ones are dropped
-    (counted in ``dropped``) rather than grow memory without bound.
+    ``max_pending``: queue items (records, or a host's batches) not yet written beyond which new
+    ones are dropped (counted in ``dropped``) rather than grow memory without bound.
 
-    Producers call ``record(obj)`` or the typed ``record_step`` / ``record_request`` /
-    ``record_event`` / ``record_gpu_sample`` / ``record_host_sample`` — a queue put, ~1 µs, never
-    raises. ``flush()`` blocks until everything queued is flushed; ``rotate(new_path)`` finishes
+    Producers call ``record(obj)`` — a queue put, ~1 µs, never raises; a host's RecordBatch is
+    one put. ``flush()`` blocks until everything queued is flushed; ``rotate(new_path)`` finishes
     this file and goes on in another; ``close()`` drains and writes the ``end`` record.
     Raises ConfigError when ``path`` cannot be opened for writing or an argument is out of range.
     """
@@ -261,7 +259,8 @@ class TraceRecorder:
 
     # ---- producers (any thread; cheap; never raise) ----------------------------------------
     def record(self, rec: Any) -> None:
-        """Queue any record (StepRecord, RequestRecord, EngineEvent, GpuSample, HostSample)."""
+        """Queue any record (StepRecord, RequestRecord, EngineEvent, GpuSample, HostSample) or a
+        host's RecordBatch (a loop turn's records; its StepOutputs are not trace records)."""
         if self._closed:
             self.dropped += 1
             return
@@ -269,8 +268,6 @@ class TraceRecorder:
             self.dropped += 1
             return
         self._q.put(rec)
-
-    record_step = record_request = record_event = record_gpu_sample = record_host_sample = record
 
     # ---- control (any thread but the writer) ------------------------------------------------
     def _command(self, kind: str, arg: Any = None, timeout: float | None = 10.0) -> Any:
@@ -368,12 +365,14 @@ class TraceRecorder:
                 if isinstance(item, _Cmd):
                     cmd = item
                     break
-                try:
-                    lines.append(encode_record(item, trace_prompts=tp))
-                    k = _TYPE_OF[type(item)]
-                    counts[k] = counts.get(k, 0) + 1  # "scrape", "plugin": attached traces
-                except Exception:  # an unknown object or an unserialisable value: skip it
-                    self.dropped += 1
+                recs = item.records if type(item) is RecordBatch else (item,)
+                for x in (r for r in recs if type(r) is not StepOutput):  # outputs: not traced
+                    try:
+                        lines.append(encode_record(x, trace_prompts=tp))
+                        k = _TYPE_OF[type(x)]
+                        counts[k] = counts.get(k, 0) + 1  # "scrape", "plugin": attached traces
+                    except Exception:  # an unknown object or an unserialisable value: skip it
+                        self.dropped += 1
                 if len(lines) >= 4096:
                     break
                 try:

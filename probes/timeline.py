@@ -1,12 +1,13 @@
 """Rolling timelines: bounded ring buffers of everything measured, and steps spread over time bins.
 
-Producers (the engine thread, the samplers) call ``add_step`` / ``add_request`` /
-``add_gpu_sample`` / ``add_host_sample`` / ``add_event``: O(1) — an append to a :class:`Ring`
-under a lock held for microseconds (requests: a ``deque.append``, atomic under the GIL). The UI
-thread calls :meth:`Timeline.snapshot` (~10 times a second; it copies chunk references, not
-records, so it never stops the engine thread for more than microseconds) and computes from the
-immutable :class:`TimelineSnapshot`: the records of a time range (``steps_between``, …), the
-binned step waveform (:meth:`~TimelineSnapshot.step_waveform`) and GPU sample means per bin
+Producers call ``record`` (the host's sink: a loop turn's records) or ``add_step`` /
+``add_request`` / ``add_gpu_sample`` / ``add_host_sample`` / ``add_event`` (the samplers): O(1) a
+record — an append to a :class:`Ring` under a lock held for microseconds (requests: a
+``deque.append``, atomic under the GIL). The UI thread calls :meth:`Timeline.snapshot` (~10
+times a second; it copies chunk references, not records, so it never stops the engine thread for
+more than microseconds) and computes from the immutable :class:`TimelineSnapshot`: the records
+of a time range (``steps_between``, …), the binned step waveform
+(:meth:`~TimelineSnapshot.step_waveform`) and GPU sample means per bin
 (:meth:`~TimelineSnapshot.sample_waveform`). Latency and throughput definitions are
 ``probes.metrics``' (vllm bench serve's); nothing is redefined here.
 
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from gpuchef.engine_host.vocab.errors import ConfigError
+from gpuchef.engine_host.sinks import RecordBatch
 from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 
 from .sampler import HostSample
@@ -48,22 +50,6 @@ from .metrics import DEFAULT_PERCENTILES
 from .nvml import GpuSample
 
 NAN = float("nan")
-
-
-def fanout(*callables: Callable[[Any], None]) -> Callable[[Any], None]:
-    """One listener that calls each of ``callables`` in order (e.g. a timeline and a recorder).
-
-    Use for EngineHost's ``on_step``/``on_request``/``on_event`` and a sampler's ``on_sample``.
-    """
-    fns = tuple(c for c in callables if c is not None)
-    if len(fns) == 1:
-        return fns[0]
-
-    def call(x: Any) -> None:
-        for f in fns:
-            f(x)
-
-    return call
 
 
 def _copy(d: deque) -> tuple:
@@ -446,6 +432,18 @@ class Timeline:
         self._n = {"step": 0, "request": 0, "gpu_sample": 0, "host_sample": 0, "event": 0}
 
     # ---- producers ---------------------------------------------------------------------------
+    def record(self, batch: RecordBatch) -> None:
+        """The host's sink (``engine_host.sinks``): one engine loop turn's steps, finished
+        requests and events (its StepOutputs are the front door's, not kept here)."""
+        for s in batch.steps:
+            self._steps.append(s)
+        self._n["step"] += len(batch.steps)
+        for r in batch.requests:
+            self.add_request(r)
+        for e in batch.events:
+            self._events.append(e)
+        self._n["event"] += len(batch.events)
+
     def add_step(self, rec: StepRecord) -> None:
         self._steps.append(rec)
         self._n["step"] += 1

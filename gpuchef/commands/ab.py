@@ -185,7 +185,7 @@ def _ab(o: dict, err: Console) -> None:
     engine = build_engine(c["ecfg"], err)
     wcfg, specs = engine_load(o, engine)
     recorder = None
-    listeners = []
+    sinks = []
     if o["trace_path"]:
         meta = trace_meta(engine, c["ecfg"], wcfg, "ab")
         meta["ab"] = {
@@ -201,14 +201,14 @@ def _ab(o: dict, err: Console) -> None:
             from ..experiments.capacity import judging_rules
             meta["ab"]["rules"] = judging_rules()
         recorder = open_trace(o["trace_path"], meta, trace_prompts=o["trace_prompts"])
-        listeners.append(recorder.listener)
+        sinks.append(recorder)
     samplers = Samplers(c["gpus"], c["sample_hz"], sink=recorder.record if recorder else None)
     samplers.start()
     try:
         if o["capacity"]:
-            result = _capacity(o, c, engine, wcfg, listeners, samplers, err)
+            result = _capacity(o, c, engine, wcfg, sinks, samplers, err)
         else:
-            result = _compare(o, c, engine, wcfg, specs, listeners, samplers, err)
+            result = _compare(o, c, engine, wcfg, specs, sinks, samplers, err)
     finally:
         samplers.stop()
         if recorder is not None:
@@ -234,7 +234,7 @@ def _header(engine, wcfg, settings, specs_n: int | str, load: str | None = None)
             *(f"note: {n}" for k in ("A", "B") for n in settings[k].notes)]
 
 
-def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, Any]:
+def _compare(o, c, engine, wcfg, specs, sinks, samplers, err) -> dict[str, Any]:
     from ..experiments.ab import STRADDLE_WARN_SHARE, compare, knob_text, run_orders
     from ..experiments.ab_text import format_deltas, side_by_side
     from ..experiments.hosted import run_interleaved, run_sequential
@@ -252,7 +252,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
 
     from ..sessions.headless import phase_marks
 
-    kw = dict(listeners=listeners, console=err, percentiles=pcts, goodput=goodput,
+    kw = dict(sinks=sinks, console=err, percentiles=pcts, goodput=goodput,
               samplers=samplers, on_run=on_run, marks=phase_marks(wcfg))
     straddle = None
     if o["interleave"]:
@@ -313,7 +313,7 @@ def _compare(o, c, engine, wcfg, specs, listeners, samplers, err) -> dict[str, A
     }
 
 
-def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
+def _capacity(o, c, engine, wcfg, sinks, samplers, err) -> dict[str, Any]:
     """`ab --capacity`: each setting's capacity search (``experiments.capacity``), printed probe
     by probe, then B/A. Returns the --result-json record."""
     from ..experiments.capacity import capacity_ratio, slo_percentiles, trace_rate
@@ -327,7 +327,7 @@ def _capacity(o, c, engine, wcfg, listeners, samplers, err) -> dict[str, Any]:
                            "settings": {}, "capacity": {}}
     for k in ("A", "B"):
         st = c["settings"][k]
-        results[k] = res = _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err)
+        results[k] = res = _capacity_side(o, c, engine, wcfg, native, k, pcts, sinks, err)
         out["settings"][k] = {"spec": st.spec, "scheduler": st.config.as_dict()}
         out["capacity"][k] = res.as_dict()
         for p, d in zip(res.probes, out["capacity"][k]["probes"]):
@@ -364,7 +364,7 @@ def _capacity_header(c, engine, wcfg, native, err) -> None:
                   "(Sarathi-Serve also bounds the median scheduling delay; add e.g. ttft_p50:2s)")
 
 
-def _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err):
+def _capacity_side(o, c, engine, wcfg, native, k, pcts, sinks, err):
     """Setting ``k``'s search: its probes' table as they run, then its capacity."""
     from ..experiments.capacity import WARMUP_SHARE, capacity_search, measure_on_engine
 
@@ -372,7 +372,7 @@ def _capacity_side(o, c, engine, wcfg, native, k, pcts, listeners, err):
 
     def measure(rate: float):
         return measure_on_engine(engine, wcfg, native, st, k, rate, slos, percentiles=pcts,
-                                 goodput=c["goodput"], listeners=listeners, console=err)
+                                 goodput=c["goodput"], sinks=sinks, console=err)
 
     click.echo(f"\n{k}: {st.describe()}")
     # achieved is held against the arrival rate of the same requests (after the warm-up): a

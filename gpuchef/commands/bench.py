@@ -90,14 +90,14 @@ def _bench(o: dict, err: Console) -> None:
     wcfg, specs = engine_load(o, engine)
     from ..sessions.headless import Samplers, phase_marks
 
-    recorder, listeners, started = _open_trace(o, engine, ecfg, wcfg)
+    recorder, sinks, started = _open_trace(o, engine, ecfg, wcfg)
     samplers = Samplers(gpus, sample_hz, sink=recorder.record if recorder else None)
     sc = ecfg.scheduler
     err.print(f"[dim]{len(specs)} requests, mode {sc.mode}, max_num_batched_tokens "
               f"{sc.max_num_batched_tokens}, max_num_seqs {sc.max_num_seqs}[/dim]")
     samplers.start()
     try:
-        res = run_load(engine, specs, listeners=listeners, console=err, on_start=started.append,
+        res = run_load(engine, specs, sinks=sinks, console=err, on_start=started.append,
                        marks=phase_marks(wcfg))
     finally:
         samplers.stop()
@@ -131,25 +131,26 @@ def _bench(o: dict, err: Console) -> None:
 
 
 def _open_trace(o: dict, engine, ecfg, wcfg):
-    """``--trace``: (the recorder or None, run_load's listeners, the list the run's host goes
+    """``--trace``: (the recorder or None, run_load's sinks, the list the run's host goes
     into at its start). The load's start event is the trace's first record after the meta:
     the report's duration counts from it."""
     from ..probes.metrics import load_start_event
     from ..sessions.headless import open_trace, trace_meta
 
-    listeners: list = []
+    sinks: list = []
     started: list = []  # the host, until its load-start event is in the trace
     if not o["trace_path"]:
-        return None, listeners, started
+        return None, sinks, started
     recorder = open_trace(o["trace_path"], trace_meta(engine, ecfg, wcfg, "bench"),
                           trace_prompts=o["trace_prompts"])
 
-    def record(kind: str, r: object) -> None:  # the engine thread, after host.start()
-        if started:  # first: the load's start, that the report's duration counts from
-            recorder.record(load_start_event(started.pop().t0_ns))
-        recorder.record(r)
-    listeners.append(record)
-    return recorder, listeners, started
+    class Trace:  # the host's sink, on the delivering thread after host.start()
+        def record(self, batch: object) -> None:
+            if started:  # first: the load's start, that the report's duration counts from
+                recorder.record(load_start_event(started.pop().t0_ns))
+            recorder.record(batch)
+    sinks.append(Trace())
+    return recorder, sinks, started
 
 
 def _extra_rows(engine, ecfg, wcfg, res) -> dict[str, str]:

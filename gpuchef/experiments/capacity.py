@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.vocab.config import parse_latency_targets
+from ..engine_host.vocab.records import RequestRecord, StepOutput
 from ..engine_host.vocab.workload import PROBE_ID_PREFIX
 from ..probes.metrics import DEFAULT_PERCENTILES, WITHDRAWN_REASON, is_completed
 
@@ -672,7 +673,7 @@ def _is_probe(spec) -> bool:
 
 def measure_on_engine(engine: Any, wcfg: Any, native: float | None, setting: Any, label: str,
                       rate: float, slos: Sequence[SLO], *, percentiles: Sequence[float],
-                      goodput: dict[str, float] | None, listeners: Sequence[Any] = (),
+                      goodput: dict[str, float] | None, sinks: Sequence[Any] = (),
                       console: Any = None) -> Measured:
     """One probe of ``setting`` (an ``experiments.ab.Setting``, side ``label``) at ``rate``
     req/s on the idle ``engine``: the probe's workload (:func:`probe_workload`, ``native``: a
@@ -689,36 +690,34 @@ def measure_on_engine(engine: Any, wcfg: Any, native: float | None, setting: Any
         raise ConfigError(f"the workload at {rate:g} req/s is empty: raise --num-prompts "
                           "or --duration")
     assert_idle(engine)
-    emit_mark(engine, probe_mark(label, rate), listeners)
+    emit_mark(engine, probe_mark(label, rate), sinks)
     mine = [x for x in specs if not _is_probe(x)]
     stop = EarlyStop(slos, [x.output_len for x in mine],
                      [int(x.arrival_s * 1e9) for x in mine], [x.request_id for x in mine])
     hold: dict[str, Any] = {}
 
-    def decided(reason: str, t_ns: int) -> None:  # engine thread
+    def decided(reason: str, t_ns: int) -> None:  # the thread delivering the stream
         if reason and "t" not in hold:
             hold["t"] = t_ns
-            emit_mark(engine, stop_mark(label, reason), listeners)
+            emit_mark(engine, stop_mark(label, reason), sinks)
             for x in specs:  # the rest are aborted: the probe is decided
                 hold["host"].abort(x.request_id, EARLY_STOP_REASON)
 
-    def watch(kind: str, rec: Any) -> None:
-        if kind == "request" and rec.token_times_ns:
-            decided(stop.on_request(rec), rec.token_times_ns[-1])
+    class Watch:  # the early stop's sink: each turn's outputs and finished requests, in order
+        def record(self, batch: Any) -> None:
+            for rec in batch.records:
+                if isinstance(rec, StepOutput):
+                    if not stop.t0_ns:
+                        stop.start(hold["host"].t0_ns)
+                    decided(stop.on_output(rec), rec.t_ns)
+                elif isinstance(rec, RequestRecord) and rec.token_times_ns:
+                    decided(stop.on_request(rec), rec.token_times_ns[-1])
 
     def on_start(h: Any) -> None:
         hold["host"] = h
         h.set_config(**setting.knobs())
-        prev = h.on_output
 
-        def on_output(out: Any) -> None:
-            if not stop.t0_ns:
-                stop.start(h.t0_ns)
-            prev(out)
-            decided(stop.on_output(out), out.t_ns)
-        h.on_output = on_output
-
-    res = run_load(engine, specs, listeners=[*listeners, watch], console=console,
+    res = run_load(engine, specs, sinks=[*sinks, Watch()], console=console,
                    on_start=on_start, marks=phase_marks(w))
     return judge_probe(res.requests, res.steps, res.t0_ns, percentiles=percentiles,
                        goodput=goodput, stopped=stop.reason, stopped_ns=hold.get("t"))

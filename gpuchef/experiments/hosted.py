@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.vocab.config import SchedulerConfig
+from ..engine_host.sinks import RecordBatch, RecordSink
 from ..engine_host.vocab.records import EngineEvent
 from ..probes.ab import LABELS, WindowResult, mark_name, window_results
 from ..probes.ab import windows as ab_windows
@@ -27,9 +28,6 @@ from ..probes.metrics import DEFAULT_PERCENTILES
 from ..tui.session import ABState
 from .ab import (WINDOW_RANGE_S, Alternator, Run, Setting, mark_event, rep_specs, run_orders,
                  sequence)
-
-Listener = Callable[[str, Any], None]
-
 
 def assert_idle(engine: Any) -> None:
     """Each run must start with no requests and an empty KV cache (else it inherits load)."""
@@ -40,13 +38,15 @@ def assert_idle(engine: Any) -> None:
         raise RuntimeError(f"the KV cache still holds {used} blocks between A/B runs")
 
 
-def emit_mark(engine: Any, label: str, listeners: Sequence[Listener]) -> EngineEvent:
-    """A mark event emitted while no host runs (the same record ``host.mark`` makes). A run's
-    opening mark is emitted this way, before the host starts, so that it precedes the load's
-    clock origin and every arrival; ``step`` is the first step the run will execute."""
+def emit_mark(engine: Any, label: str, sinks: Sequence[RecordSink]) -> EngineEvent:
+    """A mark event emitted while no host runs (the same record ``host.mark`` makes), to
+    ``sinks`` as a batch of its own. A run's opening mark is emitted this way, before the host
+    starts, so that it precedes the load's clock origin and every arrival; ``step`` is the
+    first step the run will execute."""
     ev = mark_event(label, time.monotonic_ns(), engine.step_id)
-    for f in listeners:
-        f("event", ev)
+    batch = RecordBatch([ev])
+    for s in sinks:
+        s.record(batch)
     return ev
 
 
@@ -85,7 +85,7 @@ class _Records:
 
 
 def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Setting],
-                   repetitions: int = 1, *, listeners: Sequence[Listener] = (),
+                   repetitions: int = 1, *, sinks: Sequence[RecordSink] = (),
                    console: Any = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                    goodput: dict[str, float] | None = None, samplers: Any = None,
                    run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None,
@@ -112,8 +112,8 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
         def on_start(host: Any, st: Setting = st) -> None:
             host.set_config(**st.knobs())
 
-        first = emit_mark(engine, mark_name(run_id, label, rep), listeners)
-        res = run_load(engine, rep_specs(specs, rep, run_id, label), listeners=listeners,
+        first = emit_mark(engine, mark_name(run_id, label, rep), sinks)
+        res = run_load(engine, rep_specs(specs, rep, run_id, label), sinks=sinks,
                        console=console, on_start=on_start, marks=marks)
         rec.add(res, first)
         if on_run is not None:
@@ -121,7 +121,7 @@ def run_sequential(engine: Any, specs: Sequence[Any], settings: dict[str, Settin
                                      res.t0_ns + int(res.duration_s * 1e9),
                                      list(res.requests), list(res.steps), load_t0_ns=res.t0_ns))
     assert_idle(engine)
-    rec.events.append(emit_mark(engine, mark_name(run_id, "end"), listeners))
+    rec.events.append(emit_mark(engine, mark_name(run_id, "end"), sinks))
     return rec.runs(run_id, percentiles, goodput, samplers, sequential=True)
 
 
@@ -131,9 +131,9 @@ class _Switcher:
     ``host.set_config`` + ``host.mark`` on the alternator's thread."""
 
     def __init__(self, engine: Any, settings: dict[str, Setting], order: tuple[str, str],
-                 window_s: float, run_id: int, listeners: Sequence[Listener],
+                 window_s: float, run_id: int, sinks: Sequence[RecordSink],
                  counts: dict[str, int]) -> None:
-        self.engine, self.listeners = engine, listeners
+        self.engine, self.sinks = engine, sinks
         self.settings, self.run_id = settings, run_id
         self.first: EngineEvent | None = None
         self.host: Any = None
@@ -144,7 +144,7 @@ class _Switcher:
         name = mark_name(self.run_id, label, n)
         self.host.set_config(**self.settings[label].knobs())
         if k == 0:  # before the host starts: the mark must precede the load's first arrival
-            self.first = emit_mark(self.engine, name, self.listeners)
+            self.first = emit_mark(self.engine, name, self.sinks)
         else:
             self.host.mark(name)
 
@@ -158,7 +158,7 @@ class _Switcher:
 
 def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setting],
                     window_s: float, repetitions: int = 1, *,
-                    listeners: Sequence[Listener] = (), console: Any = None,
+                    sinks: Sequence[RecordSink] = (), console: Any = None,
                     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                     goodput: dict[str, float] | None = None, samplers: Any = None,
                     run_id: int = 1, on_run: Callable[[int, int, Run], None] | None = None,
@@ -179,16 +179,16 @@ def run_interleaved(engine: Any, specs: Sequence[Any], settings: dict[str, Setti
     counts = {k: 0 for k in LABELS}
     for rep, order in enumerate(run_orders(repetitions), start=1):
         assert_idle(engine)
-        sw = _Switcher(engine, settings, order, window_s, run_id, listeners, counts)
+        sw = _Switcher(engine, settings, order, window_s, run_id, sinks, counts)
         try:
-            res = run_load(engine, rep_specs(specs, rep, run_id), listeners=listeners,
+            res = run_load(engine, rep_specs(specs, rep, run_id), sinks=sinks,
                            console=console, on_start=sw.on_start, marks=marks)
         finally:
             sw.close()
         counts = dict(sw.alt.counts)  # window numbers go on across repetitions
         rec.add(res, sw.first)
     assert_idle(engine)
-    rec.events.append(emit_mark(engine, mark_name(run_id, "end"), listeners))
+    rec.events.append(emit_mark(engine, mark_name(run_id, "end"), sinks))
     runs = rec.runs(run_id, percentiles, goodput, samplers)
     counted = [r for r in runs if r.counted]
     for i, r in enumerate(counted, start=1):

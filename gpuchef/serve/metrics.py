@@ -38,7 +38,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from ..engine_host.vocab.config import KNOBS, MODES
-from ..engine_host.vocab.records import STEP_KINDS, RequestRecord, StepOutput, StepRecord
+from ..engine_host.vocab.records import (STEP_KINDS, EngineEvent, RequestRecord, StepOutput,
+                                         StepRecord)
 from ..probes.metrics import is_completed
 from ..probes.nvml.fields import PROMETHEUS_GAUGES
 from ..probes.scrape import GPUCHEF_METRICS, VLLM_METRICS
@@ -178,7 +179,11 @@ class ServeMetrics:
             ProcessCollector(namespace=ENGINE_PROCESS_NAMESPACE, pid=lambda: engine_pid,
                              registry=self.registry)
 
-    # -- listeners (any thread: one append) --------------------------------------------------
+    # -- the host's sink and listeners (any thread: one append) ------------------------------
+    def record(self, batch: Any) -> None:
+        """A loop turn's records (``engine_host.sinks.RecordBatch``): one extend."""
+        self._pending.extend(x for x in batch.records if not isinstance(x, EngineEvent))
+
     def on_step(self, r: StepRecord) -> None:
         self._pending.append(r)
 

@@ -7,7 +7,7 @@ GIL from the engine thread — the engine's own P50 ITL went from 10 to 40 ms at
 trace. So the server runs in a child process
 (``multiprocessing`` spawn: no fork after CUDA), and the engine's process keeps only a bridge:
 
-* engine side (``ServeProcess``): listeners that append each record to a deque (the engine
+* engine side (``ServeProcess``): a host's sink that appends each record to a deque (the engine
   thread's whole cost), a sender thread that ships them in one pickled batch per wake-up, and a
   receiver thread that turns the child's requests into ``EngineHost.submit`` / ``abort`` /
   ``set_config`` calls — the same host API the load generator uses — and the profile requests
@@ -33,6 +33,7 @@ from typing import Any
 
 from ..engine_host.vocab.errors import ConfigError
 from ..engine_host.vocab.config import SchedulerConfig
+from ..engine_host.sinks import RecordBatch
 from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from .profile import ProfileError
 
@@ -76,8 +77,8 @@ class ServeProcess:
     listens (ConfigError with its one line when it cannot bind or read the tokenizer);
     ``attach(host, engine)`` connects it to the host once the engine is built; ``stop()``.
 
-    The listeners (``on_output``, ``on_request``, ``on_step``, ``on_event``, ``on_gpu_sample``)
-    are for the host's and sampler's threads: each is one deque append.
+    ``record(batch)`` is the host's sink (``engine_host.sinks``) and ``on_gpu_sample`` the
+    samplers' listener: each costs the delivering thread deque appends and nothing else.
 
     ``profiler``: a ``profile.ProfileSwitch`` (`gpuchef serve` sets it) or None, then
     ``POST /start_profile`` answers 501.
@@ -104,25 +105,20 @@ class ServeProcess:
         self._engine: Any = None
         self._stream_dir = ""
 
-    # -- listeners (engine / sampler threads) --------------------------------------------------
-    def on_output(self, o: StepOutput) -> None:
-        if not self._direct:
-            self._q.append(o)
+    # -- the host's sink, the samplers' listener ------------------------------------------------
+    def record(self, batch: RecordBatch) -> None:
+        for r in batch.requests:
+            self._in_flight.discard(r.request_id)
+        if self._direct:  # the engine sends the server its stream itself
+            return
+        q = self._q
+        for x in batch.records:
+            if not isinstance(x, EngineEvent):
+                q.append(x)
+            elif x.kind in ("knob", "mode"):  # the knobs in force, for GET
+                q.append(("sched", self.host.scheduler_config if self.host else None))
+        if batch.outputs or batch.requests:
             self._wake.set()
-
-    def on_request(self, r: RequestRecord) -> None:
-        self._in_flight.discard(r.request_id)
-        if not self._direct:
-            self._q.append(r)
-            self._wake.set()
-
-    def on_step(self, r: StepRecord) -> None:
-        if not self._direct:
-            self._q.append(r)
-
-    def on_event(self, e: EngineEvent) -> None:
-        if e.kind in ("knob", "mode") and not self._direct:  # the knobs in force, for GET
-            self._q.append(("sched", self.host.scheduler_config if self.host else None))
 
     def on_gpu_sample(self, s: Any) -> None:
         if hasattr(s, "sm_active"):
@@ -474,27 +470,18 @@ def _to_server(item: Any, front: Any, metrics: Any) -> bool:
     is not an engine record (the bridge's own messages, GPU samples)."""
     if not isinstance(item, _ENGINE_RECORDS):
         return False
-    _records_to_server((item,), front, metrics)
+    _records_to_server(RecordBatch((item,)), front, metrics)
     return True
 
 
-def _records_to_server(records: Any, front: Any, metrics: Any) -> None:
-    """Hand engine records (one loop turn's, in the engine's order) to /metrics, then to the
-    front door: a stream ends with its request's last StepOutput, and its RequestRecord comes
-    after it in the same turn, so /metrics takes the whole turn first — a client that has read
-    the end of its stream and then scrapes /metrics finds its request counted."""
-    for item in records:
-        if isinstance(item, StepOutput):
-            metrics.on_output(item)
-        elif isinstance(item, RequestRecord):
-            metrics.on_request(item)
-        elif isinstance(item, StepRecord):
-            metrics.on_step(item)
-    for item in records:
-        if isinstance(item, StepOutput):
-            front.on_output(item)
-        elif isinstance(item, RequestRecord):
-            front.on_request(item)
+def _records_to_server(batch: RecordBatch, front: Any, metrics: Any) -> None:
+    """Hand engine records (one loop turn's, in the engine's order) to its sinks here: /metrics
+    first, then the front door. A stream ends with its request's last StepOutput, and its
+    RequestRecord comes after it in the same turn, so /metrics takes the whole turn first — a
+    client that has read the end of its stream and then scrapes /metrics finds its request
+    counted."""
+    for sink in (metrics, front):
+        sink.record(batch)
 
 
 class _EngineStream:
@@ -536,11 +523,11 @@ class _EngineStream:
         return conn.poll()
 
     def _apply(self, b: Any) -> None:
-        from ..engine_host.core_wire import batch_records
+        from ..engine_host.core_wire import record_batch
 
         remote = self.remote
-        _records_to_server([x for x in batch_records(b) if isinstance(x, _ENGINE_RECORDS)],
-                           self.front, self.metrics)
+        if b.order:
+            _records_to_server(record_batch(b), self.front, self.metrics)
         remote.step_id = b.step_id
         if b.state is not None:
             remote.state = tuple(b.state)

@@ -32,10 +32,10 @@ class ProfileSwitch:
     writes it; ``"profile": true`` is added); ``directory``: where the files go (created when
     the first profile starts); ``trace_prompts``: as ``--trace-prompts``.
 
-    ``record`` is the listener for the host's and samplers' threads (one attribute read when
-    off). ``start()`` / ``stop()`` return the file's path or raise ProfileError; ``close()``
-    stops a profile still on (the server's shutdown). ``note``: called with one line when a
-    profile starts or ends (`gpuchef serve` prints it)."""
+    ``record`` is a sink of the host (a RecordBatch) and the samplers' listener (a sample): one
+    attribute read when off. ``start()`` / ``stop()`` return the file's path or raise
+    ProfileError; ``close()`` stops a profile still on (the server's shutdown). ``note``: called
+    with one line when a profile starts or ends (`gpuchef serve` prints it)."""
 
     def __init__(self, meta: dict[str, Any], directory: str | Path = ".", *,
                  trace_prompts: bool = False, note: Callable[[str], None] | None = None) -> None:

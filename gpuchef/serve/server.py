@@ -144,7 +144,15 @@ class FrontDoor(AdminRoutes, GenerationRoutes):
         self.send_lag_ns: list[int] = []  # engine token time → written, for bench_serve
         self.record_send_lag = False
 
-    # -- engine-thread listeners: hand over, nothing else --------------------------------------
+    # -- the host's sink (the thread delivering the stream): hand over, nothing else ------------
+    def record(self, batch: Any) -> None:
+        """A loop turn's records (``engine_host.sinks.RecordBatch``), in order."""
+        for x in batch.records:
+            if isinstance(x, StepOutput):
+                self.on_output(x)
+            elif isinstance(x, RequestRecord):
+                self.on_request(x)
+
     def on_output(self, out: StepOutput) -> None:
         streams = self._streams
         if not streams or self._loop is None:

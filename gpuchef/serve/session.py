@@ -13,7 +13,7 @@ from .server import FrontDoor
 
 
 def fan(*fns: Callable[[Any], None] | None) -> Callable[[Any], None]:
-    """One listener calling each of ``fns`` (None skipped) in order."""
+    """One sampler listener calling each of ``fns`` (None skipped) in order."""
     fs = tuple(f for f in fns if f is not None)
     if len(fs) == 1:
         return fs[0]
@@ -65,15 +65,10 @@ class ServeSession:
         self.recorder = recorder
         self.profile = profile
         server.profiler = profile
-        recs = [r.record for r in (recorder, profile) if r is not None]
-        rec = fan(*recs) if recs else None
-        self.host = make_host(engine)
-        sv = server
-        self.host.on_step = fan(sv.on_step, rec)
-        self.host.on_output = sv.on_output
-        self.host.on_request = fan(sv.on_request, rec)
-        self.host.on_event = fan(sv.on_event, rec)
-        self.sample_sink = fan(sv.on_gpu_sample, rec)
+        traces = [r for r in (recorder, profile) if r is not None]
+        # the front door first: it streams what a step made as soon as it can
+        self.host = make_host(engine, [server, *traces])
+        self.sample_sink = fan(server.on_gpu_sample, *(r.record for r in traces))
         self.samplers: Any = None
 
     @property

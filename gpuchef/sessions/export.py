@@ -4,7 +4,7 @@ trace mid-session, then records on there.
 
 A session keeps ``_recorder`` (the open TraceRecorder, or None) and ``_pending`` (records that
 arrive while a backfill gathers the backlog, or None) and routes each record through
-:func:`record_to`."""
+:func:`record_to` (its host's batches through :class:`TraceSink`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..engine_host.vocab.records import RequestRecord, StepRecord
+from ..engine_host.vocab.records import RequestRecord, StepOutput, StepRecord
 from ..probes.recorder import TraceRecorder
 
 #: records at one instant in a backfilled trace: in this order (by type name)
@@ -58,6 +58,22 @@ def record_to(owner: Any, rec: Any) -> None:
         r.record(rec)
     elif owner._pending is not None:
         owner._pending.append(rec)
+
+
+class TraceSink:
+    """``owner``'s trace as one of its host's sinks: each batch to the open trace (one put), or
+    kept for the one being opened (:func:`backfill`)."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def record(self, batch: Any) -> None:
+        owner = self.owner
+        r = owner._recorder
+        if r is not None:
+            r.record(batch)
+        elif owner._pending is not None:  # a StepOutput is no trace record
+            owner._pending.extend(x for x in batch.records if not isinstance(x, StepOutput))
 
 
 def rotate(recorder: TraceRecorder, path: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Session wiring (the composition root): engine + load + host + listeners, for headless runs.
+"""Session wiring (the composition root): engine + load + host + sinks, for headless runs.
 
 ``build_engine`` loads the model with a progress bar; ``run_load`` drives a workload through an
 EngineHost to the end and returns every record. The dashboard composes the same parts with a
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -22,6 +21,7 @@ from ..engine_host.engine import LLMEngine
 from ..engine_host.factory import make_engine
 from ..engine_host.core import RemoteEngine, device_name, make_host
 from ..engine_host.host import EngineHost
+from ..engine_host.sinks import RecordBatch, RecordSink
 from ..engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
 from ..probes.metrics import SESSION_END_REASON, gpu_means, is_probe_id
 from ..probes.summaries import gpu_result_rows
@@ -86,15 +86,30 @@ class LoadResult:
     interrupted: bool = False
 
 
-def run_load(engine: LLMEngine, specs: Sequence[Any], *,
-             listeners: Sequence[Callable[[str, Any], None]] = (),
+class _Collect:
+    """``run_load``'s own sink: the LoadResult's records, and the progress bar's count."""
+
+    def __init__(self, res: LoadResult) -> None:
+        self.res = res
+        self.done = 0  # one writer (the delivering thread); the bar reads it
+
+    def record(self, batch: RecordBatch) -> None:
+        res = self.res
+        res.steps.extend(batch.steps)
+        res.requests.extend(batch.requests)
+        res.events.extend(batch.events)
+        # the bar counts the load, as the results do
+        self.done += sum(1 for r in batch.requests if not is_probe_id(r.request_id))
+
+
+def run_load(engine: LLMEngine, specs: Sequence[Any], *, sinks: Sequence[RecordSink] = (),
              console: Console | None = None, timeout_s: float | None = None,
              on_start: Callable[[EngineHost], None] | None = None,
              marks: Sequence[tuple[float, str]] = ()) -> LoadResult:
     """Replay ``specs`` (workload RequestSpecs) through an EngineHost until all have finished.
 
-    ``listeners`` are called on the engine thread as ``listener(kind, record)`` with kind
-    "step", "request" or "event" (e.g. a trace recorder). ``on_start(host)`` is called just
+    ``sinks`` (``engine_host.sinks.RecordSink``, e.g. a trace recorder) get every loop turn's
+    records after the result's own collector, in their order. ``on_start(host)`` is called just
     before the host starts: commands it queues (``set_config``, ``mark``) are in force from the
     first step (``gpuchef ab`` switches settings and marks runs this way). ``marks``: ``(s from
     the load's start, label)`` pairs sent as ``host.mark(label)`` when due (a phased workload's
@@ -102,32 +117,12 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
     progress bar
     on a terminal. Ctrl-C (KeyboardInterrupt) ends the run early: the requests still in the engine
     are withdrawn (``finish_reason`` ``probes.metrics.SESSION_END_REASON``, one RequestRecord
-    each, to the listeners too) and the result says ``interrupted``. Raises the engine thread's
+    each, to the sinks too) and the result says ``interrupted``. Raises the engine thread's
     exception if it died; TimeoutError past ``timeout_s``.
     """
     res = LoadResult()
-    lock = threading.Lock()
-    done_count = [0]
-
-    def on_step(r: StepRecord) -> None:
-        res.steps.append(r)
-        for f in listeners:
-            f("step", r)
-
-    def on_request(r: RequestRecord) -> None:
-        res.requests.append(r)
-        if not is_probe_id(r.request_id):  # the bar counts the load, as the results do
-            with lock:
-                done_count[0] += 1
-        for f in listeners:
-            f("request", r)
-
-    def on_event(e: EngineEvent) -> None:
-        res.events.append(e)
-        for f in listeners:
-            f("event", e)
-
-    host = make_host(engine, on_step=on_step, on_request=on_request, on_event=on_event)
+    collect = _Collect(res)
+    host = make_host(engine, [collect, *sinks])
     host.set_workload(specs)
     console = console or Console(stderr=True, soft_wrap=True)
     total = sum(1 for s in specs if not is_probe_id(s.request_id))
@@ -150,10 +145,10 @@ def run_load(engine: LLMEngine, specs: Sequence[Any], *,
                 while due and due[0][0] <= now_s:
                     host.mark(due.pop(0)[1])
                 wait = min(0.1, max(0.001, due[0][0] - now_s)) if due else 0.1
-                progress.update(task, completed=done_count[0])
+                progress.update(task, completed=collect.done)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within {timeout_s} s "
-                                       f"({done_count[0]}/{total} requests done)")
+                                       f"({collect.done}/{total} requests done)")
         except KeyboardInterrupt:  # Ctrl-C: what finished stands, the rest is withdrawn
             res.interrupted = True
         finally:
@@ -229,14 +224,11 @@ def trace_meta(engine: LLMEngine, ecfg: EngineConfig, wcfg: Any, command: str) -
 
 
 def open_trace(path: str, meta: dict[str, Any], *, trace_prompts: bool = False):
-    """A TraceRecorder writing to ``path`` with ``meta``; ``recorder.listener(kind, record)``
-    is the ``run_load`` listener that feeds it. Raises ConfigError when ``path`` cannot be
-    opened."""
+    """A TraceRecorder writing to ``path`` with ``meta`` (a sink for ``run_load``'s host and
+    the samplers). Raises ConfigError when ``path`` cannot be opened."""
     from ..probes.recorder import TraceRecorder
 
-    rec = TraceRecorder(path, meta=meta, trace_prompts=trace_prompts)
-    rec.listener = lambda kind, r: rec.record(r)
-    return rec
+    return TraceRecorder(path, meta=meta, trace_prompts=trace_prompts)
 
 
 class Samplers:

@@ -27,7 +27,7 @@ from ..probes.nvml import NvmlSampler
 from ..probes.recorder import TraceRecorder
 from ..probes.timeline import Timeline
 from ..experiments.hosted import LiveAB
-from .export import TraceOwner, backfill, record_to, rotate
+from .export import TraceOwner, TraceSink, backfill, record_to, rotate
 from .headless import attention_label, trace_meta
 from ..tui.session import SessionInfo
 
@@ -59,9 +59,10 @@ class LiveSession(TraceOwner):
     there from the start (None: ``export_trace`` writes one on demand). ``slos``: goodput SLOs
     (ms). ``stats_window_s``: the numbers' rolling window. ``note``: shown in the header.
     ``num_prompts``/``duration_s``: bound the load (default: endless, a trace loops).
-    ``taps``: more listeners of the host's records (objects with any of ``on_step``,
-    ``on_request``, ``on_event``, ``on_output``, ``on_gpu_sample``; e.g. `top --serve`'s front
-    door and /metrics), called first.
+    ``taps``: more sinks of the host's records (``engine_host.sinks.RecordSink``; e.g. `top
+    --serve`'s front door and /metrics), given each batch first — before the timeline and the
+    trace, so the front door streams what a step made as soon as it can; a tap with
+    ``on_gpu_sample`` gets the GPU samples too.
     """
 
     def __init__(self, engine: LLMEngine, wcfg: WorkloadConfig, *, sample_hz: float = 10.0,
@@ -100,23 +101,14 @@ class LiveSession(TraceOwner):
         def listener(add: Callable[[Any], None], kind: str = "") -> Callable[[Any], None]:
             extra = tuple(f for t in taps if (f := getattr(t, kind, None)) is not None)
 
-            def on(rec: Any) -> None:  # engine/sampler threads: a deque append and a queue put
-                for f in extra:  # the front door first: it streams what the step made
+            def on(rec: Any) -> None:  # sampler threads: a deque append and a queue put
+                for f in extra:
                     f(rec)
                 add(rec)
                 record_to(self, rec)
             return on
 
-        outputs = tuple(f for t in taps if (f := getattr(t, "on_output", None)) is not None)
-
-        def on_output(o: Any) -> None:
-            for f in outputs:
-                f(o)
-
-        self.host = make_host(engine, on_step=listener(tl.add_step, "on_step"),
-                               on_request=listener(tl.add_request, "on_request"),
-                               on_event=listener(tl.add_event, "on_event"),
-                               on_output=on_output)
+        self.host = make_host(engine, [*taps, tl, TraceSink(self)])
         self.load = LiveLoad(self.host, wcfg, num_prompts=num_prompts, duration_s=duration_s)
         self.ab = LiveAB(self.host)
         self.nvml = NvmlSampler(gpus, sample_hz, nvml=nvml,

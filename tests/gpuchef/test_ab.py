@@ -15,6 +15,7 @@ from gpuchef.experiments.ab import Setting, compare, parse_setting, run_orders, 
 from gpuchef.experiments.ab_text import side_by_side
 from gpuchef.experiments.hosted import run_interleaved, run_sequential
 from gpuchef.commands.cli import _register, cli
+from gpuchef.engine_host.sinks import ListenerSink
 from gpuchef.engine_host.vocab.errors import ConfigError
 from gpuchef.engine_host.vocab.config import EngineConfig, SchedulerConfig
 from gpuchef.engine_host.vocab.workload import WorkloadConfig, generate
@@ -59,7 +60,7 @@ def test_both_settings_see_identical_requests(engine):
     specs = _load(engine)
     events = []
     runs = run_sequential(engine, specs, _settings(engine.scheduler_config), repetitions=2,
-                          listeners=[lambda k, r: events.append(r) if k == "event" else None])
+                          sinks=[ListenerSink(on_event=events.append)])
     assert [r.label for r in runs] == ["A", "B", "B", "A"]  # AB then BA: drift cancels
     fp = _fingerprint(runs[0])
     assert len(fp) == len(specs)
@@ -112,7 +113,7 @@ def test_interleaved_windows_alternate_on_one_arrival_stream(engine):
     events = []
     runs, straddle = run_interleaved(
         engine, specs, _settings(engine.scheduler_config), window_s=0.5,
-        listeners=[lambda k, r: events.append(r) if k == "event" else None])
+        sinks=[ListenerSink(on_event=events.append)])
     labels = [r.label for r in runs]
     assert labels[:4] == ["A", "B", "A", "B"]
     assert 0.0 <= straddle <= 1.0

@@ -38,13 +38,13 @@ def test_round_trip_of_every_record_type(tmp_path):
     meta = {"command": "bench", "model": "tiny", "config": {"mode": "chunked"},
             "gpus": {"0": "NVIDIA H200"}}
     with TraceRecorder(p, meta) as rec:
-        rec.record_step(STEP)
-        rec.record_request(REQ)
-        rec.record_gpu_sample(GPU)
-        rec.record_gpu_sample(GPU_NA)
-        rec.record_host_sample(HOST)
+        rec.record(STEP)
+        rec.record(REQ)
+        rec.record(GPU)
+        rec.record(GPU_NA)
+        rec.record(HOST)
         for e in EVENTS:
-            rec.record_event(e)
+            rec.record(e)
     tr = read_trace(p)
     assert tr.problems == [] and tr.complete
     assert tr.steps == [STEP]
@@ -149,8 +149,8 @@ def test_flushed_within_a_second_without_closing(tmp_path):
     p = tmp_path / "live.jsonl"
     rec = TraceRecorder(p, flush_interval_s=0.5)
     try:
-        rec.record_step(STEP)
-        rec.record_gpu_sample(GPU)
+        rec.record(STEP)
+        rec.record(GPU)
         time.sleep(1.2)
         with open(p, encoding="utf-8") as other:  # another handle; the recorder is still open
             types = [json.loads(x)["type"] for x in other.read().splitlines()]
@@ -160,14 +160,14 @@ def test_flushed_within_a_second_without_closing(tmp_path):
 
         def produce():
             while not stop.is_set():
-                rec.record_host_sample(HOST)
+                rec.record(HOST)
                 time.sleep(0.0005)
 
         th = threading.Thread(target=produce)
         th.start()
         time.sleep(0.3)
         mark = time.monotonic()
-        rec.record_event(EVENTS[2])
+        rec.record(EVENTS[2])
         try:
             seen = False
             while time.monotonic() - mark < 1.0 and not seen:
@@ -237,7 +237,7 @@ def test_producers_from_many_threads_and_cost(tmp_path):
 
     def produce():
         for _ in range(per):
-            rec.record_step(STEP)
+            rec.record(STEP)
 
     ts = [threading.Thread(target=produce) for _ in range(n_threads)]
     t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path):
         "i = 0\n"
         "print('ready', flush=True)\n"
         "while True:\n"
-        "    rec.record_event(EngineEvent('mark', i, time.monotonic_ns(), str(time.time())))\n"
+        "    rec.record(EngineEvent('mark', i, time.monotonic_ns(), str(time.time())))\n"
         "    i += 1\n"
         "    time.sleep(0.002)\n"
     )

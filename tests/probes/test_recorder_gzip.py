@@ -19,12 +19,12 @@ _register()
 
 def _write(p, **kw):
     with TraceRecorder(p, {"model": "tiny"}, **kw) as rec:
-        rec.record_step(STEP)
-        rec.record_request(REQ)
-        rec.record_gpu_sample(GPU)
-        rec.record_host_sample(HOST)
+        rec.record(STEP)
+        rec.record(REQ)
+        rec.record(GPU)
+        rec.record(HOST)
         for e in EVENTS:
-            rec.record_event(e)
+            rec.record(e)
 
 
 def test_gz_name_writes_gzip_that_both_readers_read(tmp_path):
@@ -57,7 +57,7 @@ def test_a_gzip_trace_is_readable_while_it_is_written(tmp_path):
     z = tmp_path / "live.jsonl.gz"
     rec = TraceRecorder(z, flush_interval_s=0.5)
     try:
-        rec.record_step(STEP)
+        rec.record(STEP)
         rec.flush()
         tr = read_trace(z)
         assert tr.steps == [STEP] and not tr.complete

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from gpuchef.engine_host.vocab.errors import ConfigError
-from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepRecord
+from gpuchef.engine_host.sinks import RecordBatch
+from gpuchef.engine_host.vocab.records import EngineEvent, RequestRecord, StepOutput, StepRecord
 from gpuchef.probes.sampler import HostSample
 from gpuchef.probes.nvml import GpuSample
 from gpuchef.probes.metrics import summarize
-from gpuchef.probes.timeline import (Timeline, busy_fraction, fanout, spread_over_bins,
+from gpuchef.probes.timeline import (Timeline, busy_fraction, spread_over_bins,
                                      step_compute_ns)
 
 MS = 1_000_000
@@ -169,18 +170,19 @@ def test_requests_out_of_finish_order_are_still_found():
     assert [r.request_id for r in snap.requests_between(0, S)] == ["r0", "err", "r2"]
 
 
-def test_fanout_and_add_dispatch():
+def test_add_dispatch_and_record_batch():
     tl = Timeline()
-    seen = []
-    f = fanout(tl.add, seen.append)
     recs = [step(0, 0, 1), request(0, 0, [1]), gpu(1), HostSample(1, None, 1, None),
             EngineEvent("mark", 0, 1)]
     for r in recs:
-        f(r)
-    assert seen == recs and len(tl) == 5
-    assert fanout(seen.append) == seen.append
+        tl.add(r)
+    assert len(tl) == 5
     with pytest.raises(TypeError):
         tl.add("nope")
+    # as the host's sink: a turn's steps, requests and events (its outputs are not kept)
+    tl.record(RecordBatch([EngineEvent("knob", 1, 2), step(1, 2, 3),
+                           StepOutput(1, 3, (("r1", 5),)), request(1, 0, [3])]))
+    assert tl.totals == {"step": 2, "request": 2, "gpu_sample": 1, "host_sample": 1, "event": 2}
 
 
 def test_bad_sizes():
