@@ -375,6 +375,7 @@ class EngineCoreClient:
         self._final = threading.Event()
         self._started = False
         self._stopped = False
+        self._sink_failed = False
 
     @property
     def state(self) -> tuple[int, int, int, int] | None:
@@ -478,10 +479,17 @@ class EngineCoreClient:
 
     # -- the receiver thread ------------------------------------------------------------------
     def _receive(self, b: OutBatch) -> None:
-        if b.order:
+        if b.order and not self._sink_failed:
             batch = record_batch(b)
-            for s in self.sinks:
-                s.record(batch)
+            try:
+                for s in self.sinks:
+                    s.record(batch)
+            except Exception as e:
+                # as the in-thread host: the stream ends here with one "error" event, the
+                # host is done, and the engine process stops this host's work
+                self._sink_failed = True
+                self._fail(e, f"engine thread died: {type(e).__name__}: {e}")
+                return
         self.paused = b.paused
         self.load_paused = b.load_paused
         if b.error and self.error is None:
@@ -493,12 +501,24 @@ class EngineCoreClient:
             self._final.set()
 
     def _engine_died(self, msg: str) -> None:
+        self._fail(EngineProcessError(msg), msg)
+
+    def _fail(self, error: BaseException, msg: str) -> None:
+        """End the stream: ``error`` kept (the first), one "error" EngineEvent to every sink
+        (a sink that raises again is skipped), the host done; a live engine process is told to
+        stop this host, abandoning its requests."""
         if self.error is None:
-            self.error = EngineProcessError(msg)
+            self.error = error
         batch = RecordBatch([EngineEvent("error", self.engine.step_id, time.monotonic_ns(),
                                          "engine", message=msg)])
         for s in self.sinks:
-            s.record(batch)
+            try:
+                s.record(batch)
+            except Exception:
+                pass
+        if not self._stopped and not self.engine._closed and self.engine._proc.is_alive():
+            self._stopped = True
+            self.engine._send(Stop(True, "abort"))
         self._done.set()
         self._final.set()
 

@@ -22,10 +22,10 @@ is kept:
   the sinks after the raising one miss that batch, ``host.error`` is the exception, one "error"
   EngineEvent goes to the sinks in a batch of its own, ``wait_done`` returns, and the engine
   thread re-raises it (``threading.excepthook`` prints it);
-* ``EngineCoreClient`` (engine in its own process): the exception ends the receiver thread
-  (``threading.excepthook`` prints it): the sinks after the raising one miss that batch, no later
-  batch reaches this process, ``host.error`` stays None and ``wait_done`` no longer returns True
-  (the engine process itself runs on).
+* ``EngineCoreClient`` (engine in its own process): the same — the sinks after the raising one
+  miss that batch, ``host.error`` is the exception, one "error" EngineEvent ("engine thread
+  died: …") goes to the sinks in a batch of its own, ``wait_done`` returns, no later batch is
+  delivered, and the engine process is told to stop this host (its requests abandoned).
 """
 
 from __future__ import annotations
