@@ -40,13 +40,15 @@ from gpuchef.engine_host.request import Request, RequestStatus, SamplingParams
 from gpuchef.engine_host.scheduler import SchedulerOutput
 
 
-def make_req(eng: LLMEngine, i: int, kv_len: int, new_tokens: int) -> Request:
+def make_req(eng: LLMEngine, i: int, kv_len: int, new_tokens: int,
+             temperature: float = 0.0) -> Request:
     """A running request with ``kv_len`` tokens already in the cache and ``new_tokens`` to run:
     a decode (one sampled token fed back) when ``new_tokens`` is 1 and ``kv_len`` > 0, else a
     prefill chunk that ends its prompt (so the step samples one token for it)."""
     decode = new_tokens == 1 and kv_len > 0
     prompt = kv_len if decode else kv_len + new_tokens
-    r = Request(f"b{i}", [11] * prompt, SamplingParams(max_tokens=1 << 20, ignore_eos=True), 0)
+    r = Request(f"b{i}", [11] * prompt,
+                SamplingParams(max_tokens=1 << 20, ignore_eos=True, temperature=temperature), 0)
     if decode:
         r.output_token_ids = [12]
     r.prefill_target = prompt
@@ -68,8 +70,8 @@ def time_step(eng: LLMEngine, out: SchedulerOutput, iters: int, warmup: int = 3)
     return statistics.median(ts)
 
 
-def steady_decode(eng: LLMEngine, b: int, kv_len: int, steps: int, async_on: bool
-                  ) -> dict:
+def steady_decode(eng: LLMEngine, b: int, kv_len: int, steps: int, async_on: bool,
+                  temperature: float = 0.0) -> dict:
     """``b`` requests (prompt ``kv_len``) prefilled, then ``steps`` + 5 decode-only engine steps;
     returns ms/step (record t_end to t_end, the first 5 dropped) and the median GPU ms."""
     while eng.has_step_in_flight:
@@ -78,7 +80,8 @@ def steady_decode(eng: LLMEngine, b: int, kv_len: int, steps: int, async_on: boo
     ids = [f"s{b}-{int(async_on)}-{i}" for i in range(b)]
     for i, rid in enumerate(ids):
         eng.add_request(rid, [11 + (i + j) % 1000 for j in range(kv_len)],
-                        SamplingParams(max_tokens=steps + 40, ignore_eos=True))
+                        SamplingParams(max_tokens=steps + 40, ignore_eos=True,
+                                       temperature=temperature))
     recs = []
     for _ in range(100 * (steps + 5) + 10 * b):
         rec = eng.step().record
@@ -136,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-lens", default="512,2048,8192")
     ap.add_argument("--mixed", default="64:2048", help="DECODES:BUDGET for the mixed step")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="every request's temperature (0: greedy; 1: sampled, what an OpenAI "
+                         "request gets by default: the sampler's cost per row)")
     ap.add_argument("--mem-bw", type=float, default=4.3e12, help="bytes/s ceiling")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--json", default=None)
@@ -246,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'gpu ms':>8} {'roofline ms':>11} {'% roof sync':>11} {'% roof async':>12}")
         kv_mid = a.kv_len + a.steady_steps // 2 + 5
         for b in batches:
-            res = {m: steady_decode(eng, b, a.kv_len, a.steady_steps, m) for m in (False, True)}
+            res = {m: steady_decode(eng, b, a.kv_len, a.steady_steps, m, a.temperature) for m in (False, True)}
             s_, as_ = res[False], res[True]
             roof = (weight_bytes + b * kv_mid * kv_bytes_per_token) / a.mem_bw * 1e3
             rows.append(dict(kind="steady", batch=b, kv_len=kv_mid, sync_ms=s_["ms"],
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'decode batch':>12} {'KV/req':>7} {'step ms':>9} {'roofline ms':>11} {'% roofline':>10} {'tok/s':>10}")
     for b in batches:
         reset()
-        reqs = [make_req(eng, i, a.kv_len, 1) for i in range(b)]
+        reqs = [make_req(eng, i, a.kv_len, 1, a.temperature) for i in range(b)]
         ms = time_step(eng, SchedulerOutput(decodes=reqs), a.iters)
         bytes_read = weight_bytes + b * (a.kv_len + 1) * kv_bytes_per_token
         roof = bytes_read / a.mem_bw * 1e3
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'prefill tokens':>14} {'step ms':>9} {'TFLOP/s':>9} {'% peak':>7}")
     for n in prefills:
         reset()
-        r = make_req(eng, 0, 0, n)
+        r = make_req(eng, 0, 0, n, a.temperature)
         ms = time_step(eng, SchedulerOutput(prefills=[(r, n)]), max(3, a.iters // 4))
         flops = (2 * n * layer_params + 2 * lm_head_params
                  + 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * n * n / 2)
@@ -282,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:>14} {ms:>9.3f} {tf:>9.1f} {100 * tf / a.peak_tflops:>6.1f}%")
 
     reset()
-    decs = [make_req(eng, i, a.kv_len, 1) for i in range(mix_dec)]
+    decs = [make_req(eng, i, a.kv_len, 1, a.temperature) for i in range(mix_dec)]
     chunk = mix_budget - mix_dec
-    p = make_req(eng, mix_dec, a.kv_len, chunk)
+    p = make_req(eng, mix_dec, a.kv_len, chunk, a.temperature)
     ms = time_step(eng, SchedulerOutput(decodes=decs, prefills=[(p, chunk)]), a.iters)
     rows.append(dict(kind="mixed", decodes=mix_dec, chunk=chunk, chunk_kv=a.kv_len, ms=ms))
     print(f"\nmixed step: {mix_dec} decodes (KV {a.kv_len}) + a {chunk}-token chunk on {a.kv_len} "
